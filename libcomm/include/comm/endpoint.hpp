@@ -1,0 +1,86 @@
+// An endpoint: the sending side of a connection from a worker to a peer worker.
+#pragma once
+
+#include <comm/types.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace comm {
+
+/// Per-endpoint counters, shown by worker::info and the tools.
+struct endpoint_counters {
+  uint64_t messages_sent = 0;       ///< messages handed to the transport
+  uint64_t bytes_sent = 0;          ///< payload bytes of those
+  uint64_t messages_received = 0;   ///< messages that arrived from the peer on this endpoint
+  uint64_t bytes_received = 0;      ///< payload bytes of those
+  uint64_t retries = 0;             ///< operations parked on the pending queue (NO_RESOURCE)
+  uint64_t errors = 0;              ///< malformed input and failed operations
+};
+
+/// Called when an endpoint fails (the peer died, reset, or sent malformed bytes).
+using endpoint_error_callback = void (*)(void* arg, endpoint* ep, status reason);
+
+/// An endpoint (ucp_ep): create it with worker::connect, close it with close(). Owned by its
+/// worker; a pointer stays valid until close() completes or the worker is destroyed.
+class endpoint {
+public:
+  // -- tagged messages ---------------------------------------------------------------------------
+
+  /// Sends `length` bytes tagged `tag`. Eager short, bcopy or zcopy is chosen by size and the
+  /// thresholds; request_params::flags can force bcopy or zcopy. Returns done, an error, or a
+  /// request whose send_cb runs when the buffer may be reused (zcopy: once the peer holds the
+  /// data). Completions on one endpoint happen in the order of the sends.
+  op tag_send(tag_t tag, const void* buffer, size_t length, const request_params& params = {});
+
+  /// Sends the concatenation of `count` entries tagged `tag`.
+  op tag_send_iov(tag_t tag, const iov_entry* entries, size_t count,
+                  const request_params& params = {});
+
+  // -- active messages ---------------------------------------------------------------------------
+
+  /// Sends active message `id` with a user header and data to the peer's handler for `id`.
+  op am_send(uint16_t id, const void* header, size_t header_length, const void* data,
+             size_t length, const request_params& params = {});
+
+  // -- completion and teardown -------------------------------------------------------------------
+
+  /// Completes once every operation started on this endpoint has completed.
+  op flush(const request_params& params = {});
+
+  /// Flushes, then tells the peer and releases the endpoint. The pointer is invalid once the
+  /// returned operation is done (or at once if it is done immediately).
+  op close(const request_params& params = {});
+
+  /// Installs the callback told when this endpoint fails.
+  void set_error_handler(endpoint_error_callback cb, void* arg);
+
+  // -- query -------------------------------------------------------------------------------------
+
+  /// ok while the endpoint works, else the error that failed it.
+  status state() const noexcept;
+
+  /// Unique id of the peer worker.
+  uint64_t peer_uid() const noexcept;
+
+  /// Name of the peer worker.
+  const std::string& peer_name() const noexcept;
+
+  /// Transport the endpoint's lane uses ("shm", "self").
+  std::string_view transport() const noexcept;
+
+  /// Counters of this endpoint.
+  const endpoint_counters& counters() const noexcept;
+
+  /// One line describing the endpoint: peer, lane, state, counters.
+  std::string info() const;
+
+protected:
+  endpoint() = default;
+  ~endpoint() = default;
+  endpoint(const endpoint&) = delete;
+  endpoint& operator=(const endpoint&) = delete;
+};
+
+}  // namespace comm

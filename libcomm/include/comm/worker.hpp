@@ -1,0 +1,143 @@
+// The worker: libcomm's progress engine (ucp_worker).
+#pragma once
+
+#include <comm/am.hpp>
+#include <comm/endpoint.hpp>
+#include <comm/types.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace comm {
+
+class context;
+
+/// Thread safety of a worker (ucs_thread_mode_t).
+enum class thread_mode {
+  single,  ///< one thread uses the worker
+  multi,   ///< any thread may call any function; calls are serialised by a lock
+};
+
+/// Parameters of worker::create (ucp_worker_params_t).
+struct worker_params {
+  thread_mode mode = thread_mode::single;  ///< thread safety
+  std::vector<int> cpus;                   ///< cores the worker's thread runs on (pinned if set)
+  std::string name;                        ///< name shown in logs and info; default "<host>:<pid>"
+  size_t am_alignment = 1;                 ///< alignment of AM data passed to handlers
+  uint64_t client_id = 0;                  ///< sent to servers on connection
+  bool wakeup = true;                      ///< provide event_fd/arm/wait
+};
+
+/// What a packed worker address says (ucp_worker_address_attr_t).
+struct worker_address_attr {
+  uint64_t uid = 0;                     ///< unique id of the worker
+  std::string name;                     ///< its name
+  uint64_t client_id = 0;               ///< its client id
+  std::vector<std::string> transports;  ///< transports it can be reached on
+};
+
+/// A message found by tag_probe with remove, received later with tag_recv_message.
+class message;
+
+/// A worker: owns one interface per enabled transport, endpoints, the tag matching queues, AM
+/// handlers and requests, and progresses them all. Not thread-safe unless thread_mode::multi.
+class worker {
+public:
+  /// Creates a worker on `ctx`, which must outlive it.
+  static std::unique_ptr<worker> create(context& ctx, const worker_params& params = {});
+  virtual ~worker() = default;
+
+  // -- query -------------------------------------------------------------------------------------
+
+  /// Thread mode in force.
+  thread_mode mode() const noexcept;
+  /// Name of the worker.
+  const std::string& name() const noexcept;
+  /// Unique id of the worker.
+  uint64_t uid() const noexcept;
+  /// Client id the worker was created with.
+  uint64_t client_id() const noexcept;
+  /// Largest user header of an active message.
+  size_t max_am_header() const noexcept;
+  /// The packed address of this worker, to give to peers (ucp_worker_get_address; the vector's
+  /// destruction is the release).
+  std::vector<uint8_t> address() const;
+  /// Decodes a packed worker address; invalid bytes give status::invalid_addr.
+  static status query_address(const void* address, size_t length, worker_address_attr* out);
+
+  // -- progress ----------------------------------------------------------------------------------
+
+  /// Progresses every transport and protocol; returns the number of events handled.
+  unsigned progress();
+  /// File descriptor that becomes readable when progress has work after arm() returned ok.
+  int event_fd() const noexcept;
+  /// Arms the event fd; busy means events are pending (progress, do not sleep).
+  status arm();
+  /// Sleeps on the event fd up to `timeout_ms` (negative: no limit) unless events are pending,
+  /// then progresses once. Returns ok, or timed_out.
+  status wait(int timeout_ms);
+
+  /// Completes once every operation started on every endpoint has completed.
+  op flush(const request_params& params = {});
+  /// Orders operations issued after the fence after those issued before.
+  status fence();
+
+  /// Multi-line description: transports, interfaces, endpoints and their counters.
+  std::string info() const;
+  /// Writes info() to `stream`.
+  void print_info(std::FILE* stream) const;
+
+  // -- endpoints ---------------------------------------------------------------------------------
+
+  /// Creates an endpoint to the worker whose packed address is given, on the best transport that
+  /// reaches it. Returns unreachable when none does, invalid_addr for bad bytes.
+  status connect(const std::vector<uint8_t>& peer_address, endpoint** out);
+
+  // -- active messages ---------------------------------------------------------------------------
+
+  /// Installs (or with a null callback removes) the handler of AM `id`; flags are
+  /// am_handler_flags.
+  status set_am_handler(uint16_t id, am_callback cb, void* arg, unsigned flags = 0);
+  /// Releases data a handler kept by returning in_progress.
+  void am_data_release(void* data);
+
+  // -- tag matching ------------------------------------------------------------------------------
+
+  /// Posts a receive for a message whose tag matches `tag` under `mask`. Completes with ok,
+  /// message_truncated (the buffer was short: it holds the first `length` bytes), or canceled.
+  op tag_recv(void* buffer, size_t length, tag_t tag, tag_t mask,
+              const request_params& params = {});
+  /// Posts a receive into `count` entries, filled in order.
+  op tag_recv_iov(const iov_entry* entries, size_t count, tag_t tag, tag_t mask,
+                  const request_params& params = {});
+  /// Looks for an arrived, unmatched message matching `tag` under `mask`. With `out` set the
+  /// message is removed from the unexpected queue and must be received with tag_recv_message.
+  bool tag_probe(tag_t tag, tag_t mask, tag_recv_info* info, message** out = nullptr);
+  /// Receives a message taken by tag_probe.
+  op tag_recv_message(message* msg, void* buffer, size_t length,
+                      const request_params& params = {});
+
+  // -- requests ----------------------------------------------------------------------------------
+
+  /// in_progress while `req` runs, else its final status.
+  status request_status(const request* req) const noexcept;
+  /// Releases a request; one still running is released when it completes (its callback still
+  /// runs).
+  void release(request* req);
+  /// Cancels a receive or a send not yet started: report completes it with status::canceled
+  /// and calls its callback; force releases it silently. Returns busy if it is past cancelling.
+  status cancel(request* req, cancel_mode mode = cancel_mode::report);
+  /// Progresses until `o` is done or `timeout_ms` passed (negative: no limit), then releases its
+  /// request. Returns the operation's final status, or timed_out (the request is then canceled).
+  status wait(op o, int timeout_ms = -1);
+
+protected:
+  worker() = default;
+  worker(const worker&) = delete;
+  worker& operator=(const worker&) = delete;
+};
+
+}  // namespace comm

@@ -1,0 +1,93 @@
+@0xc7d1e2f3a4b5c697;
+# Every header libcomm puts on the wire. Hot-path headers are data-only structs, so a receiver
+# validates the root pointer word and then reads the fields in place (see comm/wire/codec.hpp).
+# Headers that carry variable data (addresses, keys) use pointers and are read with a checked reader.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("comm::wire::schema");
+
+# -- worker addresses -----------------------------------------------------------------------------
+
+struct TransportAddress {
+  name   @0 :Text;   # transport name: self, shm, tcp, verbs
+  device @1 :Data;   # device address: who can reach this interface (host/boot/namespace identity)
+  iface  @2 :Data;   # interface address: how to reach it
+}
+
+struct WorkerAddress {
+  uid        @0 :UInt64;   # unique id of the worker
+  name       @1 :Text;
+  clientId   @2 :UInt64;
+  transports @3 :List(TransportAddress);
+}
+
+# -- endpoint wireup ------------------------------------------------------------------------------
+
+struct WireupRequest {
+  srcEp   @0 :UInt32;       # the requester's endpoint id, used as dstEp in replies
+  address @1 :Data;         # packed WorkerAddress of the requester
+}
+
+struct WireupReply {
+  dstEp  @0 :UInt32;        # the requester's endpoint id
+  srcEp  @1 :UInt32;        # the replier's endpoint id
+  status @2 :Int16;         # 0, or a comm::status explaining a refusal
+}
+
+struct EndpointClose {
+  dstEp @0 :UInt32;
+}
+
+# -- tag matching, eager protocols ----------------------------------------------------------------
+
+struct TagEager {           # a whole eager message; the payload follows the header
+  dstEp @0 :UInt32;
+  tag   @1 :UInt64;
+}
+
+struct TagEagerFirst {      # first fragment of a multi-fragment eager message
+  dstEp       @0 :UInt32;
+  tag         @1 :UInt64;
+  msgId       @2 :UInt64;
+  totalLength @3 :UInt64;
+}
+
+struct FragmentMiddle {     # any later fragment of a multi-fragment message (tag or AM)
+  dstEp  @0 :UInt32;
+  msgId  @1 :UInt64;
+  offset @2 :UInt64;
+}
+
+# -- active messages ------------------------------------------------------------------------------
+
+struct ActiveMessage {      # a whole user AM: user header, then data, follow this header
+  dstEp        @0 :UInt32;
+  amId         @1 :UInt16;
+  flags        @2 :UInt16;  # bit 0: the sender asks for a reply endpoint
+  headerLength @3 :UInt32;
+}
+
+struct ActiveMessageFirst { # first fragment of a multi-fragment user AM
+  dstEp        @0 :UInt32;
+  amId         @1 :UInt16;
+  flags        @2 :UInt16;
+  headerLength @3 :UInt32;
+  msgId        @4 :UInt64;
+  totalLength  @5 :UInt64;  # user header plus data
+}
+
+# -- shared-memory transport ----------------------------------------------------------------------
+
+struct ShmRemoteIov {
+  address @0 :UInt64;
+  length  @1 :UInt64;
+}
+
+struct ShmZcopyDescriptor { # an am_zcopy whose payload the receiver pulls with one copy
+  senderPid      @0 :Int32;
+  amId           @1 :UInt8;
+  headerLength   @2 :UInt32;    # protocol header bytes that follow this descriptor in the cell
+  completionAddr @3 :UInt64;    # sender word the receiver sets once it holds the data
+  completionSeq  @4 :UInt64;    # value written there
+  iov            @5 :List(ShmRemoteIov);
+}

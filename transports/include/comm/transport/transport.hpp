@@ -1,0 +1,273 @@
+// The transport interface (libcomm's UCT): what every transport under transports/ implements and
+// all the protocol layer may use. A transport moves bytes between interfaces; it knows nothing of
+// tags, requests, actors or protocols.
+//
+// Every transport provides
+//   - a component: its name, its devices, and how to open an interface on one;
+//   - an iface: capabilities, active-message handlers, progress, an event fd for blocking
+//     progress, its address, and endpoints to peers' interfaces;
+//   - an ep: am short/bcopy/zcopy, put/get zcopy where supported, a pending queue, flush, fence;
+//   - a memory domain (md): register memory, pack and unpack remote keys.
+// The capability flags of an iface match the operations it actually implements; unsupported
+// operations return status::unsupported.
+#pragma once
+
+#include <comm/status.hpp>
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace comm::tl {
+
+/// Transport-level active-message id. The protocol layer owns the id space.
+using am_id = uint8_t;
+
+/// Number of transport-level active-message ids.
+inline constexpr unsigned am_id_count = 32;
+
+/// One scatter/gather entry of a zero-copy operation.
+struct iov {
+  const void* buffer = nullptr;  ///< start of the entry
+  size_t length = 0;             ///< bytes in the entry
+};
+
+/// Completion of an operation that finishes later (zcopy, flush). `count` is the number of
+/// outstanding operations still to finish; `func` runs when it drops to zero, with the first error
+/// seen, or status::ok.
+struct completion {
+  void (*func)(completion* self) = nullptr;  ///< called once `count` reaches zero
+  int count = 0;                             ///< operations still outstanding
+  status result = status::ok;                ///< first error seen, else ok
+};
+
+/// Marks one operation of `comp` finished with `st`, calling comp->func when none are left.
+inline void complete(completion* comp, status st) {
+  if (is_error(st) && comp->result == status::ok) comp->result = st;
+  if (--comp->count == 0 && comp->func != nullptr) comp->func(comp);
+}
+
+/// An operation parked on an endpoint's pending queue after status::no_resource. The transport
+/// calls `func` when resources may be available: it returns ok (done, drop it), in_progress (done
+/// for now, it re-added itself) or no_resource (keep it at the head and stop dispatching).
+struct pending_req {
+  status (*func)(pending_req* self) = nullptr;  ///< retries the parked operation
+  pending_req* next = nullptr;                  ///< owned by the transport while queued
+};
+
+/// Packs the payload of a bcopy operation into `dest` (room for iface_attr::max_bcopy bytes) and
+/// returns the number of bytes written.
+using pack_fn = size_t (*)(void* dest, void* arg);
+
+/// Flag passed to an am handler: `data` is a transport descriptor the handler may keep by returning
+/// status::in_progress, releasing it later with iface::release_am_desc.
+inline constexpr unsigned am_flag_desc = 1u << 0;
+
+/// Receives an active message. `data` is 8-byte aligned and valid until the handler returns
+/// (unless am_flag_desc was given and the handler returned in_progress). Returns ok, or
+/// in_progress to keep a descriptor.
+using am_handler_fn = status (*)(void* arg, void* data, size_t length, unsigned flags);
+
+class ep;
+
+/// Called when the peer of `failed` is gone (exited, killed, reset). Outstanding operations on the
+/// endpoint have already completed with `reason`.
+using error_handler_fn = void (*)(void* arg, ep* failed, status reason);
+
+/// Capability flags of an interface.
+enum cap : uint64_t {
+  cap_am_short = 1u << 0,        ///< am_short
+  cap_am_bcopy = 1u << 1,        ///< am_bcopy
+  cap_am_zcopy = 1u << 2,        ///< am_zcopy, completion once the peer holds the data
+  cap_put_zcopy = 1u << 3,       ///< put_zcopy
+  cap_get_zcopy = 1u << 4,       ///< get_zcopy
+  cap_pending = 1u << 5,         ///< pending queue on endpoints
+  cap_event_fd = 1u << 6,        ///< event_fd/event_arm for blocking progress
+  cap_connect_to_iface = 1u << 7,///< endpoints from an interface address alone
+  cap_peer_failure = 1u << 8,    ///< detects peer failure and reports it to the error handler
+};
+
+/// What an interface can do and its limits. Sizes are in bytes.
+struct iface_attr {
+  uint64_t caps = 0;            ///< cap flags
+  size_t max_short = 0;         ///< largest am_short, protocol header included
+  size_t max_bcopy = 0;         ///< largest am_bcopy payload (what pack may write)
+  size_t max_zcopy = 0;         ///< largest am_zcopy payload (sum of the iov)
+  size_t max_hdr = 0;           ///< largest am_zcopy header
+  size_t max_iov = 0;           ///< most am_zcopy iov entries
+  size_t max_get_zcopy = 0;     ///< largest get_zcopy
+  size_t max_put_zcopy = 0;     ///< largest put_zcopy
+  size_t max_outstanding_reads = 0; ///< gets in flight per endpoint the peer accepts
+  double latency_ns = 0;        ///< one-way latency estimate
+  double bandwidth_bytes_per_s = 0; ///< bandwidth estimate
+  unsigned priority = 0;        ///< tie breaker when choosing lanes: higher wins
+};
+
+/// Memory registered with a memory domain.
+struct mem_handle {
+  void* address = nullptr;      ///< start of the region
+  size_t length = 0;            ///< bytes in the region
+  void* transport = nullptr;    ///< transport-private state
+};
+
+/// An unpacked remote key: access to a peer's registered region.
+struct remote_key {
+  uint64_t address = 0;         ///< start of the remote region
+  uint64_t length = 0;          ///< bytes in the remote region
+  void* transport = nullptr;    ///< transport-private state
+};
+
+/// Memory domain: registration and remote keys.
+class md {
+public:
+  virtual ~md() = default;
+  /// Registers [address, address + length). The handle is released with mem_dereg.
+  virtual status mem_reg(void* address, size_t length, mem_handle** out) = 0;
+  /// Releases a registration.
+  virtual status mem_dereg(mem_handle* handle) = 0;
+  /// Appends the remote key of `handle` to `out`.
+  virtual status rkey_pack(const mem_handle* handle, std::vector<uint8_t>& out) = 0;
+  /// Unpacks a key packed by a peer; invalid bytes give status::invalid_param.
+  virtual status rkey_unpack(const void* data, size_t length, remote_key* out) = 0;
+  /// Releases an unpacked key.
+  virtual void rkey_release(remote_key* key) = 0;
+};
+
+/// An endpoint: a one-way connection from a local interface to a peer's interface.
+class ep {
+public:
+  virtual ~ep() = default;
+
+  /// Sends header + payload inline; header+payload <= max_short. Complete on return, or
+  /// no_resource.
+  virtual status am_short(am_id id, const void* header, size_t header_length,
+                          const void* payload, size_t payload_length) = 0;
+
+  /// Sends what `pack` writes (at most max_bcopy bytes). Returns the packed length, or a negative
+  /// status (no_resource). Complete on return.
+  virtual ssize_t am_bcopy(am_id id, pack_fn pack, void* arg) = 0;
+
+  /// Sends header + the iov without copying it on the sender. Returns ok when already complete,
+  /// in_progress when `comp` will be completed once the peer holds the data, or an error.
+  virtual status am_zcopy(am_id id, const void* header, size_t header_length,
+                          const iov* entries, size_t count, completion* comp) {
+    return status::unsupported;
+  }
+
+  /// Writes the local iov to the peer's registered memory.
+  virtual status put_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                           const remote_key& key, completion* comp) {
+    return status::unsupported;
+  }
+
+  /// Reads the peer's registered memory into the local iov, filled in order.
+  virtual status get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                           const remote_key& key, completion* comp) {
+    return status::unsupported;
+  }
+
+  /// Parks `req`; returns busy when resources are available now (then the caller retries).
+  virtual status pending_add(pending_req* req) = 0;
+
+  /// Removes every parked request, handing each to `cb`.
+  virtual void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) = 0;
+
+  /// ok when every operation started on the endpoint is complete; otherwise in_progress and
+  /// `comp` (if not null) is completed when they are.
+  virtual status flush(completion* comp) = 0;
+
+  /// Orders operations issued after the fence after those issued before it.
+  virtual status fence() { return status::ok; }
+
+  /// The protocol layer's pointer for this endpoint.
+  void* user_data = nullptr;
+};
+
+/// Parameters to open an interface.
+struct iface_params {
+  std::string device;           ///< one of component::devices()
+  size_t fifo_size = 0;         ///< receive queue entries, 0 for the transport default
+  size_t segment_size = 0;      ///< bytes of one receive buffer, 0 for the transport default
+  std::vector<int> cpus;        ///< cores the owner runs on (placement hints), may be empty
+};
+
+/// An interface: one transport on one device, owned by one worker.
+class iface {
+public:
+  virtual ~iface() = default;
+
+  /// Capabilities and limits.
+  virtual const iface_attr& attr() const = 0;
+
+  /// Name of the transport ("shm").
+  virtual std::string_view transport_name() const = 0;
+
+  /// Installs the handler for active-message `id` (< am_id_count).
+  virtual void set_am_handler(am_id id, am_handler_fn fn, void* arg) = 0;
+
+  /// Installs the handler told about failed peers.
+  virtual void set_error_handler(error_handler_fn fn, void* arg) = 0;
+
+  /// Delivers what has arrived and advances outstanding operations; returns the number of events.
+  virtual unsigned progress() = 0;
+
+  /// A file descriptor that becomes readable when progress() has something to do after
+  /// event_arm() returned ok; -1 without cap_event_fd.
+  virtual int event_fd() const = 0;
+
+  /// Arms the event fd. Returns busy when events are already pending (call progress instead of
+  /// sleeping).
+  virtual status event_arm() = 0;
+
+  /// Device address: who can reach this interface (host, boot, namespace identity).
+  virtual std::vector<uint8_t> device_address() const = 0;
+
+  /// Interface address: how to reach this interface.
+  virtual std::vector<uint8_t> iface_address() const = 0;
+
+  /// True when an endpoint from here can reach the interface with these addresses.
+  virtual bool is_reachable(const std::vector<uint8_t>& device_address,
+                            const std::vector<uint8_t>& iface_address) const = 0;
+
+  /// Creates an endpoint to the interface with these addresses.
+  virtual status create_ep(const std::vector<uint8_t>& device_address,
+                           const std::vector<uint8_t>& iface_address,
+                           std::unique_ptr<ep>& out) = 0;
+
+  /// Releases a descriptor kept by an am handler that returned in_progress.
+  virtual void release_am_desc(void* data) {}
+
+  /// The memory domain of this interface, or null.
+  virtual md* memory_domain() { return nullptr; }
+
+  /// One line per fact about the interface, for print_info.
+  virtual std::string info() const = 0;
+};
+
+/// A transport: its devices, and interfaces opened on them.
+class component {
+public:
+  virtual ~component() = default;
+
+  /// Transport name, as used in COMM_TLS.
+  virtual std::string_view name() const = 0;
+
+  /// Devices this transport can use here; empty when it cannot run on this machine.
+  virtual std::vector<std::string> devices() const = 0;
+
+  /// Why devices() is empty, for comm_info; empty when it is not.
+  virtual std::string unavailable_reason() const { return {}; }
+
+  /// Opens an interface.
+  virtual status open(const iface_params& params, std::unique_ptr<iface>& out) = 0;
+};
+
+/// Every transport built into this library, in preference order (self, shm, tcp, verbs).
+std::vector<component*> all_components();
+
+}  // namespace comm::tl
