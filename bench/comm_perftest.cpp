@@ -1,0 +1,900 @@
+// comm_perftest: libcomm's counterpart of UCX's ucx_perftest.
+//
+// Server:  comm_perftest [-p port] [-c core]
+// Client:  comm_perftest <server-host> -t tag_lat|tag_bw|am_lat|am_bw -s size -n iters -w warmup
+//                        [-c core] [-p port] [-W window] [-T timeout_s] [-R rank] [-f]
+//
+// The TCP socket between the two processes carries only the bootstrap (test parameters, packed
+// worker addresses) and barriers; every measured message travels over libcomm. The output has
+// ucx_perftest's table and `Final:` row columns so the two tools can be compared directly.
+
+#include <comm/context.hpp>
+#include <comm/worker.hpp>
+
+#include <arpa/inet.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+// -- errors ---------------------------------------------------------------------------------------
+
+/// A fatal error of the test: printed once by main, exit status 1.
+struct fatal : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Throws a fatal error formatted like printf.
+[[noreturn]] __attribute__((format(printf, 1, 2))) void fail(const char* fmt, ...) {
+  char text[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(text, sizeof text, fmt, args);
+  va_end(args);
+  throw fatal(text);
+}
+
+// -- options --------------------------------------------------------------------------------------
+
+/// The tests comm_perftest runs.
+enum class test_kind : uint32_t { tag_lat = 1, tag_bw = 2, am_lat = 3, am_bw = 4 };
+
+/// Command-line options of either side.
+struct options {
+  std::string server_host;        ///< empty: run as server
+  uint16_t port = 13337;          ///< bootstrap TCP port
+  int core = -1;                  ///< core to pin to, -1: no pinning
+  test_kind test = test_kind::tag_lat;
+  uint64_t size = 8;              ///< message size in bytes
+  uint64_t iters = 1000000;       ///< measured iterations
+  uint64_t warmup = 10000;        ///< warm-up iterations
+  uint32_t window = 128;          ///< outstanding sends in bandwidth tests
+  uint32_t timeout_s = 60;        ///< bound on one test run
+  double rank = 50.0;             ///< percentile rank shown in the table
+  bool final_only = false;        ///< print only the final row
+};
+
+/// Seconds a client keeps retrying to reach the server.
+constexpr int connect_timeout_s = 10;
+/// Seconds a server waits for its client.
+constexpr int accept_timeout_s = 120;
+/// Milliseconds a bootstrap read or write may block.
+constexpr int socket_timeout_ms = 30000;
+/// Largest message size accepted.
+constexpr uint64_t max_size = 1ull << 30;
+
+/// Name of a test as given with -t.
+const char* test_name(test_kind t) {
+  switch (t) {
+    case test_kind::tag_lat: return "tag_lat";
+    case test_kind::tag_bw: return "tag_bw";
+    case test_kind::am_lat: return "am_lat";
+    case test_kind::am_bw: return "am_bw";
+  }
+  return "?";
+}
+
+/// One-line description of a test, for the server's banner.
+const char* test_description(test_kind t) {
+  switch (t) {
+    case test_kind::tag_lat: return "tag match latency";
+    case test_kind::tag_bw: return "tag match bandwidth";
+    case test_kind::am_lat: return "am latency";
+    case test_kind::am_bw: return "am bandwidth / message rate";
+  }
+  return "?";
+}
+
+/// True for the ping-pong tests, whose per-iteration time is a round trip.
+bool is_latency_test(test_kind t) { return t == test_kind::tag_lat || t == test_kind::am_lat; }
+
+/// Parses the -t argument.
+test_kind parse_test(const char* arg) {
+  for (auto t : {test_kind::tag_lat, test_kind::tag_bw, test_kind::am_lat, test_kind::am_bw})
+    if (std::strcmp(arg, test_name(t)) == 0) return t;
+  if (std::strcmp(arg, "ucp_am_lat") == 0) return test_kind::am_lat;
+  if (std::strcmp(arg, "ucp_am_bw") == 0) return test_kind::am_bw;
+  fail("unknown test '%s' (tag_lat, tag_bw, am_lat, am_bw)", arg);
+}
+
+/// Parses an unsigned number in [lo, hi] for option `opt`.
+uint64_t parse_number(char opt, const char* arg, uint64_t lo, uint64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(arg, &end, 0);
+  if (errno != 0 || end == arg || *end != '\0' || v < lo || v > hi)
+    fail("-%c: '%s' is not a number in [%" PRIu64 ", %" PRIu64 "]", opt, arg, lo, hi);
+  return v;
+}
+
+/// Prints the usage text.
+void usage(std::FILE* out) {
+  std::fprintf(out,
+      "Usage: comm_perftest [server-hostname] [options]\n"
+      "  Without a hostname it runs as server and serves one client test.\n\n"
+      "  -t <test>     tag_lat | tag_bw | am_lat | am_bw (ucp_am_lat, ucp_am_bw accepted) (tag_lat)\n"
+      "  -s <size>     message size in bytes (8)\n"
+      "  -n <iters>    measured iterations (1000000)\n"
+      "  -w <iters>    warm-up iterations (10000)\n"
+      "  -c <core>     pin this process to one core (off)\n"
+      "  -p <port>     TCP port of the bootstrap socket (13337)\n"
+      "  -W <count>    outstanding sends in bandwidth tests (128)\n"
+      "  -T <seconds>  bound on one test (60)\n"
+      "  -R <rank>     percentile rank of the latency column (50.0)\n"
+      "  -f            print only the final row\n"
+      "  -h            show this help\n\n"
+      "  Transports and thresholds come from COMM_TLS, COMM_SHORT_THRESH, ... (see README).\n");
+}
+
+/// Parses argv into options; exits for -h.
+options parse_options(int argc, char** argv) {
+  options o;
+  int c;
+  while ((c = getopt(argc, argv, "t:s:n:w:c:p:W:T:R:fh")) != -1) {
+    switch (c) {
+      case 't': o.test = parse_test(optarg); break;
+      case 's': o.size = parse_number('s', optarg, 1, max_size); break;
+      case 'n': o.iters = parse_number('n', optarg, 1, 1ull << 40); break;
+      case 'w': o.warmup = parse_number('w', optarg, 0, 1ull << 40); break;
+      case 'c': o.core = static_cast<int>(parse_number('c', optarg, 0, CPU_SETSIZE - 1)); break;
+      case 'p': o.port = static_cast<uint16_t>(parse_number('p', optarg, 1, 65535)); break;
+      case 'W': o.window = static_cast<uint32_t>(parse_number('W', optarg, 1, 65536)); break;
+      case 'T': o.timeout_s = static_cast<uint32_t>(parse_number('T', optarg, 1, 86400)); break;
+      case 'R': o.rank = std::strtod(optarg, nullptr); break;
+      case 'f': o.final_only = true; break;
+      case 'h': usage(stdout); std::exit(0);
+      default: usage(stderr); std::exit(2);
+    }
+  }
+  if (o.rank <= 0.0 || o.rank > 100.0) fail("-R: rank must be in (0, 100]");
+  if (optind < argc) o.server_host = argv[optind++];
+  if (optind < argc) fail("unexpected argument '%s'", argv[optind]);
+  return o;
+}
+
+/// Pins the calling thread to `core` (no-op for -1).
+void pin_to_core(int core) {
+  if (core < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0)
+    fail("sched_setaffinity(core %d): %s", core, std::strerror(errno));
+}
+
+// -- time -----------------------------------------------------------------------------------------
+
+/// A cheap monotonic tick counter (TSC on x86, steady_clock elsewhere) calibrated to microseconds.
+class ticker {
+public:
+  /// Calibrates the tick rate against steady_clock over about 20 ms.
+  ticker() {
+    auto t0 = steady::now();
+    uint64_t c0 = now();
+    while (steady::now() - t0 < std::chrono::milliseconds(20)) {}
+    uint64_t c1 = now();
+    double us = std::chrono::duration<double, std::micro>(steady::now() - t0).count();
+    per_us_ = static_cast<double>(c1 - c0) / us;
+    if (per_us_ <= 0.0) per_us_ = 1.0;
+  }
+
+  /// The current tick.
+  static uint64_t now() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    return __rdtsc();
+#else
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               steady::now().time_since_epoch()).count();
+#endif
+  }
+
+  /// Ticks per microsecond.
+  double per_us() const noexcept { return per_us_; }
+  /// Converts ticks to microseconds.
+  double to_us(uint64_t ticks) const noexcept { return static_cast<double>(ticks) / per_us_; }
+
+private:
+  double per_us_ = 1.0;
+};
+
+/// A deadline checked cheaply from busy loops: steady_clock is read once every 1024 polls.
+class deadline {
+public:
+  /// Expires `seconds` from now.
+  explicit deadline(uint32_t seconds) : end_(steady::now() + std::chrono::seconds(seconds)) {}
+
+  /// True once the deadline passed.
+  bool expired() noexcept {
+    if ((++polls_ & 1023u) != 0) return false;
+    return steady::now() >= end_;
+  }
+
+private:
+  steady::time_point end_;
+  uint64_t polls_ = 0;
+};
+
+// -- bootstrap socket -----------------------------------------------------------------------------
+
+/// An owned file descriptor.
+class fd_guard {
+public:
+  explicit fd_guard(int fd = -1) : fd_(fd) {}
+  ~fd_guard() { if (fd_ >= 0) ::close(fd_); }
+  fd_guard(fd_guard&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  fd_guard& operator=(fd_guard&&) = delete;
+  /// The descriptor.
+  int get() const noexcept { return fd_; }
+
+private:
+  int fd_;
+};
+
+/// Waits up to `timeout_ms` for `events` on `fd`; fails on timeout or error.
+void wait_fd(int fd, short events, int timeout_ms, const char* what) {
+  pollfd p{fd, events, 0};
+  int n;
+  do {
+    n = ::poll(&p, 1, timeout_ms);
+  } while (n < 0 && errno == EINTR);
+  if (n == 0) fail("%s: timed out after %d ms", what, timeout_ms);
+  if (n < 0) fail("%s: poll: %s", what, std::strerror(errno));
+}
+
+/// Writes all `length` bytes to the bootstrap socket.
+void send_all(int fd, const void* data, size_t length) {
+  auto* p = static_cast<const char*>(data);
+  while (length > 0) {
+    wait_fd(fd, POLLOUT, socket_timeout_ms, "bootstrap send");
+    ssize_t n = ::send(fd, p, length, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("bootstrap send: %s", std::strerror(errno));
+    p += n;
+    length -= static_cast<size_t>(n);
+  }
+}
+
+/// Reads exactly `length` bytes from the bootstrap socket.
+void recv_all(int fd, void* data, size_t length) {
+  auto* p = static_cast<char*>(data);
+  while (length > 0) {
+    wait_fd(fd, POLLIN, socket_timeout_ms, "bootstrap receive");
+    ssize_t n = ::recv(fd, p, length, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) fail("bootstrap receive: the peer closed the connection");
+    if (n < 0) fail("bootstrap receive: %s", std::strerror(errno));
+    p += n;
+    length -= static_cast<size_t>(n);
+  }
+}
+
+/// Sends a length-prefixed byte string.
+void send_blob(int fd, const std::vector<uint8_t>& blob) {
+  uint32_t n = static_cast<uint32_t>(blob.size());
+  send_all(fd, &n, sizeof n);
+  send_all(fd, blob.data(), blob.size());
+}
+
+/// Receives a length-prefixed byte string of at most 64 KiB.
+std::vector<uint8_t> recv_blob(int fd) {
+  uint32_t n = 0;
+  recv_all(fd, &n, sizeof n);
+  if (n == 0 || n > 65536) fail("bootstrap: bad address length %u", n);
+  std::vector<uint8_t> blob(n);
+  recv_all(fd, blob.data(), n);
+  return blob;
+}
+
+/// Both sides wait until the other reached the same point.
+void barrier(int fd) {
+  uint8_t token = 0x5a, got = 0;
+  send_all(fd, &token, 1);
+  recv_all(fd, &got, 1);
+  if (got != token) fail("bootstrap: barrier out of step");
+}
+
+/// Listens on the loopback interface and accepts one client within accept_timeout_s.
+fd_guard accept_client(uint16_t port) {
+  fd_guard lsock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (lsock.get() < 0) fail("socket: %s", std::strerror(errno));
+  int one = 1;
+  ::setsockopt(lsock.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(lsock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    fail("bind to port %u: %s", port, std::strerror(errno));
+  if (::listen(lsock.get(), 1) != 0) fail("listen: %s", std::strerror(errno));
+  std::printf("Waiting for connection...\n");
+  std::fflush(stdout);
+  wait_fd(lsock.get(), POLLIN, accept_timeout_s * 1000, "waiting for a client");
+  sockaddr_in peer{};
+  socklen_t len = sizeof peer;
+  fd_guard sock(::accept4(lsock.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC));
+  if (sock.get() < 0) fail("accept: %s", std::strerror(errno));
+  char host[INET_ADDRSTRLEN] = "?";
+  ::inet_ntop(AF_INET, &peer.sin_addr, host, sizeof host);
+  std::printf("Accepted connection from %s:%u\n", host, ntohs(peer.sin_port));
+  ::setsockopt(sock.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return sock;
+}
+
+/// Tries once to connect to host:port; returns -1 when nobody listens yet.
+int try_connect(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string service = std::to_string(port);
+  int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0) fail("cannot resolve '%s': %s", host.c_str(), ::gai_strerror(rc));
+  int fd = -1;
+  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd >= 0 && ::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  return fd;
+}
+
+/// Connects to the server, retrying for connect_timeout_s while it is not listening yet.
+fd_guard connect_server(const std::string& host, uint16_t port) {
+  auto end = steady::now() + std::chrono::seconds(connect_timeout_s);
+  for (;;) {
+    int fd = try_connect(host, port);
+    if (fd >= 0) {
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      return fd_guard(fd);
+    }
+    if (steady::now() >= end)
+      fail("cannot connect to %s:%u within %d s", host.c_str(), port, connect_timeout_s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+/// Test parameters the client sends to the server.
+struct wire_params {
+  uint32_t magic = 0x434f4d50;  ///< "COMP"
+  uint32_t test = 0;
+  uint64_t size = 0;
+  uint64_t iters = 0;
+  uint64_t warmup = 0;
+  uint32_t window = 0;
+  uint32_t timeout_s = 0;
+};
+
+/// Copies the test parameters of `o` into their wire form.
+wire_params to_wire(const options& o) {
+  wire_params p;
+  p.test = static_cast<uint32_t>(o.test);
+  p.size = o.size;
+  p.iters = o.iters;
+  p.warmup = o.warmup;
+  p.window = o.window;
+  p.timeout_s = o.timeout_s;
+  return p;
+}
+
+/// Checks parameters received from a client and applies them to `o`.
+void apply_wire(const wire_params& p, options& o) {
+  if (p.magic != wire_params{}.magic) fail("bootstrap: the client is not comm_perftest");
+  if (p.test < 1 || p.test > 4) fail("bootstrap: unknown test %u", p.test);
+  if (p.size == 0 || p.size > max_size || p.iters == 0 || p.window == 0 || p.timeout_s == 0)
+    fail("bootstrap: bad test parameters");
+  o.test = static_cast<test_kind>(p.test);
+  o.size = p.size;
+  o.iters = p.iters;
+  o.warmup = p.warmup;
+  o.window = p.window;
+  o.timeout_s = p.timeout_s;
+}
+
+// -- output ---------------------------------------------------------------------------------------
+
+/// Prints ucx_perftest's table header; bandwidth tests show per-message overhead.
+void print_table_header(bool latency, bool final_only, double rank) {
+  const char* sep =
+      "+--------------+--------------+----------+---------+---------+----------+----------+"
+      "-----------+-----------+\n";
+  std::printf("+--------------+--------------+------------------------------+---------------------+"
+              "-----------------------+\n");
+  std::printf("|              |              |       %s (usec)        |   bandwidth (MB/s)  |"
+              "  message rate (msg/s) |\n", latency ? " latency" : "overhead");
+  std::printf("%s", sep);
+  std::printf("|    %s     | # iterations | %4.1f%%ile | average | overall |  average |  overall |"
+              "  average  |  overall  |\n", final_only ? " Test" : "Stage", rank);
+  std::printf("%s", sep);
+}
+
+/// Prints the server's banner describing the test it serves.
+void print_banner(const options& o, const comm::endpoint& ep) {
+  const char* line =
+      "+----------------------------------------------------------------------------------------"
+      "------------------+\n";
+  std::printf("%s", line);
+  auto row = [](const char* key, const std::string& value) {
+    std::printf("| %-14s%-90s|\n", key, value.c_str());
+  };
+  row("API:", "libcomm");
+  row("Test:", test_description(o.test));
+  row("Transport:", std::string(ep.transport()));
+  row("Message size:", std::to_string(o.size));
+  row("Iterations:", std::to_string(o.iters) + " (+" + std::to_string(o.warmup) + " warm-up)");
+  std::printf("%s", line);
+  std::fflush(stdout);
+}
+
+// -- measurement ----------------------------------------------------------------------------------
+
+/// Collects per-iteration times and prints ucx_perftest's periodic and final rows. The per-iteration
+/// time of a latency test is half a round trip.
+class reporter {
+public:
+  /// `factor` scales an iteration's ticks to the reported time (0.5 for ping-pong).
+  reporter(const ticker& clock, uint64_t size, double factor, double rank, bool final_only)
+      : clock_(clock), size_(size), factor_(factor), rank_(rank), final_only_(final_only),
+        samples_(sample_count) {}
+
+  /// Starts the measured phase now.
+  void start() {
+    start_ = last_ = last_report_ = ticker::now();
+    report_every_ = static_cast<uint64_t>(clock_.per_us() * 1e6);
+  }
+
+  /// Records one iteration that ended at `now`.
+  void record(uint64_t now) {
+    samples_[count_ % sample_count] = now - last_;
+    last_ = now;
+    ++count_;
+    if (now - last_report_ >= report_every_) report(now, "[thread 0]");
+  }
+
+  /// Ends the measured phase at `now` and prints the final row.
+  void finish(uint64_t now) {
+    last_ = now;
+    if (!final_only_) std::printf("Final:");
+    report(now, "");
+  }
+
+private:
+  static constexpr size_t sample_count = 8192;
+
+  /// Microseconds per iteration for `ticks` spent on `iterations`.
+  double per_iter_us(uint64_t ticks, uint64_t iterations) const {
+    if (iterations == 0) return 0.0;
+    return clock_.to_us(ticks) * factor_ / static_cast<double>(iterations);
+  }
+
+  /// The `rank_` percentile of the recent per-iteration samples, in microseconds.
+  double percentile_us() {
+    size_t n = std::min<uint64_t>(count_, sample_count);
+    if (n == 0) return 0.0;
+    std::vector<uint64_t> v(samples_.begin(), samples_.begin() + static_cast<ptrdiff_t>(n));
+    size_t k = std::min(n - 1, static_cast<size_t>(rank_ / 100.0 * static_cast<double>(n)));
+    std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end());
+    return clock_.to_us(v[k]) * factor_;
+  }
+
+  /// Prints one row and starts a new reporting interval. `label` empty: continue a "Final:" label.
+  void report(uint64_t now, const char* label) {
+    double moment = per_iter_us(now - last_report_, count_ - last_report_count_);
+    double overall = per_iter_us(now - start_, count_);
+    if (!final_only_ || *label == '\0') print_row(label, percentile_us(), moment, overall);
+    last_report_ = now;
+    last_report_count_ = count_;
+  }
+
+  /// Prints the columns of one row.
+  void print_row(const char* label, double pct, double moment, double overall) const {
+    auto mbps = [this](double us) { return us > 0 ? size_ / us / 1.048576 : 0.0; };
+    auto rate = [](double us) { return us > 0 ? 1e6 / us : 0.0; };
+    int pad = *label == '\0' ? (final_only_ ? 14 : 8) : 14;
+    std::printf("%-*s %13" PRIu64 " %10.3f %9.3f %9.3f %11.2f %10.2f %11.0f %11.0f\n", pad, label,
+                count_, pct, moment, overall, mbps(moment), mbps(overall), rate(moment),
+                rate(overall));
+    std::fflush(stdout);
+  }
+
+  const ticker& clock_;
+  double size_;
+  double factor_;
+  double rank_;
+  bool final_only_;
+  std::vector<uint64_t> samples_;
+  uint64_t count_ = 0;
+  uint64_t start_ = 0, last_ = 0, last_report_ = 0, last_report_count_ = 0;
+  uint64_t report_every_ = 0;
+};
+
+// -- libcomm side ---------------------------------------------------------------------------------
+
+/// AM ids used by the tests.
+constexpr uint16_t am_data_id = 10;
+constexpr uint16_t am_ack_id = 11;
+/// Tags used by the tests.
+constexpr comm::tag_t tag_data = 0xc0ffee01;
+constexpr comm::tag_t tag_ack = 0xc0ffee02;
+
+/// Everything one side of a test uses: worker, endpoint to the peer, buffers, AM counters.
+struct session {
+  comm::worker* w = nullptr;
+  comm::endpoint* ep = nullptr;
+  std::vector<uint8_t> send_buf;
+  std::vector<uint8_t> recv_buf;
+  volatile uint64_t am_data_count = 0;  ///< AM data messages delivered
+  volatile uint64_t am_ack_count = 0;   ///< AM acks delivered
+  volatile bool failed = false;         ///< the endpoint reported an error
+  comm::status failure = comm::status::ok;
+  deadline* limit = nullptr;            ///< bound of the running test
+};
+
+/// Counts an AM data message.
+comm::status on_am_data(void* arg, const void*, size_t, void*, size_t,
+                        const comm::am_recv_params&) {
+  auto* s = static_cast<session*>(arg);
+  s->am_data_count = s->am_data_count + 1;
+  return comm::status::ok;
+}
+
+/// Counts an AM acknowledgement.
+comm::status on_am_ack(void* arg, const void*, size_t, void*, size_t,
+                       const comm::am_recv_params&) {
+  auto* s = static_cast<session*>(arg);
+  s->am_ack_count = s->am_ack_count + 1;
+  return comm::status::ok;
+}
+
+/// Marks the session failed when its endpoint fails.
+void on_endpoint_error(void* arg, comm::endpoint*, comm::status reason) {
+  auto* s = static_cast<session*>(arg);
+  s->failure = reason;
+  s->failed = true;
+}
+
+/// Fails the test if the endpoint failed or the test ran out of time.
+inline void check_alive(session& s, const char* where) {
+  if (s.failed) fail("%s: endpoint failed: %s", where, comm::to_string(s.failure));
+  if (s.limit->expired()) fail("%s: the test did not finish in time", where);
+}
+
+/// Busy-polls until `o` completes, then releases its request. Fails on errors.
+void complete(session& s, comm::op o, const char* what) {
+  if (o.failed()) fail("%s: %s", what, comm::to_string(o.st));
+  if (!o.pending()) return;
+  comm::status st;
+  while ((st = s.w->request_status(o.req)) == comm::status::in_progress) {
+    s.w->progress();
+    check_alive(s, what);
+  }
+  s.w->release(o.req);
+  if (is_error(st)) fail("%s: %s", what, comm::to_string(st));
+}
+
+/// True when `o` has completed, releasing its request; fails on errors.
+bool test_op(session& s, comm::op& o, const char* what) {
+  if (!o.pending()) {
+    if (o.failed()) fail("%s: %s", what, comm::to_string(o.st));
+    return true;
+  }
+  comm::status st = s.w->request_status(o.req);
+  if (st == comm::status::in_progress) return false;
+  s.w->release(o.req);
+  o.req = nullptr;
+  o.st = comm::status::ok;
+  if (is_error(st)) fail("%s: %s", what, comm::to_string(st));
+  return true;
+}
+
+/// Busy-polls until the AM counter `counter` reaches `target`.
+void wait_count(session& s, volatile uint64_t& counter, uint64_t target, const char* what) {
+  while (counter < target) {
+    s.w->progress();
+    check_alive(s, what);
+  }
+}
+
+/// A ring of outstanding operations completing in order, at most `capacity` at a time.
+class op_window {
+public:
+  explicit op_window(size_t capacity) : ring_(capacity) {}
+
+  /// Adds an operation; a completed one is not kept.
+  void push(session& s, comm::op o, const char* what) {
+    if (test_op(s, o, what)) return;
+    ring_[(head_ + size_) % ring_.size()] = o;
+    ++size_;
+  }
+
+  /// True when no more operations fit.
+  bool full() const noexcept { return size_ == ring_.size(); }
+
+  /// Releases the completed operations at the head; returns how many.
+  size_t reap(session& s, const char* what) {
+    size_t n = 0;
+    while (size_ > 0 && test_op(s, ring_[head_], what)) {
+      head_ = (head_ + 1) % ring_.size();
+      --size_;
+      ++n;
+    }
+    return n;
+  }
+
+  /// Busy-polls until at least one slot is free.
+  void make_room(session& s, const char* what) {
+    while (full()) {
+      s.w->progress();
+      reap(s, what);
+      if (full()) check_alive(s, what);
+    }
+  }
+
+  /// Busy-polls until every operation completed.
+  void drain(session& s, const char* what) {
+    while (size_ > 0) {
+      s.w->progress();
+      reap(s, what);
+      if (size_ > 0) check_alive(s, what);
+    }
+  }
+
+private:
+  std::vector<comm::op> ring_;
+  size_t head_ = 0;
+  size_t size_ = 0;
+};
+
+/// Sends one tagged message or active message of the test's kind.
+comm::op send_one(session& s, bool am, const void* buf, size_t size, comm::tag_t tag, uint16_t id) {
+  if (am) return s.ep->am_send(id, nullptr, 0, buf, size);
+  return s.ep->tag_send(tag, buf, size);
+}
+
+// -- the tests ------------------------------------------------------------------------------------
+
+/// Ping-pong client of tag_lat / am_lat: send, wait for the reply; reports RTT/2.
+void run_latency_client(session& s, const options& o, reporter& rep) {
+  bool am = o.test == test_kind::am_lat;
+  const uint64_t total = o.warmup + o.iters;
+  for (uint64_t i = 0; i < total; ++i) {
+    if (i == o.warmup) rep.start();
+    if (am) {
+      uint64_t expect = s.am_data_count + 1;
+      complete(s, send_one(s, true, s.send_buf.data(), o.size, 0, am_data_id), "am_send");
+      wait_count(s, s.am_data_count, expect, "am_lat reply");
+    } else {
+      comm::op r = s.w->tag_recv(s.recv_buf.data(), o.size, tag_data, comm::tag_mask_full);
+      comm::op snd = s.ep->tag_send(tag_data, s.send_buf.data(), o.size);
+      complete(s, r, "tag_lat reply");
+      complete(s, snd, "tag_send");
+    }
+    if (i >= o.warmup) rep.record(ticker::now());
+  }
+  rep.finish(ticker::now());
+}
+
+/// Ping-pong server of tag_lat / am_lat: wait for a message, answer it.
+void run_latency_server(session& s, const options& o) {
+  bool am = o.test == test_kind::am_lat;
+  const uint64_t total = o.warmup + o.iters;
+  comm::op r{};
+  if (!am) r = s.w->tag_recv(s.recv_buf.data(), o.size, tag_data, comm::tag_mask_full);
+  for (uint64_t i = 0; i < total; ++i) {
+    if (am) {
+      wait_count(s, s.am_data_count, i + 1, "am_lat ping");
+    } else {
+      complete(s, r, "tag_lat ping");
+      if (i + 1 < total) r = s.w->tag_recv(s.recv_buf.data(), o.size, tag_data, comm::tag_mask_full);
+    }
+    complete(s, send_one(s, am, s.send_buf.data(), o.size, tag_data, am_data_id), "reply");
+  }
+}
+
+/// Streams `count` messages with a window of outstanding sends, then waits for the server's ack.
+void stream_phase(session& s, const options& o, uint64_t count, reporter* rep) {
+  bool am = o.test == test_kind::am_bw;
+  op_window win(o.window);
+  uint64_t acks = s.am_ack_count;
+  comm::op ack{};
+  if (!am) ack = s.w->tag_recv(s.recv_buf.data(), 0, tag_ack, comm::tag_mask_full);
+  if (rep) rep->start();
+  for (uint64_t i = 0; i < count; ++i) {
+    win.make_room(s, "send window");
+    win.push(s, send_one(s, am, s.send_buf.data(), o.size, tag_data, am_data_id), "send");
+    s.w->progress();
+    win.reap(s, "send");
+    if (rep) rep->record(ticker::now());
+  }
+  win.drain(s, "send completion");
+  if (am) wait_count(s, s.am_ack_count, acks + 1, "final ack");
+  else complete(s, ack, "final ack");
+  if (rep) rep->finish(ticker::now());
+}
+
+/// Receives `count` tagged messages with up to `window` receives posted.
+void receive_tagged(session& s, const options& o, uint64_t count) {
+  op_window win(o.window);
+  uint64_t posted = 0;
+  while (posted < count) {
+    win.make_room(s, "receive window");
+    win.push(s, s.w->tag_recv(s.recv_buf.data(), o.size, tag_data, comm::tag_mask_full),
+             "tag_recv");
+    ++posted;
+  }
+  win.drain(s, "tag_recv completion");
+}
+
+/// Bandwidth server: receives one phase of `count` messages, then acknowledges it.
+void sink_phase(session& s, const options& o, uint64_t count, uint64_t& am_seen) {
+  if (o.test == test_kind::am_bw) {
+    am_seen += count;
+    wait_count(s, s.am_data_count, am_seen, "am_bw receive");
+    complete(s, send_one(s, true, nullptr, 0, 0, am_ack_id), "ack");
+  } else {
+    receive_tagged(s, o, count);
+    complete(s, s.ep->tag_send(tag_ack, nullptr, 0), "ack");
+  }
+}
+
+/// Runs the client's side of the test selected in `o`.
+void run_client_test(session& s, const options& o, const ticker& clock) {
+  bool lat = is_latency_test(o.test);
+  reporter rep(clock, o.size, lat ? 0.5 : 1.0, o.rank, o.final_only);
+  print_table_header(lat, o.final_only, o.rank);
+  if (lat) {
+    run_latency_client(s, o, rep);
+    return;
+  }
+  if (o.warmup > 0) stream_phase(s, o, o.warmup, nullptr);
+  stream_phase(s, o, o.iters, &rep);
+}
+
+/// Runs the server's side of the test selected in `o`.
+void run_server_test(session& s, const options& o) {
+  if (is_latency_test(o.test)) {
+    run_latency_server(s, o);
+    return;
+  }
+  uint64_t am_seen = 0;
+  if (o.warmup > 0) sink_phase(s, o, o.warmup, am_seen);
+  sink_phase(s, o, o.iters, am_seen);
+}
+
+// -- set-up and teardown --------------------------------------------------------------------------
+
+/// Exchanges packed worker addresses over the bootstrap socket (the client sends first) and
+/// connects an endpoint to the peer.
+void connect_peer(session& s, int sock, bool client) {
+  std::vector<uint8_t> mine = s.w->address();
+  std::vector<uint8_t> theirs;
+  if (client) {
+    send_blob(sock, mine);
+    theirs = recv_blob(sock);
+  } else {
+    theirs = recv_blob(sock);
+    send_blob(sock, mine);
+  }
+  comm::status st = s.w->connect(theirs, &s.ep);
+  if (st != comm::status::ok) fail("connect to the peer worker: %s", comm::to_string(st));
+  s.ep->set_error_handler(on_endpoint_error, &s);
+}
+
+/// Installs the AM handlers and allocates the buffers for the test.
+void prepare(session& s, const options& o) {
+  auto check = [](comm::status st) {
+    if (st != comm::status::ok) fail("set_am_handler: %s", comm::to_string(st));
+  };
+  check(s.w->set_am_handler(am_data_id, on_am_data, &s, comm::am_flag_whole_msg));
+  check(s.w->set_am_handler(am_ack_id, on_am_ack, &s, comm::am_flag_whole_msg));
+  s.send_buf.assign(o.size, 0xa5);
+  s.recv_buf.assign(o.size, 0);
+}
+
+/// Closes the endpoint (bounded), after both sides finished the test.
+void close_peer(session& s, int sock) {
+  barrier(sock);
+  comm::status st = s.w->wait(s.ep->close(), 5000);
+  if (st != comm::status::ok && st != comm::status::connection_reset)
+    std::fprintf(stderr, "comm_perftest: closing the endpoint: %s\n", comm::to_string(st));
+  s.ep = nullptr;
+  barrier(sock);
+}
+
+/// Creates the worker of one side.
+std::unique_ptr<comm::worker> make_worker(comm::context& ctx, const options& o, const char* role) {
+  comm::worker_params wp;
+  wp.name = std::string("perftest-") + role;
+  wp.wakeup = false;
+  if (o.core >= 0) wp.cpus = {o.core};
+  auto w = comm::worker::create(ctx, wp);
+  if (!w) fail("cannot create a worker");
+  return w;
+}
+
+/// The server: accept one client, run its test, exit.
+void run_server(options o) {
+  fd_guard sock = accept_client(o.port);
+  wire_params p;
+  recv_all(sock.get(), &p, sizeof p);
+  apply_wire(p, o);
+  comm::context ctx;
+  auto w = make_worker(ctx, o, "server");
+  session s;
+  s.w = w.get();
+  prepare(s, o);
+  connect_peer(s, sock.get(), false);
+  print_banner(o, *s.ep);
+  deadline limit(o.timeout_s);
+  s.limit = &limit;
+  barrier(sock.get());
+  run_server_test(s, o);
+  close_peer(s, sock.get());
+}
+
+/// The client: connect to the server, run the test, print the table.
+void run_client(const options& o) {
+  ticker clock;
+  fd_guard sock = connect_server(o.server_host, o.port);
+  wire_params p = to_wire(o);
+  send_all(sock.get(), &p, sizeof p);
+  comm::context ctx;
+  auto w = make_worker(ctx, o, "client");
+  session s;
+  s.w = w.get();
+  prepare(s, o);
+  connect_peer(s, sock.get(), true);
+  deadline limit(o.timeout_s);
+  s.limit = &limit;
+  barrier(sock.get());
+  run_client_test(s, o, clock);
+  close_peer(s, sock.get());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    options o = parse_options(argc, argv);
+    pin_to_core(o.core);
+    if (o.server_host.empty())
+      run_server(o);
+    else
+      run_client(o);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "comm_perftest: error: %s\n", e.what());
+    return 1;
+  }
+}

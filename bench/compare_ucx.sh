@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Runs UCX's ucx_perftest (UCX_TLS=shm,self) and libcomm's comm_perftest (COMM_TLS=shm,self)
+# alternately on this machine, servers pinned to core 0 and clients to core 1, and prints the
+# median of each over the rounds with their ratio. Writes the numbers to a .dat file and, when
+# gnuplot is installed, a PNG (latency and bandwidth against message size).
+#
+#   bench/compare_ucx.sh [-r rounds] [-n iterations] [-q] [-b build-dir] [-o out-dir] [-p port]
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: bench/compare_ucx.sh [options]
+  -r <rounds>  rounds of every test, alternating UCX and libcomm (default 3)
+  -n <iters>   iterations of every test (default: per test, 50k-1M)
+  -q           quick: 1 round, a tenth of the default iterations
+  -b <dir>     build directory holding bench/comm_perftest (default: build)
+  -o <dir>     where the .dat, .png and logs go (default: <build-dir>/compare)
+  -p <port>    first bootstrap port; every run uses the next one (default 23000)
+  -h           this help
+EOF
+}
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+rounds=3
+iters=""
+scale=1
+build="$repo/build"
+out=""
+port=23000
+while getopts "r:n:qb:o:p:h" opt; do
+  case $opt in
+    r) rounds=$OPTARG ;;
+    n) iters=$OPTARG ;;
+    q) rounds=1; scale=10 ;;
+    b) build=$(cd "$OPTARG" && pwd) ;;
+    o) out=$OPTARG ;;
+    p) port=$OPTARG ;;
+    h) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+  esac
+done
+[[ $rounds =~ ^[1-9][0-9]{0,2}$ ]] || { echo "rounds must be 1..999" >&2; exit 2; }
+[[ -z $iters || $iters =~ ^[1-9][0-9]{0,9}$ ]] || { echo "bad iteration count" >&2; exit 2; }
+out=${out:-$build/compare}
+mkdir -p "$out"
+ours="$build/bench/comm_perftest"
+[[ -x $ours ]] || { echo "no $ours: build first (bash scripts/test.sh or cmake --build)" >&2; exit 1; }
+command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt-get install ucx-utils)" >&2; exit 1; }
+
+# test | size | default iterations | UCX's name for it
+tests=(
+  "tag_lat 8 200000 tag_lat"
+  "tag_lat 4096 100000 tag_lat"
+  "tag_lat 65536 20000 tag_lat"
+  "tag_bw 8 2000000 tag_bw"
+  "tag_bw 4096 500000 tag_bw"
+  "tag_bw 65536 50000 tag_bw"
+  "am_lat 8 200000 ucp_am_lat"
+)
+run_timeout=120
+server_pid=""
+
+# Kills the server this script started, if it still runs.
+cleanup() {
+  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  server_pid=""
+}
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT TERM
+
+# Waits up to 5 s for a listener on TCP port $1.
+wait_listen() {
+  local i
+  for ((i = 0; i < 100; i++)); do
+    ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# Waits up to 10 s for the server to exit on its own, then kills it.
+reap_server() {
+  local i
+  for ((i = 0; i < 200; i++)); do
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  cleanup
+}
+
+# Prints the metric of a `Final:` row: overall latency (usec) for latency tests, overall message
+# rate for 8-byte bandwidth tests, overall bandwidth (MB/s) for larger ones.
+metric() { # test size log
+  local col
+  case $1 in
+    *lat) col=5 ;;
+    *) if (($2 <= 8)); then col=9; else col=7; fi ;;
+  esac
+  awk -v c="$col" '/^Final:/ { v = $c } END { if (v == "") print "NA"; else print v }' "$3"
+}
+
+# One run: lib (ucx|comm), test, size, iterations, UCX test name, log file. Sets $result to the
+# metric (NA when the run failed). Not run in a subshell: it advances $port and owns $server_pid.
+result=NA
+run_one() {
+  local lib=$1 test=$2 size=$3 n=$4 ucx_test=$5 log=$6
+  port=$((port + 1))
+  local w=$(( n / 10 > 10000 ? 10000 : n / 10 ))
+  if [[ $lib == ucx ]]; then
+    UCX_TLS=shm,self timeout "$run_timeout" taskset -c 0 ucx_perftest -p "$port" >"$log.server" 2>&1 &
+  else
+    COMM_TLS=shm,self timeout "$run_timeout" "$ours" -p "$port" -c 0 >"$log.server" 2>&1 &
+  fi
+  server_pid=$!
+  if ! wait_listen "$port"; then
+    echo "  $lib server on port $port did not start (see $log.server)" >&2
+    cleanup; result=NA; return
+  fi
+  if [[ $lib == ucx ]]; then
+    UCX_TLS=shm,self timeout "$run_timeout" taskset -c 1 ucx_perftest localhost -p "$port" \
+      -t "$ucx_test" -s "$size" -n "$n" -w "$w" >"$log" 2>&1 || true
+  else
+    COMM_TLS=shm,self timeout "$run_timeout" "$ours" localhost -p "$port" -c 1 \
+      -t "$test" -s "$size" -n "$n" -w "$w" >"$log" 2>&1 || true
+  fi
+  reap_server
+  result=$(metric "$test" "$size" "$log")
+}
+
+# Median of the numbers given (NA ignored); NA when there are none.
+median() {
+  printf '%s\n' "$@" | grep -v '^NA$' | sort -g |
+    awk '{ v[NR] = $1 } END { if (NR == 0) print "NA";
+          else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+dat="$out/compare_ucx.dat"
+{
+  echo "# libcomm comm_perftest vs UCX ucx_perftest, shm, cores 0/1, median of $rounds round(s)"
+  echo "# test size metric ucx ours ratio(ours/ucx)"
+} >"$dat"
+table=()
+for spec in "${tests[@]}"; do
+  read -r test size default_n ucx_test <<<"$spec"
+  n=${iters:-$((default_n / scale))}
+  ucx_vals=() our_vals=()
+  for ((r = 1; r <= rounds; r++)); do
+    log="$out/${test}_${size}_r$r"
+    # Alternate which library goes first, so drift on a noisy machine hits both.
+    if ((r % 2)); then order="ucx comm"; else order="comm ucx"; fi
+    for lib in $order; do
+      run_one "$lib" "$test" "$size" "$n" "$ucx_test" "$log.$lib.log"
+      if [[ $lib == ucx ]]; then ucx_vals+=("$result"); else our_vals+=("$result"); fi
+    done
+    echo "  $test $size round $r/$rounds: ucx ${ucx_vals[-1]}  comm ${our_vals[-1]}" >&2
+  done
+  u=$(median "${ucx_vals[@]}")
+  o=$(median "${our_vals[@]}")
+  case $test in
+    *lat) unit="usec"; better="lower is better" ;;
+    *) if ((size <= 8)); then unit="msg/s"; else unit="MB/s"; fi; better="higher is better" ;;
+  esac
+  ratio=$(awk -v u="$u" -v o="$o" 'BEGIN { if (u == "NA" || o == "NA" || u == 0) print "NA";
+                                            else printf "%.2f", o / u }')
+  echo "$test $size $unit $u $o $ratio" >>"$dat"
+  table+=("$(printf '%-8s %7s %-6s %12s %12s %7s  %s' "$test" "$size" "$unit" "$u" "$o" "$ratio" "$better")")
+done
+
+echo
+printf '%-8s %7s %-6s %12s %12s %7s  %s\n' test size unit UCX ours ratio "(ratio = ours/UCX)"
+printf '%s\n' "${table[@]}"
+echo
+echo "numbers: $dat"
+if command -v gnuplot >/dev/null; then
+  if gnuplot -e "datafile='$dat'; outfile='$out/compare_ucx.png'" "$here/plot_compare.gnuplot" \
+       2>"$out/gnuplot.log"; then
+    echo "plot:    $out/compare_ucx.png"
+  else
+    echo "plot:    gnuplot failed (see $out/gnuplot.log)"
+  fi
+fi

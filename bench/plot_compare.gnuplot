@@ -1,0 +1,31 @@
+# Plots bench/compare_ucx.sh's .dat file: tag_lat latency and tag_bw bandwidth against message
+# size, UCX and libcomm side by side.
+#   gnuplot -e "datafile='compare_ucx.dat'; outfile='compare_ucx.png'" plot_compare.gnuplot
+# Columns of the data file: test size unit ucx ours ratio.
+
+if (!exists("datafile")) datafile = 'compare_ucx.dat'
+if (!exists("outfile")) outfile = 'compare_ucx.png'
+
+set terminal pngcairo size 1200,500 noenhanced
+set output outfile
+set multiplot layout 1,2 title "libcomm vs UCX on shared memory (median over rounds)"
+set logscale x 2
+set key top left
+set grid
+set xlabel "message size (bytes)"
+
+# A column's value on rows of test `t` (and larger than `min` bytes), else NaN so it is skipped.
+pick(t, min, c) = (strcol(1) eq t && $2 > min) ? column(c) : NaN
+
+set title "tag_lat: one-way latency (lower is better)"
+set ylabel "usec"
+set logscale y
+plot datafile using 2:(pick("tag_lat", 0, 4)) with linespoints lw 2 title "UCX", \
+     datafile using 2:(pick("tag_lat", 0, 5)) with linespoints lw 2 title "libcomm"
+
+set title "tag_bw: bandwidth (higher is better)"
+set ylabel "MB/s"
+plot datafile using 2:(pick("tag_bw", 8, 4)) with linespoints lw 2 title "UCX", \
+     datafile using 2:(pick("tag_bw", 8, 5)) with linespoints lw 2 title "libcomm"
+
+unset multiplot

@@ -1,0 +1,131 @@
+// comm_info: what libcomm sees on this machine (ucx_info's counterpart): transports and devices,
+// the limits of each transport's interface, thresholds, the hwloc topology, and the info of a
+// worker on each enabled transport.
+//
+//   comm_info [-t tls] [-h]
+
+#include <comm/context.hpp>
+#include <comm/transport/transport.hpp>
+#include <comm/worker.hpp>
+
+#include <getopt.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+/// Prints the usage text to `out`.
+void usage(std::FILE* out) {
+  std::fprintf(out,
+      "Usage: comm_info [-t tls] [-h]\n"
+      "  -t <tls>  comma-separated transports to show (like COMM_TLS), e.g. shm,self\n"
+      "  -h        show this help\n"
+      "Without -t, COMM_TLS (or every transport) decides.\n");
+}
+
+/// Splits a comma-separated list, dropping empty items.
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) items.push_back(item);
+  return items;
+}
+
+/// Names of the capability flags set in `caps`.
+std::string caps_names(uint64_t caps) {
+  static const std::pair<uint64_t, const char*> names[] = {
+      {comm::tl::cap_am_short, "am_short"},   {comm::tl::cap_am_bcopy, "am_bcopy"},
+      {comm::tl::cap_am_zcopy, "am_zcopy"},   {comm::tl::cap_put_zcopy, "put_zcopy"},
+      {comm::tl::cap_get_zcopy, "get_zcopy"}, {comm::tl::cap_pending, "pending"},
+      {comm::tl::cap_event_fd, "event_fd"},   {comm::tl::cap_connect_to_iface, "connect_to_iface"},
+      {comm::tl::cap_peer_failure, "peer_failure"},
+  };
+  std::string out;
+  for (const auto& [flag, name] : names) {
+    if ((caps & flag) == 0) continue;
+    if (!out.empty()) out += ',';
+    out += name;
+  }
+  return out.empty() ? "none" : out;
+}
+
+/// Prints the limits of an interface opened on `device` of `component`.
+void print_iface_limits(comm::tl::component& component, const std::string& device,
+                        const comm::config& cfg) {
+  comm::tl::iface_params params;
+  params.device = device;
+  params.fifo_size = cfg.shm_fifo_size;
+  params.segment_size = cfg.shm_segment_size;
+  std::unique_ptr<comm::tl::iface> iface;
+  comm::status st = component.open(params, iface);
+  std::printf("#   device %s\n", device.c_str());
+  if (st != comm::status::ok || !iface) {
+    std::printf("#     cannot open an interface: %s\n", comm::to_string(st));
+    return;
+  }
+  const comm::tl::iface_attr& a = iface->attr();
+  std::printf("#     caps: %s\n", caps_names(a.caps).c_str());
+  std::printf("#     max_short %zu, max_bcopy %zu, max_zcopy %zu, max_hdr %zu, max_iov %zu\n",
+              a.max_short, a.max_bcopy, a.max_zcopy, a.max_hdr, a.max_iov);
+  std::printf("#     max_get_zcopy %zu, max_put_zcopy %zu, max_outstanding_reads %zu\n",
+              a.max_get_zcopy, a.max_put_zcopy, a.max_outstanding_reads);
+  std::printf("#     latency %.0f ns, bandwidth %.1f MB/s, priority %u\n", a.latency_ns,
+              a.bandwidth_bytes_per_s / 1e6, a.priority);
+}
+
+/// Prints, for one enabled transport, its interface limits and the info of a worker using only it.
+void print_transport(comm::tl::component& component, const comm::config& base) {
+  std::string name(component.name());
+  std::printf("#\n# transport %s\n", name.c_str());
+  for (const std::string& device : component.devices())
+    print_iface_limits(component, device, base);
+  comm::config cfg = base;
+  cfg.transports = {name};
+  comm::context ctx(cfg);
+  comm::worker_params wp;
+  wp.name = "comm_info-" + name;
+  auto w = comm::worker::create(ctx, wp);
+  if (!w) {
+    std::printf("#   cannot create a worker\n");
+    return;
+  }
+  std::printf("#   worker:\n");
+  std::fflush(stdout);
+  w->print_info(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::config cfg = comm::config::from_environment();
+  int c;
+  while ((c = getopt(argc, argv, "t:h")) != -1) {
+    switch (c) {
+      case 't': cfg.transports = split_list(optarg); break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc) {
+    usage(stderr);
+    return 2;
+  }
+  try {
+    comm::context ctx(cfg);
+    std::printf("%s", ctx.info().c_str());
+    for (comm::tl::component* component : ctx.components()) print_transport(*component, cfg);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comm_info: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,27 @@
+# Sourced by demo.sh and test.sh: the Debian 12 packages libcomm builds with, and a function that
+# installs whichever of them are missing (as root, through apt-get).
+
+# Compiler, CMake, and every library the build finds (CAF, Cap'n Proto, hwloc, Boost.Test, Google
+# Benchmark, rdma-core for the verbs transport, OpenSSL for Cap'n Proto's CMake config).
+COMM_BUILD_PACKAGES=(build-essential cmake pkg-config capnproto libcapnp-dev libssl-dev
+  libhwloc-dev libboost-test-dev libbenchmark-dev libcaf-dev libibverbs-dev librdmacm-dev)
+
+# What bench/compare_ucx.sh needs besides the build: UCX's ucx_perftest, gnuplot, ss.
+COMM_BENCH_PACKAGES=(ucx-utils gnuplot-nox iproute2)
+
+# Installs the packages given that are not installed yet. Needs root when any is missing.
+ensure_packages() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  if ((EUID != 0)); then
+    echo "missing packages: ${missing[*]}; run as root or: apt-get install -y ${missing[*]}" >&2
+    return 1
+  fi
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 1200 apt-get update
+  timeout 1800 apt-get install -y --no-install-recommends "${missing[@]}"
+}
