@@ -45,11 +45,18 @@ struct TagEager {           # a whole eager message; the payload follows the hea
   tag   @1 :UInt64;
 }
 
+struct TagEagerImm {        # a whole eager message with the sender's immediate value
+  dstEp @0 :UInt32;
+  tag   @1 :UInt64;
+  imm   @2 :UInt64;
+}
+
 struct TagEagerFirst {      # first fragment of a multi-fragment eager message
   dstEp       @0 :UInt32;
   tag         @1 :UInt64;
   msgId       @2 :UInt64;
   totalLength @3 :UInt64;
+  imm         @4 :UInt64;   # the sender's immediate value, or 0
 }
 
 struct FragmentMiddle {     # any later fragment of a multi-fragment message (tag or AM)

@@ -66,6 +66,8 @@ struct request_params {
   uint64_t imm = 0;                        ///< immediate value, with request_immediate_value
   pack_callback pack = nullptr;            ///< generic send: pack instead of reading the buffer
   void* pack_arg = nullptr;                ///< passed to `pack`
+  /// Receives: filled when the receive completes at once (no request, no callback).
+  tag_recv_info* recv_info = nullptr;
 };
 
 /// Result of a nonblocking operation: done (ok, no request), failed (an error, no request), or in

@@ -1,0 +1,77 @@
+#include <comm/config.hpp>
+#include <comm/log.hpp>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace comm {
+namespace {
+
+/// Parses a size with an optional k/m/g suffix; false for anything else.
+bool parse_size(const char* text, size_t* out) {
+  char* end = nullptr;
+  unsigned long long value = std::strtoull(text, &end, 10);
+  if (end == text) return false;
+  switch (*end) {
+    case 'k': case 'K': value <<= 10; ++end; break;
+    case 'm': case 'M': value <<= 20; ++end; break;
+    case 'g': case 'G': value <<= 30; ++end; break;
+    default: break;
+  }
+  if (*end == 'b' || *end == 'B') ++end;
+  if (*end != '\0') return false;
+  *out = static_cast<size_t>(value);
+  return true;
+}
+
+void read_size(const char* variable, size_t* field) {
+  const char* text = std::getenv(variable);
+  if (text == nullptr) return;
+  if (!parse_size(text, field)) {
+    COMM_LOG(warn, "config", "%s=%s is not a size (e.g. 8192, 16k, 1m); ignored", variable, text);
+  }
+}
+
+bool is_power_of_two(size_t n) { return n != 0 && (n & (n - 1)) == 0; }
+
+}  // namespace
+
+config config::from_environment() {
+  config cfg;
+  if (const char* tls = std::getenv("COMM_TLS")) {
+    std::stringstream list(tls);
+    std::string name;
+    while (std::getline(list, name, ',')) {
+      if (!name.empty()) cfg.transports.push_back(name);
+    }
+  }
+  read_size("COMM_SHORT_THRESH", &cfg.short_thresh);
+  read_size("COMM_ZCOPY_THRESH", &cfg.zcopy_thresh);
+  read_size("COMM_RNDV_THRESH", &cfg.rndv_thresh);
+  size_t fifo = cfg.shm_fifo_size;
+  read_size("COMM_SHM_FIFO_SIZE", &fifo);
+  if (is_power_of_two(fifo) && fifo >= 4) {
+    cfg.shm_fifo_size = fifo;
+  } else {
+    COMM_LOG(warn, "config", "COMM_SHM_FIFO_SIZE=%zu must be a power of two >= 4; using %zu", fifo,
+             cfg.shm_fifo_size);
+  }
+  size_t segment = cfg.shm_segment_size;
+  read_size("COMM_SHM_SEG_SIZE", &segment);
+  if (segment >= 256 && segment <= (64u << 20) && segment % 64 == 0) {
+    cfg.shm_segment_size = segment;
+  } else {
+    COMM_LOG(warn, "config", "COMM_SHM_SEG_SIZE=%zu must be a multiple of 64 in [256, 64m]", segment);
+  }
+  return cfg;
+}
+
+bool config::transport_enabled(const std::string& name) const {
+  if (transports.empty()) return true;
+  for (const auto& t : transports) {
+    if (t == name || t == "all") return true;
+  }
+  return false;
+}
+
+}  // namespace comm

@@ -1,0 +1,254 @@
+// Endpoints: the pending queue, ordered completion, flush, close and failure.
+#include "worker_impl.hpp"
+
+#include <comm/log.hpp>
+
+#include <algorithm>
+#include <sstream>
+
+namespace comm {
+
+using detail::endpoint_impl;
+using detail::impl;
+using detail::worker_impl;
+
+namespace detail {
+namespace {
+
+/// The transport calls this when our endpoint may send again.
+status resume_from_transport(tl::pending_req* self) {
+  endpoint_impl* ep = static_cast<endpoint_impl::resume_entry*>(self)->ep;
+  ep->tl_pending_queued = false;
+  if (ep->state == endpoint_impl::phase::failed) return status::ok;
+  return ep->dispatch_pending() ? status::ok : status::in_progress;
+}
+
+}  // namespace
+
+endpoint_impl::endpoint_impl(worker_impl& w, uint32_t ep_id, std::unique_ptr<tl::ep> l,
+                             tl::iface* li, bool by_peer)
+    : owner(w), id(ep_id), created_by_peer(by_peer), lane(std::move(l)), lane_iface(li),
+      lane_attr(&li->attr()) {
+  lane->user_data = this;
+  tl_pending.func = resume_from_transport;
+  tl_pending.ep = this;
+  if (lane_attr->caps & tl::cap_am_short) {
+    short_limit = w.short_thresh != 0 ? std::min(w.short_thresh, lane_attr->max_short)
+                                      : lane_attr->max_short;
+  }
+}
+
+endpoint_impl::~endpoint_impl() {
+  if (lane && tl_pending_queued) {
+    lane->pending_purge([](tl::pending_req*, void*) {}, nullptr);
+  }
+  std::free(rx.am_buffer);
+  if (rx.unexpected != nullptr) owner.free_unexpected(rx.unexpected);
+}
+
+void endpoint_impl::push_pending(request* req) {
+  req->next_pending = nullptr;
+  if (pending_tail != nullptr) {
+    pending_tail->next_pending = req;
+  } else {
+    pending_head = req;
+  }
+  pending_tail = req;
+}
+
+void endpoint_impl::push_outstanding(request* req) {
+  req->next_outstanding = nullptr;
+  if (outstanding_tail != nullptr) {
+    outstanding_tail->next_outstanding = req;
+  } else {
+    outstanding_head = req;
+  }
+  outstanding_tail = req;
+}
+
+void endpoint_impl::complete_in_order() {
+  while (outstanding_head != nullptr && outstanding_head->st != status::in_progress) {
+    request* req = outstanding_head;
+    outstanding_head = req->next_outstanding;
+    if (outstanding_head == nullptr) outstanding_tail = nullptr;
+    const bool closing = req->type == request::kind::close && req->st == status::ok;
+    owner.complete(req, req->st);
+    if (closing) {
+      owner.destroy_ep(this);
+      return;
+    }
+  }
+}
+
+bool endpoint_impl::dispatch_pending() {
+  bool drained = true;
+  while (pending_head != nullptr) {
+    request* req = pending_head;
+    if (state == phase::wireup && req->type != request::kind::control) break;
+    status st = progress_send(req);
+    if (st == status::no_resource) {
+      ++counters_.retries;
+      drained = false;
+      break;
+    }
+    pending_head = req->next_pending;
+    if (pending_head == nullptr) pending_tail = nullptr;
+    if (req->type == request::kind::control) {
+      owner.free_request(req);
+    } else if (is_error(st)) {
+      req->st = st;
+    }
+  }
+  complete_in_order();
+  return drained;
+}
+
+void endpoint_impl::wait_for_resources() {
+  for (int attempt = 0; attempt < 16 && !tl_pending_queued; ++attempt) {
+    status st = lane->pending_add(&tl_pending);
+    if (st == status::ok) {
+      tl_pending_queued = true;
+      return;
+    }
+    if (st != status::busy) {
+      fail(st);
+      return;
+    }
+    if (dispatch_pending()) return;
+  }
+}
+
+void endpoint_impl::fail(status reason) {
+  if (state == phase::failed) return;
+  state = phase::failed;
+  failure = reason;
+  if (tl_pending_queued) {
+    lane->pending_purge([](tl::pending_req*, void*) {}, nullptr);
+    tl_pending_queued = false;
+  }
+  for (request* req = pending_head, *next; req != nullptr; req = next) {
+    next = req->next_pending;
+    if (req->type == request::kind::control) {
+      owner.free_request(req);
+    } else if (req->st == status::in_progress && req->zcopy_outstanding == 0) {
+      req->st = reason;
+    }
+  }
+  pending_head = pending_tail = nullptr;
+  for (request* req = outstanding_head; req != nullptr; req = req->next_outstanding) {
+    if (req->st == status::in_progress && req->zcopy_outstanding == 0) req->st = reason;
+  }
+  if (rx.active) {
+    if (rx.recv != nullptr) owner.complete(rx.recv, reason);
+    if (rx.unexpected != nullptr) owner.free_unexpected(rx.unexpected);
+    std::free(rx.am_buffer);
+    rx = rx_fragments{};
+  }
+  COMM_LOG(info, "endpoint", "%s: endpoint to %s failed: %s", owner.params.name.c_str(),
+           peer_name_.c_str(), to_string(reason));
+  complete_in_order();
+  if (error_cb != nullptr) error_cb(error_arg, this, reason);
+}
+
+// -- starting sends ------------------------------------------------------------------------------
+
+/// Starts a send request: sends what can go now, queues the rest, and returns its op.
+op start_send(endpoint_impl& ep, request* req) {
+  worker_impl& w = ep.owner;
+  req->ep = &ep;
+  if (ep.state == endpoint_impl::phase::failed) {
+    w.free_request(req);
+    return op{ep.failure, nullptr};
+  }
+  const bool queue_busy = ep.pending_head != nullptr || ep.state == endpoint_impl::phase::wireup;
+  status st = queue_busy ? status::no_resource : progress_send(req);
+  if (st == status::no_resource && (req->params.flags & request_force_immediate) &&
+      !req->has_started) {
+    w.free_request(req);
+    return op{status::no_resource, nullptr};
+  }
+  if (is_error(st) && st != status::no_resource) {
+    w.free_request(req);
+    return op{st, nullptr};
+  }
+  if (st == status::ok && !(req->params.flags & request_no_immediate_completion) &&
+      req->st == status::ok) {
+    w.free_request(req);
+    return op{};
+  }
+  ep.push_outstanding(req);
+  if (st == status::no_resource) {
+    ++ep.counters_.retries;
+    ep.push_pending(req);
+    if (!queue_busy) ep.wait_for_resources();
+  }
+  op result = w.in_progress(req);
+  ep.complete_in_order();
+  return result;
+}
+
+}  // namespace detail
+
+// -- public endpoint API -------------------------------------------------------------------------
+
+op endpoint::flush(const request_params& params) {
+  endpoint_impl& ep = impl(*this);
+  worker_impl::guard g(ep.owner);
+  if (ep.state == endpoint_impl::phase::failed) return op{ep.failure, nullptr};
+  return detail::start_send(ep, ep.owner.alloc_request(request::kind::flush, params));
+}
+
+op endpoint::close(const request_params& params) {
+  endpoint_impl& ep = impl(*this);
+  worker_impl::guard g(ep.owner);
+  if (ep.state == endpoint_impl::phase::wireup) ep.fail(status::canceled);
+  if (ep.state == endpoint_impl::phase::failed) {
+    ep.owner.destroy_ep(&ep);
+    return ep.owner.immediate(params, status::ok);
+  }
+  ep.state = endpoint_impl::phase::closing;
+  request* req = ep.owner.alloc_request(request::kind::close, params);
+  req->params.flags |= request_no_immediate_completion;
+  op o = detail::start_send(ep, req);
+  if (o.req != nullptr && o.req->finished && !(params.flags & request_no_immediate_completion)) {
+    const status st = o.req->st;
+    ep.owner.free_request(o.req);
+    return op{st, nullptr};
+  }
+  return o;
+}
+
+void endpoint::set_error_handler(endpoint_error_callback cb, void* arg) {
+  endpoint_impl& ep = impl(*this);
+  worker_impl::guard g(ep.owner);
+  ep.error_cb = cb;
+  ep.error_arg = arg;
+}
+
+status endpoint::state() const noexcept {
+  const endpoint_impl& ep = impl(*this);
+  return ep.state == endpoint_impl::phase::failed ? ep.failure : status::ok;
+}
+
+uint64_t endpoint::peer_uid() const noexcept { return impl(*this).peer_uid_; }
+const std::string& endpoint::peer_name() const noexcept { return impl(*this).peer_name_; }
+std::string_view endpoint::transport() const noexcept {
+  return impl(*this).lane_iface->transport_name();
+}
+const endpoint_counters& endpoint::counters() const noexcept { return impl(*this).counters_; }
+
+std::string endpoint::info() const {
+  const endpoint_impl& ep = impl(*this);
+  static const char* const phases[] = {"wireup", "connected", "closing", "failed"};
+  std::ostringstream out;
+  const auto& c = ep.counters_;
+  out << "ep " << ep.id << " -> " << ep.peer_name_ << " (remote ep " << ep.remote_id << ") via "
+      << ep.lane_iface->transport_name() << ' ' << phases[static_cast<int>(ep.state)]
+      << (ep.created_by_peer ? " [peer-created]" : "") << ": sent " << c.messages_sent << " msgs "
+      << c.bytes_sent << " B, received " << c.messages_received << " msgs " << c.bytes_received
+      << " B, retries " << c.retries << ", errors " << c.errors;
+  if (ep.state == endpoint_impl::phase::failed) out << " (" << to_string(ep.failure) << ')';
+  return out.str();
+}
+
+}  // namespace comm

@@ -1,0 +1,238 @@
+// Tagged messages: the send entry points and the receive side of the eager protocols (whole
+// messages, first fragments and later fragments), matched against posted receives or kept as
+// unexpected messages.
+#include "worker_impl.hpp"
+
+#include <comm/log.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace comm {
+
+using detail::endpoint_impl;
+using detail::impl;
+using detail::worker_impl;
+
+namespace detail {
+namespace {
+
+/// Largest eager message a receiver accepts (larger ones belong to rendezvous).
+constexpr uint64_t max_eager_message = 1ull << 30;
+
+request* request_of(tag_expected* e) {
+  return reinterpret_cast<request*>(reinterpret_cast<char*>(e) - offsetof(request, expected));
+}
+
+}  // namespace
+
+void worker_impl::copy_to_recv(request* req, size_t offset, const uint8_t* data, size_t length) {
+  size_t end = std::min(offset + length, req->length);
+  if (end > req->info.length) req->info.length = end;
+  if (offset >= req->length) return;
+  size_t remaining = end - offset;
+  for (const iov_entry& e : req->iov) {
+    if (remaining == 0) break;
+    if (offset >= e.length) {
+      offset -= e.length;
+      continue;
+    }
+    const size_t n = std::min(e.length - offset, remaining);
+    std::memcpy(static_cast<uint8_t*>(e.buffer) + offset, data, n);
+    data += n;
+    remaining -= n;
+    offset = 0;
+  }
+}
+
+void worker_impl::finish_recv(request* req) {
+  complete(req, req->received > req->length ? status::message_truncated : status::ok);
+}
+
+unexpected_msg* worker_impl::new_unexpected(tag_t tag, uint64_t imm, size_t length) {
+  void* block = std::malloc(sizeof(unexpected_msg) + length);
+  if (block == nullptr) return nullptr;
+  auto* msg = new (block) unexpected_msg();
+  msg->tag = tag;
+  msg->imm = imm;
+  msg->length = length;
+  msg->data = reinterpret_cast<uint8_t*>(msg + 1);
+  return msg;
+}
+
+void worker_impl::free_unexpected(unexpected_msg* msg) {
+  msg->~unexpected_msg();
+  std::free(msg);
+}
+
+/// A whole message arrived: complete a matching receive or keep it as unexpected.
+static void deliver_tag(worker_impl& w, tag_t tag, uint64_t imm, const uint8_t* data,
+                        size_t length) {
+  tag_expected* e = w.matcher.match_expected(tag);
+  if (e != nullptr) {
+    request* req = request_of(e);
+    req->matched = true;
+    req->info.sender_tag = tag;
+    req->info.imm = imm;
+    worker_impl::copy_to_recv(req, 0, data, length);
+    req->received = length;
+    w.finish_recv(req);
+    return;
+  }
+  unexpected_msg* msg = w.new_unexpected(tag, imm, length);
+  if (msg == nullptr) {
+    COMM_LOG(error, "tag", "%s: out of memory for an unexpected message of %zu bytes; dropped",
+             w.params.name.c_str(), length);
+    return;
+  }
+  if (length != 0) std::memcpy(msg->data, data, length);
+  msg->received = length;
+  w.matcher.add_unexpected(msg);
+}
+
+void worker_impl::on_tag_eager(const uint8_t* data, size_t length, bool with_imm) {
+  size_t used = 0;
+  uint32_t dst;
+  tag_t tag;
+  uint64_t imm = 0;
+  if (with_imm) {
+    auto h = wire::read_header<wire::schema::TagEagerImm>(data, length, &used);
+    if (!h) return protocol_error(nullptr, "truncated tag header");
+    dst = h->getDstEp();
+    tag = h->getTag();
+    imm = h->getImm();
+  } else {
+    auto h = wire::read_header<wire::schema::TagEager>(data, length, &used);
+    if (!h) return protocol_error(nullptr, "truncated tag header");
+    dst = h->getDstEp();
+    tag = h->getTag();
+  }
+  endpoint_impl* ep = find_ep(dst);
+  if (ep == nullptr) return protocol_error(nullptr, "tagged message for an unknown endpoint");
+  ++ep->counters_.messages_received;
+  ep->counters_.bytes_received += length - used;
+  deliver_tag(*this, tag, imm, data + used, length - used);
+}
+
+void worker_impl::on_tag_eager_first(const uint8_t* data, size_t length) {
+  size_t used = 0;
+  auto h = wire::read_header<wire::schema::TagEagerFirst>(data, length, &used);
+  if (!h) return protocol_error(nullptr, "truncated first-fragment header");
+  endpoint_impl* ep = find_ep(h->getDstEp());
+  if (ep == nullptr) return protocol_error(nullptr, "fragment for an unknown endpoint");
+  const uint64_t total = h->getTotalLength();
+  const size_t payload = length - used;
+  if (ep->rx.active) return protocol_error(ep, "new message before the previous one ended");
+  if (total > max_eager_message || payload > total) {
+    return protocol_error(ep, "first fragment with an impossible total length");
+  }
+  rx_fragments& rx = ep->rx;
+  rx = rx_fragments{};
+  rx.active = true;
+  rx.is_tag = true;
+  rx.msg_id = h->getMsgId();
+  rx.total = total;
+  rx.received = payload;
+  ++ep->counters_.messages_received;
+  ep->counters_.bytes_received += payload;
+  tag_expected* e = matcher.match_expected(h->getTag());
+  if (e != nullptr) {
+    request* req = request_of(e);
+    req->matched = true;
+    req->info.sender_tag = h->getTag();
+    req->info.imm = h->getImm();
+    copy_to_recv(req, 0, data + used, payload);
+    rx.recv = req;
+  } else {
+    rx.unexpected = new_unexpected(h->getTag(), h->getImm(), total);
+    if (rx.unexpected == nullptr) return protocol_error(ep, "no memory for an unexpected message");
+    std::memcpy(rx.unexpected->data, data + used, payload);
+  }
+  if (rx.received == rx.total) finish_tag_fragments(ep);
+}
+
+void worker_impl::on_fragment(const uint8_t* data, size_t length, bool is_tag) {
+  size_t used = 0;
+  auto h = wire::read_header<wire::schema::FragmentMiddle>(data, length, &used);
+  if (!h) return protocol_error(nullptr, "truncated fragment header");
+  endpoint_impl* ep = find_ep(h->getDstEp());
+  if (ep == nullptr) return protocol_error(nullptr, "fragment for an unknown endpoint");
+  rx_fragments& rx = ep->rx;
+  const size_t payload = length - used;
+  if (!rx.active || rx.is_tag != is_tag || rx.msg_id != h->getMsgId() ||
+      h->getOffset() != rx.received || payload > rx.total - rx.received) {
+    return protocol_error(ep, "fragment out of sequence or beyond the message");
+  }
+  ep->counters_.bytes_received += payload;
+  if (!is_tag) return on_am_fragment(ep, data + used, payload);
+  if (rx.recv != nullptr) {
+    copy_to_recv(rx.recv, rx.received, data + used, payload);
+  } else {
+    std::memcpy(rx.unexpected->data + rx.received, data + used, payload);
+  }
+  rx.received += payload;
+  if (rx.received == rx.total) finish_tag_fragments(ep);
+}
+
+void worker_impl::finish_tag_fragments(endpoint_impl* ep) {
+  request* req = ep->rx.recv;
+  unexpected_msg* msg = ep->rx.unexpected;
+  const size_t total = ep->rx.total;
+  ep->rx = rx_fragments{};
+  if (req != nullptr) {
+    req->received = total;
+    finish_recv(req);
+  } else if (msg != nullptr) {
+    msg->received = total;
+    matcher.add_unexpected(msg);
+  }
+}
+
+}  // namespace detail
+
+// -- public API ----------------------------------------------------------------------------------
+
+op endpoint::tag_send(tag_t tag, const void* buffer, size_t length, const request_params& params) {
+  endpoint_impl& ep = impl(*this);
+  worker_impl& w = ep.owner;
+  worker_impl::guard g(w);
+  constexpr uint32_t slow_flags = request_no_immediate_completion | request_immediate_value |
+                                  request_force_zcopy | request_force_bcopy;
+  constexpr size_t header = wire::header_size<wire::schema::TagEager>();
+  if (ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
+      !(params.flags & slow_flags) && params.pack == nullptr &&
+      header + length <= ep.short_limit) {
+    auto& h = w.hdr_tag.fields();
+    h.setDstEp(ep.remote_id);
+    h.setTag(tag);
+    status st = ep.lane->am_short(static_cast<tl::am_id>(detail::proto_id::tag_eager),
+                                  w.hdr_tag.bytes(), header, buffer, length);
+    if (st == status::ok) {
+      ++ep.counters_.messages_sent;
+      ep.counters_.bytes_sent += length;
+      return op{};
+    }
+    if (st != status::no_resource) return op{st, nullptr};
+    if (params.flags & request_force_immediate) return op{st, nullptr};
+  }
+  iov_entry entry{const_cast<void*>(buffer), length};
+  return tag_send_iov(tag, &entry, 1, params);
+}
+
+op endpoint::tag_send_iov(tag_t tag, const iov_entry* entries, size_t count,
+                          const request_params& params) {
+  endpoint_impl& ep = impl(*this);
+  worker_impl& w = ep.owner;
+  worker_impl::guard g(w);
+  if (count > 0 && entries == nullptr) return op{status::invalid_param, nullptr};
+  if (ep.state == endpoint_impl::phase::closing) return op{status::not_connected, nullptr};
+  request* req = w.alloc_request(request::kind::tag_send, params);
+  req->tag = tag;
+  req->iov.assign(entries, entries + count);
+  for (size_t i = 0; i < count; ++i) req->length += entries[i].length;
+  return detail::start_send(ep, req);
+}
+
+}  // namespace comm

@@ -1,0 +1,246 @@
+// Internal state of workers and endpoints: the protocol layer's core types.
+#pragma once
+
+#include <comm/context.hpp>
+#include <comm/endpoint.hpp>
+#include <comm/transport/transport.hpp>
+#include <comm/wire/codec.hpp>
+#include <comm/worker.hpp>
+
+#include "request_impl.hpp"
+#include "tag_matcher.hpp"
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace comm::detail {
+
+/// Transport-level AM ids used by the protocol layer.
+enum class proto_id : tl::am_id {
+  wireup_request = 1,
+  wireup_reply = 2,
+  ep_close = 3,
+  tag_eager = 4,
+  tag_eager_imm = 5,
+  tag_eager_first = 6,
+  tag_fragment = 7,
+  am_single = 8,
+  am_first = 9,
+  am_fragment = 10,
+};
+
+/// Wire flag of ActiveMessage.flags: the sender wants a reply endpoint passed to the handler.
+inline constexpr uint16_t am_wire_reply_ep = 1u << 0;
+
+/// An unexpected (arrived, not yet matched) tagged message, with its data.
+struct unexpected_msg : tag_unexpected {
+  uint64_t imm = 0;          ///< the sender's immediate value
+  size_t length = 0;         ///< total data bytes
+  size_t received = 0;       ///< data bytes arrived so far
+  uint8_t* data = nullptr;   ///< the data (allocated with the descriptor)
+};
+
+/// A multi-fragment message arriving on an endpoint (fragments of one endpoint arrive in order).
+struct rx_fragments {
+  bool active = false;              ///< a message is being received
+  bool is_tag = true;               ///< tagged message, else active message
+  uint64_t msg_id = 0;              ///< its id
+  size_t total = 0;                 ///< data bytes of the whole message
+  size_t received = 0;              ///< data bytes received so far
+  request* recv = nullptr;          ///< matched receive, or
+  unexpected_msg* unexpected = nullptr; ///< unexpected descriptor being filled
+  // Active messages:
+  uint16_t am_id = 0;               ///< its id
+  uint16_t am_flags = 0;            ///< its wire flags
+  std::vector<uint8_t> am_header;   ///< copy of the user header
+  uint8_t* am_buffer = nullptr;     ///< reassembly buffer (whole-message handlers)
+};
+
+class worker_impl;
+
+/// An endpoint's state. `id` indexes the worker's endpoint table (with a generation in the high
+/// bits), `remote_id` is the peer's endpoint for the same connection.
+class endpoint_impl final : public endpoint {
+public:
+  /// Connection state.
+  enum class phase : uint8_t { wireup, connected, closing, failed };
+
+  endpoint_impl(worker_impl& owner, uint32_t id, std::unique_ptr<tl::ep> lane,
+                tl::iface* lane_iface, bool created_by_peer);
+  ~endpoint_impl();
+
+  worker_impl& owner;                       ///< the worker
+  uint32_t id;                              ///< our id, sent to the peer
+  uint32_t remote_id = 0;                   ///< the peer's id, used as dstEp
+  phase state = phase::wireup;              ///< connection state
+  status failure = status::ok;              ///< why the endpoint failed
+  bool created_by_peer;                     ///< made on a wireup request (freed on peer close)
+  bool wireup_sent = false;                 ///< the wireup request went out
+  std::unique_ptr<tl::ep> lane;             ///< transport endpoint
+  tl::iface* lane_iface;                    ///< its interface
+  const tl::iface_attr* lane_attr;          ///< its capabilities
+  uint64_t peer_uid_ = 0;                   ///< peer worker uid
+  std::string peer_name_;                   ///< peer worker name
+  endpoint_counters counters_;              ///< counters
+  endpoint_error_callback error_cb = nullptr; ///< user error handler
+  void* error_arg = nullptr;                ///< its argument
+  uint64_t next_msg_id = 1;                 ///< id of the next multi-fragment message
+  size_t short_limit = 0;                   ///< largest eager-short message, header included
+
+  request* pending_head = nullptr;          ///< sends waiting for resources or wireup, in order
+  request* pending_tail = nullptr;
+  request* outstanding_head = nullptr;      ///< started requests, completed in this order
+  request* outstanding_tail = nullptr;
+  /// Our single entry in the transport's pending queue.
+  struct resume_entry : tl::pending_req {
+    endpoint_impl* ep = nullptr;            ///< the endpoint to resume
+  } tl_pending;
+  bool tl_pending_queued = false;           ///< tl_pending is queued in the transport
+
+  rx_fragments rx;                          ///< multi-fragment message arriving
+
+  /// Appends `req` to the pending queue.
+  void push_pending(request* req);
+  /// Appends `req` to the ordered completion queue.
+  void push_outstanding(request* req);
+  /// Completes finished requests at the head of the completion queue, in order.
+  void complete_in_order();
+  /// Retries pending requests until one cannot proceed; true if the queue drained.
+  bool dispatch_pending();
+  /// Parks the endpoint on the transport's pending queue.
+  void wait_for_resources();
+  /// Fails the endpoint: every pending and outstanding request completes with `reason`.
+  void fail(status reason);
+};
+
+/// The worker's state.
+class worker_impl final : public worker {
+public:
+  worker_impl(context& ctx, const worker_params& params);
+  ~worker_impl() noexcept override;
+
+  context& ctx;                             ///< the context
+  worker_params params;                     ///< creation parameters
+  uint64_t uid_;                            ///< unique id
+  std::recursive_mutex lock;                ///< taken in thread_mode::multi
+
+  struct lane_iface {
+    tl::component* component;               ///< the transport
+    std::unique_ptr<tl::iface> iface;       ///< its interface
+  };
+  std::vector<lane_iface> ifaces;           ///< one per enabled transport, in preference order
+  int epoll_fd = -1;                        ///< event fd: every interface's event fd
+
+  std::vector<endpoint_impl*> ep_table;     ///< endpoints by id (low bits), or null
+  std::vector<uint32_t> free_ep_slots;      ///< free indices of ep_table
+  uint32_t ep_generation = 1;               ///< high bits of the next endpoint id
+  std::vector<endpoint_impl*> doomed;       ///< endpoints to delete at the next progress
+
+  tag_matcher matcher;                      ///< expected and unexpected queues
+
+  struct am_handler {
+    am_callback cb = nullptr;
+    void* arg = nullptr;
+    unsigned flags = 0;
+  };
+  std::unordered_map<uint16_t, am_handler> am_handlers; ///< user AM handlers by id
+  std::unordered_map<void*, void*> persistent_data;     ///< data given to handlers -> block
+
+  std::vector<request*> free_requests;      ///< the request pool
+  std::vector<std::unique_ptr<request[]>> request_chunks;
+
+  size_t short_thresh = 0;                  ///< eager short limit (protocol header included)
+  size_t zcopy_thresh = 0;                  ///< eager zcopy from this size
+  uint64_t protocol_errors = 0;             ///< malformed messages that named no valid endpoint
+
+  // Long-lived header builders (one per header type, see comm/wire/codec.hpp).
+  wire::header_writer<wire::schema::TagEager> hdr_tag;
+  wire::header_writer<wire::schema::TagEagerImm> hdr_tag_imm;
+  wire::header_writer<wire::schema::TagEagerFirst> hdr_tag_first;
+  wire::header_writer<wire::schema::FragmentMiddle> hdr_fragment;
+  wire::header_writer<wire::schema::ActiveMessage> hdr_am;
+  wire::header_writer<wire::schema::ActiveMessageFirst> hdr_am_first;
+  wire::header_writer<wire::schema::WireupReply> hdr_wireup_reply;
+  wire::header_writer<wire::schema::EndpointClose> hdr_close;
+
+  // -- requests --------------------------------------------------------------------------------
+  request* alloc_request(request::kind type, const request_params& params);
+  void free_request(request* req);
+  /// Finishes `req` with `st`: calls its callback and frees it if released.
+  void complete(request* req, status st);
+  /// Makes an op for a request that is still running.
+  op in_progress(request* req);
+  /// The op of an operation that completed at once with `st` (a completed request when the
+  /// caller asked for request_no_immediate_completion).
+  op immediate(const request_params& p, status st);
+  /// Receives an unexpected message into `req` (matched by a receive or a probe).
+  op receive_unexpected(request* req, unexpected_msg* found);
+
+  // -- endpoints -------------------------------------------------------------------------------
+  endpoint_impl* find_ep(uint32_t id) const;
+  status create_ep(const void* address, size_t length, bool by_peer, endpoint_impl** out);
+  void destroy_ep(endpoint_impl* ep);
+  std::vector<uint8_t> packed_address() const;
+
+  // -- receive handlers (one per proto_id) -----------------------------------------------------
+  void install_handlers();
+  void on_wireup_request(const uint8_t* data, size_t length);
+  void on_wireup_reply(const uint8_t* data, size_t length);
+  void on_ep_close(const uint8_t* data, size_t length);
+  void on_tag_eager(const uint8_t* data, size_t length, bool with_imm);
+  void on_tag_eager_first(const uint8_t* data, size_t length);
+  void on_fragment(const uint8_t* data, size_t length, bool is_tag);
+  void finish_tag_fragments(endpoint_impl* ep);
+  void on_am_fragment(endpoint_impl* ep, const uint8_t* data, size_t length);
+  void on_am_single(const uint8_t* data, size_t length);
+  void on_am_first(const uint8_t* data, size_t length);
+  /// Counts and logs malformed input; fails `ep` when it is known.
+  void protocol_error(endpoint_impl* ep, const char* what);
+
+  // -- tag matching ----------------------------------------------------------------------------
+  /// Delivers `length` bytes at `offset` of a matched receive; returns bytes copied.
+  static void copy_to_recv(request* req, size_t offset, const uint8_t* data, size_t length);
+  void finish_recv(request* req);
+  unexpected_msg* new_unexpected(tag_t tag, uint64_t imm, size_t length);
+  void free_unexpected(unexpected_msg* msg);
+
+  // -- active messages -------------------------------------------------------------------------
+  void deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags, const uint8_t* header,
+                  size_t header_length, uint8_t* data, size_t length, unsigned attr,
+                  size_t offset, size_t total, uint64_t msg_id, bool data_is_ours);
+
+  /// Takes the lock in thread_mode::multi.
+  struct guard {
+    explicit guard(worker_impl& w) : w_(w.params.mode == thread_mode::multi ? &w : nullptr) {
+      if (w_) w_->lock.lock();
+    }
+    ~guard() {
+      if (w_) w_->lock.unlock();
+    }
+    worker_impl* w_;
+  };
+};
+
+/// The worker_impl behind a public worker.
+inline worker_impl& impl(worker& w) { return static_cast<worker_impl&>(w); }
+inline const worker_impl& impl(const worker& w) { return static_cast<const worker_impl&>(w); }
+/// The endpoint_impl behind a public endpoint.
+inline endpoint_impl& impl(endpoint& e) { return static_cast<endpoint_impl&>(e); }
+inline const endpoint_impl& impl(const endpoint& e) { return static_cast<const endpoint_impl&>(e); }
+
+// -- send protocols (tag.cpp, am.cpp) ----------------------------------------------------------
+
+/// Sends as much of `req` as the transport takes; ok when all of it went out, no_resource when it
+/// must wait, or an error.
+status progress_send(request* req);
+
+/// Tells the peer of `ep` that it is closing; ok, no_resource or an error.
+status send_close_notice(endpoint_impl* ep);
+
+/// Starts a send request: sends what can go now, queues the rest, and returns its op.
+op start_send(endpoint_impl& ep, request* req);
+
+}  // namespace comm::detail
