@@ -1,0 +1,13 @@
+// The transports built into this library, in preference order.
+#include "self/self_iface.hpp"
+#include "shm/shm_iface.hpp"
+
+#include <comm/transport/transport.hpp>
+
+namespace comm::tl {
+
+std::vector<component*> all_components() {
+  return {&self::self_component(), &shm::shm_component()};
+}
+
+}  // namespace comm::tl

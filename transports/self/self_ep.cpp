@@ -1,0 +1,127 @@
+#include "self/self_iface.hpp"
+
+#include <comm/log.hpp>
+
+#include <cstring>
+
+namespace comm::tl::self {
+
+self_ep::self_ep(self_iface& owner, std::shared_ptr<mailbox> target)
+    : owner_(owner), target_(std::move(target)), state_(std::make_shared<ep_state>()) {
+  state_->home = owner.own_mailbox();
+}
+
+self_ep::~self_ep() {
+  // Zcopy operations still in flight are dropped without calling their completions.
+  state_->alive = false;
+  state_->flushes.clear();
+  owner_.forget(this);
+}
+
+status self_ep::reserve(size_t* index) {
+  if (pending_.blocks_sends()) return status::no_resource;
+  mailbox& mb = *target_;
+  std::lock_guard lock(mb.mutex);
+  if (mb.closed) return status::connection_reset;
+  if (mb.count == mb.capacity) return status::no_resource;
+  *index = (mb.tail + mb.count) % mb.capacity;
+  ++mb.count;
+  return status::ok;
+}
+
+void self_ep::commit(size_t index, am_id id, size_t length, completion* comp,
+                     std::shared_ptr<ep_state> origin) {
+  mailbox& mb = *target_;
+  bool wake = false;
+  {
+    std::lock_guard lock(mb.mutex);
+    if (mb.closed) return;
+    mailbox::slot& s = mb.slots[index];
+    s.id = id;
+    s.length = static_cast<uint32_t>(length);
+    s.comp = comp;
+    s.origin = std::move(origin);
+    s.ready = true;
+    wake = mb.take_armed();
+  }
+  if (wake) mb.wake();
+}
+
+status self_ep::am_short(am_id id, const void* header, size_t header_length, const void* payload,
+                         size_t payload_length) {
+  if (id >= am_id_count || header_length + payload_length > owner_.attr().max_short) {
+    return status::invalid_param;
+  }
+  size_t index;
+  const status st = reserve(&index);
+  if (st != status::ok) return st;
+  uint8_t* dest = target_->slot_data(index);
+  if (header_length != 0) std::memcpy(dest, header, header_length);
+  if (payload_length != 0) std::memcpy(dest + header_length, payload, payload_length);
+  commit(index, id, header_length + payload_length, nullptr, nullptr);
+  return status::ok;
+}
+
+ssize_t self_ep::am_bcopy(am_id id, pack_fn pack, void* arg) {
+  if (id >= am_id_count) return static_cast<ssize_t>(status::invalid_param);
+  size_t index;
+  const status st = reserve(&index);
+  if (st != status::ok) return static_cast<ssize_t>(st);
+  const size_t length = pack(target_->slot_data(index), arg);
+  if (length > owner_.attr().max_bcopy) {
+    COMM_LOG(error, "self", "am_bcopy: pack wrote %zu bytes, more than max_bcopy %zu", length,
+             owner_.attr().max_bcopy);
+    commit(index, am_id_count, 0, nullptr, nullptr);  // an empty slot the target skips
+    return static_cast<ssize_t>(status::invalid_param);
+  }
+  commit(index, id, length, nullptr, nullptr);
+  return static_cast<ssize_t>(length);
+}
+
+status self_ep::am_zcopy(am_id id, const void* header, size_t header_length, const iov* entries,
+                         size_t count, completion* comp) {
+  const iface_attr& attr = owner_.attr();
+  if (id >= am_id_count || header_length > attr.max_hdr || count > attr.max_iov) {
+    return status::invalid_param;
+  }
+  size_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += entries[i].length;
+  if (total > attr.max_zcopy) return status::invalid_param;
+  size_t index;
+  const status st = reserve(&index);
+  if (st != status::ok) return st;
+  uint8_t* dest = target_->slot_data(index);
+  if (header_length != 0) std::memcpy(dest, header, header_length);
+  size_t offset = header_length;
+  for (size_t i = 0; i < count; ++i) {
+    if (entries[i].length != 0) std::memcpy(dest + offset, entries[i].buffer, entries[i].length);
+    offset += entries[i].length;
+  }
+  ++state_->zcopy_issued;
+  commit(index, id, offset, comp, state_);
+  return status::in_progress;
+}
+
+status self_ep::pending_add(pending_req* req) {
+  if (pending_.empty() && !pending_.dispatching()) {
+    mailbox& mb = *target_;
+    std::lock_guard lock(mb.mutex);
+    if (mb.closed) return status::connection_reset;
+    if (mb.count < mb.capacity) return status::busy;
+  }
+  pending_.push_back(req);
+  owner_.schedule_pending(this);
+  return status::ok;
+}
+
+void self_ep::pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) {
+  pending_.purge(cb, arg);
+}
+
+status self_ep::flush(completion* comp) {
+  if (state_->zcopy_done == state_->zcopy_issued) return status::ok;
+  if (comp != nullptr) state_->flushes.emplace_back(state_->zcopy_issued, comp);
+  return status::in_progress;
+}
+
+}  // namespace comm::tl::self

@@ -1,0 +1,368 @@
+#include "self/self_iface.hpp"
+
+#include "base/host_identity.hpp"
+
+#include <comm/log.hpp>
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <unordered_map>
+
+namespace comm::tl::self {
+namespace {
+
+constexpr const char* log_name = "self";
+constexpr size_t default_fifo_size = 128;
+constexpr size_t default_segment_size = 8192;
+constexpr size_t max_fifo_size = 1u << 16;
+constexpr size_t max_segment_size = 1u << 24;
+constexpr size_t zcopy_max_hdr = 256;
+constexpr size_t zcopy_max_iov = 16;
+constexpr unsigned progress_batch = 64;
+
+/// Device address: this process on this boot.
+struct [[gnu::packed]] device_addr {
+  int32_t pid;
+  uint8_t boot_id[16];
+};
+
+/// Interface address: the registry id.
+struct [[gnu::packed]] iface_addr {
+  uint64_t id;
+};
+
+/// Every live self interface of this process, by id. Leaked on purpose so interfaces destroyed
+/// during static destruction still find it.
+struct registry {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, std::shared_ptr<mailbox>> live;
+  uint64_t next_id = 1;
+};
+
+registry& the_registry() {
+  static registry* instance = new registry;
+  return *instance;
+}
+
+device_addr local_device_addr() {
+  device_addr addr;
+  addr.pid = static_cast<int32_t>(::getpid());
+  std::memcpy(addr.boot_id, local_host_identity().boot_id, sizeof(addr.boot_id));
+  return addr;
+}
+
+template <class T>
+std::vector<uint8_t> to_bytes(const T& value) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&value);
+  return std::vector<uint8_t>(p, p + sizeof(T));
+}
+
+template <class T>
+bool from_bytes(const std::vector<uint8_t>& bytes, T* out) {
+  if (bytes.size() != sizeof(T)) return false;
+  std::memcpy(out, bytes.data(), sizeof(T));
+  return true;
+}
+
+bool device_matches(const std::vector<uint8_t>& bytes) {
+  device_addr theirs;
+  if (!from_bytes(bytes, &theirs)) return false;
+  const device_addr ours = local_device_addr();
+  return std::memcmp(&theirs, &ours, sizeof(ours)) == 0;
+}
+
+class self_component_impl final : public component {
+public:
+  std::string_view name() const override { return "self"; }
+  std::vector<std::string> devices() const override { return {"memory"}; }
+  status open(const iface_params& params, std::unique_ptr<iface>& out) override {
+    if (!params.device.empty() && params.device != "memory") return status::no_elem;
+    auto created = std::make_unique<self_iface>(params);
+    if (created->open_status() != status::ok) return created->open_status();
+    out = std::move(created);
+    return status::ok;
+  }
+};
+
+}  // namespace
+
+component& self_component() {
+  static self_component_impl instance;
+  return instance;
+}
+
+// -- mailbox --------------------------------------------------------------------------------------
+
+mailbox::mailbox(size_t capacity_, size_t slot_bytes, int event_fd_)
+    : capacity(capacity_),
+      slot_words((slot_bytes + 7) / 8),
+      event_fd(event_fd_),
+      storage(new uint64_t[capacity_ * ((slot_bytes + 7) / 8)]),
+      slots(capacity_) {}
+
+mailbox::~mailbox() {
+  if (event_fd >= 0) ::close(event_fd);
+}
+
+void mailbox::wake() const {
+  const uint64_t one = 1;
+  if (::write(event_fd, &one, sizeof(one)) < 0 && errno != EAGAIN) {
+    COMM_LOG(warn, log_name, "eventfd write: %s", std::strerror(errno));
+  }
+}
+
+void mailbox::hand_back(returned_completion done) {
+  bool wake_owner = false;
+  {
+    std::lock_guard lock(mutex);
+    if (closed) return;
+    returned.push_back(std::move(done));
+    wake_owner = take_armed();
+  }
+  if (wake_owner) wake();
+}
+
+// -- self_iface -----------------------------------------------------------------------------------
+
+self_iface::self_iface(const iface_params& params) {
+  const size_t fifo = params.fifo_size != 0 ? params.fifo_size : default_fifo_size;
+  const size_t segment = params.segment_size != 0 ? params.segment_size : default_segment_size;
+  if (fifo > max_fifo_size || segment < zcopy_max_hdr || segment > max_segment_size) {
+    COMM_LOG(error, log_name, "bad parameters: fifo_size %zu, segment_size %zu", fifo, segment);
+    open_status_ = status::invalid_param;
+    return;
+  }
+  event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (event_fd_ < 0) {
+    COMM_LOG(error, log_name, "eventfd: %s", std::strerror(errno));
+    open_status_ = status::io_error;
+    return;
+  }
+  // The mailbox owns the eventfd from here on: senders may still hold it after we are gone.
+  mailbox_ = std::make_shared<mailbox>(fifo, segment + zcopy_max_hdr, event_fd_);
+
+  attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
+               cap_connect_to_iface;
+  attr_.max_short = segment;
+  attr_.max_bcopy = segment;
+  attr_.max_zcopy = segment;
+  attr_.max_hdr = zcopy_max_hdr;
+  attr_.max_iov = zcopy_max_iov;
+  attr_.latency_ns = 50;
+  attr_.bandwidth_bytes_per_s = 10e9;
+  attr_.priority = 20;
+
+  registry& reg = the_registry();
+  std::lock_guard lock(reg.mutex);
+  id_ = reg.next_id++;
+  reg.live.emplace(id_, mailbox_);
+}
+
+self_iface::~self_iface() {
+  if (!mailbox_) return;
+  {
+    registry& reg = the_registry();
+    std::lock_guard lock(reg.mutex);
+    reg.live.erase(id_);
+  }
+  // Refuse further sends and drop undelivered zcopy state (it may refer back to us). Endpoints
+  // that target us keep the mailbox itself alive until they are destroyed.
+  std::vector<returned_completion> returned;
+  std::vector<returned_completion> undelivered;
+  {
+    std::lock_guard lock(mailbox_->mutex);
+    mailbox_->closed = true;
+    for (mailbox::slot& s : mailbox_->slots) {
+      if (s.origin) undelivered.push_back({std::move(s.origin), s.comp, status::connection_reset});
+    }
+    returned.swap(mailbox_->returned);
+  }
+  // Their senders complete zcopy operations we will never deliver with connection_reset.
+  for (returned_completion& done : undelivered) {
+    mailbox& home = *done.origin->home;
+    home.hand_back(std::move(done));
+  }
+}
+
+void self_iface::set_am_handler(am_id id, am_handler_fn fn, void* arg) {
+  if (id >= am_id_count) return;
+  handlers_[id] = {fn, arg};
+}
+
+void self_iface::set_error_handler(error_handler_fn fn, void* arg) {
+  error_fn_ = fn;
+  error_arg_ = arg;
+}
+
+unsigned self_iface::deliver() {
+  mailbox& mb = *mailbox_;
+  unsigned delivered = 0;
+  while (delivered < progress_batch) {
+    size_t index;
+    am_id id;
+    uint32_t length;
+    completion* comp;
+    std::shared_ptr<ep_state> origin;
+    {
+      std::lock_guard lock(mb.mutex);
+      if (mb.count == 0 || !mb.slots[mb.tail].ready) break;
+      index = mb.tail;
+      mailbox::slot& s = mb.slots[index];
+      id = s.id;
+      length = s.length;
+      comp = s.comp;
+      origin = std::move(s.origin);
+    }
+    const handler* h = id < am_id_count ? &handlers_[id] : nullptr;
+    if (h == nullptr) {
+      // A bcopy whose pack overran max_bcopy: the sender logged it; nothing to deliver.
+    } else if (h->fn != nullptr) {
+      h->fn(h->arg, mb.slot_data(index), length, 0);
+      ++delivered_;
+    } else {
+      ++dropped_;
+      COMM_LOG(debug, log_name, "no handler for am id %u, message dropped", unsigned{id});
+    }
+    {
+      std::lock_guard lock(mb.mutex);
+      mb.slots[index].ready = false;
+      mb.tail = (mb.tail + 1) % mb.capacity;
+      --mb.count;
+    }
+    if (origin) {
+      // A zcopy: the sender completes it on its own progress.
+      mailbox& home = *origin->home;
+      home.hand_back({std::move(origin), comp, status::ok});
+    }
+    ++delivered;
+  }
+  return delivered;
+}
+
+unsigned self_iface::complete_returned() {
+  {
+    std::lock_guard lock(mailbox_->mutex);
+    if (mailbox_->returned.empty()) return 0;
+    returned_scratch_.swap(mailbox_->returned);
+  }
+  unsigned done = 0;
+  for (returned_completion& r : returned_scratch_) {
+    ep_state& state = *r.origin;
+    if (!state.alive) continue;  // the endpoint was destroyed: its completions are dropped
+    ++state.zcopy_done;
+    ++done;
+    if (r.comp != nullptr) complete(r.comp, r.result);
+    while (state.alive && !state.flushes.empty() &&
+           state.flushes.front().first <= state.zcopy_done) {
+      completion* flush = state.flushes.front().second;
+      state.flushes.erase(state.flushes.begin());
+      complete(flush, r.result);
+    }
+  }
+  returned_scratch_.clear();
+  return done;
+}
+
+void self_iface::schedule_pending(self_ep* ep) {
+  if (ep->scheduled) return;
+  ep->scheduled = true;
+  pending_eps_.push_back(ep);
+}
+
+void self_iface::forget(self_ep* ep) {
+  if (!ep->scheduled) return;
+  for (self_ep*& entry : pending_eps_) {
+    if (entry == ep) entry = nullptr;  // compacted by dispatch_pending
+  }
+}
+
+unsigned self_iface::dispatch_pending() {
+  unsigned done = 0;
+  // Callbacks may park more requests (appending) or destroy endpoints (nulling entries).
+  for (size_t i = 0; i < pending_eps_.size(); ++i) {
+    if (self_ep* ep = pending_eps_[i]) done += ep->dispatch_pending();
+  }
+  size_t kept = 0;
+  for (self_ep* ep : pending_eps_) {
+    if (ep == nullptr) continue;
+    if (ep->has_pending()) {
+      pending_eps_[kept++] = ep;
+    } else {
+      ep->scheduled = false;
+    }
+  }
+  pending_eps_.resize(kept);
+  return done;
+}
+
+unsigned self_iface::progress() {
+  unsigned events = deliver();
+  events += complete_returned();
+  if (!pending_eps_.empty()) events += dispatch_pending();
+  return events;
+}
+
+status self_iface::event_arm() {
+  uint64_t value;
+  while (::read(event_fd_, &value, sizeof(value)) > 0) {
+  }
+  if (!pending_eps_.empty()) return status::busy;
+  std::lock_guard lock(mailbox_->mutex);
+  if (mailbox_->count != 0 && mailbox_->slots[mailbox_->tail].ready) return status::busy;
+  if (!mailbox_->returned.empty()) return status::busy;
+  // A slot still being filled wakes us when its sender commits it.
+  mailbox_->armed = true;
+  return status::ok;
+}
+
+std::vector<uint8_t> self_iface::device_address() const { return to_bytes(local_device_addr()); }
+
+std::vector<uint8_t> self_iface::iface_address() const { return to_bytes(iface_addr{id_}); }
+
+bool self_iface::is_reachable(const std::vector<uint8_t>& device_address,
+                              const std::vector<uint8_t>& iface_address) const {
+  iface_addr addr;
+  if (!device_matches(device_address) || !from_bytes(iface_address, &addr)) return false;
+  registry& reg = the_registry();
+  std::lock_guard lock(reg.mutex);
+  return reg.live.count(addr.id) != 0;
+}
+
+status self_iface::create_ep(const std::vector<uint8_t>& device_address,
+                             const std::vector<uint8_t>& iface_address,
+                             std::unique_ptr<ep>& out) {
+  iface_addr addr;
+  if (!from_bytes(iface_address, &addr) || device_address.size() != sizeof(device_addr)) {
+    return status::invalid_addr;
+  }
+  if (!device_matches(device_address)) return status::unreachable;
+  std::shared_ptr<mailbox> target;
+  {
+    registry& reg = the_registry();
+    std::lock_guard lock(reg.mutex);
+    auto found = reg.live.find(addr.id);
+    if (found == reg.live.end()) return status::unreachable;
+    target = found->second;
+  }
+  out = std::make_unique<self_ep>(*this, std::move(target));
+  return status::ok;
+}
+
+std::string self_iface::info() const {
+  std::string text;
+  text += "self: interface id " + std::to_string(id_) + "\n";
+  text += "self: receive queue " + std::to_string(mailbox_->capacity) + " slots of " +
+          std::to_string(mailbox_->slot_words * 8) + " bytes\n";
+  text += "self: max_short " + std::to_string(attr_.max_short) + ", max_bcopy " +
+          std::to_string(attr_.max_bcopy) + ", max_zcopy " + std::to_string(attr_.max_zcopy) +
+          " (max_hdr " + std::to_string(attr_.max_hdr) + ", max_iov " +
+          std::to_string(attr_.max_iov) + ")\n";
+  text += "self: delivered " + std::to_string(delivered_) + " messages, dropped " +
+          std::to_string(dropped_) + " without handler\n";
+  return text;
+}
+
+}  // namespace comm::tl::self

@@ -1,0 +1,196 @@
+// The self transport: loopback between interfaces of one process.
+//
+// Each interface owns a mailbox: a bounded ring of fixed-size slots behind a mutex, plus the list
+// of zcopy completions other interfaces handed back to it. An endpoint copies the message into the
+// target's ring (no_resource when it is full); the target's progress() delivers it. A zcopy is
+// copied like a bcopy and completes, on the sender's own progress, once the target delivered it.
+// Interface address: a process-unique 64-bit id, looked up in a process-wide registry of live
+// interfaces. Device address: pid + boot id, so only this process reaches it.
+#pragma once
+
+#include "base/pending_queue.hpp"
+
+#include <comm/transport/transport.hpp>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace comm::tl::self {
+
+/// The self transport's component.
+component& self_component();
+
+struct ep_state;
+
+/// A zcopy whose data the target delivered, handed back to the sending interface.
+struct returned_completion {
+  std::shared_ptr<ep_state> origin;  ///< the sending endpoint (it may be gone: then dropped)
+  completion* comp = nullptr;        ///< the caller's completion, may be null
+  status result = status::ok;        ///< ok, or connection_reset when the target closed first
+};
+
+/// The receive side of one self interface; shared with the endpoints that target it, so a send
+/// to an interface that was closed meanwhile fails cleanly instead of touching freed memory.
+struct mailbox {
+  /// Metadata of one ring slot, written when the producer commits the slot and read by the
+  /// consumer once `ready`, both under `mutex`. The slot's bytes are filled outside the lock by
+  /// the producer that reserved it.
+  struct slot {
+    am_id id = 0;
+    bool ready = false;
+    uint32_t length = 0;
+    completion* comp = nullptr;          ///< zcopy: completion to hand back
+    std::shared_ptr<ep_state> origin;    ///< zcopy: the sending endpoint
+  };
+
+  mailbox(size_t capacity, size_t slot_bytes, int event_fd);
+  ~mailbox();
+  mailbox(const mailbox&) = delete;
+  mailbox& operator=(const mailbox&) = delete;
+
+  /// Bytes of slot `index`, 8-byte aligned.
+  uint8_t* slot_data(size_t index) {
+    return reinterpret_cast<uint8_t*>(storage.get() + index * slot_words);
+  }
+
+  /// Wakes the owner if it armed its event fd; call with `mutex` held, write outside it.
+  bool take_armed() {
+    const bool was = armed;
+    armed = false;
+    return was;
+  }
+
+  /// Writes the owner's eventfd.
+  void wake() const;
+
+  /// Hands a finished zcopy back to this (the sender's) mailbox, waking its owner if armed.
+  void hand_back(returned_completion done);
+
+  const size_t capacity;      ///< slots in the ring
+  const size_t slot_words;    ///< 8-byte words per slot
+  const int event_fd;         ///< the owner's eventfd
+  std::unique_ptr<uint64_t[]> storage;
+
+  std::mutex mutex;           ///< guards everything below
+  std::vector<slot> slots;
+  size_t tail = 0;            ///< oldest reserved slot
+  size_t count = 0;           ///< slots reserved (filled or being filled)
+  std::vector<returned_completion> returned;
+  bool armed = false;         ///< the owner sleeps on event_fd
+  bool closed = false;        ///< the owner interface is gone
+};
+
+/// State of an endpoint that outlives it while its zcopy operations are in flight. Touched only
+/// on the thread of the endpoint's interface.
+struct ep_state {
+  std::shared_ptr<mailbox> home;     ///< mailbox of the endpoint's interface
+  bool alive = true;                 ///< false once the endpoint is destroyed
+  uint64_t zcopy_issued = 0;         ///< zcopy operations started
+  uint64_t zcopy_done = 0;           ///< zcopy operations completed
+  /// Flush requests: completed when zcopy_done reaches the first member.
+  std::vector<std::pair<uint64_t, completion*>> flushes;
+};
+
+class self_ep;
+
+/// A self interface.
+class self_iface final : public iface {
+public:
+  /// Opens an interface; the constructor leaves `open_status()` set.
+  explicit self_iface(const iface_params& params);
+  ~self_iface() override;
+
+  /// ok, or why the interface could not be opened.
+  status open_status() const { return open_status_; }
+
+  // -- iface --
+
+  const iface_attr& attr() const override { return attr_; }
+  std::string_view transport_name() const override { return "self"; }
+  void set_am_handler(am_id id, am_handler_fn fn, void* arg) override;
+  void set_error_handler(error_handler_fn fn, void* arg) override;
+  unsigned progress() override;
+  int event_fd() const override { return event_fd_; }
+  status event_arm() override;
+  std::vector<uint8_t> device_address() const override;
+  std::vector<uint8_t> iface_address() const override;
+  bool is_reachable(const std::vector<uint8_t>& device_address,
+                    const std::vector<uint8_t>& iface_address) const override;
+  status create_ep(const std::vector<uint8_t>& device_address,
+                   const std::vector<uint8_t>& iface_address, std::unique_ptr<ep>& out) override;
+  std::string info() const override;
+
+  // -- used by self_ep --
+
+  /// The mailbox of this interface (zcopy completions come back to it).
+  const std::shared_ptr<mailbox>& own_mailbox() const { return mailbox_; }
+
+  /// Puts `ep` on the list of endpoints whose pending queue progress() retries.
+  void schedule_pending(self_ep* ep);
+
+  /// Forgets `ep` (destroyed).
+  void forget(self_ep* ep);
+
+private:
+  struct handler {
+    am_handler_fn fn = nullptr;
+    void* arg = nullptr;
+  };
+
+  unsigned deliver();
+  unsigned complete_returned();
+  unsigned dispatch_pending();
+
+  status open_status_ = status::ok;
+  iface_attr attr_;
+  uint64_t id_ = 0;
+  int event_fd_ = -1;
+  std::shared_ptr<mailbox> mailbox_;
+  handler handlers_[am_id_count];
+  error_handler_fn error_fn_ = nullptr;
+  void* error_arg_ = nullptr;
+  std::vector<self_ep*> pending_eps_;             ///< endpoints with parked requests
+  std::vector<returned_completion> returned_scratch_;
+  uint64_t delivered_ = 0;
+  uint64_t dropped_ = 0;                          ///< messages without a handler
+};
+
+/// An endpoint from a self interface to a self interface of the same process.
+class self_ep final : public ep {
+public:
+  self_ep(self_iface& owner, std::shared_ptr<mailbox> target);
+  ~self_ep() override;
+
+  status am_short(am_id id, const void* header, size_t header_length, const void* payload,
+                  size_t payload_length) override;
+  ssize_t am_bcopy(am_id id, pack_fn pack, void* arg) override;
+  status am_zcopy(am_id id, const void* header, size_t header_length, const iov* entries,
+                  size_t count, completion* comp) override;
+  status pending_add(pending_req* req) override;
+  void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
+  status flush(completion* comp) override;
+
+  /// Retries the parked requests; returns how many finished. Called by the interface.
+  unsigned dispatch_pending() { return pending_.dispatch(); }
+
+  /// True while requests are parked.
+  bool has_pending() const { return !pending_.empty(); }
+
+  /// On the interface's list of endpoints with parked requests (kept by the interface).
+  bool scheduled = false;
+
+private:
+  /// Reserves a slot of the target ring, or returns no_resource / connection_reset.
+  status reserve(size_t* index);
+  /// Publishes the filled slot `index` and wakes the target if it sleeps.
+  void commit(size_t index, am_id id, size_t length, completion* comp,
+              std::shared_ptr<ep_state> origin);
+
+  self_iface& owner_;
+  std::shared_ptr<mailbox> target_;
+  std::shared_ptr<ep_state> state_;
+  pending_queue pending_;
+};
+
+}  // namespace comm::tl::self

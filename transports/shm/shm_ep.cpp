@@ -1,0 +1,249 @@
+#include "shm/shm_ep.hpp"
+
+#include "shm/shm_iface.hpp"
+
+#include <comm/log.hpp>
+#include <comm/wire/codec.hpp>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace comm::tl::shm {
+
+shm_ep::shm_ep(shm_iface& owner, segment peer, const iface_addr& address, int pidfd)
+    : owner_(owner),
+      peer_(std::move(peer)),
+      fifo_size_(address.fifo_size),
+      max_short_(address.geo().max_short()),
+      zring_(new zcopy_slot[address.fifo_size]),
+      zmask_(address.fifo_size - 1),
+      own_pid_(static_cast<int32_t>(::getpid())),
+      pidfd_(pidfd),
+      peer_pid_(address.pid) {
+  cached_tail_ = shared_word(peer_.control().tail).load(std::memory_order_acquire);
+  wake_address_length_ = wakeup_socket_address(address.pid, address.iface_id, &wake_address_);
+}
+
+shm_ep::~shm_ep() {
+  // Zcopy operations still in flight are dropped without calling their completions.
+  owner_.forget(this);
+  ::close(pidfd_);
+}
+
+// -- the FIFO -------------------------------------------------------------------------------------
+
+inline status shm_ep::refusal() const {
+  if (failed_) return status::connection_reset;
+  if (pending_.blocks_sends()) return status::no_resource;  // parked requests go first
+  return status::ok;
+}
+
+inline status shm_ep::claim(uint64_t* index, bool* wake) {
+  auto head = shared_word(peer_.control().head);
+  uint64_t seen = head.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t next = seen & ~head_armed;
+    const int64_t used = static_cast<int64_t>(next - cached_tail_);
+    if (used >= static_cast<int64_t>(fifo_size_) || used < 0) [[unlikely]] {
+      cached_tail_ = shared_word(peer_.control().tail).load(std::memory_order_acquire);
+      const int64_t fresh = static_cast<int64_t>(next - cached_tail_);
+      if (fresh < 0) {  // our head was older than the tail we just read: look again
+        seen = head.load(std::memory_order_relaxed);
+        continue;
+      }
+      if (fresh >= static_cast<int64_t>(fifo_size_)) return status::no_resource;
+    }
+    // Writing next + 1 also clears head_armed: if it was set, we wake the receiver.
+    if (head.compare_exchange_weak(seen, next + 1, std::memory_order_acq_rel,
+                                   std::memory_order_relaxed)) {
+      *index = next;
+      *wake = (seen & head_armed) != 0;
+      return status::ok;
+    }
+  }
+}
+
+inline void shm_ep::publish(cell_header* cell, uint64_t index, cell_meta meta, bool wake) {
+  shared_word(cell->meta).store(meta.pack(), std::memory_order_relaxed);
+  shared_word(cell->seq).store(index + 1, std::memory_order_release);
+  if (wake) [[unlikely]] wake_peer();
+}
+
+void shm_ep::wake_peer() const {
+  const char byte = 0;
+  // Failure is harmless: a full socket already wakes the receiver; a closed one has nobody left.
+  (void)::sendto(owner_.wakeup_sender_fd(), &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+                 reinterpret_cast<const sockaddr*>(&wake_address_), wake_address_length_);
+}
+
+bool shm_ep::fifo_may_have_room() {
+  const uint64_t head =
+      shared_word(peer_.control().head).load(std::memory_order_relaxed) & ~head_armed;
+  if (head - cached_tail_ < fifo_size_) return true;
+  cached_tail_ = shared_word(peer_.control().tail).load(std::memory_order_acquire);
+  return head - cached_tail_ < fifo_size_;
+}
+
+bool shm_ep::peer_closed() const {
+  return std::atomic_ref<uint32_t>(peer_.control().closed).load(std::memory_order_acquire) != 0;
+}
+
+// -- sends ----------------------------------------------------------------------------------------
+
+status shm_ep::am_short(am_id id, const void* header, size_t header_length, const void* payload,
+                        size_t payload_length) {
+  const size_t length = header_length + payload_length;
+  if (length > max_short_ || id >= am_id_count) [[unlikely]] return status::invalid_param;
+  if (const status st = refusal(); st != status::ok) [[unlikely]] return st;
+  uint64_t index;
+  bool wake;
+  if (claim(&index, &wake) != status::ok) return status::no_resource;
+  cell_header* cell = peer_.cell(index);
+  uint8_t* data = segment::cell_data(cell);
+  std::memcpy(data, header, header_length);
+  std::memcpy(data + header_length, payload, payload_length);
+  publish(cell, index, {id, cell_inline, 0, static_cast<uint32_t>(length)}, wake);
+  return status::ok;
+}
+
+ssize_t shm_ep::am_bcopy(am_id id, pack_fn pack, void* arg) {
+  if (id >= am_id_count) [[unlikely]] return static_cast<ssize_t>(status::invalid_param);
+  if (const status st = refusal(); st != status::ok) [[unlikely]] {
+    return static_cast<ssize_t>(st);
+  }
+  uint64_t index;
+  bool wake;
+  if (claim(&index, &wake) != status::ok) return static_cast<ssize_t>(status::no_resource);
+  const size_t length = pack(peer_.buffer(index), arg);
+  cell_header* cell = peer_.cell(index);
+  if (length > peer_.geo().segment_size) [[unlikely]] {
+    COMM_LOG(error, "shm", "am_bcopy: pack wrote %zu bytes, more than max_bcopy %u", length,
+             peer_.geo().segment_size);
+    publish(cell, index, {id, cell_skip, 0, 0}, wake);  // the cell is ours: hand it back empty
+    return static_cast<ssize_t>(status::invalid_param);
+  }
+  publish(cell, index, {id, cell_bcopy, 0, static_cast<uint32_t>(length)}, wake);
+  return static_cast<ssize_t>(length);
+}
+
+status shm_ep::am_zcopy(am_id id, const void* header, size_t header_length, const iov* entries,
+                        size_t count, completion* comp) {
+  if (id >= am_id_count || header_length > zcopy_max_hdr || count > zcopy_max_iov) {
+    return status::invalid_param;
+  }
+  size_t total = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (entries[i].length > zcopy_max_payload) return status::invalid_param;
+    total += entries[i].length;
+  }
+  if (total > zcopy_max_payload) return status::invalid_param;
+  if (const status st = refusal(); st != status::ok) return st;
+  if (zhead_ - ztail_ > zmask_) return status::no_resource;
+
+  // The descriptor is built before the cell is claimed, so the receiver never waits on it.
+  capnp::word words[zcopy_max_desc_words];
+  std::memset(words, 0, sizeof(words));
+  capnp::MallocMessageBuilder message(kj::arrayPtr(words, zcopy_max_desc_words));
+  auto descriptor = message.initRoot<wire::schema::ShmZcopyDescriptor>();
+  descriptor.setSenderPid(own_pid_);
+  descriptor.setAmId(id);
+  descriptor.setHeaderLength(static_cast<uint32_t>(header_length));
+  descriptor.setCompletionAddr(0);  // unused: the receiver acks in its own segment (ack words)
+  auto list = descriptor.initIov(static_cast<unsigned>(count));
+  for (size_t i = 0; i < count; ++i) {
+    list[i].setAddress(reinterpret_cast<uintptr_t>(entries[i].buffer));
+    list[i].setLength(entries[i].length);
+  }
+  const auto segments = message.getSegmentsForOutput();
+  if (segments.size() != 1 || segments[0].size() > zcopy_max_desc_words) {
+    COMM_LOG(error, "shm", "am_zcopy: descriptor does not fit in %zu words", zcopy_max_desc_words);
+    return status::invalid_param;
+  }
+  const size_t desc_bytes = segments[0].size() * sizeof(capnp::word);
+
+  uint64_t index;
+  bool wake;
+  if (claim(&index, &wake) != status::ok) return status::no_resource;
+  descriptor.setCompletionSeq(index + 1);
+  uint8_t* buffer = peer_.buffer(index);
+  std::memcpy(buffer, segments[0].begin(), desc_bytes);
+  std::memcpy(buffer + desc_bytes, header, header_length);
+  zring_[zhead_ & zmask_] = {index, comp};
+  ++zhead_;
+  publish(peer_.cell(index), index,
+          {id, cell_zcopy, static_cast<uint16_t>(segments[0].size()),
+           static_cast<uint32_t>(desc_bytes + header_length)},
+          wake);
+  owner_.schedule(this);
+  return status::in_progress;
+}
+
+// -- pending, flush, progress, failure ------------------------------------------------------------
+
+status shm_ep::pending_add(pending_req* req) {
+  if (failed_) return status::connection_reset;
+  if (pending_.empty() && !pending_.dispatching() && zhead_ - ztail_ <= zmask_ &&
+      fifo_may_have_room()) {
+    return status::busy;
+  }
+  pending_.push_back(req);
+  owner_.schedule(this);
+  return status::ok;
+}
+
+void shm_ep::pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) {
+  pending_.purge(cb, arg);
+}
+
+status shm_ep::flush(completion* comp) {
+  if (failed_) return status::connection_reset;
+  if (ztail_ == zhead_) return status::ok;
+  if (comp != nullptr) flushes_.emplace_back(zhead_, comp);
+  return status::in_progress;
+}
+
+void shm_ep::complete_flushes(status result) {
+  while (!flushes_.empty() && flushes_.front().first <= ztail_) {
+    completion* comp = flushes_.front().second;
+    flushes_.erase(flushes_.begin());
+    complete(comp, result);
+  }
+}
+
+unsigned shm_ep::progress() {
+  unsigned events = 0;
+  constexpr uint64_t index_mask = ~uint64_t{0} >> ack_shift;
+  while (ztail_ != zhead_) {
+    const zcopy_slot& slot = zring_[ztail_ & zmask_];
+    const uint64_t ack = shared_word(*peer_.ack(slot.index)).load(std::memory_order_acquire);
+    const uint64_t acked = ack >> ack_shift;  // index + 1 of the latest zcopy acked in this cell
+    const uint64_t wanted = (slot.index + 1) & index_mask;
+    if (static_cast<int64_t>((acked - wanted) << ack_shift) < 0) break;
+    // A later round of the cell may already have overwritten our ack: then we were fine.
+    const status result = acked == wanted
+                              ? static_cast<status>(-static_cast<int>(ack & 0xffff))
+                              : status::ok;
+    completion* comp = slot.comp;
+    ++ztail_;
+    ++events;
+    if (comp != nullptr) complete(comp, result);
+  }
+  if (!flushes_.empty()) complete_flushes(status::ok);
+  if (!pending_.empty() && !failed_ && fifo_may_have_room()) events += pending_.dispatch();
+  return events;
+}
+
+void shm_ep::fail(status reason) {
+  if (failed_) return;
+  failed_ = true;
+  while (ztail_ != zhead_) {
+    completion* comp = zring_[ztail_ & zmask_].comp;
+    ++ztail_;
+    if (comp != nullptr) complete(comp, reason);
+  }
+  complete_flushes(reason);
+}
+
+}  // namespace comm::tl::shm

@@ -1,0 +1,98 @@
+// An shm endpoint: sends into a peer interface's receive segment, mapped into this process.
+#pragma once
+
+#include "base/pending_queue.hpp"
+#include "shm/shm_segment.hpp"
+
+#include <comm/transport/transport.hpp>
+
+#include <sys/un.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace comm::tl::shm {
+
+class shm_iface;
+
+class shm_ep final : public ep {
+public:
+  /// Takes the peer's mapped segment and a pidfd of the peer process.
+  shm_ep(shm_iface& owner, segment peer, const iface_addr& address, int pidfd);
+  ~shm_ep() override;
+
+  // -- ep --
+
+  status am_short(am_id id, const void* header, size_t header_length, const void* payload,
+                  size_t payload_length) override;
+  ssize_t am_bcopy(am_id id, pack_fn pack, void* arg) override;
+  status am_zcopy(am_id id, const void* header, size_t header_length, const iov* entries,
+                  size_t count, completion* comp) override;
+  status pending_add(pending_req* req) override;
+  void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
+  status flush(completion* comp) override;
+
+  // -- used by shm_iface --
+
+  /// Completes acknowledged zcopy operations and retries parked requests; returns the count.
+  unsigned progress();
+
+  /// True while zcopy operations are in flight or requests are parked.
+  bool has_work() const { return ztail_ != zhead_ || !pending_.empty(); }
+
+  /// Marks the endpoint failed: outstanding zcopy and flush completions finish with `reason`,
+  /// later sends return connection_reset. Parked requests stay for pending_purge.
+  void fail(status reason);
+
+  /// True when the peer interface marked its segment closed.
+  bool peer_closed() const;
+
+  int pidfd() const { return pidfd_; }
+  pid_t peer_pid() const { return peer_pid_; }
+  bool failed() const { return failed_; }
+
+  /// Set by the interface: on its list of endpoints with work / its failure list.
+  bool scheduled = false;
+  bool failure_noticed = false;
+
+private:
+  struct zcopy_slot {
+    uint64_t index = 0;           ///< FIFO position of the cell
+    completion* comp = nullptr;   ///< the caller's completion, may be null
+  };
+
+  /// Claims the next cell; no_resource when the FIFO is full. `*wake`: the receiver sleeps.
+  status claim(uint64_t* index, bool* wake);
+  /// Publishes the filled cell at `index` and wakes the receiver if it asked for it.
+  void publish(cell_header* cell, uint64_t index, cell_meta meta, bool wake);
+  /// Error for a send refused before touching the FIFO, or ok.
+  status refusal() const;
+  /// True when the FIFO may have room (cheap: cached tail first).
+  bool fifo_may_have_room();
+  void wake_peer() const;
+  void complete_flushes(status result);
+
+  shm_iface& owner_;
+  segment peer_;
+  const uint64_t fifo_size_;
+  const size_t max_short_;
+  uint64_t cached_tail_ = 0;      ///< last published tail of the peer we read
+  bool failed_ = false;
+  pending_queue pending_;
+
+  // zcopy operations in flight, in order: ring of zcopy_slot, zhead_ issued, ztail_ completed
+  std::unique_ptr<zcopy_slot[]> zring_;
+  uint64_t zmask_ = 0;
+  uint64_t zhead_ = 0;
+  uint64_t ztail_ = 0;
+  std::vector<std::pair<uint64_t, completion*>> flushes_;  ///< (zhead_ at flush, completion)
+
+  const int32_t own_pid_;          ///< written into zcopy descriptors
+  const int pidfd_;
+  const pid_t peer_pid_;
+  sockaddr_un wake_address_;
+  socklen_t wake_address_length_ = 0;
+};
+
+}  // namespace comm::tl::shm

@@ -1,0 +1,473 @@
+#include "shm/shm_iface.hpp"
+
+#include "base/host_identity.hpp"
+#include "shm/shm_ep.hpp"
+
+#include <comm/log.hpp>
+#include <comm/wire/codec.hpp>
+
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace comm::tl::shm {
+namespace {
+
+constexpr const char* log_name = "shm";
+constexpr uint32_t default_fifo_size = 256;
+constexpr uint32_t default_cell_size = 128;
+constexpr uint32_t default_segment_size = 8192;
+constexpr unsigned progress_batch = 64;
+/// progress() looks at the clock every this many calls...
+constexpr unsigned liveness_call_mask = 255;
+/// ...and checks its peers when this much time has passed.
+constexpr uint64_t liveness_interval_ns = 2'000'000;
+
+uint64_t random_nonzero_id() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (::getrandom(&id, sizeof(id), 0) != sizeof(id)) {
+      id = static_cast<uint64_t>(::getpid()) << 32 ^ static_cast<uint64_t>(::time(nullptr));
+    }
+  }
+  return id;
+}
+
+uint64_t coarse_now_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace
+
+// -- open and close -------------------------------------------------------------------------------
+
+shm_iface::shm_iface(const iface_params& params) {
+  geometry geo;
+  geo.fifo_size = static_cast<uint32_t>(params.fifo_size != 0 ? params.fifo_size : default_fifo_size);
+  geo.cell_size = default_cell_size;
+  geo.segment_size =
+      static_cast<uint32_t>(params.segment_size != 0 ? params.segment_size : default_segment_size);
+  if (params.fifo_size > (1u << 16) || params.segment_size > (1u << 20) || !geo.valid()) {
+    COMM_LOG(error, log_name,
+             "bad parameters: fifo_size %zu (a power of two, 2..65536), segment_size %zu "
+             "(a multiple of 64, 1024..1048576)",
+             params.fifo_size, params.segment_size);
+    open_status_ = status::invalid_param;
+    return;
+  }
+  iface_id_ = random_nonzero_id();
+  if ((open_status_ = segment::create(geo, iface_id_, &segment_, &memfd_)) != status::ok) return;
+
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wakeup_rx_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  wakeup_tx_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (epoll_fd_ < 0 || wakeup_rx_fd_ < 0 || wakeup_tx_fd_ < 0) {
+    COMM_LOG(error, log_name, "epoll/socket: %s", std::strerror(errno));
+    open_status_ = status::io_error;
+    return;
+  }
+  sockaddr_un address;
+  const socklen_t length = wakeup_socket_address(::getpid(), iface_id_, &address);
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.ptr = nullptr;  // null: the wakeup socket; otherwise the endpoint of a pidfd
+  if (::bind(wakeup_rx_fd_, reinterpret_cast<const sockaddr*>(&address), length) != 0 ||
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wakeup_rx_fd_, &event) != 0) {
+    COMM_LOG(error, log_name, "wakeup socket: %s", std::strerror(errno));
+    open_status_ = status::io_error;
+    return;
+  }
+  zcopy_buffer_.reset(new uint64_t[(zcopy_max_hdr + zcopy_max_payload) / sizeof(uint64_t)]);
+  publish_mask_ = std::max<uint64_t>(geo.fifo_size / 4, 1) - 1;
+
+  attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
+               cap_connect_to_iface | cap_peer_failure;
+  attr_.max_short = geo.max_short();
+  attr_.max_bcopy = geo.segment_size;
+  attr_.max_zcopy = zcopy_max_payload;
+  attr_.max_hdr = zcopy_max_hdr;
+  attr_.max_iov = zcopy_max_iov;
+  attr_.latency_ns = 100;
+  attr_.bandwidth_bytes_per_s = 10e9;
+  attr_.priority = 10;
+}
+
+shm_iface::~shm_iface() {
+  if (!eps_.empty()) {
+    COMM_LOG(warn, log_name, "interface destroyed with %zu endpoints still open", eps_.size());
+  }
+  // Tell senders we are gone. A forked child destroying its inherited copy must not.
+  if (segment_.mapped() && segment_.control().owner_pid == ::getpid()) {
+    std::atomic_ref<uint32_t>(segment_.control().closed).store(1, std::memory_order_release);
+  }
+  for (int fd : {wakeup_tx_fd_, wakeup_rx_fd_, epoll_fd_, memfd_}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+void shm_iface::set_am_handler(am_id id, am_handler_fn fn, void* arg) {
+  if (id >= am_id_count) return;
+  handlers_[id] = {fn, arg};
+}
+
+void shm_iface::set_error_handler(error_handler_fn fn, void* arg) {
+  error_fn_ = fn;
+  error_arg_ = arg;
+}
+
+// -- receive --------------------------------------------------------------------------------------
+
+unsigned shm_iface::progress() {
+  unsigned events = receive();
+  if (!work_.empty()) [[unlikely]] events += progress_eps();
+  if ((++progress_calls_ & liveness_call_mask) == 0) [[unlikely]] maybe_check_peers();
+  if (!failed_.empty()) [[unlikely]] events += report_failures();
+  return events;
+}
+
+unsigned shm_iface::receive() {
+  unsigned delivered = 0;
+  while (delivered < progress_batch) {
+    cell_header* cell = segment_.cell(tail_);
+    if (shared_word(cell->seq).load(std::memory_order_acquire) != tail_ + 1) break;
+    deliver(tail_, cell);
+    ++tail_;
+    ++delivered;
+    if ((tail_ & publish_mask_) == 0) publish_tail();
+  }
+  // Drained (or idle): let senders see every free cell.
+  if (delivered < progress_batch && published_tail_ != tail_) publish_tail();
+  return delivered;
+}
+
+void shm_iface::publish_tail() {
+  shared_word(segment_.control().tail).store(tail_, std::memory_order_release);
+  published_tail_ = tail_;
+}
+
+void shm_iface::deliver(uint64_t index, cell_header* cell) {
+  // One load of the metadata: a sender changing it meanwhile cannot get past the checks.
+  const cell_meta meta = cell_meta::unpack(shared_word(cell->meta).load(std::memory_order_relaxed));
+  if (meta.am_id >= am_id_count) [[unlikely]] {
+    if (meta.kind == cell_zcopy) {
+      shared_word(*segment_.ack(index)).store(make_ack(index, status::protocol_error),
+                                              std::memory_order_release);
+    }
+    return malformed(index, "am id out of range");
+  }
+  void* data;
+  switch (meta.kind) {
+    case cell_inline:
+      if (meta.length > segment_.geo().max_short()) [[unlikely]] {
+        return malformed(index, "inline length exceeds the cell");
+      }
+      data = segment::cell_data(cell);
+      break;
+    case cell_bcopy:
+      if (meta.length > segment_.geo().segment_size) [[unlikely]] {
+        return malformed(index, "bcopy length exceeds the receive buffer");
+      }
+      data = segment_.buffer(index);
+      break;
+    case cell_zcopy: {
+      const status result = receive_zcopy(index, meta);
+      shared_word(*segment_.ack(index)).store(make_ack(index, result), std::memory_order_release);
+      return;
+    }
+    case cell_skip:
+      return;
+    default:
+      return malformed(index, "unknown cell kind");
+  }
+  const handler& h = handlers_[meta.am_id];
+  if (h.fn == nullptr) [[unlikely]] {
+    ++unhandled_;
+    COMM_LOG(debug, log_name, "no handler for am id %u, message dropped", unsigned{meta.am_id});
+    return;
+  }
+  h.fn(h.arg, data, meta.length, 0);
+  ++received_;
+}
+
+status shm_iface::receive_zcopy(uint64_t index, cell_meta meta) {
+  const size_t desc_bytes = size_t{meta.desc_words} * sizeof(capnp::word);
+  if (meta.desc_words == 0 || meta.desc_words > zcopy_max_desc_words ||
+      desc_bytes > meta.length || meta.length > segment_.geo().segment_size) {
+    malformed(index, "zcopy descriptor size out of bounds");
+    return status::protocol_error;
+  }
+  const uint8_t* buffer = segment_.buffer(index);
+  // Copied out of shared memory first, so the sender cannot change it under the checks.
+  capnp::word words[zcopy_max_desc_words];
+  std::memcpy(words, buffer, desc_bytes);
+  const size_t header_length = meta.length - desc_bytes;
+  iovec remote[zcopy_max_iov];
+  size_t remote_count = 0;
+  size_t total = 0;
+  int32_t sender = 0;
+  const char* problem = nullptr;
+  try {
+    const kj::ArrayPtr<const capnp::word> only_segment(words, meta.desc_words);
+    capnp::SegmentArrayMessageReader reader(kj::arrayPtr(&only_segment, 1),
+                                            wire::checked_reader_options());
+    const auto descriptor = reader.getRoot<wire::schema::ShmZcopyDescriptor>();
+    const auto list = descriptor.getIov();
+    sender = descriptor.getSenderPid();
+    if (descriptor.getHeaderLength() != header_length || header_length > zcopy_max_hdr) {
+      problem = "zcopy header length mismatch";
+    } else if (descriptor.getAmId() != meta.am_id ||
+               descriptor.getCompletionSeq() != index + 1 || sender <= 0) {
+      problem = "zcopy descriptor does not match its cell";
+    } else if (list.size() > zcopy_max_iov) {
+      problem = "zcopy iov count out of bounds";
+    } else {
+      for (auto entry : list) {
+        const uint64_t length = entry.getLength();
+        if (length > zcopy_max_payload - total) {
+          problem = "zcopy payload exceeds max_zcopy";
+          break;
+        }
+        total += length;
+        remote[remote_count].iov_base = reinterpret_cast<void*>(entry.getAddress());
+        remote[remote_count].iov_len = length;
+        ++remote_count;
+      }
+    }
+  } catch (const kj::Exception& e) {
+    problem = "zcopy descriptor is not a valid message";
+  }
+  if (problem != nullptr) {
+    malformed(index, problem);
+    return status::protocol_error;
+  }
+
+  auto* target = reinterpret_cast<uint8_t*>(zcopy_buffer_.get());
+  std::memcpy(target, buffer + desc_bytes, header_length);
+  if (total != 0) {
+    const iovec local{target + header_length, total};
+    const ssize_t got = ::process_vm_readv(sender, &local, 1, remote, remote_count, 0);
+    if (got != static_cast<ssize_t>(total)) {
+      const int error = got < 0 ? errno : EFAULT;
+      ++zcopy_errors_;
+      COMM_LOG(warn, log_name, "zcopy from pid %d: read %zd of %zu bytes: %s", sender, got, total,
+               std::strerror(error));
+      return error == ESRCH ? status::connection_reset : status::io_error;
+    }
+  }
+  const handler& h = handlers_[meta.am_id];
+  if (h.fn == nullptr) {
+    ++unhandled_;
+    COMM_LOG(debug, log_name, "no handler for am id %u, message dropped", unsigned{meta.am_id});
+    return status::ok;
+  }
+  h.fn(h.arg, target, header_length + total, 0);
+  ++received_;
+  return status::ok;
+}
+
+void shm_iface::malformed(uint64_t index, const char* why) {
+  ++malformed_;
+  COMM_LOG(error, log_name, "malformed cell at position %llu skipped: %s",
+           static_cast<unsigned long long>(index), why);
+}
+
+// -- endpoints: work, liveness, failure ------------------------------------------------------------
+
+void shm_iface::schedule(shm_ep* ep) {
+  if (ep->scheduled) return;
+  ep->scheduled = true;
+  work_.push_back(ep);
+}
+
+void shm_iface::forget(shm_ep* ep) {
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->pidfd(), nullptr);
+  eps_.erase(std::remove(eps_.begin(), eps_.end(), ep), eps_.end());
+  failed_.erase(std::remove(failed_.begin(), failed_.end(), ep), failed_.end());
+  for (shm_ep*& entry : work_) {
+    if (entry == ep) entry = nullptr;  // progress_eps may be iterating: compacted there
+  }
+}
+
+unsigned shm_iface::progress_eps() {
+  unsigned events = 0;
+  // Completions and pending callbacks may schedule endpoints (appending) or destroy other
+  // endpoints (nulling their entries), so index and re-read the size.
+  for (size_t i = 0; i < work_.size(); ++i) {
+    if (shm_ep* ep = work_[i]) events += ep->progress();
+  }
+  size_t kept = 0;
+  for (shm_ep* ep : work_) {
+    if (ep == nullptr) continue;
+    if (ep->has_work() && !ep->failed()) {
+      work_[kept++] = ep;
+    } else {
+      ep->scheduled = false;
+    }
+  }
+  work_.resize(kept);
+  return events;
+}
+
+void shm_iface::maybe_check_peers() {
+  if (eps_.empty()) return;
+  const uint64_t now = coarse_now_ns();
+  if (now - last_check_ns_ < liveness_interval_ns) return;
+  last_check_ns_ = now;
+  check_peers();
+}
+
+void shm_iface::check_peers() {
+  epoll_event events[16];
+  const int n = ::epoll_wait(epoll_fd_, events, 16, 0);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.ptr == nullptr) {
+      drain_wakeups();
+    } else {
+      notice_failure(static_cast<shm_ep*>(events[i].data.ptr));  // the peer process exited
+    }
+  }
+  for (shm_ep* ep : eps_) {
+    if (!ep->failure_noticed && ep->peer_closed()) notice_failure(ep);
+  }
+}
+
+void shm_iface::drain_wakeups() {
+  char bytes[64];
+  while (::recv(wakeup_rx_fd_, bytes, sizeof(bytes), MSG_DONTWAIT) >= 0) {
+  }
+}
+
+void shm_iface::notice_failure(shm_ep* ep) {
+  if (ep->failure_noticed) return;
+  ep->failure_noticed = true;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->pidfd(), nullptr);  // its pidfd stays readable
+  failed_.push_back(ep);
+  ++peers_failed_;
+  COMM_LOG(info, log_name, "peer pid %d is gone", static_cast<int>(ep->peer_pid()));
+}
+
+unsigned shm_iface::report_failures() {
+  unsigned events = 0;
+  while (!failed_.empty()) {
+    shm_ep* ep = failed_.front();
+    failed_.erase(failed_.begin());
+    ep->fail(status::connection_reset);
+    ++events;
+    if (error_fn_ != nullptr) {
+      error_fn_(error_arg_, ep, status::connection_reset);  // may destroy ep: not touched after
+    } else {
+      COMM_LOG(warn, log_name, "peer pid %d failed and no error handler is set",
+               static_cast<int>(ep->peer_pid()));
+    }
+  }
+  return events;
+}
+
+// -- blocking progress ----------------------------------------------------------------------------
+
+status shm_iface::event_arm() {
+  // Zcopy acks and room for parked requests come without a wakeup: keep polling.
+  if (!work_.empty() || !failed_.empty()) return status::busy;
+  check_peers();
+  if (!failed_.empty()) return status::busy;
+  auto head = shared_word(segment_.control().head);
+  const uint64_t before = head.fetch_or(head_armed, std::memory_order_acq_rel);
+  if ((before & ~head_armed) != tail_) {
+    head.fetch_and(~head_armed, std::memory_order_relaxed);
+    return status::busy;
+  }
+  return status::ok;
+}
+
+// -- addresses and endpoints ----------------------------------------------------------------------
+
+std::vector<uint8_t> shm_iface::device_address() const { return pack_device_address(); }
+
+std::vector<uint8_t> shm_iface::iface_address() const {
+  iface_addr address;
+  address.pid = static_cast<int32_t>(::getpid());
+  address.fd = memfd_;
+  address.fifo_size = segment_.geo().fifo_size;
+  address.cell_size = segment_.geo().cell_size;
+  address.segment_size = segment_.geo().segment_size;
+  address.iface_id = iface_id_;
+  return address.pack();
+}
+
+bool shm_iface::is_reachable(const std::vector<uint8_t>& device_address,
+                             const std::vector<uint8_t>& iface_address) const {
+  return same_device(device_address) && iface_addr::unpack(iface_address).has_value();
+}
+
+status shm_iface::create_ep(const std::vector<uint8_t>& device_address,
+                            const std::vector<uint8_t>& iface_address_bytes,
+                            std::unique_ptr<ep>& out) {
+  const std::optional<iface_addr> address = iface_addr::unpack(iface_address_bytes);
+  if (!address || device_address.size() != sizeof(host_identity)) return status::invalid_addr;
+  if (!same_device(device_address)) return status::unreachable;
+
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, address->pid, 0));
+  if (pidfd < 0) {
+    COMM_LOG(info, log_name, "pidfd_open(%d): %s", static_cast<int>(address->pid),
+             std::strerror(errno));
+    return status::unreachable;
+  }
+  segment peer;
+  if (const status st = segment::attach(*address, &peer); st != status::ok) {
+    ::close(pidfd);
+    return st;
+  }
+  // The segment proved that the pid was the owner when we opened it; the pidfd was opened before,
+  // so it is that same process unless it has already exited.
+  pollfd exited{pidfd, POLLIN, 0};
+  if (::poll(&exited, 1, 0) != 0) {
+    ::close(pidfd);
+    return status::unreachable;
+  }
+  auto ep = std::make_unique<shm_ep>(*this, std::move(peer), *address, pidfd);
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.ptr = ep.get();
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, pidfd, &event) != 0) {
+    COMM_LOG(warn, log_name, "epoll_ctl(pidfd): %s; peer exit will go unnoticed",
+             std::strerror(errno));
+  }
+  eps_.push_back(ep.get());
+  out = std::move(ep);
+  return status::ok;
+}
+
+std::string shm_iface::info() const {
+  const geometry& geo = segment_.geo();
+  size_t failed = 0;
+  for (const shm_ep* ep : eps_) failed += ep->failed() ? 1 : 0;
+  std::string text;
+  text += "shm: fifo size " + std::to_string(geo.fifo_size) + " cells\n";
+  text += "shm: cell size " + std::to_string(geo.cell_size) + " bytes\n";
+  text += "shm: receive buffers " + std::to_string(geo.segment_size) + " bytes per cell\n";
+  text += "shm: segment " + std::to_string(geo.total_size()) + " bytes (memfd)\n";
+  text += "shm: max_short " + std::to_string(attr_.max_short) + "\n";
+  text += "shm: max_bcopy " + std::to_string(attr_.max_bcopy) + "\n";
+  text += "shm: max_zcopy " + std::to_string(attr_.max_zcopy) + " (max_hdr " +
+          std::to_string(attr_.max_hdr) + ", max_iov " + std::to_string(attr_.max_iov) + ")\n";
+  text += "shm: peers " + std::to_string(eps_.size()) + " (" + std::to_string(failed) +
+          " failed, " + std::to_string(peers_failed_) + " failures seen)\n";
+  text += "shm: received " + std::to_string(received_) + " messages\n";
+  text += "shm: malformed cells " + std::to_string(malformed_) + "\n";
+  text += "shm: dropped without handler " + std::to_string(unhandled_) + "\n";
+  text += "shm: zcopy read errors " + std::to_string(zcopy_errors_) + "\n";
+  return text;
+}
+
+}  // namespace comm::tl::shm

@@ -1,0 +1,115 @@
+// The shm transport: a lock-free multi-producer FIFO of cells in a memfd segment per receiving
+// interface (see shm_segment.hpp for the layout and the FIFO protocol).
+//
+//   am_short  copies into the cell (max_short = cell_size - 16);
+//   am_bcopy  packs straight into the receiver's buffer of that cell (max_bcopy = segment_size);
+//   am_zcopy  writes a ShmZcopyDescriptor + the protocol header into that buffer; the receiver pulls
+//             the payload from the sender with process_vm_readv into a private buffer, calls the
+//             handler, then sets the cell's ack word, which the sender's progress() sees.
+// Blocking progress: the event fd is an epoll fd with an abstract-namespace datagram socket (woken
+// by the sender that clears head_armed) and a pidfd of every peer (so a dead peer wakes us too).
+// Peer failure: pidfds and the peer segment's `closed` flag, checked every few milliseconds.
+#pragma once
+
+#include "shm/shm_segment.hpp"
+
+#include <comm/transport/transport.hpp>
+
+#include <memory>
+#include <vector>
+
+namespace comm::tl::shm {
+
+/// The shm transport's component.
+component& shm_component();
+
+class shm_ep;
+
+class shm_iface final : public iface {
+public:
+  /// Opens an interface; the constructor leaves `open_status()` set.
+  explicit shm_iface(const iface_params& params);
+  ~shm_iface() override;
+
+  /// ok, or why the interface could not be opened.
+  status open_status() const { return open_status_; }
+
+  // -- iface --
+
+  const iface_attr& attr() const override { return attr_; }
+  std::string_view transport_name() const override { return "shm"; }
+  void set_am_handler(am_id id, am_handler_fn fn, void* arg) override;
+  void set_error_handler(error_handler_fn fn, void* arg) override;
+  unsigned progress() override;
+  int event_fd() const override { return epoll_fd_; }
+  status event_arm() override;
+  std::vector<uint8_t> device_address() const override;
+  std::vector<uint8_t> iface_address() const override;
+  bool is_reachable(const std::vector<uint8_t>& device_address,
+                    const std::vector<uint8_t>& iface_address) const override;
+  status create_ep(const std::vector<uint8_t>& device_address,
+                   const std::vector<uint8_t>& iface_address, std::unique_ptr<ep>& out) override;
+  std::string info() const override;
+
+  // -- used by shm_ep --
+
+  /// The unbound datagram socket endpoints send wakeups through.
+  int wakeup_sender_fd() const { return wakeup_tx_fd_; }
+
+  /// Puts `ep` on the list of endpoints whose zcopy completions and parked requests progress()
+  /// advances.
+  void schedule(shm_ep* ep);
+
+  /// Forgets `ep` (destroyed).
+  void forget(shm_ep* ep);
+
+private:
+  struct handler {
+    am_handler_fn fn = nullptr;
+    void* arg = nullptr;
+  };
+
+  unsigned receive();
+  void deliver(uint64_t index, cell_header* cell);
+  status receive_zcopy(uint64_t index, cell_meta meta);
+  void malformed(uint64_t index, const char* why);
+  void publish_tail();
+  unsigned progress_eps();
+  void maybe_check_peers();
+  void check_peers();
+  void drain_wakeups();
+  void notice_failure(shm_ep* ep);
+  unsigned report_failures();
+
+  status open_status_ = status::ok;
+  iface_attr attr_;
+
+  // -- receive side, hot --
+  segment segment_;
+  uint64_t tail_ = 0;              ///< next cell to consume
+  uint64_t published_tail_ = 0;    ///< last tail stored in the control block
+  uint64_t publish_mask_ = 0;      ///< publish when (tail_ & publish_mask_) == 0
+  handler handlers_[am_id_count];
+  uint64_t received_ = 0;
+
+  // -- everything else --
+  unsigned progress_calls_ = 0;
+  uint64_t last_check_ns_ = 0;
+  std::vector<shm_ep*> eps_;       ///< every endpoint of this interface
+  std::vector<shm_ep*> work_;      ///< endpoints with work (null: destroyed meanwhile)
+  std::vector<shm_ep*> failed_;    ///< failed endpoints not yet reported
+  error_handler_fn error_fn_ = nullptr;
+  void* error_arg_ = nullptr;
+  std::unique_ptr<uint64_t[]> zcopy_buffer_;  ///< zcopy header + payload land here
+  uint64_t iface_id_ = 0;
+  int memfd_ = -1;
+  int epoll_fd_ = -1;
+  int wakeup_rx_fd_ = -1;
+  int wakeup_tx_fd_ = -1;
+  uint64_t malformed_ = 0;
+  uint64_t unhandled_ = 0;
+  uint64_t zcopy_errors_ = 0;
+  uint64_t peers_failed_ = 0;
+};
+
+}  // namespace comm::tl::shm

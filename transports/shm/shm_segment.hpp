@@ -1,0 +1,195 @@
+// The shared-memory layout of the shm transport: one receive segment per interface, its
+// addresses, and the mapping of a segment (our own, or a peer's to send to).
+//
+// A segment is a memfd owned by the receiving interface; peers map it through
+// /proc/<pid>/fd/<fd>. Layout (all offsets cache-line aligned):
+//
+//   control_block                      head (claimed cells | head_armed) on its own line,
+//                                      published tail on another, then read-only identity
+//   cells[fifo_size]                   cell_size bytes each: cell_header + inline data
+//   acks[fifo_size]                    one word per cell: zcopy completion written by the receiver
+//   buffers[fifo_size] (page aligned)  segment_size bytes each; buffer i belongs to cell i
+//
+// Senders claim cell `head` with a CAS on head, fill it, then store seq = index + 1 (release).
+// The receiver consumes cells in order, waiting at `tail` for seq == tail + 1 (acquire), and
+// publishes its tail every fifo_size / 4 cells and whenever it drains the FIFO.
+#pragma once
+
+#include <comm/status.hpp>
+
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace comm::tl::shm {
+
+inline constexpr size_t cache_line = 64;
+inline constexpr uint64_t segment_magic = 0x316d68736d6d6f63ull;  // "commshm1"
+inline constexpr uint32_t segment_version = 1;
+
+/// Bit of control_block::head set by a receiver that sleeps on its event fd. The sender whose CAS
+/// clears it wakes the receiver after publishing its cell.
+inline constexpr uint64_t head_armed = 1ull << 63;
+
+/// What a cell carries (cell_header::kind).
+enum cell_kind : uint8_t {
+  cell_inline = 1,  ///< am_short: the message follows the cell header
+  cell_bcopy = 2,   ///< am_bcopy: the message is in the cell's receive buffer
+  cell_zcopy = 3,   ///< am_zcopy: descriptor + protocol header in the buffer, payload in the sender
+  cell_skip = 4,    ///< nothing to deliver (a sender's failed bcopy); the receiver skips it
+};
+
+/// The segment's first bytes. Head and tail each own a cache line.
+struct control_block {
+  alignas(cache_line) uint64_t head;  ///< cells claimed by senders, plus head_armed
+  alignas(cache_line) uint64_t tail;  ///< cells the receiver is done with (published lazily)
+  alignas(cache_line) uint64_t magic; ///< segment_magic
+  uint64_t iface_id;                  ///< random id of the owning interface
+  uint32_t version;                   ///< segment_version
+  uint32_t fifo_size;
+  uint32_t cell_size;
+  uint32_t segment_size;
+  int32_t owner_pid;
+  uint32_t closed;                    ///< set when the owning interface is destroyed
+};
+static_assert(sizeof(control_block) == 3 * cache_line);
+
+/// The first 16 bytes of a cell; inline data follows, 8-byte aligned.
+struct cell_header {
+  uint64_t seq;  ///< index + 1 once the cell at `index` is filled (release store)
+  uint64_t meta; ///< am_id | kind << 8 | desc_words << 16 | length << 32 (see cell_meta)
+};
+inline constexpr size_t cell_header_size = sizeof(cell_header);
+
+/// The fields packed into cell_header::meta, written and read as one word.
+struct cell_meta {
+  uint8_t am_id = 0;
+  uint8_t kind = 0;
+  uint16_t desc_words = 0;  ///< zcopy: 8-byte words of the descriptor at the start of the buffer
+  uint32_t length = 0;      ///< inline/bcopy: message bytes; zcopy: descriptor + header bytes
+
+  uint64_t pack() const {
+    return uint64_t{am_id} | uint64_t{kind} << 8 | uint64_t{desc_words} << 16 |
+           uint64_t{length} << 32;
+  }
+  static cell_meta unpack(uint64_t word) {
+    return {static_cast<uint8_t>(word), static_cast<uint8_t>(word >> 8),
+            static_cast<uint16_t>(word >> 16), static_cast<uint32_t>(word >> 32)};
+  }
+};
+
+/// Limits of am_zcopy. The descriptor and the protocol header go into the cell's receive buffer
+/// (so segment_size >= 1024 always has room for both); the payload is pulled into a private buffer
+/// of the receiver, so it can be larger than a receive buffer.
+inline constexpr size_t zcopy_max_iov = 16;
+inline constexpr size_t zcopy_max_hdr = 512;
+inline constexpr size_t zcopy_max_payload = 256 * 1024;
+/// Bound on a descriptor's size in words (one with zcopy_max_iov entries takes 39).
+inline constexpr size_t zcopy_max_desc_words = 64;
+
+/// An ack word: (index + 1) << ack_shift | code, where code is the negated status (0 = ok).
+inline constexpr unsigned ack_shift = 16;
+inline uint64_t make_ack(uint64_t index, status result) {
+  return (index + 1) << ack_shift | static_cast<uint16_t>(-static_cast<int>(result));
+}
+
+/// Sizes of a segment and where its parts start.
+struct geometry {
+  uint32_t fifo_size = 0;     ///< cells, a power of two
+  uint32_t cell_size = 0;     ///< bytes per cell, a power of two >= 64
+  uint32_t segment_size = 0;  ///< bytes per receive buffer, a multiple of 64
+
+  /// True when the sizes are within the bounds this transport accepts.
+  bool valid() const;
+  size_t cells_offset() const { return sizeof(control_block); }
+  size_t acks_offset() const { return cells_offset() + size_t{fifo_size} * cell_size; }
+  size_t buffers_offset() const;
+  size_t total_size() const { return buffers_offset() + size_t{fifo_size} * segment_size; }
+  /// Largest am_short: a cell minus its header.
+  size_t max_short() const { return cell_size - cell_header_size; }
+};
+
+/// Interface address: how a peer finds and verifies our segment.
+struct [[gnu::packed]] iface_addr {
+  uint8_t version = segment_version;
+  uint8_t reserved[3] = {};
+  int32_t pid = 0;            ///< owner process
+  int32_t fd = -1;            ///< the segment's memfd in the owner
+  uint32_t fifo_size = 0;
+  uint32_t cell_size = 0;
+  uint32_t segment_size = 0;
+  uint64_t iface_id = 0;      ///< also stored in the segment, checked after mapping
+
+  geometry geo() const { return {fifo_size, cell_size, segment_size}; }
+  std::vector<uint8_t> pack() const;
+  /// Validates and unpacks; nothing when the bytes are not an address of this version.
+  static std::optional<iface_addr> unpack(const std::vector<uint8_t>& bytes);
+};
+
+/// Device address: the host boot and namespaces (see base/host_identity.hpp).
+std::vector<uint8_t> pack_device_address();
+/// True when `bytes` is the device address of a process that shares our host and namespaces.
+bool same_device(const std::vector<uint8_t>& bytes);
+
+/// The abstract unix socket name a receiver listens on for wakeups.
+socklen_t wakeup_socket_address(int32_t pid, uint64_t iface_id, sockaddr_un* out);
+
+/// A mapped segment: our own receive segment, or a peer's.
+class segment {
+public:
+  segment() = default;
+  ~segment();
+  segment(segment&& other) noexcept;
+  segment& operator=(segment&& other) noexcept;
+  segment(const segment&) = delete;
+  segment& operator=(const segment&) = delete;
+
+  /// Creates a sealed memfd of `geo`'s size, maps it and writes the control block. On success
+  /// `*fd` is the memfd, which the owner keeps open for as long as peers may attach.
+  static status create(const geometry& geo, uint64_t iface_id, segment* out, int* fd);
+
+  /// Maps the segment at `address` through /proc/<pid>/fd/<fd> and verifies its identity.
+  static status attach(const iface_addr& address, segment* out);
+
+  bool mapped() const { return base_ != nullptr; }
+  const geometry& geo() const { return geo_; }
+  control_block& control() const { return *reinterpret_cast<control_block*>(base_); }
+
+  /// The cell of FIFO position `index` (any index; reduced modulo fifo_size).
+  cell_header* cell(uint64_t index) const {
+    return reinterpret_cast<cell_header*>(cells_ + ((index & mask_) << cell_shift_));
+  }
+  /// Inline data of a cell.
+  static uint8_t* cell_data(cell_header* cell) {
+    return reinterpret_cast<uint8_t*>(cell) + cell_header_size;
+  }
+  /// The ack word of FIFO position `index`.
+  uint64_t* ack(uint64_t index) const { return acks_ + (index & mask_); }
+  /// The receive buffer of FIFO position `index`.
+  uint8_t* buffer(uint64_t index) const { return buffers_ + (index & mask_) * geo_.segment_size; }
+
+private:
+  /// Takes ownership of the mapping at `base` and computes where its parts start.
+  void adopt(uint8_t* base, const geometry& geo);
+  void unmap();
+
+  uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+  geometry geo_;
+  uint8_t* cells_ = nullptr;
+  uint64_t* acks_ = nullptr;
+  uint8_t* buffers_ = nullptr;
+  uint64_t mask_ = 0;
+  unsigned cell_shift_ = 0;
+};
+
+/// std::atomic_ref over a word of shared memory.
+inline std::atomic_ref<uint64_t> shared_word(uint64_t& word) { return std::atomic_ref<uint64_t>(word); }
+
+}  // namespace comm::tl::shm
