@@ -15,18 +15,20 @@ size_t round_bucket_count(size_t n) noexcept {
   return std::bit_ceil(n == 0 ? 1 : (n > max ? max : n));
 }
 
-/// Mixes all 64 bits of a tag into bits 32..63 of the result: the high half is folded onto the
-/// low half (tags often differ only in a source/context field up there), then a multiply by an
-/// odd constant (2^64 / golden ratio) spreads every low bit upwards.
-uint64_t hash_tag(tag_t tag) noexcept {
-  return ((tag ^ (tag >> 32)) * 0x9e3779b97f4a7c15ull) >> 32;
-}
-
 /// @returns the first receive in a bucket list waiting for exactly `tag`, or null.
 tag_expected* find_exact(tag_expected* e, tag_t tag) noexcept {
   while (e != nullptr && e->tag != tag)
     e = e->hook.next;
   return e;
+}
+
+/// @returns the first wildcard receive from `w` on that accepts `tag` and was posted before
+/// `sn_limit`, or null. The wildcard list is in posting order, so the scan stops at the limit.
+tag_expected* find_wildcard(tag_expected* w, tag_t tag, uint64_t sn_limit) noexcept {
+  for (; w != nullptr && w->sn < sn_limit; w = w->hook.next)
+    if (w->accepts(tag))
+      return w;
+  return nullptr;
 }
 
 /// @returns the first message in a bucket list tagged exactly `tag`, or null.
@@ -52,14 +54,6 @@ tag_matcher::tag_matcher(size_t bucket_count)
 
 tag_matcher::~tag_matcher() = default;
 
-tag_matcher::bucket& tag_matcher::bucket_of(tag_t tag) const noexcept {
-  return buckets_[hash_tag(tag) & bucket_mask_];
-}
-
-tag_matcher::expected_list& tag_matcher::list_of(const tag_expected* e) noexcept {
-  return e->mask == tag_mask_full ? bucket_of(e->tag).expected : wildcards_;
-}
-
 // -- expected ------------------------------------------------------------------------------------
 
 void tag_matcher::post_expected(tag_expected* e) noexcept {
@@ -69,19 +63,11 @@ void tag_matcher::post_expected(tag_expected* e) noexcept {
   ++expected_count_;
 }
 
-tag_expected* tag_matcher::find_wildcard(tag_t tag, uint64_t sn_limit) const noexcept {
-  // The wildcard list is in posting order: stop once entries are younger than the limit.
-  for (tag_expected* w = wildcards_.first; w != nullptr && w->sn < sn_limit; w = w->hook.next)
-    if (w->accepts(tag))
-      return w;
-  return nullptr;
-}
-
 tag_expected* tag_matcher::match_expected(tag_t tag) noexcept {
   tag_expected* e = find_exact(bucket_of(tag).expected.first, tag);
   if (!wildcards_.empty()) {
     uint64_t limit = e != nullptr ? e->sn : std::numeric_limits<uint64_t>::max();
-    if (tag_expected* w = find_wildcard(tag, limit))
+    if (tag_expected* w = find_wildcard(wildcards_.first, tag, limit))
       e = w;
   }
   if (e != nullptr)
@@ -94,12 +80,6 @@ bool tag_matcher::remove_expected(tag_expected* e) noexcept {
     return false;
   unlink(e);
   return true;
-}
-
-void tag_matcher::unlink(tag_expected* e) noexcept {
-  list_of(e).erase(e);
-  e->sn = 0;
-  --expected_count_;
 }
 
 // -- unexpected ----------------------------------------------------------------------------------
@@ -125,13 +105,6 @@ bool tag_matcher::remove_unexpected(tag_unexpected* u) noexcept {
     return false;
   unlink(u);
   return true;
-}
-
-void tag_matcher::unlink(tag_unexpected* u) noexcept {
-  bucket_of(u->tag).unexpected.erase(u);
-  arrivals_.erase(u);
-  u->sn = 0;
-  --unexpected_count_;
 }
 
 }  // namespace comm::detail

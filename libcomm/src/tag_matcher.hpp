@@ -177,16 +177,38 @@ private:
     bucket_list unexpected;
   };
 
+  // The helpers below are defined here, hence inline: with -fPIC, out-of-line members could be
+  // interposed and the compiler would not inline them into the operations.
+
+  /// Mixes all 64 bits of a tag into bits 32..63 of the result: the high half is folded onto the
+  /// low half (tags often differ only in a source/context field up there), then a multiply by an
+  /// odd constant (2^64 / golden ratio) carries every low bit upwards.
+  static uint64_t hash_tag(tag_t tag) noexcept {
+    return ((tag ^ (tag >> 32)) * 0x9e3779b97f4a7c15ull) >> 32;
+  }
+
   /// @returns the bucket of an exact tag.
-  bucket& bucket_of(tag_t tag) const noexcept;
+  bucket& bucket_of(tag_t tag) const noexcept { return buckets_[hash_tag(tag) & bucket_mask_]; }
+
   /// @returns the list that holds (or would hold) the posted receive `e`.
-  expected_list& list_of(const tag_expected* e) noexcept;
-  /// @returns the earliest posted wildcard receive accepting `tag` posted before `sn_limit`.
-  tag_expected* find_wildcard(tag_t tag, uint64_t sn_limit) const noexcept;
+  expected_list& list_of(const tag_expected* e) noexcept {
+    return e->mask == tag_mask_full ? bucket_of(e->tag).expected : wildcards_;
+  }
+
   /// Unlinks the queued receive `e` and marks it not queued.
-  void unlink(tag_expected* e) noexcept;
+  void unlink(tag_expected* e) noexcept {
+    list_of(e).erase(e);
+    e->sn = 0;
+    --expected_count_;
+  }
+
   /// Unlinks the queued message `u` from both lists and marks it not queued.
-  void unlink(tag_unexpected* u) noexcept;
+  void unlink(tag_unexpected* u) noexcept {
+    bucket_of(u->tag).unexpected.erase(u);
+    arrivals_.erase(u);
+    u->sn = 0;
+    --unexpected_count_;
+  }
 
   /// Calls `f` on each element of `list`, reading the next link before the call.
   template <class List, class F>
