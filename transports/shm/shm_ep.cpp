@@ -102,8 +102,8 @@ status shm_ep::am_short(am_id id, const void* header, size_t header_length, cons
   if (claim(&index, &wake) != status::ok) return status::no_resource;
   cell_header* cell = peer_.cell(index);
   uint8_t* data = segment::cell_data(cell);
-  std::memcpy(data, header, header_length);
-  std::memcpy(data + header_length, payload, payload_length);
+  if (header_length != 0) std::memcpy(data, header, header_length);
+  if (payload_length != 0) std::memcpy(data + header_length, payload, payload_length);
   publish(cell, index, {id, cell_inline, 0, static_cast<uint32_t>(length)}, wake);
   return status::ok;
 }
@@ -169,7 +169,7 @@ status shm_ep::am_zcopy(am_id id, const void* header, size_t header_length, cons
   descriptor.setCompletionSeq(index + 1);
   uint8_t* buffer = peer_.buffer(index);
   std::memcpy(buffer, segments[0].begin(), desc_bytes);
-  std::memcpy(buffer + desc_bytes, header, header_length);
+  if (header_length != 0) std::memcpy(buffer + desc_bytes, header, header_length);
   zring_[zhead_ & zmask_] = {index, comp};
   ++zhead_;
   publish(peer_.cell(index), index,
