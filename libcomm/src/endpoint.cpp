@@ -20,7 +20,12 @@ status resume_from_transport(tl::pending_req* self) {
   endpoint_impl* ep = static_cast<endpoint_impl::resume_entry*>(self)->ep;
   ep->tl_pending_queued = false;
   if (ep->state == endpoint_impl::phase::failed) return status::ok;
-  return ep->dispatch_pending() ? status::ok : status::in_progress;
+  if (ep->dispatch_pending()) return status::ok;
+  // Still blocked: stay at the head of the transport's queue (no_resource), unless a completion
+  // callback run by dispatch_pending already parked us again (in_progress).
+  if (ep->tl_pending_queued) return status::in_progress;
+  ep->tl_pending_queued = true;
+  return status::no_resource;
 }
 
 }  // namespace
