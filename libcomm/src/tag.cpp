@@ -203,7 +203,8 @@ op endpoint::tag_send(tag_t tag, const void* buffer, size_t length, const reques
   constexpr size_t header = wire::header_size<wire::schema::TagEager>();
   if (ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
       !(params.flags & slow_flags) && params.pack == nullptr &&
-      header + length <= ep.short_limit) {
+      header + length <= ep.short_limit &&
+      (length < w.zcopy_thresh || !(ep.lane_attr->caps & tl::cap_am_zcopy))) {
     auto& h = w.hdr_tag.fields();
     h.setDstEp(ep.remote_id);
     h.setTag(tag);
