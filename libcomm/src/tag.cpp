@@ -186,7 +186,20 @@ void worker_impl::finish_tag_fragments(endpoint_impl* ep) {
     finish_recv(req);
   } else if (msg != nullptr) {
     msg->received = total;
-    matcher.add_unexpected(msg);
+    // A receive posted while the fragments arrived was not matched against this message (it was
+    // not in the unexpected queue yet): it takes the message now, ahead of later arrivals.
+    if (tag_expected* e = matcher.match_expected(msg->tag)) {
+      request* late = request_of(e);
+      late->matched = true;
+      late->info.sender_tag = msg->tag;
+      late->info.imm = msg->imm;
+      copy_to_recv(late, 0, msg->data, msg->length);
+      late->received = msg->length;
+      free_unexpected(msg);
+      finish_recv(late);
+    } else {
+      matcher.add_unexpected(msg);
+    }
   }
 }
 
