@@ -202,8 +202,11 @@ status send_fragment(request* req) {
   tl::am_id id;
 
   if (req->proto == request::protocol::zcopy) {
-    const size_t room = a.max_zcopy;
-    const bool whole = first && remaining <= room;
+    tl::iov entries[16];
+    size_t chunk = std::min(remaining, a.max_zcopy);
+    const size_t count = slice(req, req->offset, &chunk, entries, std::min<size_t>(16, a.max_iov));
+    // What one zcopy cannot take (too long, or more entries than max_iov) goes in fragments.
+    const bool whole = first && chunk == remaining;
     if (first && !whole && req->msg_id == 0) req->msg_id = ep.next_msg_id++;
     size_t header_length = encode_header(req, first, whole, header, &id);
     std::vector<uint8_t> joined;
@@ -214,10 +217,6 @@ status send_fragment(request* req) {
       header_bytes = joined.data();
       header_length = joined.size();
     }
-    tl::iov entries[16];
-    size_t chunk = std::min(remaining, room);
-    const size_t count = slice(req, req->offset, &chunk, entries, std::min<size_t>(16, a.max_iov));
-    if (chunk < remaining && whole) return status::invalid_param;  // too many iov entries
     if (req->zcopy_done.count == 0) {
       req->zcopy_done = tl::completion{on_zcopy_done, 1, status::ok};
     }
