@@ -103,7 +103,10 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
 
 worker_impl::~worker_impl() noexcept {
   for (endpoint_impl* ep : ep_table) {
-    if (ep != nullptr) ep->fail(status::canceled);
+    if (ep == nullptr) continue;
+    // Best effort: tell the peer at once rather than leaving it to notice our exit.
+    if (ep->state == endpoint_impl::phase::connected) (void)send_close_notice(ep);
+    ep->fail(status::canceled);
   }
   std::vector<tag_expected*> posted;
   matcher.for_each_expected([&](tag_expected* e) { posted.push_back(e); });

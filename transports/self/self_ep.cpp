@@ -26,6 +26,7 @@ status self_ep::reserve(size_t* index) {
   if (mb.count == mb.capacity) return status::no_resource;
   *index = (mb.tail + mb.count) % mb.capacity;
   ++mb.count;
+  mb.note_activity();
   return status::ok;
 }
 

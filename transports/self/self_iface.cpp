@@ -120,6 +120,7 @@ void mailbox::hand_back(returned_completion done) {
     std::lock_guard lock(mutex);
     if (closed) return;
     returned.push_back(std::move(done));
+    note_activity();
     wake_owner = take_armed();
   }
   if (wake_owner) wake();
@@ -231,6 +232,7 @@ unsigned self_iface::deliver() {
       mb.slots[index].ready = false;
       mb.tail = (mb.tail + 1) % mb.capacity;
       --mb.count;
+      mb.note_activity();
     }
     if (origin) {
       // A zcopy: the sender completes it on its own progress.
@@ -247,6 +249,7 @@ unsigned self_iface::complete_returned() {
     std::lock_guard lock(mailbox_->mutex);
     if (mailbox_->returned.empty()) return 0;
     returned_scratch_.swap(mailbox_->returned);
+    mailbox_->note_activity();
   }
   unsigned done = 0;
   for (returned_completion& r : returned_scratch_) {
@@ -299,6 +302,7 @@ unsigned self_iface::dispatch_pending() {
 }
 
 unsigned self_iface::progress() {
+  if (mailbox_->activity.load(std::memory_order_acquire) == 0 && pending_eps_.empty()) return 0;
   unsigned events = deliver();
   events += complete_returned();
   if (!pending_eps_.empty()) events += dispatch_pending();

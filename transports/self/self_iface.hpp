@@ -12,6 +12,7 @@
 
 #include <comm/transport/transport.hpp>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -79,6 +80,13 @@ struct mailbox {
   std::vector<returned_completion> returned;
   bool armed = false;         ///< the owner sleeps on event_fd
   bool closed = false;        ///< the owner interface is gone
+
+  /// count + returned.size(), readable without the lock so an idle progress takes no lock.
+  std::atomic<size_t> activity{0};
+  /// Refreshes `activity`; call with `mutex` held after changing count or returned.
+  void note_activity() {
+    activity.store(count + returned.size(), std::memory_order_release);
+  }
 };
 
 /// State of an endpoint that outlives it while its zcopy operations are in flight. Touched only
