@@ -138,6 +138,9 @@ median() {
           else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+# Formats the number on stdin with printf format $1; NA stays NA.
+tidy() { awk -v f="$1" '{ if ($1 == "NA") print "NA"; else printf f "\n", $1 }'; }
+
 dat="$out/compare_ucx.dat"
 {
   echo "# libcomm comm_perftest vs UCX ucx_perftest, shm, cores 0/1, median of $rounds round(s)"
@@ -158,12 +161,13 @@ for spec in "${tests[@]}"; do
     done
     echo "  $test $size round $r/$rounds: ucx ${ucx_vals[-1]}  comm ${our_vals[-1]}" >&2
   done
-  u=$(median "${ucx_vals[@]}")
-  o=$(median "${our_vals[@]}")
   case $test in
-    *lat) unit="usec"; better="lower is better" ;;
-    *) if ((size <= 8)); then unit="msg/s"; else unit="MB/s"; fi; better="higher is better" ;;
+    *lat) unit="usec"; fmt="%.3f"; better="lower is better" ;;
+    *) if ((size <= 8)); then unit="msg/s"; fmt="%.0f"; else unit="MB/s"; fmt="%.1f"; fi
+       better="higher is better" ;;
   esac
+  u=$(median "${ucx_vals[@]}" | tidy "$fmt")
+  o=$(median "${our_vals[@]}" | tidy "$fmt")
   ratio=$(awk -v u="$u" -v o="$o" 'BEGIN { if (u == "NA" || o == "NA" || u == 0) print "NA";
                                             else printf "%.2f", o / u }')
   echo "$test $size $unit $u $o $ratio" >>"$dat"

@@ -10,6 +10,7 @@
 #include <comm/context.hpp>
 #include <comm/worker.hpp>
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -374,8 +375,26 @@ void run(node& n, bool client) {
   n.ctx.reset();
 }
 
+/// Pins this process to the `index`-th core it may run on, when there are at least two, so the
+/// two processes spin on different cores. Returns the core, or -1.
+int pin_to_nth_core(int index) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return -1;
+  int seen = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || seen++ != index) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof one, &one) == 0 ? cpu : -1;
+  }
+  return -1;
+}
+
 /// Runs one role and returns its exit status.
 int run_role(const char* role, int sock, bool client) {
+  int core = pin_to_nth_core(client ? 1 : 0);
+  if (core >= 0) say(role, "pid %d pinned to core %d", static_cast<int>(::getpid()), core);
   node n;
   n.role = role;
   n.sock = sock;
