@@ -15,6 +15,9 @@ namespace {
 /// Largest encoded protocol header of any data message.
 constexpr size_t max_proto_header = 64;
 
+/// Largest AM user header sent eager short (it is joined to the protocol header on the stack).
+constexpr size_t max_short_user_header = 1024;
+
 /// Copies bytes [offset, offset + length) of a send's data into `dest`.
 void gather(const request* req, size_t offset, uint8_t* dest, size_t length) {
   if (length == 0) return;
@@ -183,7 +186,7 @@ void choose_protocol(request* req) {
   }
   const size_t short_limit = req->ep->short_limit;
   if (!(flags & (request_force_bcopy | request_force_zcopy)) &&
-      req->params.pack == nullptr && req->iov.size() <= 1 &&
+      req->params.pack == nullptr && req->iov.size() <= 1 && user <= max_short_user_header &&
       whole_header_size(req) + user + req->length <= short_limit) {
     req->proto = request::protocol::short_;
     return;
@@ -240,7 +243,7 @@ status send_fragment(request* req) {
       status st = ep.lane->am_short(id, header, header_length, data, chunk);
       if (st != status::ok) return st;
     } else {
-      alignas(8) uint8_t joined[max_proto_header + 1024];
+      alignas(8) uint8_t joined[max_proto_header + max_short_user_header];
       if (header_length + user > sizeof(joined)) return status::invalid_param;
       std::memcpy(joined, header, header_length);
       std::memcpy(joined + header_length, req->control.data(), user);
