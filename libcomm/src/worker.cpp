@@ -321,16 +321,25 @@ op worker::flush(const request_params& params) {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   std::vector<request*> parts;
+  status first_error = status::ok;
   for (detail::endpoint_impl* ep : w.ep_table) {
     if (ep == nullptr || ep->state == detail::endpoint_impl::phase::failed) continue;
     request_params part;
     part.flags = request_no_immediate_completion;
     op o = ep->flush(part);
-    if (o.pending()) parts.push_back(o.req);
+    if (!o.pending()) continue;
+    if (o.req->finished) {
+      // Completed in the call, before we could install our callback: account for it now.
+      if (is_error(o.req->st) && first_error == status::ok) first_error = o.req->st;
+      w.free_request(o.req);
+      continue;
+    }
+    parts.push_back(o.req);
   }
-  if (parts.empty()) return w.immediate(params, status::ok);
+  if (parts.empty()) return w.immediate(params, first_error);
   request* req = w.alloc_request(request::kind::flush, params);
-  auto* state = new worker_flush_state{&w, req, static_cast<int>(parts.size())};
+  auto* state =
+      new worker_flush_state{&w, req, static_cast<int>(parts.size()), first_error};
   for (request* part : parts) {
     part->params.send_cb = worker_flush_part_done;
     part->params.user_data = state;
