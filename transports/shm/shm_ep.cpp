@@ -170,6 +170,8 @@ status shm_ep::am_zcopy(am_id id, const void* header, size_t header_length, cons
   uint8_t* buffer = peer_.buffer(index);
   std::memcpy(buffer, segments[0].begin(), desc_bytes);
   if (header_length != 0) std::memcpy(buffer + desc_bytes, header, header_length);
+  shared_word(*reinterpret_cast<uint64_t*>(segment::cell_data(peer_.cell(index))))
+      .store(owner_.id(), std::memory_order_relaxed);  // where the receiver sends a wakeup
   zring_[zhead_ & zmask_] = {index, comp};
   ++zhead_;
   publish(peer_.cell(index), index,
@@ -214,17 +216,13 @@ void shm_ep::complete_flushes(status result) {
 
 unsigned shm_ep::progress() {
   unsigned events = 0;
-  constexpr uint64_t index_mask = ~uint64_t{0} >> ack_shift;
   while (ztail_ != zhead_) {
     const zcopy_slot& slot = zring_[ztail_ & zmask_];
     const uint64_t ack = shared_word(*peer_.ack(slot.index)).load(std::memory_order_acquire);
-    const uint64_t acked = ack >> ack_shift;  // index + 1 of the latest zcopy acked in this cell
-    const uint64_t wanted = (slot.index + 1) & index_mask;
-    if (static_cast<int64_t>((acked - wanted) << ack_shift) < 0) break;
+    if (!ack_covers(ack, slot.index)) break;
     // A later round of the cell may already have overwritten our ack: then we were fine.
-    const status result = acked == wanted
-                              ? static_cast<status>(-static_cast<int>(ack & 0xffff))
-                              : status::ok;
+    const bool ours = ack >> ack_shift == ((slot.index + 1) & (~uint64_t{0} >> ack_shift));
+    const status result = ours ? ack_status(ack) : status::ok;
     completion* comp = slot.comp;
     ++ztail_;
     ++events;
@@ -233,6 +231,22 @@ unsigned shm_ep::progress() {
   if (!flushes_.empty()) complete_flushes(status::ok);
   if (!pending_.empty() && !failed_ && fifo_may_have_room()) events += pending_.dispatch();
   return events;
+}
+
+status shm_ep::arm() {
+  if (!pending_.empty()) return status::busy;  // room in the FIFO comes without a wakeup
+  if (failed_ || ztail_ == zhead_) return status::ok;
+  const uint64_t index = zring_[ztail_ & zmask_].index;
+  auto word = shared_word(*peer_.ack(index));
+  uint64_t ack = word.load(std::memory_order_acquire);
+  for (;;) {
+    if (ack_covers(ack, index)) return status::busy;
+    if ((ack & ack_wake) != 0) return status::ok;
+    if (word.compare_exchange_weak(ack, ack | ack_wake, std::memory_order_acq_rel,
+                                   std::memory_order_acquire)) {
+      return status::ok;
+    }
+  }
 }
 
 void shm_ep::fail(status reason) {

@@ -41,6 +41,10 @@ public:
   /// True while zcopy operations are in flight or requests are parked.
   bool has_work() const { return ztail_ != zhead_ || !pending_.empty(); }
 
+  /// Prepares for the interface's sleep: asks the receiver to wake us when the oldest zcopy is
+  /// acked. Returns busy when progress() has something to do now (an ack, parked requests).
+  status arm();
+
   /// Marks the endpoint failed: outstanding zcopy and flush completions finish with `reason`,
   /// later sends return connection_reset. Parked requests stay for pending_purge.
   void fail(status reason);

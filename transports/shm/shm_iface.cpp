@@ -160,10 +160,7 @@ void shm_iface::deliver(uint64_t index, cell_header* cell) {
   // One load of the metadata: a sender changing it meanwhile cannot get past the checks.
   const cell_meta meta = cell_meta::unpack(shared_word(cell->meta).load(std::memory_order_relaxed));
   if (meta.am_id >= am_id_count) [[unlikely]] {
-    if (meta.kind == cell_zcopy) {
-      shared_word(*segment_.ack(index)).store(make_ack(index, status::protocol_error),
-                                              std::memory_order_release);
-    }
+    if (meta.kind == cell_zcopy) acknowledge(index, cell, status::protocol_error, 0);
     return malformed(index, "am id out of range");
   }
   void* data;
@@ -181,8 +178,9 @@ void shm_iface::deliver(uint64_t index, cell_header* cell) {
       data = segment_.buffer(index);
       break;
     case cell_zcopy: {
-      const status result = receive_zcopy(index, meta);
-      shared_word(*segment_.ack(index)).store(make_ack(index, result), std::memory_order_release);
+      int32_t sender = 0;
+      const status result = receive_zcopy(index, meta, &sender);
+      acknowledge(index, cell, result, sender);
       return;
     }
     case cell_skip:
@@ -200,7 +198,21 @@ void shm_iface::deliver(uint64_t index, cell_header* cell) {
   ++received_;
 }
 
-status shm_iface::receive_zcopy(uint64_t index, cell_meta meta) {
+void shm_iface::acknowledge(uint64_t index, cell_header* cell, status result, int32_t sender) {
+  const uint64_t before =
+      shared_word(*segment_.ack(index)).exchange(make_ack(index, result), std::memory_order_acq_rel);
+  if ((before & ack_wake) == 0 || sender <= 0) return;
+  // The sender sleeps until this ack: wake it.
+  const uint64_t sender_id = shared_word(*reinterpret_cast<uint64_t*>(segment::cell_data(cell)))
+                                 .load(std::memory_order_relaxed);
+  sockaddr_un address;
+  const socklen_t length = wakeup_socket_address(sender, sender_id, &address);
+  const char byte = 0;
+  (void)::sendto(wakeup_tx_fd_, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+                 reinterpret_cast<const sockaddr*>(&address), length);
+}
+
+status shm_iface::receive_zcopy(uint64_t index, cell_meta meta, int32_t* sender_pid) {
   const size_t desc_bytes = size_t{meta.desc_words} * sizeof(capnp::word);
   if (meta.desc_words == 0 || meta.desc_words > zcopy_max_desc_words ||
       desc_bytes > meta.length || meta.length > segment_.geo().segment_size) {
@@ -251,6 +263,7 @@ status shm_iface::receive_zcopy(uint64_t index, cell_meta meta) {
     malformed(index, problem);
     return status::protocol_error;
   }
+  *sender_pid = sender;
 
   auto* target = reinterpret_cast<uint8_t*>(zcopy_buffer_.get());
   std::memcpy(target, buffer + desc_bytes, header_length);
@@ -377,8 +390,10 @@ unsigned shm_iface::report_failures() {
 // -- blocking progress ----------------------------------------------------------------------------
 
 status shm_iface::event_arm() {
-  // Zcopy acks and room for parked requests come without a wakeup: keep polling.
-  if (!work_.empty() || !failed_.empty()) return status::busy;
+  if (!failed_.empty()) return status::busy;
+  for (shm_ep* ep : work_) {
+    if (ep != nullptr && ep->arm() != status::ok) return status::busy;
+  }
   check_peers();
   if (!failed_.empty()) return status::busy;
   auto head = shared_word(segment_.control().head);

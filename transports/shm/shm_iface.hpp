@@ -7,7 +7,9 @@
 //             the payload from the sender with process_vm_readv into a private buffer, calls the
 //             handler, then sets the cell's ack word, which the sender's progress() sees.
 // Blocking progress: the event fd is an epoll fd with an abstract-namespace datagram socket (woken
-// by the sender that clears head_armed) and a pidfd of every peer (so a dead peer wakes us too).
+// by the sender that clears head_armed, and by a receiver acking a zcopy whose ack word we marked
+// with ack_wake) and a pidfd of every peer (so a dead peer wakes us too). Parked requests keep
+// event_arm() busy: room in a peer's FIFO comes without a wakeup.
 // Peer failure: pidfds and the peer segment's `closed` flag, checked every few milliseconds.
 #pragma once
 
@@ -56,6 +58,9 @@ public:
   /// The unbound datagram socket endpoints send wakeups through.
   int wakeup_sender_fd() const { return wakeup_tx_fd_; }
 
+  /// The random id of this interface (also in its segment and wakeup socket name).
+  uint64_t id() const { return iface_id_; }
+
   /// Puts `ep` on the list of endpoints whose zcopy completions and parked requests progress()
   /// advances.
   void schedule(shm_ep* ep);
@@ -71,7 +76,8 @@ private:
 
   unsigned receive();
   void deliver(uint64_t index, cell_header* cell);
-  status receive_zcopy(uint64_t index, cell_meta meta);
+  status receive_zcopy(uint64_t index, cell_meta meta, int32_t* sender);
+  void acknowledge(uint64_t index, cell_header* cell, status result, int32_t sender);
   void malformed(uint64_t index, const char* why);
   void publish_tail();
   unsigned progress_eps();

@@ -41,7 +41,8 @@ inline constexpr uint64_t head_armed = 1ull << 63;
 enum cell_kind : uint8_t {
   cell_inline = 1,  ///< am_short: the message follows the cell header
   cell_bcopy = 2,   ///< am_bcopy: the message is in the cell's receive buffer
-  cell_zcopy = 3,   ///< am_zcopy: descriptor + protocol header in the buffer, payload in the sender
+  cell_zcopy = 3,   ///< am_zcopy: descriptor + protocol header in the buffer, payload in the
+                    ///< sender; inline: the sender's iface id (where to send a wakeup)
   cell_skip = 4,    ///< nothing to deliver (a sender's failed bcopy); the receiver skips it
 };
 
@@ -93,10 +94,28 @@ inline constexpr size_t zcopy_max_payload = 256 * 1024;
 /// Bound on a descriptor's size in words (one with zcopy_max_iov entries takes 39).
 inline constexpr size_t zcopy_max_desc_words = 64;
 
-/// An ack word: (index + 1) << ack_shift | code, where code is the negated status (0 = ok).
+/// An ack word: (index + 1) << ack_shift | ack_wake | code, where code is the negated status of
+/// the zcopy at `index` (0 = ok). A sender that sleeps until its oldest zcopy is acked sets ack_wake
+/// with a CAS; the receiver acks with an exchange and wakes the sender if it finds the bit.
 inline constexpr unsigned ack_shift = 16;
+inline constexpr uint64_t ack_wake = 1u << 15;
+inline constexpr uint64_t ack_code_mask = ack_wake - 1;
+
 inline uint64_t make_ack(uint64_t index, status result) {
-  return (index + 1) << ack_shift | static_cast<uint16_t>(-static_cast<int>(result));
+  return (index + 1) << ack_shift | (static_cast<uint64_t>(-static_cast<int>(result)) & ack_code_mask);
+}
+
+/// True when `ack` acknowledges the zcopy at `index`, or a later round of its cell (which cannot
+/// be claimed before `index` was consumed).
+inline bool ack_covers(uint64_t ack, uint64_t index) {
+  const uint64_t acked = ack >> ack_shift;
+  const uint64_t wanted = (index + 1) & (~uint64_t{0} >> ack_shift);
+  return static_cast<int64_t>((acked - wanted) << ack_shift) >= 0;  // modulo 2^48
+}
+
+/// The status an ack carries.
+inline status ack_status(uint64_t ack) {
+  return static_cast<status>(-static_cast<int>(ack & ack_code_mask));
 }
 
 /// Sizes of a segment and where its parts start.
