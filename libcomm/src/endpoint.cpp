@@ -71,6 +71,17 @@ void endpoint_impl::push_outstanding(request* req) {
   outstanding_tail = req;
 }
 
+void endpoint_impl::remove_outstanding(request* req) {
+  request* prev = nullptr;
+  for (request* r = outstanding_head; r != nullptr; prev = r, r = r->next_outstanding) {
+    if (r != req) continue;
+    (prev != nullptr ? prev->next_outstanding : outstanding_head) = r->next_outstanding;
+    if (outstanding_tail == r) outstanding_tail = prev;
+    r->next_outstanding = nullptr;
+    return;
+  }
+}
+
 void endpoint_impl::complete_in_order() {
   while (outstanding_head != nullptr && outstanding_head->st != status::in_progress) {
     request* req = outstanding_head;

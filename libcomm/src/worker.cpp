@@ -486,6 +486,18 @@ status worker::cancel(request* req, cancel_mode mode) {
     if (*link == nullptr) return status::busy;
     *link = req->next_pending;
     if (ep->pending_tail == req) ep->pending_tail = prev;
+    // The send also sits in the endpoint's ordered completion queue: forced, it leaves it;
+    // reported, it completes from there, after the sends issued before it.
+    if (mode == cancel_mode::force) {
+      ep->remove_outstanding(req);
+      req->finished = true;
+      req->st = status::canceled;
+      w.free_request(req);
+    } else {
+      req->st = status::canceled;
+    }
+    ep->complete_in_order();
+    return status::ok;
   } else {
     return status::unsupported;
   }

@@ -106,6 +106,8 @@ public:
   void push_pending(request* req);
   /// Appends `req` to the ordered completion queue.
   void push_outstanding(request* req);
+  /// Unlinks `req` from the ordered completion queue (a send canceled by force).
+  void remove_outstanding(request* req);
   /// Completes finished requests at the head of the completion queue, in order.
   void complete_in_order();
   /// Retries pending requests until one cannot proceed; true if the queue drained.
