@@ -1,0 +1,344 @@
+// Shared fixture of the protocol-layer suites: two workers of one context restricted to a single
+// transport, connected both ways, plus bounded progress loops, completion trackers and data
+// patterns. Every protocol test runs once per transport that has devices here (see
+// transports_under_test), so adding a transport adds it to every suite.
+#pragma once
+
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/data/test_case.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include <comm/context.hpp>
+#include <comm/transport/transport.hpp>
+#include <comm/worker.hpp>
+
+#include "worker_impl.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace comm::test {
+
+// -- transports ----------------------------------------------------------------------------------
+
+/// Transports the protocol suites run over: every built-in transport with at least one device
+/// here, or the comma-separated list in COMM_TEST_TLS when set (to focus on one transport).
+inline std::vector<std::string> transports_under_test() {
+  std::vector<std::string> out;
+  if (const char* only = std::getenv("COMM_TEST_TLS"); only != nullptr && *only != '\0') {
+    std::stringstream list(only);
+    for (std::string name; std::getline(list, name, ',');) {
+      if (!name.empty()) out.push_back(name);
+    }
+    return out;
+  }
+  for (tl::component* c : tl::all_components()) {
+    if (!c->devices().empty()) out.push_back(std::string(c->name()));
+  }
+  return out;
+}
+
+/// Transports that reach another process (every one under test except self).
+inline std::vector<std::string> interprocess_transports() {
+  std::vector<std::string> out;
+  for (const std::string& name : transports_under_test()) {
+    if (name != "self") out.push_back(name);
+  }
+  return out;
+}
+
+/// True when `name` is built in and has a device here.
+inline bool transport_available(const std::string& name) {
+  for (tl::component* c : tl::all_components()) {
+    if (c->name() == name) return !c->devices().empty();
+  }
+  return false;
+}
+
+/// Dataset for BOOST_DATA_TEST_CASE: one sample per transport under test.
+inline auto each_transport() { return boost::unit_test::data::make(transports_under_test()); }
+
+// -- bounded loops -------------------------------------------------------------------------------
+
+/// Upper bounds of every wait in the suites: generous, only there so a bug fails instead of hangs.
+inline constexpr double default_wait_seconds = 30.0;
+inline constexpr uint64_t max_spins = 200'000'000;
+
+/// Calls `step` until `done()` holds, at most `max_spins` times and `seconds` long; returns
+/// whether `done()` held.
+template <class Step, class Done>
+bool spin_until(Step&& step, Done&& done, double seconds = default_wait_seconds) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(seconds));
+  for (uint64_t spin = 0; spin < max_spins; ++spin) {
+    if (done()) return true;
+    step();
+    if ((spin & 1023) == 1023 && std::chrono::steady_clock::now() > deadline) break;
+  }
+  return done();
+}
+
+// -- completion trackers -------------------------------------------------------------------------
+
+/// Records what a send callback was told. With `order` set, appends `id` to it on completion.
+struct send_tracker {
+  int calls = 0;
+  status st = status::in_progress;
+  int id = 0;
+  std::vector<int>* order = nullptr;
+  /// Called in the callback after recording (e.g. to check the receiver's state).
+  std::function<void(status)> check;
+};
+
+inline void on_send(request*, status st, void* user) {
+  auto* t = static_cast<send_tracker*>(user);
+  ++t->calls;
+  t->st = st;
+  if (t->order != nullptr) t->order->push_back(t->id);
+  if (t->check) t->check(st);
+}
+
+/// Records what a receive callback was told.
+struct recv_tracker {
+  int calls = 0;
+  status st = status::in_progress;
+  tag_recv_info info;
+  int id = 0;
+  std::vector<int>* order = nullptr;
+};
+
+inline void on_recv(request*, status st, const tag_recv_info& info, void* user) {
+  auto* t = static_cast<recv_tracker*>(user);
+  ++t->calls;
+  t->st = st;
+  t->info = info;
+  if (t->order != nullptr) t->order->push_back(t->id);
+}
+
+/// Parameters with the send callback reporting to `t`.
+inline request_params send_params(send_tracker& t, uint32_t flags = 0) {
+  request_params p;
+  p.flags = flags;
+  p.send_cb = on_send;
+  p.user_data = &t;
+  return p;
+}
+
+/// Parameters with the receive callback reporting to `t`.
+inline request_params recv_params(recv_tracker& t, uint32_t flags = 0) {
+  request_params p;
+  p.flags = flags;
+  p.recv_cb = on_recv;
+  p.user_data = &t;
+  return p;
+}
+
+// -- data patterns -------------------------------------------------------------------------------
+
+/// The byte at `index` of pattern `seed`.
+inline uint8_t pattern_byte(size_t index, uint32_t seed) {
+  const uint64_t x = (index + 1) * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+  return static_cast<uint8_t>((x >> 29) ^ (x >> 47) ^ index);
+}
+
+/// `length` bytes of pattern `seed`.
+inline std::vector<uint8_t> pattern(size_t length, uint32_t seed) {
+  std::vector<uint8_t> out(length);
+  for (size_t i = 0; i < length; ++i) out[i] = pattern_byte(i, seed);
+  return out;
+}
+
+/// Index of the first byte of `data` that differs from pattern `seed` at `offset`, or -1.
+inline long first_mismatch(const void* data, size_t length, uint32_t seed, size_t offset = 0) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < length; ++i) {
+    if (p[i] != pattern_byte(offset + i, seed)) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+// -- the two-worker fixture ----------------------------------------------------------------------
+
+/// The configuration the fixture starts from: the environment, restricted to `transport`.
+inline config config_for(const std::string& transport) {
+  config cfg = config::from_environment();
+  cfg.transports = {transport};
+  return cfg;
+}
+
+/// Two workers `a` and `b` on one context restricted to one transport, connected both ways:
+/// `ab` sends from a to b, `ba` from b to a.
+struct worker_pair {
+  /// Creates the context and workers, connects them and progresses until wireup is done.
+  explicit worker_pair(const std::string& transport, std::function<void(config&)> tweak = {},
+                       const worker_params& pa = {}, const worker_params& pb = {}) {
+    cfg = config_for(transport);
+    if (tweak) tweak(cfg);
+    ctx = std::make_unique<context>(cfg);
+    BOOST_REQUIRE_MESSAGE(ctx->components().size() == 1,
+                          "transport " << transport << " is not available here");
+    worker_params wa = pa, wb = pb;
+    if (wa.name.empty()) wa.name = "a";
+    if (wb.name.empty()) wb.name = "b";
+    a = worker::create(*ctx, wa);
+    b = worker::create(*ctx, wb);
+    BOOST_REQUIRE_EQUAL(detail::impl(*a).ifaces.size(), 1u);
+    BOOST_REQUIRE_EQUAL(detail::impl(*b).ifaces.size(), 1u);
+    BOOST_REQUIRE(a->connect(b->address(), &ab) == status::ok);
+    BOOST_REQUIRE(b->connect(a->address(), &ba) == status::ok);
+    BOOST_REQUIRE_MESSAGE(until([&] { return wired(ab) && wired(ba); }), "wireup did not finish");
+    BOOST_REQUIRE_EQUAL(ab->transport(), transport);
+  }
+
+  worker_pair(const worker_pair&) = delete;
+  worker_pair& operator=(const worker_pair&) = delete;
+
+  ~worker_pair() {
+    // Destroy b first: a's endpoints to it see the peer go, as in a real shutdown.
+    b.reset();
+    a.reset();
+  }
+
+  /// True once `ep` finished wireup.
+  static bool wired(endpoint* ep) {
+    return detail::impl(*ep).state == detail::endpoint_impl::phase::connected;
+  }
+
+  /// Progresses both workers once.
+  unsigned progress() { return a->progress() + b->progress(); }
+
+  /// Progresses both workers until `done()` holds (bounded); returns whether it did.
+  template <class Done>
+  bool until(Done&& done, double seconds = default_wait_seconds) {
+    return spin_until([&] { progress(); }, done, seconds);
+  }
+
+  /// Progresses only `w` until `done()` holds (bounded); returns whether it did.
+  template <class Done>
+  static bool until_on(worker& w, Done&& done, double seconds = default_wait_seconds) {
+    return spin_until([&] { w.progress(); }, done, seconds);
+  }
+
+  /// Progresses both workers `rounds` times.
+  void spin(unsigned rounds) {
+    for (unsigned i = 0; i < rounds; ++i) progress();
+  }
+
+  /// Waits for `o` (progressing both workers), releases its request and returns its final status;
+  /// timed_out when it did not finish in time (the request is then left alone).
+  status finish(op o, double seconds = default_wait_seconds) {
+    if (o.req == nullptr) return o.st;
+    worker& owner = *owner_of(o.req);
+    if (!until([&] { return owner.request_status(o.req) != status::in_progress; }, seconds)) {
+      return status::timed_out;
+    }
+    const status st = owner.request_status(o.req);
+    owner.release(o.req);
+    return st;
+  }
+
+  /// The worker whose pool holds `req`.
+  worker* owner_of(const request* req) {
+    return req->owner == &detail::impl(*a) ? a.get() : b.get();
+  }
+
+  /// Limits of the lane of `ab`.
+  const tl::iface_attr& attr() const { return *detail::impl(*ab).lane_attr; }
+
+  /// Largest tagged message that goes eager short from `ab`.
+  size_t max_short_payload() const {
+    const size_t limit = detail::impl(*ab).short_limit;
+    const size_t header = wire::header_size<wire::schema::TagEager>();
+    return limit > header ? limit - header : 0;
+  }
+
+  /// Data bytes of a bcopy fragment (what fits next to the largest protocol header).
+  size_t bcopy_payload() const { return attr().max_bcopy - 64; }
+
+  /// The endpoint of `w` that the peer created for messages arriving on `ep` of the other
+  /// worker (its reply endpoint), or null.
+  static detail::endpoint_impl* receiving_ep(worker& w, endpoint* ep) {
+    const uint32_t remote = detail::impl(*ep).remote_id;
+    for (detail::endpoint_impl* e : detail::impl(w).ep_table) {
+      if (e != nullptr && e->id == remote) return e;
+    }
+    return nullptr;
+  }
+
+  config cfg;
+  std::unique_ptr<context> ctx;
+  std::unique_ptr<worker> a;
+  std::unique_ptr<worker> b;
+  endpoint* ab = nullptr;
+  endpoint* ba = nullptr;
+};
+
+/// Sends `length` bytes of pattern `seed` tagged `tag` from `ab` and receives them on b, posting
+/// the receive before the send (expected) or after it arrived (unexpected). Checks data, tag,
+/// length and status; returns false (after reporting) on any failure.
+inline bool tag_roundtrip(worker_pair& p, size_t length, uint32_t seed, bool expected,
+                          const request_params& extra = {}, tag_t tag = 0x5eed) {
+  const std::vector<uint8_t> data = pattern(length, seed);
+  std::vector<uint8_t> buffer(length + 16, 0xEE);
+  recv_tracker rt;
+  op r{};
+  if (expected) {
+    r = p.b->tag_recv(buffer.data(), length, tag, tag_mask_full, recv_params(rt));
+    BOOST_CHECK(r.pending());
+  }
+  request_params sp = extra;
+  send_tracker st;
+  if (sp.send_cb == nullptr) {
+    sp.send_cb = on_send;
+    sp.user_data = &st;
+  }
+  op s = p.ab->tag_send(tag, data.data(), length, sp);
+  BOOST_CHECK_MESSAGE(!s.failed(), "tag_send of " << length << " failed: " << to_string(s.st));
+  if (s.failed()) {
+    if (r.req) {
+      (void)p.b->cancel(r.req, cancel_mode::force);
+    }
+    return false;
+  }
+  if (!expected) {
+    tag_recv_info info{};
+    const bool arrived = p.until([&] { return p.b->tag_probe(tag, tag_mask_full, &info); });
+    BOOST_CHECK_MESSAGE(arrived, "message of " << length << " never arrived");
+    if (!arrived) return false;
+    BOOST_CHECK_EQUAL(info.length, length);
+    request_params rp = recv_params(rt);
+    r = p.b->tag_recv(buffer.data(), length, tag, tag_mask_full, rp);
+    BOOST_CHECK_MESSAGE(!r.pending() && r.st == status::ok,
+                        "unexpected receive of " << length << ": " << to_string(r.st));
+  } else {
+    const bool got = p.until([&] { return rt.calls > 0; });
+    BOOST_CHECK_MESSAGE(got, "expected receive of " << length << " never completed");
+    if (!got) {
+      (void)p.b->cancel(r.req, cancel_mode::force);
+      return false;
+    }
+    BOOST_CHECK_EQUAL(rt.calls, 1);
+    BOOST_CHECK_MESSAGE(rt.st == status::ok, "receive status " << to_string(rt.st));
+    BOOST_CHECK_EQUAL(rt.info.length, length);
+    BOOST_CHECK_EQUAL(rt.info.sender_tag, tag);
+    p.b->release(r.req);
+  }
+  const status sent = p.finish(s);
+  BOOST_CHECK_MESSAGE(sent == status::ok, "send of " << length << ": " << to_string(sent));
+  const long bad = first_mismatch(buffer.data(), length, seed);
+  BOOST_CHECK_MESSAGE(bad < 0, "size " << length << ": data differs at byte " << bad);
+  bool guard_ok = true;
+  for (size_t i = length; i < buffer.size(); ++i) guard_ok = guard_ok && buffer[i] == 0xEE;
+  BOOST_CHECK_MESSAGE(guard_ok, "size " << length << ": bytes written past the receive buffer");
+  return sent == status::ok && bad < 0 && guard_ok;
+}
+
+}  // namespace comm::test
