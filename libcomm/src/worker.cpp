@@ -454,6 +454,7 @@ op worker::tag_recv_message(message* msg, void* buffer, size_t length,
 
 status worker::request_status(const request* req) const noexcept {
   if (req == nullptr) return status::invalid_param;
+  worker_impl::guard g(const_cast<worker_impl&>(impl(*this)));
   return req->finished ? req->st : status::in_progress;
 }
 
@@ -514,7 +515,8 @@ status worker::cancel(request* req, cancel_mode mode) {
 status worker::wait(op o, int timeout_ms) {
   if (o.req == nullptr) return o.st;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (unsigned spins = 0; !o.req->finished; ++spins) {
+  status st;
+  for (unsigned spins = 0; (st = request_status(o.req)) == status::in_progress; ++spins) {
     progress();
     if (timeout_ms >= 0 && (spins & 255) == 255 && std::chrono::steady_clock::now() > deadline) {
       if (cancel(o.req, cancel_mode::force) == status::ok) return status::timed_out;
@@ -522,7 +524,6 @@ status worker::wait(op o, int timeout_ms) {
       return status::timed_out;
     }
   }
-  status st = o.req->st;
   release(o.req);
   return st;
 }
