@@ -81,6 +81,7 @@ void worker_impl::on_am_single(const uint8_t* data, size_t length) {
   if (!h) return protocol_error(nullptr, "truncated active message header");
   endpoint_impl* ep = find_ep(h->getDstEp());
   if (ep == nullptr) return protocol_error(nullptr, "active message for an unknown endpoint");
+  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
   const size_t payload = length - used;
   const size_t header_length = h->getHeaderLength();
   if (header_length > payload) return protocol_error(ep, "AM user header beyond the message");
@@ -97,6 +98,7 @@ void worker_impl::on_am_first(const uint8_t* data, size_t length) {
   if (!h) return protocol_error(nullptr, "truncated active message header");
   endpoint_impl* ep = find_ep(h->getDstEp());
   if (ep == nullptr) return protocol_error(nullptr, "active message for an unknown endpoint");
+  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
   const size_t payload = length - used;
   const size_t header_length = h->getHeaderLength();
   const uint64_t total = h->getTotalLength();

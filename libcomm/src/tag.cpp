@@ -111,6 +111,7 @@ void worker_impl::on_tag_eager(const uint8_t* data, size_t length, bool with_imm
   }
   endpoint_impl* ep = find_ep(dst);
   if (ep == nullptr) return protocol_error(nullptr, "tagged message for an unknown endpoint");
+  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += length - used;
   deliver_tag(*this, tag, imm, data + used, length - used);
@@ -122,6 +123,7 @@ void worker_impl::on_tag_eager_first(const uint8_t* data, size_t length) {
   if (!h) return protocol_error(nullptr, "truncated first-fragment header");
   endpoint_impl* ep = find_ep(h->getDstEp());
   if (ep == nullptr) return protocol_error(nullptr, "fragment for an unknown endpoint");
+  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
   const uint64_t total = h->getTotalLength();
   const size_t payload = length - used;
   if (ep->rx.active) return protocol_error(ep, "new message before the previous one ended");
@@ -159,6 +161,7 @@ void worker_impl::on_fragment(const uint8_t* data, size_t length, bool is_tag) {
   if (!h) return protocol_error(nullptr, "truncated fragment header");
   endpoint_impl* ep = find_ep(h->getDstEp());
   if (ep == nullptr) return protocol_error(nullptr, "fragment for an unknown endpoint");
+  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
   rx_fragments& rx = ep->rx;
   const size_t payload = length - used;
   if (!rx.active || rx.is_tag != is_tag || rx.msg_id != h->getMsgId() ||
