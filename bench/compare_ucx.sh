@@ -11,7 +11,7 @@ usage() {
   cat <<'EOF'
 Usage: bench/compare_ucx.sh [options]
   -r <rounds>  rounds of every test, alternating UCX and libcomm (default 3)
-  -n <iters>   iterations of every test (default: per test, 50k-1M)
+  -n <iters>   iterations of every test (default: per test, 50k-10M)
   -q           quick: 1 round, a tenth of the default iterations
   -b <dir>     build directory holding bench/comm_perftest (default: build)
   -o <dir>     where the .dat, .png and logs go (default: <build-dir>/compare)
@@ -49,14 +49,15 @@ ours="$build/bench/comm_perftest"
 command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt-get install ucx-utils)" >&2; exit 1; }
 
 # test | size | default iterations | UCX's name for it
+# (each run takes about half a second on an idle machine, long enough to ride over short noise)
 tests=(
-  "tag_lat 8 200000 tag_lat"
-  "tag_lat 4096 100000 tag_lat"
-  "tag_lat 65536 20000 tag_lat"
-  "tag_bw 8 2000000 tag_bw"
-  "tag_bw 4096 500000 tag_bw"
-  "tag_bw 65536 50000 tag_bw"
-  "am_lat 8 200000 ucp_am_lat"
+  "tag_lat 8 1000000 tag_lat"
+  "tag_lat 4096 500000 tag_lat"
+  "tag_lat 65536 50000 tag_lat"
+  "tag_bw 8 10000000 tag_bw"
+  "tag_bw 4096 2000000 tag_bw"
+  "tag_bw 65536 100000 tag_bw"
+  "am_lat 8 1000000 ucp_am_lat"
 )
 run_timeout=120
 server_pid=""
