@@ -1,7 +1,9 @@
 #include <comm/config.hpp>
 #include <comm/log.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 namespace comm {
@@ -9,15 +11,22 @@ namespace {
 
 /// Parses a size with an optional k/m/g suffix; false for anything else.
 bool parse_size(const char* text, size_t* out) {
+  // strtoull alone would take leading blanks and a sign ("-1" is 2^64 - 1) and saturate on
+  // overflow: accept digits only, in range.
+  if (*text < '0' || *text > '9') return false;
   char* end = nullptr;
+  errno = 0;
   unsigned long long value = std::strtoull(text, &end, 10);
-  if (end == text) return false;
+  if (end == text || errno == ERANGE) return false;
+  unsigned shift = 0;
   switch (*end) {
-    case 'k': case 'K': value <<= 10; ++end; break;
-    case 'm': case 'M': value <<= 20; ++end; break;
-    case 'g': case 'G': value <<= 30; ++end; break;
+    case 'k': case 'K': shift = 10; ++end; break;
+    case 'm': case 'M': shift = 20; ++end; break;
+    case 'g': case 'G': shift = 30; ++end; break;
     default: break;
   }
+  if (value > (std::numeric_limits<unsigned long long>::max() >> shift)) return false;
+  value <<= shift;
   if (*end == 'b' || *end == 'B') ++end;
   if (*end != '\0') return false;
   *out = static_cast<size_t>(value);
@@ -50,11 +59,11 @@ config config::from_environment() {
   read_size("COMM_RNDV_THRESH", &cfg.rndv_thresh);
   size_t fifo = cfg.shm_fifo_size;
   read_size("COMM_SHM_FIFO_SIZE", &fifo);
-  if (is_power_of_two(fifo) && fifo >= 4) {
+  if (is_power_of_two(fifo) && fifo >= 4 && fifo <= (1u << 16)) {
     cfg.shm_fifo_size = fifo;
   } else {
-    COMM_LOG(warn, "config", "COMM_SHM_FIFO_SIZE=%zu must be a power of two >= 4; using %zu", fifo,
-             cfg.shm_fifo_size);
+    COMM_LOG(warn, "config", "COMM_SHM_FIFO_SIZE=%zu must be a power of two in [4, 65536]; using %zu",
+             fifo, cfg.shm_fifo_size);
   }
   size_t segment = cfg.shm_segment_size;
   read_size("COMM_SHM_SEG_SIZE", &segment);
