@@ -6,6 +6,10 @@
 // copied like a bcopy and completes, on the sender's own progress, once the target delivered it.
 // Interface address: a process-unique 64-bit id, looked up in a process-wide registry of live
 // interfaces. Device address: pid + boot id, so only this process reaches it.
+// As with every transport: completion and pending callbacks must not destroy the endpoint that runs
+// them, a destroyed endpoint drops its in-flight zcopy completions, and endpoints go before their
+// interface. An interface is used by one thread; endpoints of different interfaces may send to the
+// same interface from different threads.
 #pragma once
 
 #include "base/pending_queue.hpp"

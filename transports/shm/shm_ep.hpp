@@ -1,4 +1,7 @@
 // An shm endpoint: sends into a peer interface's receive segment, mapped into this process.
+// Completion and pending callbacks must not destroy the endpoint that runs them; the error handler
+// may. Destroying an endpoint drops its in-flight zcopy completions without calling them, and an
+// endpoint must be destroyed before its interface.
 #pragma once
 
 #include "base/pending_queue.hpp"
