@@ -146,6 +146,12 @@ void endpoint_impl::fail(status reason) {
     next = req->next_pending;
     if (req->type == request::kind::control) {
       owner.free_request(req);
+    } else if (req->zcopy_done.count > 0) {
+      // A zcopy stopped part-way: drop the guard its first fragment took, so it completes with
+      // `reason` once the fragments in flight are over (ordered completion runs below).
+      req->issuing = true;
+      tl::complete(&req->zcopy_done, reason);
+      req->issuing = false;
     } else if (req->st == status::in_progress && req->zcopy_outstanding == 0) {
       req->st = reason;
     }
