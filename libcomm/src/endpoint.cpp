@@ -47,6 +47,20 @@ endpoint_impl::~endpoint_impl() {
   if (lane && tl_pending_queued) {
     lane->pending_purge([](tl::pending_req*, void*) {}, nullptr);
   }
+  // A transport endpoint drops the completions of zcopy operations still in flight when it
+  // goes. Finish the sends that waited for them (a failed endpoint released early) so that no
+  // request outlives its endpoint.
+  lane.reset();
+  const status reason = failure != status::ok ? failure : status::canceled;
+  for (request* req = pending_head, *next; req != nullptr; req = next) {
+    next = req->next_pending;
+    if (req->type == request::kind::control) owner.free_request(req);
+  }
+  pending_head = pending_tail = nullptr;
+  for (request* req = outstanding_head; req != nullptr; req = req->next_outstanding) {
+    if (req->st == status::in_progress) req->st = reason;
+  }
+  complete_in_order();
   std::free(rx.am_buffer);
   if (rx.unexpected != nullptr) owner.free_unexpected(rx.unexpected);
 }
@@ -90,7 +104,7 @@ void endpoint_impl::complete_in_order() {
     const bool closing = req->type == request::kind::close && req->st == status::ok;
     owner.complete(req, req->st);
     if (closing) {
-      owner.destroy_ep(this);
+      if (lane) owner.destroy_ep(this);  // (no lane: we are being destroyed already)
       return;
     }
   }
