@@ -567,3 +567,119 @@ BOOST_DATA_TEST_CASE(close_flushes_then_releases, each_transport(), tl_name) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(endpoint_failure)
+
+namespace failure_test {
+/// Makes a's endpoint `ab` fail with PROTOCOL_ERROR: a malformed fragment header names it.
+void fail_with_protocol_error(worker_pair& p) {
+  std::vector<uint64_t> words(8, 0);
+  wire::header_writer<wire::schema::FragmentMiddle> w;
+  w.fields().setDstEp(detail::impl(*p.ab).id);
+  w.fields().setMsgId(12345);
+  w.fields().setOffset(99);
+  std::memcpy(words.data(), w.bytes(), w.size());
+  detail::impl(*p.a).on_fragment(reinterpret_cast<uint8_t*>(words.data()), w.size() + 8, true);
+}
+struct error_log {
+  int calls = 0;
+  status reason = status::ok;
+};
+void on_error(void* arg, endpoint*, status reason) {
+  auto* log = static_cast<error_log*>(arg);
+  ++log->calls;
+  log->reason = reason;
+}
+}  // namespace failure_test
+using namespace failure_test;
+
+BOOST_DATA_TEST_CASE(failure_completes_every_outstanding_send, each_transport(), tl_name) {
+  auto pp = small_fifo_pair(tl_name);
+  worker_pair& p = *pp;
+  error_log errors;
+  p.ab->set_error_handler(on_error, &errors);
+  // A long zcopy that is half issued (its first fragments in flight, the rest queued), a
+  // fragmented bcopy and a short send behind it, and flushes.
+  const size_t big_size = std::max<size_t>(1u << 20, 16 * p.attr().max_zcopy);
+  const std::vector<uint8_t> big = pattern(big_size, 1), mid = pattern(3 * p.bcopy_payload(), 2);
+  const uint64_t v = 3;
+  std::vector<int> order;
+  std::deque<send_tracker> t(6);
+  for (int i = 0; i < 6; ++i) {
+    t[i].id = i;
+    t[i].order = &order;
+  }
+  std::vector<op> ops;
+  ops.push_back(p.ab->tag_send(1, big.data(), big.size(), send_params(t[0], request_force_zcopy)));
+  ops.push_back(p.ab->tag_send(1, mid.data(), mid.size(), send_params(t[1], request_force_bcopy)));
+  ops.push_back(p.ab->tag_send(1, &v, 8, send_params(t[2])));
+  ops.push_back(p.ab->am_send(1, nullptr, 0, &v, 8, send_params(t[3])));
+  ops.push_back(p.ab->flush(send_params(t[4])));
+  ops.push_back(p.a->flush(send_params(t[5])));
+  for (const op& o : ops) BOOST_REQUIRE(o.pending());
+  BOOST_REQUIRE(ops[0].req->has_started);  // some fragments went,
+  BOOST_REQUIRE(ops[0].req->offset < big.size());  // not all of them
+
+  // The endpoint fails (here: a's endpoint is named by a malformed header).
+  fail_with_protocol_error(p);
+  BOOST_CHECK_EQUAL(errors.calls, 1);
+  BOOST_CHECK(errors.reason == status::protocol_error);
+  BOOST_CHECK(p.ab->state() == status::protocol_error);
+  // Everything completes, with an error, in order; nothing hangs (b may even consume what was
+  // in flight meanwhile).
+  BOOST_REQUIRE_MESSAGE(p.until([&] { return order.size() == ops.size(); }, 10),
+                        "completed " << order.size() << " of " << ops.size() << "\n"
+                                     << p.a->info());
+  BOOST_CHECK((order == std::vector<int>{0, 1, 2, 3, 4, 5}));
+  for (int i = 0; i < 5; ++i) {
+    BOOST_CHECK_MESSAGE(t[i].st == status::protocol_error, i << ": " << to_string(t[i].st));
+  }
+  BOOST_CHECK(is_error(t[5].st));  // the worker flush reports the endpoint's failure
+  for (const op& o : ops) p.a->release(o.req);
+  // New operations on the failed endpoint fail at once.
+  BOOST_CHECK(p.ab->tag_send(1, &v, 8).st == status::protocol_error);
+  BOOST_CHECK(p.ab->flush().st == status::protocol_error);
+  // The worker goes on: its other endpoints work.
+  uint64_t got = 0;
+  op r = p.a->tag_recv(&got, 8, 2, tag_mask_full);
+  BOOST_CHECK(p.ba->tag_send(2, &v, 8).done());
+  BOOST_CHECK(p.finish(r) == status::ok);
+  op wf = p.a->flush();
+  BOOST_CHECK(p.finish(wf) == status::ok);
+}
+
+BOOST_DATA_TEST_CASE(closing_a_failed_endpoint_finishes_what_it_had_in_flight, each_transport(),
+                     tl_name) {
+  auto pp = small_fifo_pair(tl_name);
+  worker_pair& p = *pp;
+  // Zcopy fragments in flight to a peer that never takes them, a send queued behind.
+  const size_t big_size = std::max<size_t>(1u << 20, 16 * p.attr().max_zcopy);
+  const std::vector<uint8_t> big = pattern(big_size, 1);
+  const uint64_t v = 3;
+  std::vector<int> order;
+  std::deque<send_tracker> t(3);
+  for (int i = 0; i < 3; ++i) {
+    t[i].id = i;
+    t[i].order = &order;
+  }
+  op z = p.ab->tag_send(1, big.data(), big.size(), send_params(t[0], request_force_zcopy));
+  op z2 = p.ab->tag_send(1, big.data(), 5000, send_params(t[1], request_force_zcopy));
+  op s = p.ab->tag_send(1, &v, 8, send_params(t[2]));
+  BOOST_REQUIRE(z.pending() && z2.pending() && s.pending());
+  BOOST_REQUIRE(z.req->has_started);
+  fail_with_protocol_error(p);
+  // b never progresses. Closing the failed endpoint releases it, and with it the transport's
+  // record of the fragments in flight: the sends must complete now, not never.
+  op c = p.ab->close();
+  BOOST_CHECK(!c.failed());
+  BOOST_REQUIRE_MESSAGE(worker_pair::until_on(*p.a, [&] { return order.size() == 3; }, 10),
+                        "completed " << order.size() << " of 3 after closing the failed endpoint");
+  BOOST_CHECK((order == std::vector<int>{0, 1, 2}));
+  for (int i = 0; i < 3; ++i) BOOST_CHECK(is_error(t[i].st));
+  for (op o : {z, z2, s}) p.a->release(o.req);
+  if (c.pending()) p.a->release(c.req);
+  p.ab = nullptr;
+  p.spin(100);  // b may now read what was in flight: it is a half message from a closed peer
+}
+
+BOOST_AUTO_TEST_SUITE_END()
