@@ -212,13 +212,14 @@ op start_send(endpoint_impl& ep, request* req) {
     w.free_request(req);
     return op{};
   }
+  // Visible to the caller before anything below can complete (and so free) it.
+  op result = w.in_progress(req);
   ep.push_outstanding(req);
   if (st == status::no_resource) {
     ++ep.counters_.retries;
     ep.push_pending(req);
     if (!queue_busy) ep.wait_for_resources();
   }
-  op result = w.in_progress(req);
   ep.complete_in_order();
   return result;
 }
