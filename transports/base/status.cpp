@@ -31,6 +31,8 @@ const char* to_string(status s) noexcept {
     case status::connection_reset: return "CONNECTION_RESET";
     case status::endpoint_timeout: return "ENDPOINT_TIMEOUT";
     case status::protocol_error: return "PROTOCOL_ERROR";
+    case status::protection_error: return "PROTECTION_ERROR";
+    case status::length_error: return "LENGTH_ERROR";
   }
   return "UNKNOWN_STATUS";
 }

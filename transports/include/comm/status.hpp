@@ -34,6 +34,8 @@ enum class status : int16_t {
   connection_reset = -27,  ///< the peer went away or reset the connection
   endpoint_timeout = -80,  ///< the peer stopped answering
   protocol_error = -90,    ///< the peer sent bytes that are not a valid message
+  protection_error = -91,  ///< the remote key does not grant access to that address
+  length_error = -92,      ///< the access runs past the end of the registered region
 };
 
 /// Readable name of a status, e.g. "MESSAGE_TRUNCATED".
