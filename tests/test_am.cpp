@@ -3,6 +3,10 @@
 #define BOOST_TEST_MODULE am
 #include "fixture.hpp"
 
+// These suites test the eager protocols: rendezvous is kept out of their way (see test_rndv).
+using comm::test::eager_only_suite;
+BOOST_TEST_GLOBAL_FIXTURE(eager_only_suite);
+
 #include <algorithm>
 #include <map>
 #include <set>

@@ -7,6 +7,11 @@
 #define BOOST_TEST_MODULE multiprocess
 #include "fixture.hpp"
 
+// The kill test parks eager sends behind a stalled peer: rendezvous stays out of its way
+// (test_rndv_processes covers peers dying mid-rendezvous).
+using comm::test::eager_only_suite;
+BOOST_TEST_GLOBAL_FIXTURE(eager_only_suite);
+
 #include <dirent.h>
 #include <poll.h>
 #include <signal.h>

@@ -15,6 +15,11 @@ using detail::worker_impl;
 namespace detail {
 namespace {
 
+/// Rendezvous thresholds when COMM_RNDV_THRESH is not set: lanes with a one-copy get switch
+/// early; a software rendezvous (the sender pushes) only pays off for large messages.
+constexpr size_t default_get_rndv_thresh = 32 * 1024;
+constexpr size_t default_sw_rndv_thresh = 256 * 1024;
+
 /// The transport calls this when our endpoint may send again.
 status resume_from_transport(tl::pending_req* self) {
   endpoint_impl* ep = static_cast<endpoint_impl::resume_entry*>(self)->ep;
@@ -37,9 +42,22 @@ endpoint_impl::endpoint_impl(worker_impl& w, uint32_t ep_id, std::unique_ptr<tl:
   lane->user_data = this;
   tl_pending.func = resume_from_transport;
   tl_pending.ep = this;
+  const size_t configured_rndv = w.ctx.cfg().rndv_thresh;
+  if (configured_rndv != 0) {
+    rndv_thresh = configured_rndv;
+  } else if (lane_attr->caps & tl::cap_get_zcopy) {
+    rndv_thresh = default_get_rndv_thresh;
+  } else {
+    rndv_thresh = default_sw_rndv_thresh;
+  }
   if (lane_attr->caps & tl::cap_am_short) {
     short_limit = w.short_thresh != 0 ? std::min(w.short_thresh, lane_attr->max_short)
                                       : lane_attr->max_short;
+    // Eager short never takes a message that the zcopy or rendezvous threshold claims.
+    size_t payload_cap = rndv_thresh;
+    if (lane_attr->caps & tl::cap_am_zcopy) payload_cap = std::min(payload_cap, w.zcopy_thresh);
+    const size_t header = wire::header_size<wire::schema::TagEager>();
+    if (payload_cap != 0) short_limit = std::min(short_limit, header + payload_cap - 1);
   }
 }
 
@@ -173,6 +191,20 @@ void endpoint_impl::fail(status reason) {
   pending_head = pending_tail = nullptr;
   for (request* req = outstanding_head; req != nullptr; req = req->next_outstanding) {
     if (req->st == status::in_progress && req->zcopy_outstanding == 0) req->st = reason;
+  }
+  owner.drop_unexpected_from(this, 0, true);
+  std::vector<request*> starved;
+  for (auto& [id, req] : owner.rndv_recvs) {
+    if (req->rndv_ep == this) starved.push_back(req);
+  }
+  for (request* req : starved) {
+    if (req->am_rndv) {
+      owner.rndv_recvs.erase(req->rndv_id);
+      std::free(req->iov.empty() ? nullptr : req->iov[0].buffer);
+      owner.free_request(req);
+    } else {
+      owner.complete(req, reason);
+    }
   }
   if (rx.active) {
     if (rx.recv != nullptr) owner.complete(rx.recv, reason);

@@ -20,10 +20,13 @@ class worker_impl;
 class request {
 public:
   /// What the request does.
-  enum class kind : uint8_t { tag_send, am_send, tag_recv, flush, close, control };
+  enum class kind : uint8_t { tag_send, am_send, tag_recv, flush, close, control, get, put };
 
   /// How a send moves its data.
-  enum class protocol : uint8_t { short_, bcopy, zcopy };
+  enum class protocol : uint8_t { short_, bcopy, zcopy, rndv };
+
+  /// Where a rendezvous send stands.
+  enum class rndv_phase : uint8_t { none, announced, pushing };
 
   kind type = kind::tag_send;             ///< what the request does
   protocol proto = protocol::bcopy;       ///< send protocol
@@ -55,6 +58,22 @@ public:
   std::vector<uint8_t> control;           ///< bytes of a control message (wireup, close)
   request* next_pending = nullptr;        ///< in the endpoint's pending queue
   request* next_outstanding = nullptr;    ///< in the endpoint's ordered completion queue
+
+  // -- rendezvous and RMA state ---------------------------------------------------------------
+  rndv_phase phase = rndv_phase::none;    ///< rendezvous send progress
+  uint64_t rndv_id = 0;                   ///< our id in the worker's rendezvous table
+  uint64_t rndv_peer_id = 0;              ///< the peer's request id (sreq on receivers, rreq on senders)
+  tl::md* rndv_md = nullptr;              ///< memory domain of a registration made for rendezvous
+  tl::mem_handle* rndv_reg = nullptr;     ///< that registration
+  size_t rndv_limit = 0;                  ///< bytes to push (software rendezvous)
+  std::vector<uint8_t> wire;              ///< an encoded rendezvous message
+  detail::endpoint_impl* rndv_ep = nullptr; ///< receiver: endpoint back to the sender
+  tl::remote_key remote;                  ///< receiver: unpacked key of the sender's buffer
+  bool remote_valid = false;              ///< `remote` must be released
+  bool am_rndv = false;                   ///< receiver: fetching an active message
+  uint64_t remote_address = 0;            ///< RMA / fetch: remote address
+  comm::rkey* key = nullptr;              ///< RMA: the key
+  unsigned reads = 0;                     ///< RMA: reads this request has in flight
 
   // -- receive state -------------------------------------------------------------------------
   detail::tag_expected expected;          ///< the posted receive in the matcher

@@ -94,14 +94,6 @@ size_t pack_control(void* dest, void* arg) {
   return req->control.size();
 }
 
-void on_zcopy_done(tl::completion* comp) {
-  auto* req = reinterpret_cast<request*>(reinterpret_cast<char*>(comp) -
-                                         offsetof(request, zcopy_done));
-  req->zcopy_outstanding = 0;
-  req->st = comp->result;
-  if (!req->issuing) req->ep->complete_in_order();
-}
-
 /// Encodes the protocol header of the next fragment of `req` into `out`; returns its length and
 /// the protocol id to send it with.
 size_t encode_header(request* req, bool first, bool whole, uint8_t* out, tl::am_id* id) {
@@ -177,6 +169,12 @@ void choose_protocol(request* req) {
   const tl::iface_attr& a = *req->ep->lane_attr;
   const size_t user = req->control.size();
   const uint32_t flags = req->params.flags;
+  if (!(flags & (request_force_bcopy | request_force_zcopy)) && req->params.pack == nullptr &&
+      req->iov.size() == 1 &&
+      ((flags & request_force_rndv) || req->length >= req->ep->rndv_thresh)) {
+    req->proto = request::protocol::rndv;
+    return;
+  }
   const bool can_zcopy = (a.caps & tl::cap_am_zcopy) && req->params.pack == nullptr &&
                          user + max_proto_header <= a.max_hdr;
   if (can_zcopy && ((flags & request_force_zcopy) ||
@@ -264,6 +262,7 @@ status send_fragment(request* req) {
 /// Issues a data request until it is all out or the transport says no.
 status send_data(request* req) {
   if (!req->has_started && req->offset == 0 && req->zcopy_done.count == 0) choose_protocol(req);
+  if (req->proto == request::protocol::rndv) return send_rndv(req);
   req->issuing = true;
   status st = status::ok;
   while (!req->has_started || req->offset < req->length) {
@@ -312,6 +311,30 @@ status send_control(request* req) {
 
 }  // namespace
 
+void on_zcopy_done(tl::completion* comp) {
+  auto* req = reinterpret_cast<request*>(reinterpret_cast<char*>(comp) -
+                                         offsetof(request, zcopy_done));
+  endpoint_impl* ep = req->ep;
+  req->zcopy_outstanding = 0;
+  if (req->reads != 0) {
+    ep->reads_in_flight -= req->reads;
+    req->reads = 0;
+  }
+  if (req->type == request::kind::tag_recv) {
+    // A rendezvous fetch: the receive completes once the sender has its acknowledgement.
+    if (is_error(comp->result) && req->st == status::in_progress) req->st = comp->result;
+    if (!req->issuing) ep->owner.finish_fetch(req);
+    return;
+  }
+  req->st = comp->result;
+  if (req->issuing) return;
+  ep->complete_in_order();
+  if (req->type == request::kind::get && ep->pending_head != nullptr &&
+      ep->state == endpoint_impl::phase::connected && !ep->tl_pending_queued) {
+    if (!ep->dispatch_pending()) ep->wait_for_resources();
+  }
+}
+
 status send_close_notice(endpoint_impl* ep) {
   auto& writer = ep->owner.hdr_close;
   writer.fields().setDstEp(ep->remote_id);
@@ -343,6 +366,9 @@ status progress_send(request* req) {
         req->has_started = true;
       }
       return send_flush(req);
+    case request::kind::get:
+    case request::kind::put:
+      return send_rma(req);
     case request::kind::tag_recv:
       break;
   }

@@ -215,12 +215,11 @@ op endpoint::tag_send(tag_t tag, const void* buffer, size_t length, const reques
   worker_impl& w = ep.owner;
   worker_impl::guard g(w);
   constexpr uint32_t slow_flags = request_no_immediate_completion | request_immediate_value |
-                                  request_force_zcopy | request_force_bcopy;
+                                  request_force_zcopy | request_force_bcopy | request_force_rndv;
   constexpr size_t header = wire::header_size<wire::schema::TagEager>();
   if (ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
       !(params.flags & slow_flags) && params.pack == nullptr &&
-      header + length <= ep.short_limit &&
-      (length < w.zcopy_thresh || !(ep.lane_attr->caps & tl::cap_am_zcopy))) {
+      header + length <= ep.short_limit) {
     auto& h = w.hdr_tag.fields();
     h.setDstEp(ep.remote_id);
     h.setTag(tag);

@@ -156,6 +156,11 @@ void worker_impl::install_handlers() {
     set(proto_id::am_single, dispatch<&worker_impl::on_am_single>);
     set(proto_id::am_first, dispatch<&worker_impl::on_am_first>);
     set(proto_id::am_fragment, dispatch_am_fragment);
+    set(proto_id::rndv_rts, dispatch<&worker_impl::on_rndv_rts>);
+    set(proto_id::rndv_ats, dispatch<&worker_impl::on_rndv_ats>);
+    set(proto_id::rndv_rtr, dispatch<&worker_impl::on_rndv_rtr>);
+    set(proto_id::rndv_data, dispatch<&worker_impl::on_rndv_data>);
+    set(proto_id::rndv_cancel, dispatch<&worker_impl::on_rndv_cancel>);
     i.set_error_handler(on_transport_error, this);
   }
 }
@@ -203,6 +208,7 @@ status worker_impl::create_ep(const void* data, size_t length, bool by_peer, end
 void worker_impl::destroy_ep(endpoint_impl* ep) {
   const uint32_t index = ep->id & 0xFFFFFu;
   if (index < ep_table.size() && ep_table[index] == ep) {
+    drop_unexpected_from(ep, 0, true);
     ep_table[index] = nullptr;
     free_ep_slots.push_back(index);
     doomed.push_back(ep);

@@ -20,11 +20,14 @@ using detail::worker_impl;
 void request::reset() {
   auto keep_iov = std::move(iov);
   auto keep_control = std::move(control);
+  auto keep_wire = std::move(wire);
   keep_iov.clear();
   keep_control.clear();
+  keep_wire.clear();
   *this = request{};
   iov = std::move(keep_iov);
   control = std::move(keep_control);
+  wire = std::move(keep_wire);
 }
 
 namespace detail {
@@ -152,6 +155,21 @@ void worker_impl::free_request(request* req) {
 }
 
 void worker_impl::complete(request* req, status st) {
+  if (req->type == request::kind::tag_send || req->type == request::kind::am_send) {
+    release_rndv_send(req);
+  } else if (req->type == request::kind::tag_recv && req->rndv_id != 0) {
+    rndv_recvs.erase(req->rndv_id);
+    req->rndv_id = 0;
+  }
+  if (req->remote_valid) {
+    req->rndv_ep->lane_iface->memory_domain()->rkey_release(&req->remote);
+    req->remote_valid = false;
+  }
+  if (is_error(st) && (req->params.flags & request_completion_suppressed) && req->ep != nullptr) {
+    ++req->ep->counters_.errors;
+    COMM_LOG(warn, "rma", "%s: unsignalled operation failed: %s", params.name.c_str(),
+             to_string(st));
+  }
   req->st = st;
   req->finished = true;
   if (req->type == request::kind::tag_recv) {
@@ -198,6 +216,25 @@ op worker_impl::receive_unexpected(request* req, unexpected_msg* found) {
   req->matched = true;
   req->info.sender_tag = found->tag;
   req->info.imm = found->imm;
+  if (found->rndv) {
+    // The data is still at the sender: fetch it now. A fetch that ends at once is an immediate
+    // completion (no callback), like any other.
+    const bool report_now = !(req->params.flags & request_no_immediate_completion);
+    const tag_recv_callback callback = req->params.recv_cb;
+    if (report_now) req->params.recv_cb = nullptr;
+    req->user_visible = true;
+    start_fetch(req, found->ep, found->sreq, found->address, found->length, found->rkey.data(),
+                found->rkey.size());
+    free_unexpected(found);
+    if (report_now && req->finished) {
+      if (req->params.recv_info != nullptr) *req->params.recv_info = req->info;
+      const status st = req->st;
+      free_request(req);
+      return op{st, nullptr};
+    }
+    req->params.recv_cb = callback;
+    return op{status::in_progress, req};
+  }
   copy_to_recv(req, 0, found->data, found->length);
   const status st = req->info.length < found->length ? status::message_truncated : status::ok;
   free_unexpected(found);
@@ -209,6 +246,34 @@ op worker_impl::receive_unexpected(request* req, unexpected_msg* found) {
   req->user_visible = true;
   complete(req, st);
   return op{status::in_progress, req};
+}
+
+status worker_impl::cancel_rndv_send(request* req, cancel_mode mode) {
+  endpoint_impl* ep = req->ep;
+  const uint64_t sreq = req->rndv_id;
+  // Deregistering first makes a fetch that races with the cancel fail instead of reading memory
+  // the caller is about to reuse.
+  release_rndv_send(req);
+  if (ep->state != endpoint_impl::phase::failed) {
+    request* notice = alloc_request(request::kind::control, request_params{});
+    notice->ep = ep;
+    wire::header_writer<wire::schema::RndvCancel> writer;
+    writer.fields().setDstEp(ep->remote_id);
+    writer.fields().setSreqId(sreq);
+    auto bytes = static_cast<const uint8_t*>(writer.bytes());
+    notice->control_id = static_cast<tl::am_id>(proto_id::rndv_cancel);
+    notice->control.assign(bytes, bytes + writer.size());
+    const bool idle = ep->pending_head == nullptr;
+    ep->push_pending(notice);
+    if (idle && !ep->dispatch_pending()) ep->wait_for_resources();
+  }
+  if (mode == cancel_mode::force) {
+    req->params.send_cb = nullptr;
+    req->released = true;
+  }
+  req->st = status::canceled;
+  ep->complete_in_order();
+  return status::ok;
 }
 
 }  // namespace detail
@@ -475,6 +540,9 @@ status worker::cancel(request* req, cancel_mode mode) {
   if (req == nullptr || req->finished) return status::invalid_param;
   if (req->type == request::kind::tag_recv) {
     if (req->matched || !w.matcher.remove_expected(&req->expected)) return status::busy;
+  } else if ((req->type == request::kind::tag_send || req->type == request::kind::am_send) &&
+             req->phase == request::rndv_phase::announced) {
+    return w.cancel_rndv_send(req, mode);
   } else if (req->type == request::kind::tag_send || req->type == request::kind::am_send) {
     if (req->has_started || req->ep == nullptr) return status::busy;
     detail::endpoint_impl* ep = req->ep;

@@ -30,6 +30,11 @@ enum class proto_id : tl::am_id {
   am_single = 8,
   am_first = 9,
   am_fragment = 10,
+  rndv_rts = 11,
+  rndv_ats = 12,
+  rndv_rtr = 13,
+  rndv_data = 14,
+  rndv_cancel = 15,
 };
 
 /// Wire flag of ActiveMessage.flags: the sender wants a reply endpoint passed to the handler.
@@ -37,6 +42,11 @@ inline constexpr uint16_t am_wire_reply_ep = 1u << 0;
 
 /// An unexpected (arrived, not yet matched) tagged message, with its data.
 struct unexpected_msg : tag_unexpected {
+  bool rndv = false;         ///< a rendezvous announcement: data still at the sender
+  endpoint_impl* ep = nullptr; ///< rendezvous: endpoint back to the sender
+  uint64_t sreq = 0;         ///< rendezvous: the sender's request id
+  uint64_t address = 0;      ///< rendezvous: where the data is
+  std::vector<uint8_t> rkey; ///< rendezvous: the sender's packed key
   uint64_t imm = 0;          ///< the sender's immediate value
   size_t length = 0;         ///< total data bytes
   size_t received = 0;       ///< data bytes arrived so far
@@ -89,6 +99,8 @@ public:
   void* error_arg = nullptr;                ///< its argument
   uint64_t next_msg_id = 1;                 ///< id of the next multi-fragment message
   size_t short_limit = 0;                   ///< largest eager-short message, header included
+  size_t rndv_thresh = 0;                   ///< messages at least this large use rendezvous
+  unsigned reads_in_flight = 0;             ///< RMA reads outstanding on the lane
 
   request* pending_head = nullptr;          ///< sends waiting for resources or wireup, in order
   request* pending_tail = nullptr;
@@ -154,6 +166,9 @@ public:
   std::vector<request*> free_requests;      ///< the request pool
   std::vector<std::unique_ptr<request[]>> request_chunks;
 
+  std::unordered_map<uint64_t, request*> rndv_sends; ///< rendezvous sends awaiting the peer
+  std::unordered_map<uint64_t, request*> rndv_recvs; ///< software-rendezvous receives by id
+  uint64_t next_rndv_id = 1;                ///< next id in those tables
   size_t short_thresh = 0;                  ///< eager short limit (protocol header included)
   size_t zcopy_thresh = 0;                  ///< eager zcopy from this size
   uint64_t protocol_errors = 0;             ///< malformed messages that named no valid endpoint
@@ -167,6 +182,7 @@ public:
   wire::header_writer<wire::schema::ActiveMessageFirst> hdr_am_first;
   wire::header_writer<wire::schema::WireupReply> hdr_wireup_reply;
   wire::header_writer<wire::schema::EndpointClose> hdr_close;
+  wire::header_writer<wire::schema::RndvData> hdr_rndv_data;
 
   // -- requests --------------------------------------------------------------------------------
   request* alloc_request(request::kind type, const request_params& params);
@@ -199,6 +215,22 @@ public:
   void on_am_fragment(endpoint_impl* ep, const uint8_t* data, size_t length);
   void on_am_single(const uint8_t* data, size_t length);
   void on_am_first(const uint8_t* data, size_t length);
+  void on_rndv_rts(const uint8_t* data, size_t length);
+  void on_rndv_ats(const uint8_t* data, size_t length);
+  void on_rndv_rtr(const uint8_t* data, size_t length);
+  void on_rndv_data(const uint8_t* data, size_t length);
+  void on_rndv_cancel(const uint8_t* data, size_t length);
+  /// Starts fetching a rendezvous message into the matched receive `req`.
+  void start_fetch(request* req, endpoint_impl* ep, uint64_t sreq, uint64_t address,
+                   size_t length, const uint8_t* rkey, size_t rkey_length);
+  /// Ends a fetch: releases the key, acknowledges the sender, completes the receive.
+  void finish_fetch(request* req);
+  /// Cancels an announced rendezvous send: the peer drops the announcement if still unmatched.
+  status cancel_rndv_send(request* req, cancel_mode mode);
+  /// Releases what a rendezvous send holds (table entry, registration).
+  void release_rndv_send(request* req);
+  /// Drops unexpected rendezvous announcements from `ep` (it failed or cancelled).
+  void drop_unexpected_from(endpoint_impl* ep, uint64_t sreq, bool all);
   /// Counts and logs malformed input; fails `ep` when it is known.
   void protocol_error(endpoint_impl* ep, const char* what);
 
@@ -244,5 +276,15 @@ status send_close_notice(endpoint_impl* ep);
 
 /// Starts a send request: sends what can go now, queues the rest, and returns its op.
 op start_send(endpoint_impl& ep, request* req);
+
+/// Rendezvous send steps (rndv.cpp): announce, then push data for a software rendezvous.
+status send_rndv(request* req);
+
+/// RMA steps (rma.cpp).
+status send_rma(request* req);
+
+/// Called when the transport completes a zcopy, get or flush of `req`.
+void on_zcopy_done(tl::completion* comp);
+
 
 }  // namespace comm::detail

@@ -98,3 +98,56 @@ struct ShmZcopyDescriptor { # an am_zcopy whose payload the receiver pulls with 
   completionSeq  @4 :UInt64;    # value written there
   iov            @5 :List(ShmRemoteIov);
 }
+
+# -- rendezvous -----------------------------------------------------------------------------------
+
+struct RndvRts {            # ready to send: the receiver fetches `length` bytes at `address`
+  dstEp    @0 :UInt32;
+  isAm     @1 :Bool;        # an active message rather than a tagged message
+  tag      @2 :UInt64;
+  imm      @3 :UInt64;
+  sreqId   @4 :UInt64;      # the sender's request, echoed in RndvAts / RndvRtr
+  length   @5 :UInt64;
+  address  @6 :UInt64;
+  amId     @7 :UInt16;
+  amFlags  @8 :UInt16;
+  rkey     @9 :Data;        # the sender's packed key for its transport's memory domain
+  header   @10 :Data;       # the AM user header
+}
+
+struct RndvAts {            # acknowledgement: the receiver is done with the sender's buffer
+  dstEp  @0 :UInt32;
+  sreqId @1 :UInt64;
+  status @2 :Int16;         # 0, or why the receiver could not take the data
+}
+
+struct RndvRtr {            # software rendezvous: the receiver asks the sender to push the data
+  dstEp  @0 :UInt32;
+  sreqId @1 :UInt64;
+  rreqId @2 :UInt64;
+  length @3 :UInt64;        # bytes the receiver takes (its buffer may be shorter)
+}
+
+struct RndvData {           # software rendezvous: data for a receive request, at an offset
+  dstEp  @0 :UInt32;
+  rreqId @1 :UInt64;
+  offset @2 :UInt64;
+}
+
+struct RndvCancel {         # the sender cancelled a rendezvous send
+  dstEp  @0 :UInt32;
+  sreqId @1 :UInt64;
+}
+
+# -- memory keys ----------------------------------------------------------------------------------
+
+struct RemoteKeyEntry {
+  transport @0 :Text;
+  key       @1 :Data;
+}
+
+struct RemoteKeyBundle {    # a worker's packed key for one registration, one entry per transport
+  address @0 :UInt64;
+  length  @1 :UInt64;
+  entries @2 :List(RemoteKeyEntry);
+}

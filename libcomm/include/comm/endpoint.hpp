@@ -44,6 +44,29 @@ public:
   op am_send(uint16_t id, const void* header, size_t header_length, const void* data,
              size_t length, const request_params& params = {});
 
+  // -- RMA ---------------------------------------------------------------------------------------
+
+  /// Unpacks a key packed by the peer's worker::rkey_pack for use on this endpoint. Bytes that
+  /// are not a key give invalid_param.
+  status rkey_unpack(const void* data, size_t length, rkey** out);
+
+  /// Releases an unpacked key.
+  void rkey_destroy(rkey* key);
+
+  /// Writes the local iov to the peer's memory at `remote_address` (inside `key`'s region).
+  /// Completes once the data is in the peer's memory. Out-of-region addresses give
+  /// PROTECTION_ERROR, a range running past the region LENGTH_ERROR.
+  op put(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,
+         const request_params& params = {});
+
+  /// Reads the peer's memory at `remote_address` into the local iov, filled in order (DAT's
+  /// dat_ep_post_rdma_read): front entries full, at most one partial, the rest untouched.
+  /// params.user_data is the cookie passed back to send_cb; request_completion_suppressed and
+  /// request_fence are honoured; reads in flight per endpoint are bounded by what the peer's
+  /// transport advertises (the rest wait in order).
+  op get(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,
+         const request_params& params = {});
+
   // -- completion and teardown -------------------------------------------------------------------
 
   /// Completes once every operation started on this endpoint has completed.

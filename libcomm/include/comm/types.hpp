@@ -17,6 +17,8 @@ inline constexpr tag_t tag_mask_full = ~tag_t{0};
 class request;
 class endpoint;
 class worker;
+class memh;
+class rkey;
 
 /// One scatter/gather entry of a send or receive buffer.
 struct iov_entry {
@@ -55,6 +57,13 @@ enum request_flags : uint32_t {
   request_force_zcopy = 1u << 4,
   /// Use the eager bcopy protocol whatever the thresholds say (tagged sends).
   request_force_bcopy = 1u << 5,
+  /// Use rendezvous whatever the thresholds say (tagged sends and active messages).
+  request_force_rndv = 1u << 6,
+  /// RMA (DAT completion suppression): no request and no callback; the operation still counts
+  /// for flush, and an error is logged and counted on the endpoint.
+  request_completion_suppressed = 1u << 8,
+  /// RMA (DAT barrier fence): start only after every earlier read on the endpoint completed.
+  request_fence = 1u << 9,
 };
 
 /// Optional parameters of a nonblocking operation (mirrors ucp_request_param_t).

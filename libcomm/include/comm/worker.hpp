@@ -3,6 +3,7 @@
 
 #include <comm/am.hpp>
 #include <comm/endpoint.hpp>
+#include <comm/memory.hpp>
 #include <comm/types.hpp>
 
 #include <cstdint>
@@ -95,6 +96,16 @@ public:
   /// Creates an endpoint to the worker whose packed address is given, on the best transport that
   /// reaches it. Returns unreachable when none does, invalid_addr for bad bytes.
   status connect(const std::vector<uint8_t>& peer_address, endpoint** out);
+
+  // -- memory ------------------------------------------------------------------------------------
+
+  /// Registers [address, address + length) with every transport of the worker. Returns
+  /// invalid_param for a null range, or the transport's error.
+  status mem_map(void* address, size_t length, memh** out);
+  /// Releases a registration; remote keys packed from it stop working (PROTECTION_ERROR).
+  status mem_unmap(memh* handle);
+  /// Appends the packed remote key of `handle` to `out`, for a peer's endpoint::rkey_unpack.
+  status rkey_pack(const memh* handle, std::vector<uint8_t>& out) const;
 
   // -- active messages ---------------------------------------------------------------------------
 

@@ -1,0 +1,265 @@
+// Memory registration, remote keys, and put/get with DAT's RDMA-read semantics.
+#include "worker_impl.hpp"
+
+#include <comm/log.hpp>
+
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace comm {
+
+/// A registration on every memory domain of a worker.
+class memh {
+public:
+  void* address = nullptr;  ///< start of the region
+  size_t length = 0;        ///< bytes in the region
+  /// One registration per interface that has a memory domain.
+  std::vector<std::pair<detail::worker_impl::lane_iface*, tl::mem_handle*>> regs;
+};
+
+/// A peer's region as seen through one endpoint.
+class rkey {
+public:
+  detail::endpoint_impl* ep = nullptr;  ///< the endpoint it was unpacked for
+  tl::remote_key key;                   ///< the transport's unpacked key
+  uint64_t base = 0;                    ///< start of the remote region
+  uint64_t length = 0;                  ///< bytes in the remote region
+};
+
+using detail::endpoint_impl;
+using detail::impl;
+using detail::worker_impl;
+
+namespace detail {
+namespace {
+
+/// Checks [address, address + length) against the region of `key`.
+status check_range(const rkey& key, uint64_t address, size_t length) {
+  if (address < key.base || address - key.base > key.length ||
+      (address - key.base == key.length && length != 0)) {
+    return status::protection_error;
+  }
+  if (length > key.length - (address - key.base)) return status::length_error;
+  return status::ok;
+}
+
+/// Collects the iov entries covering [offset, offset + *length) of `req`'s local buffers.
+size_t local_slice(const request* req, size_t offset, size_t* length, tl::iov* out, size_t max) {
+  size_t count = 0, covered = 0;
+  for (const iov_entry& e : req->iov) {
+    if (covered == *length || count == max) break;
+    if (offset >= e.length) {
+      offset -= e.length;
+      continue;
+    }
+    const size_t n = std::min(e.length - offset, *length - covered);
+    out[count++] = tl::iov{static_cast<uint8_t*>(e.buffer) + offset, n};
+    covered += n;
+    offset = 0;
+  }
+  *length = covered;
+  return count;
+}
+
+}  // namespace
+
+status send_rma(request* req) {
+  endpoint_impl& ep = *req->ep;
+  const tl::iface_attr& a = *ep.lane_attr;
+  const bool is_get = req->type == request::kind::get;
+  if (!(a.caps & (is_get ? tl::cap_get_zcopy : tl::cap_put_zcopy))) return status::unsupported;
+  if (is_get) {
+    if ((req->params.flags & request_fence) && ep.reads_in_flight > 0) return status::no_resource;
+    if (a.max_outstanding_reads != 0 && ep.reads_in_flight >= a.max_outstanding_reads) {
+      return status::no_resource;
+    }
+  }
+  status st = check_range(*req->key, req->remote_address, req->length);
+  if (st != status::ok) return st;
+  const size_t max_chunk = std::max<size_t>(is_get ? a.max_get_zcopy : a.max_put_zcopy, 1);
+  const size_t max_entries = std::min<size_t>(16, std::max<size_t>(a.max_iov, 1));
+  req->zcopy_done = tl::completion{on_zcopy_done, 1, status::ok};
+  req->issuing = true;
+  size_t offset = 0;
+  st = status::ok;
+  do {
+    size_t chunk = std::min(max_chunk, req->length - offset);
+    tl::iov entries[16];
+    const size_t count = local_slice(req, offset, &chunk, entries, max_entries);
+    ++req->zcopy_done.count;
+    st = is_get ? ep.lane->get_zcopy(entries, count, req->remote_address + offset, req->key->key,
+                                     &req->zcopy_done)
+                : ep.lane->put_zcopy(entries, count, req->remote_address + offset, req->key->key,
+                                     &req->zcopy_done);
+    if (st != status::in_progress) --req->zcopy_done.count;
+    if (st == status::in_progress && is_get) {
+      ++req->reads;
+      ++ep.reads_in_flight;
+    }
+    if (is_error(st)) break;
+    offset += chunk;
+  } while (offset < req->length);
+  req->has_started = true;
+  if (is_error(st) && offset == 0 && req->zcopy_done.count == 1) {
+    req->issuing = false;
+    req->zcopy_done.count = 0;
+    return st;
+  }
+  ++ep.counters_.messages_sent;
+  ep.counters_.bytes_sent += offset;
+  tl::complete(&req->zcopy_done, is_error(st) ? st : status::ok);
+  req->issuing = false;
+  return status::ok;
+}
+
+namespace {
+
+/// Starts a put or get request with the DAT completion flags.
+op start_rma(endpoint_impl& ep, request::kind type, const iov_entry* local, size_t count,
+             uint64_t remote_address, rkey* key, const request_params& params) {
+  worker_impl& w = ep.owner;
+  if ((count > 0 && local == nullptr) || key == nullptr || key->ep != &ep) {
+    return op{status::invalid_param, nullptr};
+  }
+  if (ep.state == endpoint_impl::phase::closing) return op{status::not_connected, nullptr};
+  request* req = w.alloc_request(type, params);
+  req->iov.assign(local, local + count);
+  for (size_t i = 0; i < count; ++i) req->length += local[i].length;
+  req->remote_address = remote_address;
+  req->key = key;
+  op result = start_send(ep, req);
+  if ((params.flags & request_completion_suppressed) && result.pending()) {
+    // Unsignalled: the caller gets no request; it still counts for flush.
+    if (result.req->finished) {
+      w.free_request(result.req);
+    } else {
+      result.req->params.send_cb = nullptr;
+      result.req->released = true;
+    }
+    return op{};
+  }
+  return result;
+}
+
+}  // namespace
+}  // namespace detail
+
+// -- worker: registration ------------------------------------------------------------------------
+
+status worker::mem_map(void* address, size_t length, memh** out) {
+  worker_impl& w = impl(*this);
+  worker_impl::guard g(w);
+  if (out == nullptr || (address == nullptr && length != 0)) return status::invalid_param;
+  auto handle = std::make_unique<memh>();
+  handle->address = address;
+  handle->length = length;
+  for (auto& li : w.ifaces) {
+    tl::md* md = li.iface->memory_domain();
+    if (md == nullptr) continue;
+    tl::mem_handle* reg = nullptr;
+    status st = md->mem_reg(address, length, &reg);
+    if (st != status::ok) {
+      for (auto& [owner, r] : handle->regs) owner->iface->memory_domain()->mem_dereg(r);
+      return st;
+    }
+    handle->regs.emplace_back(&li, reg);
+  }
+  *out = handle.release();
+  return status::ok;
+}
+
+status worker::mem_unmap(memh* handle) {
+  worker_impl& w = impl(*this);
+  worker_impl::guard g(w);
+  if (handle == nullptr) return status::invalid_param;
+  for (auto& [li, reg] : handle->regs) li->iface->memory_domain()->mem_dereg(reg);
+  delete handle;
+  return status::ok;
+}
+
+status worker::rkey_pack(const memh* handle, std::vector<uint8_t>& out) const {
+  if (handle == nullptr) return status::invalid_param;
+  capnp::MallocMessageBuilder message;
+  auto bundle = message.initRoot<wire::schema::RemoteKeyBundle>();
+  bundle.setAddress(reinterpret_cast<uintptr_t>(handle->address));
+  bundle.setLength(handle->length);
+  auto entries = bundle.initEntries(static_cast<unsigned>(handle->regs.size()));
+  for (size_t i = 0; i < handle->regs.size(); ++i) {
+    auto& [li, reg] = handle->regs[i];
+    std::vector<uint8_t> packed;
+    status st = li->iface->memory_domain()->rkey_pack(reg, packed);
+    if (st != status::ok) return st;
+    auto entry = entries[static_cast<unsigned>(i)];
+    entry.setTransport(std::string(li->component->name()));
+    entry.setKey(kj::arrayPtr(packed.data(), packed.size()));
+  }
+  auto words = capnp::messageToFlatArray(message);
+  auto bytes = words.asBytes();
+  out.insert(out.end(), bytes.begin(), bytes.end());
+  return status::ok;
+}
+
+// -- endpoint: keys and RMA ----------------------------------------------------------------------
+
+status endpoint::rkey_unpack(const void* data, size_t length, rkey** out) {
+  endpoint_impl& ep = impl(*this);
+  worker_impl::guard g(ep.owner);
+  if (out == nullptr || data == nullptr || length < 16 || length % 8 != 0 || length > (1u << 16)) {
+    return status::invalid_param;
+  }
+  tl::md* md = ep.lane_iface->memory_domain();
+  if (md == nullptr) return status::unsupported;
+  auto words = kj::heapArray<capnp::word>(length / 8);
+  std::memcpy(words.begin(), data, length);
+  auto key = std::make_unique<rkey>();
+  key->ep = &ep;
+  std::vector<uint8_t> packed;
+  bool found = false;
+  const std::string lane(ep.lane_iface->transport_name());
+  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
+    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
+    auto bundle = reader.getRoot<wire::schema::RemoteKeyBundle>();
+    key->base = bundle.getAddress();
+    key->length = bundle.getLength();
+    for (auto entry : bundle.getEntries()) {
+      if (entry.getTransport() != lane.c_str()) continue;
+      auto bytes = entry.getKey();
+      packed.assign(bytes.begin(), bytes.end());
+      found = true;
+      break;
+    }
+  });
+  if (failure != nullptr || key->base + key->length < key->base) return status::invalid_param;
+  if (!found) return status::unreachable;
+  status st = md->rkey_unpack(packed.data(), packed.size(), &key->key);
+  if (st != status::ok) return st;
+  *out = key.release();
+  return status::ok;
+}
+
+void endpoint::rkey_destroy(rkey* key) {
+  if (key == nullptr) return;
+  endpoint_impl& ep = impl(*this);
+  worker_impl::guard g(ep.owner);
+  ep.lane_iface->memory_domain()->rkey_release(&key->key);
+  delete key;
+}
+
+op endpoint::put(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,
+                 const request_params& params) {
+  endpoint_impl& ep = impl(*this);
+  worker_impl::guard g(ep.owner);
+  return detail::start_rma(ep, request::kind::put, local, count, remote_address, key, params);
+}
+
+op endpoint::get(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,
+                 const request_params& params) {
+  endpoint_impl& ep = impl(*this);
+  worker_impl::guard g(ep.owner);
+  return detail::start_rma(ep, request::kind::get, local, count, remote_address, key, params);
+}
+
+}  // namespace comm
