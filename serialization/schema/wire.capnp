@@ -151,3 +151,19 @@ struct RemoteKeyBundle {    # a worker's packed key for one registration, one en
   length  @1 :UInt64;
   entries @2 :List(RemoteKeyEntry);
 }
+
+# -- tcp transport --------------------------------------------------------------------------------
+
+struct TcpHello {           # the first bytes of every tcp connection, from the connecting interface
+  magic      @0 :UInt64;    # "COMMTCP" + version byte, see transports/tcp/tcp_wire.hpp
+  version    @1 :UInt16;
+  srcPort    @2 :UInt16;    # the connecting interface's listening port (host byte order)
+  srcAddress @3 :UInt32;    # its IPv4 address (network byte order)
+  srcIfaceId @4 :UInt64;    # its random interface id
+  dstIfaceId @5 :UInt64;    # the interface the connection is meant for (from its address)
+}
+
+struct TcpFrame {           # every message on a tcp connection: this header, then `length` bytes
+  amId   @0 :UInt8;         # transport active-message id (< am_id_count)
+  length @1 :UInt32;        # protocol header + payload; 0-7 zero bytes follow to a multiple of 8
+}
