@@ -61,7 +61,7 @@ void send_control(endpoint_impl* ep, proto_id id, Fill&& fill) {
 }
 
 request* request_of(tag_expected* e) {
-  return reinterpret_cast<request*>(reinterpret_cast<char*>(e) - offsetof(request, expected));
+  return request::of_expected(e);
 }
 
 /// Builds the announcement of a rendezvous send into req->wire.

@@ -312,8 +312,7 @@ status send_control(request* req) {
 }  // namespace
 
 void on_zcopy_done(tl::completion* comp) {
-  auto* req = reinterpret_cast<request*>(reinterpret_cast<char*>(comp) -
-                                         offsetof(request, zcopy_done));
+  auto* req = request::of_completion(comp);
   endpoint_impl* ep = req->ep;
   req->zcopy_outstanding = 0;
   if (req->reads != 0) {

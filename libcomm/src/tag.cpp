@@ -23,7 +23,7 @@ namespace {
 constexpr uint64_t max_eager_message = 1ull << 30;
 
 request* request_of(tag_expected* e) {
-  return reinterpret_cast<request*>(reinterpret_cast<char*>(e) - offsetof(request, expected));
+  return request::of_expected(e);
 }
 
 }  // namespace

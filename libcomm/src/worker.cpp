@@ -17,18 +17,6 @@ namespace comm {
 using detail::impl;
 using detail::worker_impl;
 
-void request::reset() {
-  auto keep_iov = std::move(iov);
-  auto keep_control = std::move(control);
-  auto keep_wire = std::move(wire);
-  keep_iov.clear();
-  keep_control.clear();
-  keep_wire.clear();
-  *this = request{};
-  iov = std::move(keep_iov);
-  control = std::move(keep_control);
-  wire = std::move(keep_wire);
-}
 
 namespace detail {
 namespace {
@@ -115,8 +103,7 @@ worker_impl::~worker_impl() noexcept {
   matcher.for_each_expected([&](tag_expected* e) { posted.push_back(e); });
   for (tag_expected* e : posted) {
     matcher.remove_expected(e);
-    request* req = reinterpret_cast<request*>(reinterpret_cast<char*>(e) -
-                                              offsetof(request, expected));
+    request* req = request::of_expected(e);
     complete(req, status::canceled);
   }
   std::vector<tag_unexpected*> arrived;
