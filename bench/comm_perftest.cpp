@@ -1,12 +1,22 @@
 // comm_perftest: libcomm's counterpart of UCX's ucx_perftest.
 //
 // Server:  comm_perftest [-p port] [-c core]
-// Client:  comm_perftest <server-host> -t tag_lat|tag_bw|am_lat|am_bw -s size -n iters -w warmup
+// Client:  comm_perftest <server-host> -t <test> -s size -n iters -w warmup
 //                        [-c core] [-p port] [-W window] [-T timeout_s] [-R rank] [-f]
+//   tests: tag_lat, tag_bw, am_lat, am_bw, put_lat, put_bw, get (UCX's ucp_am_lat, ucp_am_bw,
+//   ucp_put_lat, ucp_put_bw and ucp_get are accepted too)
 //
 // The TCP socket between the two processes carries only the bootstrap (test parameters, packed
-// worker addresses) and barriers; every measured message travels over libcomm. The output has
-// ucx_perftest's table and `Final:` row columns so the two tools can be compared directly.
+// worker addresses, packed remote keys) and barriers; every measured message travels over
+// libcomm. The output has ucx_perftest's table and `Final:` row columns so the two tools can be
+// compared directly.
+//
+// The RMA tests follow ucx_perftest's ucp_* tests: the server registers its receive buffer
+// (worker::mem_map) and sends the packed key; the client puts its send buffer there or gets it into
+// its receive buffer, with a window of outstanding operations, and flushes the endpoint at the end.
+// put_lat is a ping-pong in which both sides put into each other's registered buffer and poll the
+// last byte for the iteration's sequence number. The default windows are ucx_perftest's: 32 for
+// tag_bw, am_bw and put_bw, 1 (one operation at a time: per-operation latency) for get.
 
 #include <comm/context.hpp>
 #include <comm/worker.hpp>
@@ -27,6 +37,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cerrno>
 #include <cinttypes>
@@ -63,8 +74,20 @@ struct fatal : std::runtime_error {
 
 // -- options --------------------------------------------------------------------------------------
 
-/// The tests comm_perftest runs.
-enum class test_kind : uint32_t { tag_lat = 1, tag_bw = 2, am_lat = 3, am_bw = 4 };
+/// The tests comm_perftest runs (the values travel in wire_params).
+enum class test_kind : uint32_t {
+  tag_lat = 1,
+  tag_bw = 2,
+  am_lat = 3,
+  am_bw = 4,
+  put_bw = 5,
+  put_lat = 6,
+  get = 7,
+};
+/// Every test, in the order of the usage text.
+constexpr test_kind all_tests[] = {test_kind::tag_lat, test_kind::tag_bw, test_kind::am_lat,
+                                   test_kind::am_bw,   test_kind::put_lat, test_kind::put_bw,
+                                   test_kind::get};
 
 /// Command-line options of either side.
 struct options {
@@ -75,7 +98,7 @@ struct options {
   uint64_t size = 8;              ///< message size in bytes
   uint64_t iters = 1000000;       ///< measured iterations
   uint64_t warmup = 10000;        ///< warm-up iterations
-  uint32_t window = 128;          ///< outstanding sends in bandwidth tests
+  uint32_t window = 0;            ///< outstanding operations; 0: the test's default
   uint32_t timeout_s = 60;        ///< bound on one test run
   double rank = 50.0;             ///< percentile rank shown in the table
   bool final_only = false;        ///< print only the final row
@@ -97,8 +120,23 @@ const char* test_name(test_kind t) {
     case test_kind::tag_bw: return "tag_bw";
     case test_kind::am_lat: return "am_lat";
     case test_kind::am_bw: return "am_bw";
+    case test_kind::put_bw: return "put_bw";
+    case test_kind::put_lat: return "put_lat";
+    case test_kind::get: return "get";
   }
   return "?";
+}
+
+/// UCX's name of a test (ucx_perftest's UCP test of the same kind).
+const char* ucx_test_name(test_kind t) {
+  switch (t) {
+    case test_kind::am_lat: return "ucp_am_lat";
+    case test_kind::am_bw: return "ucp_am_bw";
+    case test_kind::put_bw: return "ucp_put_bw";
+    case test_kind::put_lat: return "ucp_put_lat";
+    case test_kind::get: return "ucp_get";
+    default: return test_name(t);
+  }
 }
 
 /// One-line description of a test, for the server's banner.
@@ -108,20 +146,43 @@ const char* test_description(test_kind t) {
     case test_kind::tag_bw: return "tag match bandwidth";
     case test_kind::am_lat: return "am latency";
     case test_kind::am_bw: return "am bandwidth / message rate";
+    case test_kind::put_bw: return "put bandwidth";
+    case test_kind::put_lat: return "put latency";
+    case test_kind::get: return "get latency / bandwidth / message rate";
   }
   return "?";
 }
 
 /// True for the ping-pong tests, whose per-iteration time is a round trip.
-bool is_latency_test(test_kind t) { return t == test_kind::tag_lat || t == test_kind::am_lat; }
+bool is_pingpong_test(test_kind t) {
+  return t == test_kind::tag_lat || t == test_kind::am_lat || t == test_kind::put_lat;
+}
 
-/// Parses the -t argument.
+/// True for the tests whose table shows latency rather than per-message overhead (ucx_perftest's
+/// ping-pongs, and ucp_get).
+bool shows_latency(test_kind t) { return is_pingpong_test(t) || t == test_kind::get; }
+
+/// True for the one-sided tests, which need a remote key.
+bool is_rma_test(test_kind t) {
+  return t == test_kind::put_bw || t == test_kind::put_lat || t == test_kind::get;
+}
+
+/// ucx_perftest's default window of a test (its -O): 32 for the streaming tests, 1 for get and the
+/// ping-pongs.
+uint32_t default_window(test_kind t) {
+  switch (t) {
+    case test_kind::tag_bw:
+    case test_kind::am_bw:
+    case test_kind::put_bw: return 32;
+    default: return 1;
+  }
+}
+
+/// Parses the -t argument: our names and UCX's.
 test_kind parse_test(const char* arg) {
-  for (auto t : {test_kind::tag_lat, test_kind::tag_bw, test_kind::am_lat, test_kind::am_bw})
-    if (std::strcmp(arg, test_name(t)) == 0) return t;
-  if (std::strcmp(arg, "ucp_am_lat") == 0) return test_kind::am_lat;
-  if (std::strcmp(arg, "ucp_am_bw") == 0) return test_kind::am_bw;
-  fail("unknown test '%s' (tag_lat, tag_bw, am_lat, am_bw)", arg);
+  for (auto t : all_tests)
+    if (std::strcmp(arg, test_name(t)) == 0 || std::strcmp(arg, ucx_test_name(t)) == 0) return t;
+  fail("unknown test '%s' (tag_lat, tag_bw, am_lat, am_bw, put_lat, put_bw, get)", arg);
 }
 
 /// Parses an unsigned number in [lo, hi] for option `opt`.
@@ -139,13 +200,15 @@ void usage(std::FILE* out) {
   std::fprintf(out,
       "Usage: comm_perftest [server-hostname] [options]\n"
       "  Without a hostname it runs as server and serves one client test.\n\n"
-      "  -t <test>     tag_lat | tag_bw | am_lat | am_bw (ucp_am_lat, ucp_am_bw accepted) (tag_lat)\n"
+      "  -t <test>     tag_lat | tag_bw | am_lat | am_bw | put_lat | put_bw | get (tag_lat)\n"
+      "                (UCX's ucp_am_lat, ucp_am_bw, ucp_put_lat, ucp_put_bw, ucp_get accepted)\n"
       "  -s <size>     message size in bytes (8)\n"
       "  -n <iters>    measured iterations (1000000)\n"
       "  -w <iters>    warm-up iterations (10000)\n"
       "  -c <core>     pin this process to one core (off)\n"
       "  -p <port>     TCP port of the bootstrap socket (13337)\n"
-      "  -W <count>    outstanding sends in bandwidth tests (128)\n"
+      "  -W <count>    outstanding operations in streaming tests; -O is the same (32 for\n"
+      "                tag_bw, am_bw, put_bw; 1 for get, i.e. per-operation latency)\n"
       "  -T <seconds>  bound on one test (60)\n"
       "  -R <rank>     percentile rank of the latency column (50.0)\n"
       "  -f            print only the final row\n"
@@ -157,7 +220,7 @@ void usage(std::FILE* out) {
 options parse_options(int argc, char** argv) {
   options o;
   int c;
-  while ((c = getopt(argc, argv, "t:s:n:w:c:p:W:T:R:fh")) != -1) {
+  while ((c = getopt(argc, argv, "t:s:n:w:c:p:W:O:T:R:fh")) != -1) {
     switch (c) {
       case 't': o.test = parse_test(optarg); break;
       case 's': o.size = parse_number('s', optarg, 1, max_size); break;
@@ -165,7 +228,10 @@ options parse_options(int argc, char** argv) {
       case 'w': o.warmup = parse_number('w', optarg, 0, 1ull << 40); break;
       case 'c': o.core = static_cast<int>(parse_number('c', optarg, 0, CPU_SETSIZE - 1)); break;
       case 'p': o.port = static_cast<uint16_t>(parse_number('p', optarg, 1, 65535)); break;
-      case 'W': o.window = static_cast<uint32_t>(parse_number('W', optarg, 1, 65536)); break;
+      case 'W':
+      case 'O':
+        o.window = static_cast<uint32_t>(parse_number(static_cast<char>(c), optarg, 1, 65536));
+        break;
       case 'T': o.timeout_s = static_cast<uint32_t>(parse_number('T', optarg, 1, 86400)); break;
       case 'R': o.rank = std::strtod(optarg, nullptr); break;
       case 'f': o.final_only = true; break;
@@ -176,6 +242,7 @@ options parse_options(int argc, char** argv) {
   if (o.rank <= 0.0 || o.rank > 100.0) fail("-R: rank must be in (0, 100]");
   if (optind < argc) o.server_host = argv[optind++];
   if (optind < argc) fail("unexpected argument '%s'", argv[optind]);
+  if (o.window == 0) o.window = default_window(o.test);
   return o;
 }
 
@@ -410,7 +477,8 @@ wire_params to_wire(const options& o) {
 /// Checks parameters received from a client and applies them to `o`.
 void apply_wire(const wire_params& p, options& o) {
   if (p.magic != wire_params{}.magic) fail("bootstrap: the client is not comm_perftest");
-  if (p.test < 1 || p.test > 4) fail("bootstrap: unknown test %u", p.test);
+  if (p.test < 1 || p.test > static_cast<uint32_t>(test_kind::get))
+    fail("bootstrap: unknown test %u", p.test);
   if (p.size == 0 || p.size > max_size || p.iters == 0 || p.window == 0 || p.timeout_s == 0)
     fail("bootstrap: bad test parameters");
   o.test = static_cast<test_kind>(p.test);
@@ -452,6 +520,7 @@ void print_banner(const options& o, const comm::endpoint& ep) {
   row("Transport:", std::string(ep.transport()));
   row("Message size:", std::to_string(o.size));
   row("Iterations:", std::to_string(o.iters) + " (+" + std::to_string(o.warmup) + " warm-up)");
+  if (!is_pingpong_test(o.test)) row("Window:", std::to_string(o.window));
   std::printf("%s", line);
   std::fflush(stdout);
 }
@@ -547,12 +616,47 @@ constexpr uint16_t am_ack_id = 11;
 constexpr comm::tag_t tag_data = 0xc0ffee01;
 constexpr comm::tag_t tag_ack = 0xc0ffee02;
 
-/// Everything one side of a test uses: worker, endpoint to the peer, buffers, AM counters.
+/// A page-aligned heap buffer (ucx_perftest's buffers are page-aligned too), touched once so
+/// that page faults stay out of the measurement.
+class page_buffer {
+public:
+  page_buffer() = default;
+  ~page_buffer() { std::free(data_); }
+  page_buffer(const page_buffer&) = delete;
+  page_buffer& operator=(const page_buffer&) = delete;
+
+  /// Replaces the contents with `size` bytes of `fill`.
+  void assign(size_t size, uint8_t fill) {
+    std::free(data_);
+    data_ = nullptr;
+    size_ = 0;
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, std::max<size_t>(size, 1)) != 0)
+      fail("cannot allocate a %zu-byte buffer", size);
+    data_ = static_cast<uint8_t*>(p);
+    size_ = size;
+    std::memset(data_, fill, std::max<size_t>(size, 1));
+  }
+  /// The first byte.
+  uint8_t* data() const noexcept { return data_; }
+  /// Bytes in the buffer.
+  size_t size() const noexcept { return size_; }
+
+private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+/// Everything one side of a test uses: worker, endpoint to the peer, buffers, AM counters, and
+/// for the RMA tests the registration of this side's receive buffer and the peer's key.
 struct session {
   comm::worker* w = nullptr;
   comm::endpoint* ep = nullptr;
-  std::vector<uint8_t> send_buf;
-  std::vector<uint8_t> recv_buf;
+  page_buffer send_buf;
+  page_buffer recv_buf;
+  comm::memh* local_reg = nullptr;      ///< registration of recv_buf (RMA tests)
+  comm::rkey* remote_key = nullptr;     ///< the peer's recv_buf (RMA tests)
+  uint64_t remote_address = 0;          ///< where the peer's recv_buf starts
   volatile uint64_t am_data_count = 0;  ///< AM data messages delivered
   volatile uint64_t am_ack_count = 0;   ///< AM acks delivered
   volatile bool failed = false;         ///< the endpoint reported an error
@@ -771,28 +875,137 @@ void sink_phase(session& s, const options& o, uint64_t count, uint64_t& am_seen)
   }
 }
 
+// -- RMA tests ------------------------------------------------------------------------------------
+
+/// Issues `count` puts (put_bw) or gets (get) of the test's size into / from the peer's registered
+/// buffer with up to o.window outstanding, then flushes the endpoint; times the phase when `rep` is
+/// set. With a window of 1 each operation completes before the next starts, so the per-iteration
+/// time is the operation's latency (ucx_perftest's ucp_get).
+void rma_phase(session& s, const options& o, uint64_t count, reporter* rep) {
+  const bool put = o.test == test_kind::put_bw;
+  const char* what = put ? "put" : "get";
+  comm::iov_entry local{put ? s.send_buf.data() : s.recv_buf.data(), o.size};
+  op_window win(o.window);
+  if (rep) rep->start();
+  for (uint64_t i = 0; i < count; ++i) {
+    win.make_room(s, what);
+    win.push(s,
+             put ? s.ep->put(&local, 1, s.remote_address, s.remote_key)
+                 : s.ep->get(&local, 1, s.remote_address, s.remote_key),
+             what);
+    if (o.window == 1) {
+      win.drain(s, what);
+    } else if (!win.empty()) {
+      s.w->progress();
+      win.reap(s, what);
+    }
+    check_alive(s, what);
+    if (rep) rep->record(ticker::now());
+  }
+  win.drain(s, what);
+  complete(s, s.ep->flush(), "flush");
+  if (rep) rep->finish(ticker::now());
+}
+
+/// The sequence number of ping-pong iteration `i`, carried in the last byte of a put: 1..255, so
+/// never the buffers' initial 0 and never the previous iteration's number.
+uint8_t psn(uint64_t i) { return static_cast<uint8_t>(i % 255 + 1); }
+
+/// Busy-polls until the last byte of this side's registered buffer holds `sn`, i.e. the peer's put
+/// of that iteration landed. As in ucx_perftest, a put is taken to write its bytes in order (true
+/// of shm's CMA and self's memcpy), so the rest of the message is there as well.
+void wait_psn(session& s, size_t size, uint8_t sn, const char* what) {
+  std::atomic_ref<uint8_t> last(s.recv_buf.data()[size - 1]);
+  while (last.load(std::memory_order_acquire) != sn) {
+    s.w->progress();
+    check_alive(s, what);
+  }
+}
+
+/// Puts the send buffer, its last byte set to `sn`, into the peer's registered buffer and waits
+/// until the put completed (the data is in the peer's memory).
+void put_psn(session& s, size_t size, uint8_t sn) {
+  s.send_buf.data()[size - 1] = sn;
+  comm::iov_entry local{s.send_buf.data(), size};
+  complete(s, s.ep->put(&local, 1, s.remote_address, s.remote_key), "put");
+}
+
+/// put_lat client (ucx_perftest's ucp_put_lat): put, wait for the server's put back; reports
+/// RTT/2.
+void run_put_latency_client(session& s, const options& o, reporter& rep) {
+  const uint64_t total = o.warmup + o.iters;
+  for (uint64_t i = 0; i < total; ++i) {
+    if (i == o.warmup) rep.start();
+    put_psn(s, o.size, psn(i));
+    wait_psn(s, o.size, psn(i), "put_lat reply");
+    if (i >= o.warmup) rep.record(ticker::now());
+  }
+  rep.finish(ticker::now());
+}
+
+/// put_lat server: wait for the client's put, put back.
+void run_put_latency_server(session& s, const options& o) {
+  const uint64_t total = o.warmup + o.iters;
+  for (uint64_t i = 0; i < total; ++i) {
+    wait_psn(s, o.size, psn(i), "put_lat ping");
+    put_psn(s, o.size, psn(i));
+  }
+}
+
+// -- dispatch -------------------------------------------------------------------------------------
+
 /// Runs the client's side of the test selected in `o`.
 void run_client_test(session& s, const options& o, const ticker& clock) {
-  bool lat = is_latency_test(o.test);
-  reporter rep(clock, o.size, lat ? 0.5 : 1.0, o.rank, o.final_only);
-  print_table_header(lat, o.final_only, o.rank);
-  if (lat) {
-    run_latency_client(s, o, rep);
-    return;
+  const bool pingpong = is_pingpong_test(o.test);
+  reporter rep(clock, o.size, pingpong ? 0.5 : 1.0, o.rank, o.final_only);
+  print_table_header(shows_latency(o.test), o.final_only, o.rank);
+  switch (o.test) {
+    case test_kind::tag_lat:
+    case test_kind::am_lat:
+      run_latency_client(s, o, rep);
+      return;
+    case test_kind::put_lat:
+      run_put_latency_client(s, o, rep);
+      return;
+    case test_kind::put_bw:
+    case test_kind::get:
+      if (o.warmup > 0) rma_phase(s, o, o.warmup, nullptr);
+      rma_phase(s, o, o.iters, &rep);
+      // The server only progresses; this tells it the test is over.
+      complete(s, s.ep->tag_send(tag_ack, nullptr, 0), "end of test");
+      return;
+    case test_kind::tag_bw:
+    case test_kind::am_bw:
+      if (o.warmup > 0) stream_phase(s, o, o.warmup, nullptr);
+      stream_phase(s, o, o.iters, &rep);
+      return;
   }
-  if (o.warmup > 0) stream_phase(s, o, o.warmup, nullptr);
-  stream_phase(s, o, o.iters, &rep);
 }
 
 /// Runs the server's side of the test selected in `o`.
 void run_server_test(session& s, const options& o) {
-  if (is_latency_test(o.test)) {
-    run_latency_server(s, o);
-    return;
+  switch (o.test) {
+    case test_kind::tag_lat:
+    case test_kind::am_lat:
+      run_latency_server(s, o);
+      return;
+    case test_kind::put_lat:
+      run_put_latency_server(s, o);
+      return;
+    case test_kind::put_bw:
+    case test_kind::get:
+      // One-sided: progress (as ucx_perftest's responder does) until the client is done.
+      complete(s, s.w->tag_recv(s.send_buf.data(), 0, tag_ack, comm::tag_mask_full),
+               "end of test");
+      return;
+    case test_kind::tag_bw:
+    case test_kind::am_bw: {
+      uint64_t am_seen = 0;
+      if (o.warmup > 0) sink_phase(s, o, o.warmup, am_seen);
+      sink_phase(s, o, o.iters, am_seen);
+      return;
+    }
   }
-  uint64_t am_seen = 0;
-  if (o.warmup > 0) sink_phase(s, o, o.warmup, am_seen);
-  sink_phase(s, o, o.iters, am_seen);
 }
 
 // -- set-up and teardown --------------------------------------------------------------------------
@@ -825,14 +1038,82 @@ void prepare(session& s, const options& o) {
   s.recv_buf.assign(o.size, 0);
 }
 
-/// Closes the endpoint (bounded), after both sides finished the test.
+/// Remote-key message of the bootstrap: the sender's registration status, then (when ok) the
+/// address of its registered buffer and the packed key.
+struct wire_key {
+  int32_t status = 0;     ///< comm::status of mem_map/rkey_pack
+  uint32_t length = 0;    ///< bytes of packed key that follow
+  uint64_t address = 0;   ///< start of the registered buffer
+};
+
+/// Registers this side's receive buffer and sends its key to the peer (or the error, so that the
+/// peer fails with the reason rather than a closed socket).
+void send_key(session& s, int sock) {
+  std::vector<uint8_t> packed;
+  comm::status st = s.w->mem_map(s.recv_buf.data(), s.recv_buf.size(), &s.local_reg);
+  if (st == comm::status::ok) st = s.w->rkey_pack(s.local_reg, packed);
+  if (st == comm::status::ok && (packed.empty() || packed.size() > 65536))
+    st = comm::status::invalid_param;
+  wire_key k;
+  k.status = static_cast<int32_t>(st);
+  if (st == comm::status::ok) {
+    k.length = static_cast<uint32_t>(packed.size());
+    k.address = reinterpret_cast<uintptr_t>(s.recv_buf.data());
+  }
+  send_all(sock, &k, sizeof k);
+  if (k.length > 0) send_all(sock, packed.data(), packed.size());
+  if (st != comm::status::ok) fail("registering the buffer: %s", comm::to_string(st));
+}
+
+/// Receives the peer's key and unpacks it for this side's endpoint.
+void receive_key(session& s, int sock) {
+  wire_key k;
+  recv_all(sock, &k, sizeof k);
+  auto st = static_cast<comm::status>(k.status);
+  if (st != comm::status::ok) fail("the peer could not register its buffer: %s", comm::to_string(st));
+  if (k.length == 0 || k.length > 65536) fail("bootstrap: bad remote key length %u", k.length);
+  std::vector<uint8_t> packed(k.length);
+  recv_all(sock, packed.data(), packed.size());
+  st = s.ep->rkey_unpack(packed.data(), packed.size(), &s.remote_key);
+  if (st != comm::status::ok)
+    fail("rkey_unpack on transport %s: %s", std::string(s.ep->transport()).c_str(),
+         comm::to_string(st));
+  s.remote_address = k.address;
+}
+
+/// RMA tests: the server's buffer is the target of the client's puts and gets; for put_lat the
+/// client's buffer is the target of the server's puts as well.
+void exchange_keys(session& s, const options& o, int sock, bool client) {
+  if (!is_rma_test(o.test)) return;
+  const bool both = o.test == test_kind::put_lat;
+  if (client) {
+    receive_key(s, sock);
+    if (both) send_key(s, sock);
+  } else {
+    send_key(s, sock);
+    if (both) receive_key(s, sock);
+  }
+}
+
+/// Closes the endpoint (bounded), after both sides finished the test; releases the keys first and
+/// the registration last, when the peer can no longer use it.
 void close_peer(session& s, int sock) {
   barrier(sock);
+  if (s.remote_key != nullptr) {
+    s.ep->rkey_destroy(s.remote_key);
+    s.remote_key = nullptr;
+  }
   comm::status st = s.w->wait(s.ep->close(), 5000);
   if (st != comm::status::ok && st != comm::status::connection_reset)
     std::fprintf(stderr, "comm_perftest: closing the endpoint: %s\n", comm::to_string(st));
   s.ep = nullptr;
   barrier(sock);
+  if (s.local_reg != nullptr) {
+    st = s.w->mem_unmap(s.local_reg);
+    s.local_reg = nullptr;
+    if (st != comm::status::ok)
+      std::fprintf(stderr, "comm_perftest: mem_unmap: %s\n", comm::to_string(st));
+  }
 }
 
 /// Creates the worker of one side.
@@ -858,6 +1139,7 @@ void run_server(options o) {
   s.w = w.get();
   prepare(s, o);
   connect_peer(s, sock.get(), false);
+  exchange_keys(s, o, sock.get(), false);
   print_banner(o, *s.ep);
   deadline limit(o.timeout_s);
   s.limit = &limit;
@@ -878,6 +1160,7 @@ void run_client(const options& o) {
   s.w = w.get();
   prepare(s, o);
   connect_peer(s, sock.get(), true);
+  exchange_keys(s, o, sock.get(), true);
   deadline limit(o.timeout_s);
   s.limit = &limit;
   barrier(sock.get());

@@ -2,7 +2,12 @@
 # Runs UCX's ucx_perftest (UCX_TLS=shm,self) and libcomm's comm_perftest (COMM_TLS=shm,self)
 # alternately on this machine, servers pinned to core 0 and clients to core 1, and prints the
 # median of each over the rounds with their ratio. Writes the numbers to a .dat file and, when
-# gnuplot is installed, a PNG (latency and bandwidth against message size).
+# gnuplot is installed, a PNG (latency, tag bandwidth and RMA bandwidth against message size).
+#
+# Tests: tag_lat (8 B .. 1 MiB), tag_bw (8 B .. 4 MiB; 64 KiB and up go by rendezvous), am_lat,
+# put_bw and get (64 KiB, 1 MiB; UCX's ucp_put_bw and ucp_get). Both tools get the same window
+# (ucx_perftest's -O, comm_perftest's -W): ucx_perftest's defaults, 32 for the streaming tests and
+# 1 for get (one get at a time, so get's bandwidth is size / latency of one get).
 #
 #   bench/compare_ucx.sh [-r rounds] [-n iterations] [-q] [-b build-dir] [-o out-dir] [-p port]
 set -euo pipefail
@@ -11,8 +16,8 @@ usage() {
   cat <<'EOF'
 Usage: bench/compare_ucx.sh [options]
   -r <rounds>  rounds of every test, alternating UCX and libcomm (default 3)
-  -n <iters>   iterations of every test (default: per test, 50k-10M)
-  -q           quick: 1 round, a tenth of the default iterations
+  -n <iters>   iterations of every test (default: per test, 500-10M, about 0.5 s each)
+  -q           quick: 1 round, a tenth of the default iterations (at least 100)
   -b <dir>     build directory holding bench/comm_perftest (default: build)
   -o <dir>     where the .dat, .png and logs go (default: <build-dir>/compare)
   -p <port>    first bootstrap port; every run uses the next one (default 23000)
@@ -48,16 +53,23 @@ ours="$build/bench/comm_perftest"
 [[ -x $ours ]] || { echo "no $ours: build first (bash scripts/test.sh or cmake --build)" >&2; exit 1; }
 command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt-get install ucx-utils)" >&2; exit 1; }
 
-# test | size | default iterations | UCX's name for it
+# test | size | default iterations | UCX's name for it | window (-O / -W; - for ping-pongs)
 # (each run takes about half a second on an idle machine, long enough to ride over short noise)
 tests=(
-  "tag_lat 8 1000000 tag_lat"
-  "tag_lat 4096 500000 tag_lat"
-  "tag_lat 65536 50000 tag_lat"
-  "tag_bw 8 10000000 tag_bw"
-  "tag_bw 4096 2000000 tag_bw"
-  "tag_bw 65536 100000 tag_bw"
-  "am_lat 8 1000000 ucp_am_lat"
+  "tag_lat 8 1000000 tag_lat -"
+  "tag_lat 4096 500000 tag_lat -"
+  "tag_lat 65536 50000 tag_lat -"
+  "tag_lat 1048576 3000 tag_lat -"
+  "tag_bw 8 10000000 tag_bw 32"
+  "tag_bw 4096 2000000 tag_bw 32"
+  "tag_bw 65536 100000 tag_bw 32"
+  "tag_bw 1048576 3000 tag_bw 32"
+  "tag_bw 4194304 600 tag_bw 32"
+  "am_lat 8 1000000 ucp_am_lat -"
+  "put_bw 65536 100000 ucp_put_bw 32"
+  "put_bw 1048576 5000 ucp_put_bw 32"
+  "get 65536 100000 ucp_get 1"
+  "get 1048576 5000 ucp_get 1"
 )
 run_timeout=120
 server_pid=""
@@ -93,24 +105,27 @@ reap_server() {
   cleanup
 }
 
-# Prints the metric of a `Final:` row: overall latency (usec) for latency tests, overall message
-# rate for 8-byte bandwidth tests, overall bandwidth (MB/s) for larger ones.
+# Prints the metric of a `Final:` row: overall latency (usec) for the ping-pong tests, overall
+# message rate for 8-byte streaming tests, overall bandwidth (MB/s) for larger ones (get included).
 metric() { # test size log
   local col
   case $1 in
-    *lat) col=5 ;;
+    *_lat) col=5 ;;
     *) if (($2 <= 8)); then col=9; else col=7; fi ;;
   esac
   awk -v c="$col" '/^Final:/ { v = $c } END { if (v == "") print "NA"; else print v }' "$3"
 }
 
-# One run: lib (ucx|comm), test, size, iterations, UCX test name, log file. Sets $result to the
-# metric (NA when the run failed). Not run in a subshell: it advances $port and owns $server_pid.
+# One run: lib (ucx|comm), test, size, iterations, UCX test name, window (- for none), log file.
+# Sets $result to the metric (NA when the run failed). Not run in a subshell: it advances $port and
+# owns $server_pid.
 result=NA
 run_one() {
-  local lib=$1 test=$2 size=$3 n=$4 ucx_test=$5 log=$6
+  local lib=$1 test=$2 size=$3 n=$4 ucx_test=$5 window=$6 log=$7
   port=$((port + 1))
   local w=$(( n / 10 > 10000 ? 10000 : n / 10 ))
+  local ucx_window=() our_window=()
+  if [[ $window != - ]]; then ucx_window=(-O "$window"); our_window=(-W "$window"); fi
   if [[ $lib == ucx ]]; then
     UCX_TLS=shm,self timeout "$run_timeout" taskset -c 0 ucx_perftest -p "$port" >"$log.server" 2>&1 &
   else
@@ -123,10 +138,10 @@ run_one() {
   fi
   if [[ $lib == ucx ]]; then
     UCX_TLS=shm,self timeout "$run_timeout" taskset -c 1 ucx_perftest localhost -p "$port" \
-      -t "$ucx_test" -s "$size" -n "$n" -w "$w" >"$log" 2>&1 || true
+      -t "$ucx_test" -s "$size" -n "$n" -w "$w" "${ucx_window[@]}" >"$log" 2>&1 || true
   else
     COMM_TLS=shm,self timeout "$run_timeout" "$ours" localhost -p "$port" -c 1 \
-      -t "$test" -s "$size" -n "$n" -w "$w" >"$log" 2>&1 || true
+      -t "$test" -s "$size" -n "$n" -w "$w" "${our_window[@]}" >"$log" 2>&1 || true
   fi
   reap_server
   result=$(metric "$test" "$size" "$log")
@@ -142,28 +157,36 @@ median() {
 # Formats the number on stdin with printf format $1; NA stays NA.
 tidy() { awk -v f="$1" '{ if ($1 == "NA") print "NA"; else printf f "\n", $1 }'; }
 
+# The load average (1 min) from /proc/loadavg.
+load1() { cut -d' ' -f1 /proc/loadavg; }
+
 dat="$out/compare_ucx.dat"
+load_start=$(load1)
 {
   echo "# libcomm comm_perftest vs UCX ucx_perftest, shm, cores 0/1, median of $rounds round(s)"
+  echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load average at start $load_start"
   echo "# test size metric ucx ours ratio(ours/ucx)"
 } >"$dat"
+echo "load average at start: $load_start" >&2
+started=$SECONDS
 table=()
 for spec in "${tests[@]}"; do
-  read -r test size default_n ucx_test <<<"$spec"
+  read -r test size default_n ucx_test window <<<"$spec"
   n=${iters:-$((default_n / scale))}
+  ((n >= 100 || ${#iters} > 0)) || n=100
   ucx_vals=() our_vals=()
   for ((r = 1; r <= rounds; r++)); do
     log="$out/${test}_${size}_r$r"
     # Alternate which library goes first, so drift on a noisy machine hits both.
     if ((r % 2)); then order="ucx comm"; else order="comm ucx"; fi
     for lib in $order; do
-      run_one "$lib" "$test" "$size" "$n" "$ucx_test" "$log.$lib.log"
+      run_one "$lib" "$test" "$size" "$n" "$ucx_test" "$window" "$log.$lib.log"
       if [[ $lib == ucx ]]; then ucx_vals+=("$result"); else our_vals+=("$result"); fi
     done
     echo "  $test $size round $r/$rounds: ucx ${ucx_vals[-1]}  comm ${our_vals[-1]}" >&2
   done
   case $test in
-    *lat) unit="usec"; fmt="%.3f"; better="lower is better" ;;
+    *_lat) unit="usec"; fmt="%.3f"; better="lower is better" ;;
     *) if ((size <= 8)); then unit="msg/s"; fmt="%.0f"; else unit="MB/s"; fmt="%.1f"; fi
        better="higher is better" ;;
   esac
@@ -175,10 +198,13 @@ for spec in "${tests[@]}"; do
   table+=("$(printf '%-8s %7s %-6s %12s %12s %7s  %s' "$test" "$size" "$unit" "$u" "$o" "$ratio" "$better")")
 done
 
+load_end=$(load1)
+echo "# load average at end $load_end, $((SECONDS - started)) s" >>"$dat"
 echo
 printf '%-8s %7s %-6s %12s %12s %7s  %s\n' test size unit UCX ours ratio "(ratio = ours/UCX)"
 printf '%s\n' "${table[@]}"
 echo
+echo "load average: $load_start at start, $load_end at end; $((SECONDS - started)) s"
 echo "numbers: $dat"
 if command -v gnuplot >/dev/null; then
   if gnuplot -e "datafile='$dat'; outfile='$out/compare_ucx.png'" "$here/plot_compare.gnuplot" \

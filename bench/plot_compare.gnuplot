@@ -1,14 +1,14 @@
-# Plots bench/compare_ucx.sh's .dat file: tag_lat latency and tag_bw bandwidth against message
-# size, UCX and libcomm side by side.
+# Plots bench/compare_ucx.sh's .dat file against message size, UCX and libcomm side by side:
+# tag_lat latency, tag_bw bandwidth, and RMA bandwidth (put_bw, get).
 #   gnuplot -e "datafile='compare_ucx.dat'; outfile='compare_ucx.png'" plot_compare.gnuplot
 # Columns of the data file: test size unit ucx ours ratio.
 
 if (!exists("datafile")) datafile = 'compare_ucx.dat'
 if (!exists("outfile")) outfile = 'compare_ucx.png'
 
-set terminal pngcairo size 1200,500 noenhanced
+set terminal pngcairo size 1800,500 noenhanced
 set output outfile
-set multiplot layout 1,2 title "libcomm vs UCX on shared memory (median over rounds)"
+set multiplot layout 1,3 title "libcomm vs UCX on shared memory (median over rounds)"
 set logscale x 2
 set key top left
 set grid
@@ -27,5 +27,11 @@ set title "tag_bw: bandwidth (higher is better)"
 set ylabel "MB/s"
 plot datafile using 2:(pick("tag_bw", 8, 4)) with linespoints lw 2 title "UCX", \
      datafile using 2:(pick("tag_bw", 8, 5)) with linespoints lw 2 title "libcomm"
+
+set title "RMA: put_bw (window 32) and get (one at a time) bandwidth (higher is better)"
+plot datafile using 2:(pick("put_bw", 0, 4)) with linespoints lw 2 title "UCX put", \
+     datafile using 2:(pick("put_bw", 0, 5)) with linespoints lw 2 title "libcomm put", \
+     datafile using 2:(pick("get", 0, 4)) with linespoints lw 2 dt 2 title "UCX get", \
+     datafile using 2:(pick("get", 0, 5)) with linespoints lw 2 dt 2 title "libcomm get"
 
 unset multiplot
