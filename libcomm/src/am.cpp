@@ -34,15 +34,15 @@ void worker_impl::deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags
                              const uint8_t* header, size_t header_length, uint8_t* data,
                              size_t length, unsigned attr, size_t offset, size_t total,
                              uint64_t msg_id, bool data_is_ours) {
-  auto it = am_handlers.find(id);
-  if (it == am_handlers.end()) {
+  const am_handler* found = find_am_handler(id);
+  if (found == nullptr) {
     ++ep->counters_.errors;
     COMM_LOG(error, "am", "%s: no handler for active message %u from %s; dropped",
              params.name.c_str(), id, ep->peer_name_.c_str());
     if (data_is_ours) std::free(data);
     return;
   }
-  const am_handler h = it->second;
+  const am_handler h = *found;
   am_recv_params p;
   p.attr = attr;
   p.offset = offset;
@@ -123,15 +123,15 @@ void worker_impl::on_am_first(const uint8_t* data, size_t length) {
 
 void worker_impl::on_am_fragment(endpoint_impl* ep, const uint8_t* data, size_t length) {
   rx_fragments& rx = ep->rx;
-  auto it = am_handlers.find(rx.am_id);
+  const am_handler* handler = find_am_handler(rx.am_id);
   const bool first = rx.received == 0 && rx.am_buffer == nullptr;
-  if (it == am_handlers.end()) {
+  if (handler == nullptr) {
     if (first) {
       ++ep->counters_.errors;
       COMM_LOG(error, "am", "%s: no handler for active message %u from %s; dropped",
                params.name.c_str(), rx.am_id, ep->peer_name_.c_str());
     }
-  } else if (it->second.flags & am_flag_whole_msg) {
+  } else if (handler->flags & am_flag_whole_msg) {
     if (rx.am_buffer == nullptr) {
       rx.am_buffer = aligned_block(params.am_alignment, rx.total);
       if (rx.am_buffer == nullptr) return protocol_error(ep, "no memory to reassemble an AM");

@@ -242,9 +242,9 @@ void worker_impl::on_rndv_rts(const uint8_t* data, size_t length) {
   if (total > max_rndv_message) return protocol_error(ep, "rendezvous length beyond any buffer");
   ++ep->counters_.messages_received;
   if (is_am) {
-    auto it = am_handlers.find(am_id);
+    const am_handler* handler = find_am_handler(am_id);
     uint8_t* buffer = nullptr;
-    if (it != am_handlers.end()) {
+    if (handler != nullptr) {
       void* block = nullptr;
       if (posix_memalign(&block, std::max<size_t>(params.am_alignment, 8),
                          std::max<uint64_t>(total, 1)) == 0) {
@@ -262,7 +262,7 @@ void worker_impl::on_rndv_rts(const uint8_t* data, size_t length) {
     if (buffer == nullptr) {
       ++ep->counters_.errors;
       COMM_LOG(error, "rndv", "%s: cannot take rendezvous AM %u (%s); refused",
-               params.name.c_str(), am_id, it == am_handlers.end() ? "no handler" : "no memory");
+               params.name.c_str(), am_id, handler == nullptr ? "no handler" : "no memory");
       req->st = status::no_elem;
     }
     start_fetch(req, ep, sreq, address, total, rkey.data(), rkey.size());

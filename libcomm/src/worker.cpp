@@ -434,9 +434,18 @@ status worker::set_am_handler(uint16_t id, am_callback cb, void* arg, unsigned f
     return status::invalid_param;
   }
   if (cb == nullptr) {
-    w.am_handlers.erase(id);
+    if (id < worker_impl::am_table_size) {
+      w.am_table[id] = worker_impl::am_handler{};
+    } else {
+      w.am_handlers.erase(id);
+    }
   } else {
-    w.am_handlers[id] = worker_impl::am_handler{cb, arg, flags};
+    const worker_impl::am_handler h{cb, arg, flags};
+    if (id < worker_impl::am_table_size) {
+      w.am_table[id] = h;
+    } else {
+      w.am_handlers[id] = h;
+    }
   }
   return status::ok;
 }

@@ -160,7 +160,16 @@ public:
     void* arg = nullptr;
     unsigned flags = 0;
   };
-  std::unordered_map<uint16_t, am_handler> am_handlers; ///< user AM handlers by id
+  /// User AM handlers: ids below am_table_size in a flat table, the rest in a map.
+  static constexpr uint16_t am_table_size = 256;
+  am_handler am_table[am_table_size];
+  std::unordered_map<uint16_t, am_handler> am_handlers;
+  /// The handler of AM `id`, or null.
+  const am_handler* find_am_handler(uint16_t id) const {
+    if (id < am_table_size) return am_table[id].cb != nullptr ? &am_table[id] : nullptr;
+    auto it = am_handlers.find(id);
+    return it == am_handlers.end() ? nullptr : &it->second;
+  }
   std::unordered_map<void*, void*> persistent_data;     ///< data given to handlers -> block
 
   std::vector<request*> free_requests;      ///< the request pool
