@@ -6,8 +6,11 @@
 
 namespace comm::tl::self {
 
-self_ep::self_ep(self_iface& owner, std::shared_ptr<mailbox> target)
-    : owner_(owner), target_(std::move(target)), state_(std::make_shared<ep_state>()) {
+self_ep::self_ep(self_iface& owner, std::shared_ptr<mailbox> target, uint64_t target_id)
+    : owner_(owner),
+      target_(std::move(target)),
+      target_id_(target_id),
+      state_(std::make_shared<ep_state>()) {
   state_->home = owner.own_mailbox();
 }
 
@@ -101,6 +104,39 @@ status self_ep::am_zcopy(am_id id, const void* header, size_t header_length, con
   ++state_->zcopy_issued;
   commit(index, id, offset, comp, state_);
   return status::in_progress;
+}
+
+status self_ep::put_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                          const remote_key& key, completion* comp) {
+  return rma(entries, count, remote_address, key, true);
+}
+
+status self_ep::get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                          const remote_key& key, completion* comp) {
+  return rma(entries, count, remote_address, key, false);
+}
+
+bool self_ep::target_closed() const {
+  std::lock_guard lock(target_->mutex);
+  return target_->closed;
+}
+
+status self_ep::rma(const iov* entries, size_t count, uint64_t remote_address,
+                    const remote_key& key, bool write) {
+  const packed_rkey* k = rkey_of(key, rkey_magic_self);
+  size_t total = 0;
+  if (k == nullptr || !sum_iov(entries, count, &total)) return status::invalid_param;
+  // A key of another interface is refused before the table is consulted.
+  status st = k->iface_id != target_id_ ? status::invalid_param
+                                        : check_self_access(*k, target_id_, remote_address, total);
+  if (is_error(st) && st != status::invalid_param && target_closed()) {
+    st = status::connection_reset;
+  }
+  if (st == status::ok && total != 0) {
+    copy_local(entries, count, reinterpret_cast<uint8_t*>(remote_address), write);
+  }
+  owner_.count_rma(write, total, st);
+  return st;
 }
 
 status self_ep::pending_add(pending_req* req) {

@@ -22,6 +22,9 @@ constexpr size_t max_segment_size = 1u << 24;
 constexpr size_t zcopy_max_hdr = 256;
 constexpr size_t zcopy_max_iov = 16;
 constexpr unsigned progress_batch = 64;
+/// RMA limits (a copy has none of its own) and the reads in flight per endpoint we advertise.
+constexpr size_t max_rma_bytes = size_t{1} << 40;
+constexpr size_t max_outstanding_reads = 16;
 
 /// Device address: this process on this boot.
 struct [[gnu::packed]] device_addr {
@@ -146,20 +149,26 @@ self_iface::self_iface(const iface_params& params) {
   mailbox_ = std::make_shared<mailbox>(fifo, segment + zcopy_max_hdr, event_fd_);
 
   attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
-               cap_connect_to_iface;
+               cap_connect_to_iface | cap_get_zcopy | cap_put_zcopy;
   attr_.max_short = segment;
   attr_.max_bcopy = segment;
   attr_.max_zcopy = segment;
   attr_.max_hdr = zcopy_max_hdr;
   attr_.max_iov = zcopy_max_iov;
+  attr_.max_get_zcopy = max_rma_bytes;
+  attr_.max_put_zcopy = max_rma_bytes;
+  attr_.max_outstanding_reads = max_outstanding_reads;
   attr_.latency_ns = 50;
   attr_.bandwidth_bytes_per_s = 10e9;
   attr_.priority = 20;
 
-  registry& reg = the_registry();
-  std::lock_guard lock(reg.mutex);
-  id_ = reg.next_id++;
-  reg.live.emplace(id_, mailbox_);
+  {
+    registry& reg = the_registry();
+    std::lock_guard lock(reg.mutex);
+    id_ = reg.next_id++;
+    reg.live.emplace(id_, mailbox_);
+  }
+  md_ = std::make_unique<self_md>(id_);
 }
 
 self_iface::~self_iface() {
@@ -351,7 +360,7 @@ status self_iface::create_ep(const std::vector<uint8_t>& device_address,
     if (found == reg.live.end()) return status::unreachable;
     target = found->second;
   }
-  out = std::make_unique<self_ep>(*this, std::move(target));
+  out = std::make_unique<self_ep>(*this, std::move(target), uint64_t{addr.id});
   return status::ok;
 }
 
@@ -366,6 +375,10 @@ std::string self_iface::info() const {
           std::to_string(attr_.max_iov) + ")\n";
   text += "self: delivered " + std::to_string(delivered_) + " messages, dropped " +
           std::to_string(dropped_) + " without handler\n";
+  if (md_) text += md_->info();
+  text += "self: rma: " + std::to_string(gets_) + " gets, " + std::to_string(puts_) +
+          " puts, " + std::to_string(rma_bytes_) + " bytes, " + std::to_string(rma_errors_) +
+          " errors\n";
   return text;
 }
 

@@ -10,9 +10,11 @@
 // them, a destroyed endpoint drops its in-flight zcopy completions, and endpoints go before their
 // interface. An interface is used by one thread; endpoints of different interfaces may send to the
 // same interface from different threads.
+// Memory domain and RMA (get_zcopy/put_zcopy by memmove after checks): self_md.hpp.
 #pragma once
 
 #include "base/pending_queue.hpp"
+#include "self/self_md.hpp"
 
 #include <comm/transport/transport.hpp>
 
@@ -131,9 +133,20 @@ public:
                     const std::vector<uint8_t>& iface_address) const override;
   status create_ep(const std::vector<uint8_t>& device_address,
                    const std::vector<uint8_t>& iface_address, std::unique_ptr<ep>& out) override;
+  md* memory_domain() override { return md_.get(); }
   std::string info() const override;
 
   // -- used by self_ep --
+
+  /// Counts one RMA operation of `bytes` that ended with `result`.
+  void count_rma(bool put, size_t bytes, status result) {
+    if (result != status::ok) {
+      ++rma_errors_;
+    } else {
+      ++(put ? puts_ : gets_);
+      rma_bytes_ += bytes;
+    }
+  }
 
   /// The mailbox of this interface (zcopy completions come back to it).
   const std::shared_ptr<mailbox>& own_mailbox() const { return mailbox_; }
@@ -166,12 +179,18 @@ private:
   std::vector<returned_completion> returned_scratch_;
   uint64_t delivered_ = 0;
   uint64_t dropped_ = 0;                          ///< messages without a handler
+  std::unique_ptr<self_md> md_;
+  uint64_t gets_ = 0;
+  uint64_t puts_ = 0;
+  uint64_t rma_bytes_ = 0;
+  uint64_t rma_errors_ = 0;
 };
 
 /// An endpoint from a self interface to a self interface of the same process.
 class self_ep final : public ep {
 public:
-  self_ep(self_iface& owner, std::shared_ptr<mailbox> target);
+  /// An endpoint of `owner` to the interface with registry id `target_id` and mailbox `target`.
+  self_ep(self_iface& owner, std::shared_ptr<mailbox> target, uint64_t target_id);
   ~self_ep() override;
 
   status am_short(am_id id, const void* header, size_t header_length, const void* payload,
@@ -179,6 +198,12 @@ public:
   ssize_t am_bcopy(am_id id, pack_fn pack, void* arg) override;
   status am_zcopy(am_id id, const void* header, size_t header_length, const iov* entries,
                   size_t count, completion* comp) override;
+  /// Writes the local iov to the target's registered memory; complete on return.
+  status put_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                   const remote_key& key, completion* comp) override;
+  /// Reads the target's registered memory into the local iov, filled in order; complete on return.
+  status get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                   const remote_key& key, completion* comp) override;
   status pending_add(pending_req* req) override;
   void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
   status flush(completion* comp) override;
@@ -198,9 +223,15 @@ private:
   /// Publishes the filled slot `index` and wakes the target if it sleeps.
   void commit(size_t index, am_id id, size_t length, completion* comp,
               std::shared_ptr<ep_state> origin);
+  /// get (write false) or put (write true): the checks, then the copy.
+  status rma(const iov* entries, size_t count, uint64_t remote_address, const remote_key& key,
+             bool write);
+  /// True when the target interface is closed.
+  bool target_closed() const;
 
   self_iface& owner_;
   std::shared_ptr<mailbox> target_;
+  const uint64_t target_id_;
   std::shared_ptr<ep_state> state_;
   pending_queue pending_;
 };

@@ -1,10 +1,12 @@
 #include "shm/shm_ep.hpp"
 
 #include "shm/shm_iface.hpp"
+#include "shm/shm_md.hpp"
 
 #include <comm/log.hpp>
 #include <comm/wire/codec.hpp>
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,7 +23,8 @@ shm_ep::shm_ep(shm_iface& owner, segment peer, const iface_addr& address, int pi
       zmask_(address.fifo_size - 1),
       own_pid_(static_cast<int32_t>(::getpid())),
       pidfd_(pidfd),
-      peer_pid_(address.pid) {
+      peer_pid_(address.pid),
+      peer_iface_id_(address.iface_id) {
   cached_tail_ = shared_word(peer_.control().tail).load(std::memory_order_acquire);
   wake_address_length_ = wakeup_socket_address(address.pid, address.iface_id, &wake_address_);
 }
@@ -180,6 +183,49 @@ status shm_ep::am_zcopy(am_id id, const void* header, size_t header_length, cons
           wake);
   owner_.schedule(this);
   return status::in_progress;
+}
+
+// -- RMA ------------------------------------------------------------------------------------------
+
+status shm_ep::put_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                         const remote_key& key, completion* comp) {
+  return rma(entries, count, remote_address, key, true);
+}
+
+status shm_ep::get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                         const remote_key& key, completion* comp) {
+  return rma(entries, count, remote_address, key, false);
+}
+
+bool shm_ep::peer_alive() const {
+  pollfd exited{pidfd_, POLLIN, 0};
+  return ::poll(&exited, 1, 0) == 0;
+}
+
+status shm_ep::rma(const iov* entries, size_t count, uint64_t remote_address,
+                   const remote_key& key, bool write) {
+  const packed_rkey* k = rkey_of(key, rkey_magic_shm);
+  size_t total = 0;
+  if (k == nullptr || !sum_iov(entries, count, &total)) return status::invalid_param;
+  const status st = checked_rma(*k, entries, count, remote_address, total, write);
+  owner_.count_rma(write, total, st);
+  if (st == status::connection_reset) owner_.peer_failed(this);  // once; a no-op after that
+  return st;
+}
+
+status shm_ep::checked_rma(const packed_rkey& key, const iov* entries, size_t count,
+                           uint64_t remote_address, size_t total, bool write) {
+  if (failed_ || failure_noticed) return status::connection_reset;
+  if (key.pid != peer_pid_ || key.iface_id != peer_iface_id_) return status::invalid_param;
+  const status st = check_access(peer_, key, remote_address, total);
+  if (st != status::ok) [[unlikely]] {
+    // A closed peer invalidated its table: say why rather than blame the key.
+    return peer_closed() ? status::connection_reset : st;
+  }
+  if (total == 0) return status::ok;
+  // A put into a reaped peer's reused pid would write into a stranger: make sure it is alive.
+  if (write && !peer_alive()) [[unlikely]] return status::connection_reset;
+  return cma_transfer(peer_pid_, entries, count, remote_address, total, write);
 }
 
 // -- pending, flush, progress, failure ------------------------------------------------------------

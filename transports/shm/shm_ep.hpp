@@ -2,9 +2,13 @@
 // Completion and pending callbacks must not destroy the endpoint that runs them; the error handler
 // may. Destroying an endpoint drops its in-flight zcopy completions without calling them, and an
 // endpoint must be destroyed before its interface.
+// RMA (get_zcopy/put_zcopy) is synchronous: checked against the peer's region table in its mapped
+// segment, then moved with CMA; it returns ok or an error and never uses `comp` (see shm_md.hpp
+// for the checks and the error mapping).
 #pragma once
 
 #include "base/pending_queue.hpp"
+#include "base/rkey.hpp"
 #include "shm/shm_segment.hpp"
 
 #include <comm/transport/transport.hpp>
@@ -32,6 +36,13 @@ public:
   ssize_t am_bcopy(am_id id, pack_fn pack, void* arg) override;
   status am_zcopy(am_id id, const void* header, size_t header_length, const iov* entries,
                   size_t count, completion* comp) override;
+  /// Writes the local iov to [remote_address, + its length) of the peer, complete on return.
+  status put_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                   const remote_key& key, completion* comp) override;
+  /// Reads [remote_address, + the iov's length) of the peer into the local iov, filled in order;
+  /// complete on return.
+  status get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                   const remote_key& key, completion* comp) override;
   status pending_add(pending_req* req) override;
   void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
   status flush(completion* comp) override;
@@ -79,6 +90,14 @@ private:
   bool fifo_may_have_room();
   void wake_peer() const;
   void complete_flushes(status result);
+  /// get (write false) or put (write true): validates, counts, reports a dead peer.
+  status rma(const iov* entries, size_t count, uint64_t remote_address, const remote_key& key,
+             bool write);
+  /// The peer, region and liveness checks of an RMA of `total` bytes, then the transfer.
+  status checked_rma(const packed_rkey& key, const iov* entries, size_t count,
+                     uint64_t remote_address, size_t total, bool write);
+  /// False when the peer's pidfd says it exited (checked before a put: its pid could be reused).
+  bool peer_alive() const;
 
   shm_iface& owner_;
   segment peer_;
@@ -98,6 +117,7 @@ private:
   const int32_t own_pid_;          ///< written into zcopy descriptors
   const int pidfd_;
   const pid_t peer_pid_;
+  const uint64_t peer_iface_id_;
   sockaddr_un wake_address_;
   socklen_t wake_address_length_ = 0;
 };

@@ -31,6 +31,11 @@ constexpr unsigned progress_batch = 64;
 constexpr unsigned liveness_call_mask = 255;
 /// ...and checks its peers when this much time has passed.
 constexpr uint64_t liveness_interval_ns = 2'000'000;
+/// RMA limits: CMA has no size limit of its own (long transfers take several calls).
+constexpr size_t max_rma_bytes = size_t{1} << 40;
+/// Reads in flight per endpoint we advertise (ours complete synchronously; the bound is for the
+/// protocol layer's flow control).
+constexpr size_t max_outstanding_reads = 16;
 
 uint64_t random_nonzero_id() {
   uint64_t id = 0;
@@ -68,6 +73,7 @@ shm_iface::shm_iface(const iface_params& params) {
   }
   iface_id_ = random_nonzero_id();
   if ((open_status_ = segment::create(geo, iface_id_, &segment_, &memfd_)) != status::ok) return;
+  md_ = std::make_unique<shm_md>(segment_, iface_id_);
 
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wakeup_rx_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -92,12 +98,15 @@ shm_iface::shm_iface(const iface_params& params) {
   publish_mask_ = std::max<uint64_t>(geo.fifo_size / 4, 1) - 1;
 
   attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
-               cap_connect_to_iface | cap_peer_failure;
+               cap_connect_to_iface | cap_peer_failure | cap_get_zcopy | cap_put_zcopy;
   attr_.max_short = geo.max_short();
   attr_.max_bcopy = geo.segment_size;
   attr_.max_zcopy = zcopy_max_payload;
   attr_.max_hdr = zcopy_max_hdr;
   attr_.max_iov = zcopy_max_iov;
+  attr_.max_get_zcopy = max_rma_bytes;
+  attr_.max_put_zcopy = max_rma_bytes;
+  attr_.max_outstanding_reads = max_outstanding_reads;
   attr_.latency_ns = 100;
   attr_.bandwidth_bytes_per_s = 10e9;
   attr_.priority = 10;
@@ -109,6 +118,7 @@ shm_iface::~shm_iface() {
   }
   // Tell senders we are gone. A forked child destroying its inherited copy must not.
   if (segment_.mapped() && segment_.control().owner_pid == ::getpid()) {
+    if (md_) md_->close();  // peers' keys go stale before they see `closed`
     std::atomic_ref<uint32_t>(segment_.control().closed).store(1, std::memory_order_release);
   }
   for (int fd : {wakeup_tx_fd_, wakeup_rx_fd_, epoll_fd_, memfd_}) {
@@ -482,6 +492,9 @@ std::string shm_iface::info() const {
   text += "shm: malformed cells " + std::to_string(malformed_) + "\n";
   text += "shm: dropped without handler " + std::to_string(unhandled_) + "\n";
   text += "shm: zcopy read errors " + std::to_string(zcopy_errors_) + "\n";
+  if (md_) text += md_->info();
+  text += "shm: rma: " + std::to_string(gets_) + " gets, " + std::to_string(puts_) + " puts, " +
+          std::to_string(rma_bytes_) + " bytes, " + std::to_string(rma_errors_) + " errors\n";
   return text;
 }
 

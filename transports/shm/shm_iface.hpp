@@ -11,8 +11,10 @@
 // with ack_wake) and a pidfd of every peer (so a dead peer wakes us too). Parked requests keep
 // event_arm() busy: room in a peer's FIFO comes without a wakeup.
 // Peer failure: pidfds and the peer segment's `closed` flag, checked every few milliseconds.
+// Memory domain and RMA: shm_md.hpp (a region table in the segment, CMA get/put).
 #pragma once
 
+#include "shm/shm_md.hpp"
 #include "shm/shm_segment.hpp"
 
 #include <comm/transport/transport.hpp>
@@ -27,6 +29,7 @@ component& shm_component();
 
 class shm_ep;
 
+/// An shm interface: a receive segment (FIFO + region table) and the endpoints to peers.
 class shm_iface final : public iface {
 public:
   /// Opens an interface; the constructor leaves `open_status()` set.
@@ -51,9 +54,24 @@ public:
                     const std::vector<uint8_t>& iface_address) const override;
   status create_ep(const std::vector<uint8_t>& device_address,
                    const std::vector<uint8_t>& iface_address, std::unique_ptr<ep>& out) override;
+  md* memory_domain() override { return md_.get(); }
   std::string info() const override;
 
   // -- used by shm_ep --
+
+  /// Reports `ep`'s peer as failed (an RMA found it gone): progress() completes the endpoint's
+  /// operations and calls the error handler, as for any peer failure.
+  void peer_failed(shm_ep* ep) { notice_failure(ep); }
+
+  /// Counts one RMA operation of `bytes` that ended with `result`.
+  void count_rma(bool put, size_t bytes, status result) {
+    if (result != status::ok) {
+      ++rma_errors_;
+    } else {
+      ++(put ? puts_ : gets_);
+      rma_bytes_ += bytes;
+    }
+  }
 
   /// The unbound datagram socket endpoints send wakeups through.
   int wakeup_sender_fd() const { return wakeup_tx_fd_; }
@@ -116,6 +134,11 @@ private:
   uint64_t unhandled_ = 0;
   uint64_t zcopy_errors_ = 0;
   uint64_t peers_failed_ = 0;
+  std::unique_ptr<shm_md> md_;     ///< registrations in segment_'s region table
+  uint64_t gets_ = 0;
+  uint64_t puts_ = 0;
+  uint64_t rma_bytes_ = 0;
+  uint64_t rma_errors_ = 0;
 };
 
 }  // namespace comm::tl::shm

@@ -97,6 +97,7 @@ segment& segment::operator=(segment&& other) noexcept {
     cells_ = other.cells_;
     acks_ = other.acks_;
     buffers_ = other.buffers_;
+    regions_ = other.regions_;
     mask_ = other.mask_;
     cell_shift_ = other.cell_shift_;
   }
@@ -110,6 +111,7 @@ void segment::adopt(uint8_t* base, const geometry& geo) {
   cells_ = base + geo.cells_offset();
   acks_ = reinterpret_cast<uint64_t*>(base + geo.acks_offset());
   buffers_ = base + geo.buffers_offset();
+  regions_ = reinterpret_cast<region_entry*>(base + geo.regions_offset());
   mask_ = geo.fifo_size - 1;
   cell_shift_ = static_cast<unsigned>(std::countr_zero(geo.cell_size));
 }
@@ -167,6 +169,7 @@ status segment::create(const geometry& geo, uint64_t iface_id, segment* out, int
   ctl.cell_size = geo.cell_size;
   ctl.segment_size = geo.segment_size;
   ctl.owner_pid = static_cast<int32_t>(::getpid());
+  ctl.region_count = region_table_size;
   *out = std::move(seg);
   *fd_out = fd;
   return status::ok;
@@ -202,7 +205,7 @@ status segment::attach(const iface_addr& address, segment* out) {
   if (ctl.magic != segment_magic || ctl.version != segment_version ||
       ctl.iface_id != address.iface_id || ctl.fifo_size != geo.fifo_size ||
       ctl.cell_size != geo.cell_size || ctl.segment_size != geo.segment_size ||
-      ctl.owner_pid != address.pid) {
+      ctl.owner_pid != address.pid || ctl.region_count != region_table_size) {
     COMM_LOG(info, log_name, "%s belongs to another interface (stale address?)", path);
     return status::unreachable;  // seg unmaps itself
   }

@@ -9,6 +9,8 @@
 //   cells[fifo_size]                   cell_size bytes each: cell_header + inline data
 //   acks[fifo_size]                    one word per cell: zcopy completion written by the receiver
 //   buffers[fifo_size] (page aligned)  segment_size bytes each; buffer i belongs to cell i
+//   regions[region_table_size]         the memory domain's region table (region_entry), written
+//                                      by the owner only, read by peers before every RMA access
 //
 // Senders claim cell `head` with a CAS on head, fill it, then store seq = index + 1 (release).
 // The receiver consumes cells in order, waiting at `tail` for seq == tail + 1 (acquire), and
@@ -31,7 +33,7 @@ namespace comm::tl::shm {
 
 inline constexpr size_t cache_line = 64;
 inline constexpr uint64_t segment_magic = 0x316d68736d6d6f63ull;  // "commshm1"
-inline constexpr uint32_t segment_version = 1;
+inline constexpr uint32_t segment_version = 2;  // 2: region table
 
 /// Bit of control_block::head set by a receiver that sleeps on its event fd. The sender whose CAS
 /// clears it wakes the receiver after publishing its cell.
@@ -58,6 +60,8 @@ struct control_block {
   uint32_t segment_size;
   int32_t owner_pid;
   uint32_t closed;                    ///< set when the owning interface is destroyed
+  uint32_t region_count;              ///< entries of the region table (region_table_size)
+  uint32_t reserved;
 };
 static_assert(sizeof(control_block) == 3 * cache_line);
 
@@ -118,6 +122,25 @@ inline status ack_status(uint64_t ack) {
   return static_cast<status>(-static_cast<int>(ack & ack_code_mask));
 }
 
+/// Entries of the region table of every segment.
+inline constexpr uint32_t region_table_size = 4096;
+
+/// One slot of the region table: a registered region of the owner's memory. `state` is
+/// generation << 1 | region_valid; the owner bumps the generation at every registration of the
+/// slot and clears region_valid at deregistration, so a key (which carries the generation) goes
+/// stale forever once its registration is gone. Protocol (a seqlock): the owner writes base and
+/// length only while the slot is invalid, then publishes the state with a release store; a reader
+/// loads the state (acquire), base and length, fences (acquire) and loads the state again, and
+/// trusts base/length only when both loads equal the state its key expects.
+struct region_entry {
+  uint64_t state;     ///< generation << 1 | region_valid
+  uint64_t base;      ///< start of the region in the owner's address space
+  uint64_t length;    ///< bytes in the region
+  uint64_t reserved;
+};
+static_assert(sizeof(region_entry) == 32);
+inline constexpr uint64_t region_valid = 1;
+
 /// Sizes of a segment and where its parts start.
 struct geometry {
   uint32_t fifo_size = 0;     ///< cells, a power of two
@@ -129,7 +152,10 @@ struct geometry {
   size_t cells_offset() const { return sizeof(control_block); }
   size_t acks_offset() const { return cells_offset() + size_t{fifo_size} * cell_size; }
   size_t buffers_offset() const;
-  size_t total_size() const { return buffers_offset() + size_t{fifo_size} * segment_size; }
+  size_t regions_offset() const { return buffers_offset() + size_t{fifo_size} * segment_size; }
+  size_t total_size() const {
+    return regions_offset() + size_t{region_table_size} * sizeof(region_entry);
+  }
   /// Largest am_short: a cell minus its header.
   size_t max_short() const { return cell_size - cell_header_size; }
 };
@@ -192,6 +218,8 @@ public:
   uint64_t* ack(uint64_t index) const { return acks_ + (index & mask_); }
   /// The receive buffer of FIFO position `index`.
   uint8_t* buffer(uint64_t index) const { return buffers_ + (index & mask_) * geo_.segment_size; }
+  /// Slot `index` (< region_table_size) of the region table.
+  region_entry& region(uint32_t index) const { return regions_[index]; }
 
 private:
   /// Takes ownership of the mapping at `base` and computes where its parts start.
@@ -204,6 +232,7 @@ private:
   uint8_t* cells_ = nullptr;
   uint64_t* acks_ = nullptr;
   uint8_t* buffers_ = nullptr;
+  region_entry* regions_ = nullptr;
   uint64_t mask_ = 0;
   unsigned cell_shift_ = 0;
 };

@@ -1,0 +1,93 @@
+// The shm memory domain and RMA by cross-memory attach (CMA: process_vm_readv/process_vm_writev).
+//
+// Registration writes the region into a slot of the region table at the end of the interface's
+// own receive segment (shm_segment.hpp: region_entry, a per-slot generation), which every peer
+// already maps. The packed rkey (base/rkey.hpp) names {pid, iface id, slot, generation, base,
+// length}. Before every get/put a peer checks, in its mapping of our segment, that the slot still
+// holds that generation and that the access lies inside [base, base + length); then it moves the
+// bytes with one CMA call per batch of local iov entries.
+//
+// CMA works on virtual addresses in the owner's address space: nothing is pinned and nothing is
+// mapped for the peer, so registering costs no syscall. Memory unmapped (freed to the kernel) under
+// a registration is not a crash on either side: the kernel reports EFAULT and the operation fails
+// with status::io_error. Because a registration names virtual addresses, a buffer freed and
+// reallocated at the same address without deregistration is still described correctly; what the
+// cache must never do -- hand out a registration the user deregistered -- cannot happen, since the
+// last deregistration removes the cache entry and invalidates the slot (bumping its generation on
+// reuse) before anything else can see it.
+//
+// Error mapping of get_zcopy/put_zcopy:
+//   invalid_param     no key, a key of another transport, an iov that is null or overflows, or a
+//                     key whose pid/iface is not this endpoint's peer
+//   protection_error  the slot no longer holds the key's registration (deregistered: stale key),
+//                     the key's base/length do not match it, or the access starts outside it
+//   length_error      the access starts inside the region but runs past its end
+//   connection_reset  the peer is gone (ESRCH, its pidfd, or its interface closed); the endpoint
+//                     also takes the normal peer-failure path (error handler on progress)
+//   io_error          EFAULT (memory unmapped under a registration, or a bad local buffer),
+//                     EPERM and other kernel refusals; no_memory for ENOMEM
+// Partial transfers never report ok: a short CMA call is continued, and the call that hits the
+// fault returns the error.
+#pragma once
+
+#include "base/region_cache.hpp"
+#include "base/rkey.hpp"
+#include "shm/shm_segment.hpp"
+
+#include <comm/transport/transport.hpp>
+
+#include <sys/types.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace comm::tl::shm {
+
+/// The memory domain of one shm interface: registrations live in its segment's region table.
+class shm_md final : public md {
+public:
+  /// The md of the interface that owns segment `own` (already created) with id `iface_id`.
+  shm_md(const segment& own, uint64_t iface_id);
+  /// Frees the cached regions. Does not touch the table: close() does, in the owner only.
+  ~shm_md() override;
+
+  status mem_reg(void* address, size_t length, mem_handle** out) override;
+  status mem_dereg(mem_handle* handle) override;
+  status rkey_pack(const mem_handle* handle, std::vector<uint8_t>& out) override;
+  status rkey_unpack(const void* data, size_t length, remote_key* out) override;
+  void rkey_release(remote_key* key) override;
+
+  /// Invalidates every registered slot (the owner's interface is closing), so peers still holding
+  /// keys get errors rather than access to memory that may be reused.
+  void close();
+
+  /// Lines for iface::info(): regions registered, registrations, cache hits.
+  std::string info() const;
+
+private:
+  /// Writes [base, base + length) into free slot `index`; returns the slot's new generation.
+  uint64_t publish(uint32_t index, uint64_t base, uint64_t length);
+  /// Invalidates slot `index` and returns it to the free list.
+  void retire(uint32_t index);
+
+  mutable std::mutex mutex_;  ///< registrations may come from any thread
+  const segment& own_;
+  const uint64_t iface_id_;
+  const int32_t pid_;
+  region_cache cache_;
+  std::vector<uint32_t> free_;  ///< free slots, the next one at the back
+  uint64_t deregistrations_ = 0;
+};
+
+/// For a peer: whether `key` still grants [address, address + bytes) in the region table of its
+/// owner's segment `owner`. ok, protection_error or length_error (see the mapping above).
+status check_access(const segment& owner, const packed_rkey& key, uint64_t address,
+                    uint64_t bytes);
+
+/// Copies between the local iov (filled, or read, in order) and [remote, remote + total) of
+/// process `pid`: CMA reads when `write` is false, writes when true. `total` is the iov's sum.
+status cma_transfer(pid_t pid, const iov* entries, size_t count, uint64_t remote, size_t total,
+                    bool write);
+
+}  // namespace comm::tl::shm
