@@ -181,13 +181,19 @@ endpoint_impl* worker_impl::find_ep(uint32_t id) const {
 
 void worker_impl::protocol_error(endpoint_impl* ep, const char* what) {
   ++protocol_errors;
+  // A hostile peer must not flood the log: the first errors, then every power of two.
+  const bool log = protocol_errors <= 16 || (protocol_errors & (protocol_errors - 1)) == 0;
   if (ep != nullptr) {
     ++ep->counters_.errors;
-    COMM_LOG(error, "worker", "%s: malformed message from %s: %s", params.name.c_str(),
-             ep->peer_name_.c_str(), what);
+    if (log) {
+      COMM_LOG(error, "worker", "%s: malformed message from %s: %s (%llu so far)",
+               params.name.c_str(), ep->peer_name_.c_str(), what,
+               static_cast<unsigned long long>(protocol_errors));
+    }
     ep->fail(status::protocol_error);
-  } else {
-    COMM_LOG(error, "worker", "%s: malformed message: %s", params.name.c_str(), what);
+  } else if (log) {
+    COMM_LOG(error, "worker", "%s: malformed message: %s (%llu so far)", params.name.c_str(), what,
+             static_cast<unsigned long long>(protocol_errors));
   }
 }
 
