@@ -50,7 +50,10 @@ const proto_id all_ids[] = {proto_id::wireup_request, proto_id::wireup_reply,
                             proto_id::ep_close,       proto_id::tag_eager,
                             proto_id::tag_eager_imm,  proto_id::tag_eager_first,
                             proto_id::tag_fragment,   proto_id::am_single,
-                            proto_id::am_first,       proto_id::am_fragment};
+                            proto_id::am_first,       proto_id::am_fragment,
+                            proto_id::rndv_rts,       proto_id::rndv_ats,
+                            proto_id::rndv_rtr,       proto_id::rndv_data,
+                            proto_id::rndv_cancel};
 
 /// Calls the handler of `id` on `w` directly with `length` bytes at `data`.
 void feed(worker& w, proto_id id, const uint8_t* data, size_t length) {
@@ -66,6 +69,11 @@ void feed(worker& w, proto_id id, const uint8_t* data, size_t length) {
     case proto_id::am_single: i.on_am_single(data, length); break;
     case proto_id::am_first: i.on_am_first(data, length); break;
     case proto_id::am_fragment: i.on_fragment(data, length, false); break;
+    case proto_id::rndv_rts: i.on_rndv_rts(data, length); break;
+    case proto_id::rndv_ats: i.on_rndv_ats(data, length); break;
+    case proto_id::rndv_rtr: i.on_rndv_rtr(data, length); break;
+    case proto_id::rndv_data: i.on_rndv_data(data, length); break;
+    case proto_id::rndv_cancel: i.on_rndv_cancel(data, length); break;
   }
 }
 
