@@ -263,7 +263,13 @@ void worker_impl::on_wireup_reply(const uint8_t* data, size_t length) {
     return;
   }
   if (reply->getStatus() != 0) {
-    ep->fail(static_cast<status>(reply->getStatus()));
+    const auto refusal = static_cast<status>(reply->getStatus());
+    if (!is_error(refusal)) {
+      // A refusal must be an error; anything else would leave a failed endpoint reading as ok.
+      protocol_error(ep, "wireup reply with a status that is not an error");
+      return;
+    }
+    ep->fail(refusal);
     return;
   }
   ep->remote_id = reply->getSrcEp();
