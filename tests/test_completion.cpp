@@ -566,6 +566,34 @@ BOOST_DATA_TEST_CASE(close_flushes_then_releases, each_transport(), tl_name) {
   BOOST_CHECK_EQUAL(got, 2u);
 }
 
+BOOST_DATA_TEST_CASE(both_sides_close_at_once, each_transport(), tl_name) {
+  worker_pair p(tl_name);
+  const std::vector<uint8_t> data = pattern(50000, 8);
+  // Traffic in both directions, then both endpoints close while it is in flight.
+  op s1 = p.ab->tag_send(30, data.data(), data.size());
+  op s2 = p.ba->tag_send(31, data.data(), data.size());
+  send_tracker ca, cb;
+  op c1 = p.ab->close(send_params(ca));
+  op c2 = p.ba->close(send_params(cb));
+  std::vector<uint8_t> in1(data.size()), in2(data.size());
+  op r1 = p.b->tag_recv(in1.data(), in1.size(), 30, tag_mask_full);
+  op r2 = p.a->tag_recv(in2.data(), in2.size(), 31, tag_mask_full);
+  for (op o : {r1, r2, s1, s2, c1, c2}) {
+    const status st = p.finish(o, 10);
+    BOOST_CHECK_MESSAGE(st == status::ok, to_string(st));
+  }
+  BOOST_CHECK_EQUAL(first_mismatch(in1.data(), in1.size(), 8), -1);
+  BOOST_CHECK_EQUAL(first_mismatch(in2.data(), in2.size(), 8), -1);
+  p.ab = p.ba = nullptr;
+  p.spin(100);
+  // Every endpoint is gone on both sides (the peer-created ones with the peer's close).
+  for (worker* w : {p.a.get(), p.b.get()}) {
+    size_t live = 0;
+    for (detail::endpoint_impl* e : detail::impl(*w).ep_table) live += e != nullptr;
+    BOOST_CHECK_EQUAL(live, 0u);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(endpoint_failure)

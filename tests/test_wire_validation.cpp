@@ -705,6 +705,43 @@ BOOST_DATA_TEST_CASE(bad_wireup_messages, each_transport(), tl_name) {
   });
 }
 
+BOOST_DATA_TEST_CASE(wireup_reply_status_fails_a_connecting_endpoint, each_transport(), tl_name) {
+  // A refusal (an error status) fails the endpoint with it; a status that is not an error is
+  // malformed: PROTOCOL_ERROR, never a failed endpoint whose state() reads as fine.
+  const int16_t statuses[] = {static_cast<int16_t>(status::rejected),
+                              static_cast<int16_t>(status::in_progress), 77};
+  for (int16_t code : statuses) {
+    BOOST_TEST_CONTEXT("status " << code) {
+      worker_pair p(tl_name);
+      endpoint* ep = nullptr;
+      BOOST_REQUIRE(p.a->connect(p.b->address(), &ep) == status::ok);  // b does not answer yet
+      BOOST_REQUIRE(!worker_pair::wired(ep));
+      error_log errors;
+      ep->set_error_handler(on_error, &errors);
+      const uint32_t dst = detail::impl(*ep).id;
+      feed(*p.a, proto_id::wireup_reply, header<wire::schema::WireupReply>([&](auto f) {
+             f.setDstEp(dst);
+             f.setSrcEp(1);
+             f.setStatus(code);
+           }));
+      BOOST_CHECK_EQUAL(errors.calls, 1);
+      BOOST_CHECK(is_error(ep->state()));
+      BOOST_CHECK(is_error(errors.reason));
+      if (is_error(static_cast<status>(code))) {
+        BOOST_CHECK(ep->state() == static_cast<status>(code));
+      } else {
+        BOOST_CHECK(ep->state() == status::protocol_error);
+      }
+      // Sends on it fail at once; b's real reply, arriving later, is refused without harm.
+      const uint64_t v = 1;
+      BOOST_CHECK(ep->tag_send(1, &v, 8).failed());
+      p.spin(50);
+      BOOST_CHECK(is_error(ep->state()));
+      BOOST_CHECK(tag_roundtrip(p, 64, 1, true));
+    }
+  }
+}
+
 BOOST_DATA_TEST_CASE(query_address_and_connect_reject_garbage, each_transport(), tl_name) {
   worker_pair p(tl_name);
   worker_address_attr attr;
