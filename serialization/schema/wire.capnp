@@ -166,9 +166,9 @@ struct TcpHello {           # the first bytes of every tcp connection, from the 
 struct TcpFrame {           # every message on a tcp connection: this header, then `length` bytes
   amId         @0 :UInt8;   # transport active-message id (< am_id_count)
   length       @1 :UInt32;  # protocol header + payload; 0-7 zero bytes follow to a multiple of 8
-  ackRequested @2 :Bool;    # a zcopy: the receiver acknowledges it once delivered (TcpAck)
+  ackRequested @2 :Bool;    # a zcopy waits for it: the receiver acknowledges it without delay
 }
 
-struct TcpAck {             # receiver to sender, on the same connection: zcopy frames delivered
-  delivered @0 :UInt64;     # how many ackRequested frames the receiver delivered so far
+struct TcpAck {             # receiver to sender, on the same connection: frames delivered so far,
+  delivered @0 :UInt64;     # which completes zcopy frames and returns send credits (the window)
 }
