@@ -8,6 +8,7 @@ using comm::test::eager_only_suite;
 BOOST_TEST_GLOBAL_FIXTURE(eager_only_suite);
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -409,6 +410,82 @@ BOOST_DATA_TEST_CASE(am_alignment_of_handler_data, each_transport(), tl_name) {
   bad.am_alignment = 24;
   auto w = worker::create(ctx, bad);
   BOOST_CHECK_EQUAL(detail::impl(*w).params.am_alignment, 1u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace am_test {
+struct sequence_log {
+  std::vector<int> order;  ///< message numbers in delivery order
+};
+status record_sequence(void* arg, const void* header, size_t header_length, void* data,
+                       size_t length, const am_recv_params& params) {
+  int seq = -1;
+  if (header_length >= sizeof(seq)) std::memcpy(&seq, header, sizeof(seq));
+  static_cast<sequence_log*>(arg)->order.push_back(seq);
+  return status::ok;
+}
+size_t pack_am(void* dest, size_t offset, size_t max, void* arg) {
+  auto* out = static_cast<uint8_t*>(dest);
+  for (size_t i = 0; i < max; ++i) out[i] = pattern_byte(offset + i, 4321);
+  return max;
+}
+}  // namespace am_test
+
+BOOST_AUTO_TEST_SUITE(mixed)
+
+BOOST_DATA_TEST_CASE(am_and_tag_interleaved_in_order, each_transport(), tl_name) {
+  // Fragmented and single AMs and tagged messages share one endpoint: each arrives whole and
+  // in send order relative to the others.
+  worker_pair p(tl_name);
+  sequence_log seen;
+  BOOST_REQUIRE(p.b->set_am_handler(60, record_sequence, &seen, am_flag_whole_msg) == status::ok);
+  const size_t big = 3 * p.attr().max_bcopy + 1;
+  const std::vector<uint8_t> data = pattern(big, 2);
+  std::vector<op> ops;
+  std::vector<int> seqs(40);
+  std::deque<std::vector<uint8_t>> in;
+  std::vector<op> recvs;
+  std::deque<recv_tracker> rts;
+  for (int i = 0; i < 40; ++i) {
+    seqs[i] = i;
+    const size_t n = i % 3 == 0 ? big : 16;
+    request_params rp;
+    rp.flags = request_force_bcopy;
+    if (i % 2 == 0) {
+      ops.push_back(p.ab->am_send(60, &seqs[i], sizeof(int), data.data(), n, rp));
+    } else {
+      in.emplace_back(n);
+      rts.emplace_back();
+      rts.back().id = i;
+      rts.back().order = &seen.order;
+      recvs.push_back(p.b->tag_recv(in.back().data(), n, i, tag_mask_full, recv_params(rts.back())));
+      ops.push_back(p.ab->tag_send(i, data.data(), n, rp));
+    }
+    BOOST_REQUIRE(!ops.back().failed());
+  }
+  BOOST_REQUIRE(p.until([&] { return seen.order.size() == 40; }));
+  for (int i = 0; i < 40; ++i) BOOST_CHECK_EQUAL(seen.order[i], i);
+  for (op o : ops) BOOST_CHECK(p.finish(o) == status::ok);
+  for (op r : recvs) p.b->release(r.req);
+}
+
+BOOST_DATA_TEST_CASE(am_with_a_pack_callback, each_transport(), tl_name) {
+  worker_pair p(tl_name);
+  am_log log;
+  BOOST_REQUIRE(p.b->set_am_handler(61, record, &log, am_flag_whole_msg) == status::ok);
+  for (size_t n : {size_t{1}, size_t{100}, 3 * p.attr().max_bcopy + 7}) {
+    log.calls.clear();
+    request_params rp;
+    rp.pack = pack_am;
+    const uint32_t h = 0xABCD;
+    op o = p.ab->am_send(61, &h, sizeof(h), nullptr, n, rp);
+    BOOST_REQUIRE_MESSAGE(!o.failed(), to_string(o.st));
+    BOOST_CHECK(p.finish(o) == status::ok);
+    BOOST_REQUIRE(p.until([&] { return log.calls.size() == 1; }));
+    BOOST_CHECK_EQUAL(log.calls[0].data.size(), n);
+    BOOST_CHECK_EQUAL(first_mismatch(log.calls[0].data.data(), n, 4321), -1);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

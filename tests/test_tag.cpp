@@ -754,3 +754,71 @@ BOOST_DATA_TEST_CASE(pack_callback_fills_the_message, each_transport(), tl_name)
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// -- several senders -----------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(senders)
+
+BOOST_DATA_TEST_CASE(fragments_of_two_senders_interleave, each_transport(), tl_name) {
+  // a and a third worker c both stream fragmented messages with the same tag into b; their
+  // fragments interleave in b's receive queue, the messages must not.
+  worker_pair p(tl_name);
+  auto c = worker::create(*p.ctx);
+  endpoint* cb = nullptr;
+  BOOST_REQUIRE(c->connect(p.b->address(), &cb) == status::ok);
+  auto all = [&] {
+    p.progress();
+    c->progress();
+  };
+  BOOST_REQUIRE(spin_until(all, [&] { return worker_pair::wired(cb); }));
+  constexpr int per_sender = 20;
+  const size_t n = 5 * p.bcopy_payload() + 3;
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<op> sends;
+  request_params bc;
+  bc.flags = request_force_bcopy;
+  for (int i = 0; i < per_sender; ++i) {
+    for (int s = 0; s < 2; ++s) {
+      out.push_back(pattern(n, 1000 * s + i));
+      std::memcpy(out.back().data(), &s, sizeof(s));
+      std::memcpy(out.back().data() + sizeof(s), &i, sizeof(i));
+      endpoint* ep = s == 0 ? p.ab : cb;
+      sends.push_back(ep->tag_send(0xBB, out.back().data(), n, bc));
+      BOOST_REQUIRE(!sends.back().failed());
+    }
+  }
+  int next[2] = {0, 0};
+  int received = 0;
+  std::vector<uint8_t> in(n);
+  BOOST_REQUIRE(spin_until(all, [&] {
+    while (received < 2 * per_sender) {
+      tag_recv_info info{};
+      request_params rp;
+      rp.recv_info = &info;
+      op r = p.b->tag_recv(in.data(), in.size(), 0xBB, tag_mask_full, rp);
+      if (r.pending()) {
+        (void)p.b->cancel(r.req, cancel_mode::force);
+        return false;
+      }
+      int s = -1, i = -1;
+      std::memcpy(&s, in.data(), sizeof(s));
+      std::memcpy(&i, in.data() + sizeof(s), sizeof(i));
+      BOOST_REQUIRE(s == 0 || s == 1);
+      BOOST_CHECK_EQUAL(i, next[s]);  // in order per sender
+      ++next[s];
+      BOOST_CHECK_EQUAL(first_mismatch(in.data() + 8, n - 8, 1000 * s + i, 8), -1);
+      ++received;
+    }
+    return true;
+  }));
+  for (op o : sends) {
+    if (o.pending()) {
+      worker& owner = o.req->owner == &detail::impl(*c) ? *c : *p.a;
+      BOOST_CHECK(spin_until(all, [&] { return owner.request_status(o.req) != status::in_progress; }));
+      BOOST_CHECK(owner.request_status(o.req) == status::ok);
+      owner.release(o.req);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
