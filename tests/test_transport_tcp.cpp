@@ -1,0 +1,1246 @@
+// The tcp transport: devices and addresses, delivery within a process and across fork(), framing at
+// the size limits, backpressure with a slow receiver (partial zcopy writes, pending queue, bounded
+// memory), garbage from raw sockets, killed peers, blocking progress and descriptor leaks.
+// Every wait is bounded in iterations and time; nothing asserts on timing beyond generous bounds.
+#define BOOST_TEST_MODULE transport_tcp
+#include <boost/test/unit_test.hpp>
+
+#include <comm/transport/transport.hpp>
+#include <comm/wire/codec.hpp>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace comm;
+using namespace std::chrono_literals;
+
+namespace comm {
+// For Boost.Test's messages.
+std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
+}  // namespace comm
+
+namespace {
+
+// -- helpers --------------------------------------------------------------------------------------
+
+tl::component& tcp_component() {
+  for (tl::component* c : tl::all_components()) {
+    if (c->name() == "tcp") return *c;
+  }
+  throw std::runtime_error("no tcp component");
+}
+
+std::unique_ptr<tl::iface> open_iface(const std::string& device = "lo", size_t fifo_size = 0) {
+  tl::iface_params params;
+  params.device = device;
+  params.fifo_size = fifo_size;
+  std::unique_ptr<tl::iface> iface;
+  const status st = tcp_component().open(params, iface);
+  if (st != status::ok) throw std::runtime_error(std::string("open: ") + to_string(st));
+  return iface;
+}
+
+std::unique_ptr<tl::ep> connect(tl::iface& from, const std::vector<uint8_t>& device,
+                                const std::vector<uint8_t>& address) {
+  std::unique_ptr<tl::ep> ep;
+  const status st = from.create_ep(device, address, ep);
+  if (st != status::ok) throw std::runtime_error(std::string("create_ep: ") + to_string(st));
+  return ep;
+}
+
+std::unique_ptr<tl::ep> connect(tl::iface& from, tl::iface& to) {
+  return connect(from, to.device_address(), to.iface_address());
+}
+
+/// Records every message delivered to the handlers it is installed on.
+struct recorder {
+  struct message {
+    tl::am_id id;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<message> messages;
+  bool misaligned = false;
+  tl::am_id current_id = 0;
+
+  static status handler(void* arg, void* data, size_t length, unsigned flags) {
+    auto* self = static_cast<recorder*>(arg);
+    if (reinterpret_cast<uintptr_t>(data) % 8 != 0) self->misaligned = true;
+    const auto* p = static_cast<const uint8_t*>(data);
+    self->messages.push_back({self->current_id, std::vector<uint8_t>(p, p + length)});
+    return status::ok;
+  }
+
+  void install(tl::iface& iface, tl::am_id id) { iface.set_am_handler(id, &handler, this); }
+};
+
+/// Calls progress on `ifaces` until `done()` holds, at most `limit` long and `max_rounds` rounds.
+bool progress_until(std::initializer_list<tl::iface*> ifaces, const std::function<bool()>& done,
+                    std::chrono::milliseconds limit = 10s, uint64_t max_rounds = 50'000'000) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (uint64_t round = 0; round < max_rounds; ++round) {
+    for (tl::iface* iface : ifaces) iface->progress();
+    if (done()) return true;
+    if ((round & 255) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+  }
+  return false;
+}
+
+/// Progresses `ifaces` for `duration` (bounded rounds).
+void progress_for(std::initializer_list<tl::iface*> ifaces, std::chrono::milliseconds duration) {
+  progress_until(ifaces, [] { return false; }, duration);
+}
+
+std::vector<uint8_t> pattern(size_t length, uint8_t seed) {
+  std::vector<uint8_t> bytes(length);
+  for (size_t i = 0; i < length; ++i) bytes[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
+  return bytes;
+}
+
+std::vector<uint8_t> concat(std::initializer_list<const std::vector<uint8_t>*> parts) {
+  std::vector<uint8_t> all;
+  for (const auto* part : parts) all.insert(all.end(), part->begin(), part->end());
+  return all;
+}
+
+struct completion_probe : tl::completion {
+  int calls = 0;
+  completion_probe() { reset(); }
+  void reset() {
+    count = 1;
+    result = status::ok;
+    func = [](tl::completion* self) { ++static_cast<completion_probe*>(self)->calls; };
+  }
+};
+
+struct bcopy_source {
+  const std::vector<uint8_t>* bytes;
+  static size_t pack(void* dest, void* arg) {
+    const auto* source = static_cast<bcopy_source*>(arg)->bytes;
+    if (!source->empty()) std::memcpy(dest, source->data(), source->size());
+    return source->size();
+  }
+};
+
+/// Records what the error handler was told.
+struct failure_log {
+  struct entry {
+    tl::ep* ep;
+    status reason;
+  };
+  std::vector<entry> entries;
+  static void handler(void* arg, tl::ep* ep, status reason) {
+    static_cast<failure_log*>(arg)->entries.push_back({ep, reason});
+  }
+  void install(tl::iface& iface) { iface.set_error_handler(&handler, this); }
+};
+
+size_t count_fds() {
+  size_t n = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  while (dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] != '.') ++n;
+  }
+  ::closedir(dir);
+  return n - 1;  // the directory stream itself
+}
+
+/// Resident set size of this process in KiB.
+size_t rss_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  char line[256];
+  size_t kib = 0;
+  while (f != nullptr && std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %zu kB", &kib) == 1) break;
+  }
+  if (f != nullptr) std::fclose(f);
+  return kib;
+}
+
+/// The number after `label` in the interface's info(), or -1.
+long info_number(const tl::iface& iface, const std::string& label) {
+  const std::string text = iface.info();
+  const size_t at = text.find(label);
+  if (at == std::string::npos) return -1;
+  return std::strtol(text.c_str() + at + label.size(), nullptr, 10);
+}
+
+// -- raw sockets ----------------------------------------------------------------------------------
+
+/// The port in a tcp interface address (its first two bytes, host order).
+uint16_t port_of(const tl::iface& iface) {
+  const auto address = iface.iface_address();
+  uint16_t port = 0;
+  std::memcpy(&port, address.data(), sizeof(port));
+  return port;
+}
+
+/// A blocking client socket connected to 127.0.0.1:port, or -1.
+int raw_connect(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// True once the peer closed `fd` (recv returns 0 or an error), checked without blocking.
+bool peer_closed(int fd) {
+  pollfd pfd{fd, POLLIN, 0};
+  if (::poll(&pfd, 1, 0) != 1) return false;
+  char byte;
+  return ::recv(fd, &byte, 1, MSG_DONTWAIT) <= 0;
+}
+
+/// A valid TcpHello for the interface `iface`.
+std::vector<uint8_t> hello_for(const tl::iface& iface) {
+  wire::header_writer<wire::schema::TcpHello> writer;
+  const auto address = iface.iface_address();
+  uint64_t id = 0;
+  std::memcpy(&id, address.data() + 2, sizeof(id));
+  writer.fields().setMagic(0x434f4d4d54435000ull);
+  writer.fields().setVersion(1);
+  writer.fields().setSrcPort(1);
+  writer.fields().setSrcAddress(htonl(INADDR_LOOPBACK));
+  writer.fields().setSrcIfaceId(1);
+  writer.fields().setDstIfaceId(id);
+  const auto* p = static_cast<const uint8_t*>(writer.bytes());
+  return std::vector<uint8_t>(p, p + writer.size());
+}
+
+/// A TcpFrame header announcing `length` bytes for am id `id`.
+std::vector<uint8_t> frame_header(unsigned id, uint32_t length) {
+  wire::header_writer<wire::schema::TcpFrame> writer;
+  writer.fields().setAmId(static_cast<uint8_t>(id));
+  writer.fields().setLength(length);
+  const auto* p = static_cast<const uint8_t*>(writer.bytes());
+  return std::vector<uint8_t>(p, p + writer.size());
+}
+
+bool write_all(int fd, const std::vector<uint8_t>& bytes) {
+  return ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+// -- fork helpers ---------------------------------------------------------------------------------
+
+/// One direction of a pipe carrying length-prefixed byte strings.
+struct channel {
+  int fds[2] = {-1, -1};
+  channel() {
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
+  }
+  ~channel() {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  void send(const std::vector<uint8_t>& bytes) const {
+    const uint32_t length = static_cast<uint32_t>(bytes.size());
+    if (::write(fds[1], &length, sizeof(length)) != sizeof(length)) return;
+    if (length != 0 && ::write(fds[1], bytes.data(), length) != static_cast<ssize_t>(length)) return;
+  }
+  /// False on timeout or a closed pipe.
+  bool receive(std::vector<uint8_t>* bytes, int timeout_ms = 10000) const {
+    uint32_t length = 0;
+    if (!read_exact(&length, sizeof(length), timeout_ms)) return false;
+    bytes->resize(length);
+    return read_exact(bytes->data(), length, timeout_ms);
+  }
+  bool read_exact(void* dest, size_t length, int timeout_ms) const {
+    auto* p = static_cast<uint8_t*>(dest);
+    while (length > 0) {
+      pollfd pfd{fds[0], POLLIN, 0};
+      if (::poll(&pfd, 1, timeout_ms) <= 0) return false;
+      const ssize_t n = ::read(fds[0], p, length);
+      if (n <= 0) return false;
+      p += n;
+      length -= static_cast<size_t>(n);
+    }
+    return true;
+  }
+};
+
+void send_addresses(const channel& ch, tl::iface& iface) {
+  ch.send(iface.device_address());
+  ch.send(iface.iface_address());
+}
+
+bool receive_addresses(const channel& ch, std::vector<uint8_t>* device,
+                       std::vector<uint8_t>* address) {
+  return ch.receive(device) && ch.receive(address);
+}
+
+/// Runs `body` in a forked child, which exits with its return value (never returns here).
+pid_t fork_child(const std::function<int()>& body) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int rc = 100;
+    try {
+      rc = body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: exception: %s\n", e.what());
+    }
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
+  return pid;
+}
+
+/// The child's exit code, or -1 when it had to be killed after 20 s.
+int wait_child(pid_t pid) {
+  for (int i = 0; i < 2000; ++i) {
+    int wstatus = 0;
+    const pid_t done = ::waitpid(pid, &wstatus, WNOHANG);
+    if (done == pid) return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+    std::this_thread::sleep_for(10ms);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+#define CHILD_CHECK(cond)                                                              \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      std::fprintf(stderr, "child check failed (line %d): %s\n", __LINE__, #cond);     \
+      return 1;                                                                        \
+    }                                                                                  \
+  } while (0)
+
+// -- the three kinds of message -------------------------------------------------------------------
+
+constexpr tl::am_id id_short = 3, id_bcopy = 4, id_zcopy = 5;
+const std::vector<uint8_t> short_header = pattern(8, 1);
+const std::vector<uint8_t> short_payload = pattern(41, 2);
+const std::vector<uint8_t> bcopy_bytes = pattern(6001, 3);
+const std::vector<uint8_t> zcopy_header = pattern(24, 4);
+const std::vector<uint8_t> zcopy_part1 = pattern(70000, 5);
+const std::vector<uint8_t> zcopy_part2 = pattern(13, 6);
+
+/// Sends one short, one bcopy and one zcopy message on `ep`, then progresses `ifaces` until the
+/// zcopy completed (the receiver acknowledged it). Returns its result, or timed_out.
+status send_three(std::initializer_list<tl::iface*> ifaces, tl::ep& ep) {
+  if (ep.am_short(id_short, short_header.data(), short_header.size(), short_payload.data(),
+                  short_payload.size()) != status::ok) {
+    return status::io_error;
+  }
+  bcopy_source source{&bcopy_bytes};
+  if (ep.am_bcopy(id_bcopy, &bcopy_source::pack, &source) !=
+      static_cast<ssize_t>(bcopy_bytes.size())) {
+    return status::io_error;
+  }
+  const tl::iov entries[] = {{zcopy_part1.data(), zcopy_part1.size()},
+                             {zcopy_part2.data(), zcopy_part2.size()}};
+  completion_probe done;
+  const status st =
+      ep.am_zcopy(id_zcopy, zcopy_header.data(), zcopy_header.size(), entries, 2, &done);
+  if (st == status::ok) return status::ok;
+  if (st != status::in_progress) return st;
+  if (!progress_until(ifaces, [&] { return done.calls == 1; })) return status::timed_out;
+  return done.result;
+}
+
+/// Installs recorders for the three ids on `iface`.
+struct three_recorders {
+  recorder shorts, bcopies, zcopies;
+  explicit three_recorders(tl::iface& iface) {
+    shorts.install(iface, id_short);
+    bcopies.install(iface, id_bcopy);
+    zcopies.install(iface, id_zcopy);
+  }
+  bool all_arrived() const {
+    return shorts.messages.size() == 1 && bcopies.messages.size() == 1 &&
+           zcopies.messages.size() == 1;
+  }
+  bool contents_match() const {
+    return all_arrived() && !shorts.misaligned && !bcopies.misaligned && !zcopies.misaligned &&
+           shorts.messages[0].bytes == concat({&short_header, &short_payload}) &&
+           bcopies.messages[0].bytes == bcopy_bytes &&
+           zcopies.messages[0].bytes == concat({&zcopy_header, &zcopy_part1, &zcopy_part2});
+  }
+};
+
+/// A parked am_short carrying a sequence number.
+struct numbered_send : tl::pending_req {
+  tl::ep* ep = nullptr;
+  uint64_t seq = 0;
+  int calls = 0;
+  numbered_send() {
+    func = [](tl::pending_req* self) {
+      auto* req = static_cast<numbered_send*>(self);
+      ++req->calls;
+      return req->ep->am_short(1, &req->seq, sizeof(req->seq), nullptr, 0);
+    };
+  }
+};
+
+/// Restores (or unsets) an environment variable when it goes out of scope.
+struct scoped_env {
+  std::string name;
+  bool had = false;
+  std::string old;
+  scoped_env(const char* n, const char* value) : name(n) {
+    if (const char* v = std::getenv(n)) {
+      had = true;
+      old = v;
+    }
+    if (value != nullptr) {
+      ::setenv(n, value, 1);
+    } else {
+      ::unsetenv(n);
+    }
+  }
+  ~scoped_env() {
+    if (had) {
+      ::setenv(name.c_str(), old.c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+};
+
+}  // namespace
+
+// -- component, attributes, addresses -------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(component_devices_and_attributes) {
+  scoped_env unset("COMM_TCP_DEVICE", nullptr);
+  tl::component& tcp = tcp_component();
+  const auto devices = tcp.devices();
+  BOOST_REQUIRE(!devices.empty());
+  BOOST_TEST((std::find(devices.begin(), devices.end(), "lo") != devices.end()));
+  if (devices.size() > 1) BOOST_TEST(devices.front() != "lo");  // a real device first
+  BOOST_TEST(tcp.unavailable_reason().empty());
+  {
+    scoped_env only_lo("COMM_TCP_DEVICE", "lo");
+    BOOST_TEST(tcp.devices() == std::vector<std::string>{"lo"});
+  }
+  {
+    scoped_env none("COMM_TCP_DEVICE", "no-such-device0");
+    BOOST_TEST(tcp.devices().empty());
+    BOOST_TEST(!tcp.unavailable_reason().empty());
+  }
+
+  auto iface = open_iface("lo");
+  const tl::iface_attr& attr = iface->attr();
+  BOOST_TEST(iface->transport_name() == "tcp");
+  const uint64_t wanted = tl::cap_am_short | tl::cap_am_bcopy | tl::cap_am_zcopy |
+                          tl::cap_pending | tl::cap_event_fd | tl::cap_connect_to_iface |
+                          tl::cap_peer_failure;
+  BOOST_TEST((attr.caps & wanted) == wanted);
+  BOOST_TEST((attr.caps & (tl::cap_get_zcopy | tl::cap_put_zcopy)) == 0u);
+  BOOST_TEST(attr.max_short >= 64u);
+  BOOST_TEST(attr.max_short <= 256u);
+  BOOST_TEST(attr.max_bcopy >= 8192u);
+  BOOST_TEST(attr.max_zcopy >= 256u * 1024);
+  BOOST_TEST(attr.max_iov == 16u);
+  BOOST_TEST(iface->event_fd() >= 0);
+  BOOST_TEST(port_of(*iface) != 0);
+  const std::string info = iface->info();
+  BOOST_TEST(info.find("tcp: device lo address 127.0.0.1 port " +
+                       std::to_string(port_of(*iface))) != std::string::npos);
+  BOOST_TEST(info.find("max_bcopy") != std::string::npos);
+  BOOST_TEST(info.find("connections 0 open") != std::string::npos);
+
+  std::unique_ptr<tl::iface> bad;
+  tl::iface_params params;
+  params.device = "no-such-device0";
+  BOOST_TEST(tcp.open(params, bad) == status::no_elem);
+  params.device = "lo";
+  params.fifo_size = 1;  // a window of one frame could never return credits
+  BOOST_TEST(tcp.open(params, bad) == status::invalid_param);
+  params.fifo_size = 0;
+  params.device.clear();  // the first device
+  BOOST_TEST(tcp.open(params, bad) == status::ok);
+  BOOST_TEST(bad->info().find("device " + devices.front()) != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(addresses_are_validated) {
+  auto a = open_iface();
+  auto b = open_iface();
+  const auto device = b->device_address();
+  const auto address = b->iface_address();
+  BOOST_TEST(a->is_reachable(device, address));
+
+  std::unique_ptr<tl::ep> ep;
+  auto short_address = address;
+  short_address.pop_back();
+  BOOST_TEST(!a->is_reachable(device, short_address));
+  BOOST_TEST(a->create_ep(device, short_address, ep) == status::invalid_addr);
+  auto long_device = device;
+  long_device.push_back(0);
+  BOOST_TEST(a->create_ep(long_device, address, ep) == status::invalid_addr);
+  auto no_port = address;
+  no_port[0] = no_port[1] = 0;
+  BOOST_TEST(a->create_ep(device, no_port, ep) == status::invalid_addr);
+  auto no_window = address;
+  std::fill(no_window.end() - 4, no_window.end(), 0);
+  BOOST_TEST(a->create_ep(device, no_window, ep) == status::invalid_addr);
+
+  // A loopback address only reaches the same host (boot) and network namespace.
+  auto other_host = device;
+  other_host[4] ^= 0xff;  // another boot id
+  BOOST_TEST(!a->is_reachable(other_host, address));
+  BOOST_TEST(a->create_ep(other_host, address, ep) == status::unreachable);
+  auto other_namespace = device;
+  other_namespace.back() ^= 0xff;
+  BOOST_TEST(!a->is_reachable(other_namespace, address));
+  BOOST_TEST(!ep);
+}
+
+BOOST_AUTO_TEST_CASE(connect_to_a_closed_port_is_unreachable) {
+  auto a = open_iface();
+  failure_log failures;
+  failures.install(*a);
+  std::vector<uint8_t> device, address;
+  {
+    auto gone = open_iface();
+    device = gone->device_address();
+    address = gone->iface_address();
+  }
+  std::unique_ptr<tl::ep> ep;
+  const status st = a->create_ep(device, address, ep);
+  if (st == status::ok) {
+    // The refusal came asynchronously: it is reported from progress.
+    BOOST_TEST(progress_until({a.get()}, [&] { return !failures.entries.empty(); }));
+    BOOST_REQUIRE(failures.entries.size() == 1u);
+    BOOST_TEST(failures.entries[0].ep == ep.get());
+    BOOST_TEST(failures.entries[0].reason == status::unreachable);
+    BOOST_TEST(ep->am_short(1, nullptr, 0, nullptr, 0) == status::unreachable);
+  } else {
+    BOOST_TEST(st == status::unreachable);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(hello_for_another_interface_is_refused) {
+  // An address whose port is right but whose interface id is not: the listener closes the
+  // connection, and the endpoint reports it.
+  auto a = open_iface();
+  auto b = open_iface();
+  failure_log failures;
+  failures.install(*a);
+  auto address = b->iface_address();
+  address[5] ^= 0x5a;  // in the interface id
+  auto ep = connect(*a, b->device_address(), address);
+  BOOST_TEST(ep->am_short(1, nullptr, 0, nullptr, 0) == status::ok);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return !failures.entries.empty(); }));
+  BOOST_REQUIRE(failures.entries.size() == 1u);
+  BOOST_TEST(failures.entries[0].reason == status::connection_reset);
+  BOOST_TEST(info_number(*b, "malformed connections closed ") == 1);
+}
+
+// -- delivery -------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(short_bcopy_zcopy_in_one_process) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  three_recorders got(*receiver);
+  auto ep = connect(*sender, *receiver);
+  BOOST_TEST(send_three({sender.get(), receiver.get()}, *ep) == status::ok);
+  BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] { return got.all_arrived(); }));
+  BOOST_TEST(got.contents_match());
+  BOOST_TEST(ep->flush(nullptr) == status::ok);
+  BOOST_TEST(info_number(*receiver, "connections ") == 1);
+}
+
+BOOST_AUTO_TEST_CASE(largest_and_empty_messages) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  recorder got;
+  got.install(*receiver, 1);
+  auto ep = connect(*sender, *receiver);
+  const tl::iface_attr& attr = sender->attr();
+
+  const auto biggest_short = pattern(attr.max_short, 9);
+  BOOST_TEST(ep->am_short(1, biggest_short.data(), 10, biggest_short.data() + 10,
+                          attr.max_short - 10) == status::ok);
+  BOOST_TEST(ep->am_short(1, nullptr, 0, nullptr, 0) == status::ok);
+  BOOST_TEST(ep->am_short(1, biggest_short.data(), attr.max_short, biggest_short.data(), 1) ==
+             status::invalid_param);
+  BOOST_TEST(ep->am_short(tl::am_id_count, nullptr, 0, nullptr, 0) == status::invalid_param);
+
+  const auto biggest_bcopy = pattern(attr.max_bcopy, 10);
+  bcopy_source big{&biggest_bcopy};
+  ssize_t n = 0;
+  BOOST_TEST(progress_until({sender.get(), receiver.get()}, [&] {
+    n = ep->am_bcopy(1, &bcopy_source::pack, &big);
+    return n != static_cast<ssize_t>(status::no_resource);
+  }));
+  BOOST_TEST(n == static_cast<ssize_t>(attr.max_bcopy));
+  const std::vector<uint8_t> nothing;
+  bcopy_source empty{&nothing};
+  BOOST_TEST(progress_until({sender.get(), receiver.get()}, [&] {
+    n = ep->am_bcopy(1, &bcopy_source::pack, &empty);
+    return n != static_cast<ssize_t>(status::no_resource);
+  }));
+  BOOST_TEST(n == 0);
+
+  // The largest zcopy, in max_iov pieces of odd sizes.
+  const auto zhead = pattern(attr.max_hdr, 11);
+  const auto zdata = pattern(attr.max_zcopy, 12);
+  std::vector<tl::iov> entries(attr.max_iov);
+  size_t offset = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const size_t length = i + 1 == entries.size() ? zdata.size() - offset : zdata.size() / 17 + i;
+    entries[i] = {zdata.data() + offset, length};
+    offset += length;
+  }
+  completion_probe done;
+  status st = status::no_resource;
+  BOOST_TEST(progress_until({sender.get(), receiver.get()}, [&] {
+    st = ep->am_zcopy(1, zhead.data(), zhead.size(), entries.data(), entries.size(), &done);
+    return st != status::no_resource;
+  }));
+  BOOST_TEST((st == status::ok || st == status::in_progress));
+  // Over the limits.
+  completion_probe unused;
+  BOOST_TEST(ep->am_zcopy(1, zhead.data(), attr.max_hdr + 1, nullptr, 0, &unused) ==
+             status::invalid_param);
+  std::vector<tl::iov> too_many(attr.max_iov + 1, tl::iov{zdata.data(), 1});
+  BOOST_TEST(ep->am_zcopy(1, nullptr, 0, too_many.data(), too_many.size(), &unused) ==
+             status::invalid_param);
+  const tl::iov too_long[] = {{zdata.data(), zdata.size()}, {zdata.data(), 1}};
+  BOOST_TEST(ep->am_zcopy(1, nullptr, 0, too_long, 2, &unused) == status::invalid_param);
+
+  BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] {
+    return got.messages.size() == 5 && (st == status::ok || done.calls == 1);
+  }));
+  BOOST_REQUIRE(got.messages.size() == 5u);
+  BOOST_TEST(!got.misaligned);
+  BOOST_TEST(got.messages[0].bytes == biggest_short);
+  BOOST_TEST(got.messages[1].bytes.empty());
+  BOOST_TEST(got.messages[2].bytes == biggest_bcopy);
+  BOOST_TEST(got.messages[3].bytes.empty());
+  BOOST_TEST(got.messages[4].bytes == concat({&zhead, &zdata}));
+  BOOST_TEST(unused.calls == 0);
+  BOOST_TEST(progress_until({sender.get()}, [&] { return ep->flush(nullptr) == status::ok; }));
+}
+
+BOOST_AUTO_TEST_CASE(mixed_messages_keep_their_order) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  recorder got;
+  for (tl::am_id id : {id_short, id_bcopy, id_zcopy}) got.install(*receiver, id);
+  auto ep = connect(*sender, *receiver);
+  // 3000 messages, kinds and sizes cycling, each starting with its sequence number.
+  constexpr uint64_t count = 3000;
+  const auto body = pattern(40000, 13);
+  std::vector<completion_probe> probes(count);
+  uint64_t issued = 0;
+  const bool all_issued = progress_until({sender.get(), receiver.get()}, [&] {
+    while (issued < count) {
+      const uint64_t seq = issued;
+      const size_t length = (seq * 7919) % 200;
+      status st;
+      switch (seq % 3) {
+        case 0:
+          st = ep->am_short(id_short, &seq, sizeof(seq), body.data(), length);
+          break;
+        case 1: {
+          struct packer {
+            uint64_t seq;
+            size_t length;
+            const uint8_t* body;
+          } p{seq, length * 150, body.data()};
+          const ssize_t n = ep->am_bcopy(
+              id_bcopy,
+              [](void* dest, void* arg) -> size_t {
+                auto* q = static_cast<packer*>(arg);
+                std::memcpy(dest, &q->seq, sizeof(q->seq));
+                std::memcpy(static_cast<uint8_t*>(dest) + 8, q->body, q->length);
+                return 8 + q->length;
+              },
+              &p);
+          st = n < 0 ? static_cast<status>(n) : status::ok;
+          break;
+        }
+        default: {
+          const tl::iov entries[] = {{body.data(), length * 200}, {body.data(), length}};
+          st = ep->am_zcopy(id_zcopy, &seq, sizeof(seq), entries, 2, &probes[seq]);
+          if (st == status::ok) probes[seq].calls = 1;
+          break;
+        }
+      }
+      if (st == status::no_resource) return false;
+      if (st != status::ok && st != status::in_progress) {
+        BOOST_ERROR("send " << seq << ": " << st);
+        issued = count;
+        return true;
+      }
+      ++issued;
+    }
+    return true;
+  });
+  BOOST_TEST(all_issued);
+  BOOST_TEST(progress_until({receiver.get(), sender.get()},
+                            [&] { return got.messages.size() == count; }));
+  BOOST_REQUIRE(got.messages.size() == count);
+  bool in_order = true;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t seq = ~uint64_t{0};
+    if (got.messages[i].bytes.size() >= 8) std::memcpy(&seq, got.messages[i].bytes.data(), 8);
+    in_order = in_order && seq == i;
+  }
+  BOOST_TEST(in_order);
+  BOOST_TEST(!got.misaligned);
+  BOOST_TEST(progress_until({sender.get()}, [&] {
+    for (uint64_t i = 2; i < count; i += 3) {
+      if (probes[i].calls != 1) return false;
+    }
+    return true;
+  }));
+}
+
+BOOST_AUTO_TEST_CASE(zcopy_completes_only_once_the_receiver_delivered_it) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  bool delivered = false;
+  bool completed_first = false;
+  struct observer {
+    bool* delivered;
+  } seen{&delivered};
+  receiver->set_am_handler(
+      1,
+      [](void* arg, void*, size_t, unsigned) {
+        *static_cast<observer*>(arg)->delivered = true;
+        return status::ok;
+      },
+      &seen);
+  auto ep = connect(*sender, *receiver);
+  const auto data = pattern(100, 3);
+  const tl::iov entry{data.data(), data.size()};
+  struct checked_completion : completion_probe {
+    bool* delivered = nullptr;
+    bool* completed_first = nullptr;
+  } done;
+  done.delivered = &delivered;
+  done.completed_first = &completed_first;
+  done.func = [](tl::completion* self) {
+    auto* c = static_cast<checked_completion*>(self);
+    ++c->calls;
+    if (!*c->delivered) *c->completed_first = true;
+  };
+  BOOST_TEST(ep->am_zcopy(1, nullptr, 0, &entry, 1, &done) == status::in_progress);
+  BOOST_TEST(ep->flush(nullptr) == status::in_progress);
+  progress_for({sender.get()}, 50ms);  // the kernel took it long ago; nobody delivered it
+  BOOST_TEST(done.calls == 0);
+  BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] { return done.calls == 1; }));
+  BOOST_TEST(!completed_first);
+  BOOST_TEST(done.result == status::ok);
+  BOOST_TEST(ep->flush(nullptr) == status::ok);
+}
+
+BOOST_AUTO_TEST_CASE(window_of_the_receiver_bounds_frames_in_flight) {
+  auto sender = open_iface();
+  auto receiver = open_iface("lo", 8);  // fifo_size: 8 frames undelivered per connection
+  recorder got;
+  got.install(*receiver, 1);
+  auto ep = connect(*sender, *receiver);
+  uint64_t seq = 0;
+  while (seq < 1000 && ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok) ++seq;
+  BOOST_TEST(seq == 8u);
+  numbered_send parked;
+  parked.ep = ep.get();
+  parked.seq = seq++;
+  BOOST_TEST(ep->pending_add(&parked) == status::ok);
+  progress_for({sender.get()}, 20ms);
+  BOOST_TEST(parked.calls == 0);  // no credits came back
+  BOOST_TEST(progress_until({receiver.get(), sender.get()},
+                            [&] { return got.messages.size() == seq && parked.calls == 1; }));
+  // A long stream through the small window arrives complete and in order.
+  const uint64_t first = seq;
+  BOOST_TEST(progress_until({sender.get(), receiver.get()}, [&] {
+    while (seq < first + 5000 && ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok) {
+      ++seq;
+    }
+    return seq == first + 5000 && got.messages.size() == seq;
+  }));
+  bool in_order = got.messages.size() == seq;
+  for (uint64_t i = 0; in_order && i < seq; ++i) {
+    uint64_t value = ~uint64_t{0};
+    std::memcpy(&value, got.messages[i].bytes.data(), sizeof(value));
+    in_order = value == i;
+  }
+  BOOST_TEST(in_order);
+}
+
+BOOST_AUTO_TEST_CASE(loopback_to_own_interface) {
+  auto iface = open_iface();
+  recorder got;
+  got.install(*iface, 7);
+  auto ep = connect(*iface, *iface);
+  const uint64_t value = 0x1122334455667788;
+  BOOST_TEST(ep->am_short(7, &value, sizeof(value), nullptr, 0) == status::ok);
+  BOOST_TEST(progress_until({iface.get()}, [&] { return got.messages.size() == 1; }));
+  BOOST_TEST(got.messages[0].bytes.size() == sizeof(value));
+}
+
+BOOST_AUTO_TEST_CASE(short_bcopy_zcopy_across_processes) {
+  channel to_child, to_parent;
+  const pid_t child = fork_child([&]() -> int {
+    auto iface = open_iface();
+    three_recorders got(*iface);
+    send_addresses(to_parent, *iface);
+    std::vector<uint8_t> device, address;
+    CHILD_CHECK(receive_addresses(to_child, &device, &address));
+    CHILD_CHECK(progress_until({iface.get()}, [&] { return got.all_arrived(); }));
+    CHILD_CHECK(got.contents_match());
+    // Now the other way round: the child sends, the parent checks.
+    auto ep = connect(*iface, device, address);
+    CHILD_CHECK(send_three({iface.get()}, *ep) == status::ok);
+    std::vector<uint8_t> verdict;
+    CHILD_CHECK(to_child.receive(&verdict));
+    return 0;
+  });
+  BOOST_REQUIRE(child > 0);
+  auto parent_iface = open_iface();
+  std::vector<uint8_t> device, address;
+  BOOST_REQUIRE(receive_addresses(to_parent, &device, &address));
+  send_addresses(to_child, *parent_iface);
+  three_recorders got(*parent_iface);
+  auto ep = connect(*parent_iface, device, address);
+  BOOST_TEST(send_three({parent_iface.get()}, *ep) == status::ok);
+  BOOST_TEST(progress_until({parent_iface.get()}, [&] { return got.all_arrived(); }));
+  BOOST_TEST(got.contents_match());
+  to_child.send({1});
+  BOOST_TEST(wait_child(child) == 0);
+}
+
+// -- backpressure ---------------------------------------------------------------------------------
+
+namespace {
+
+/// Streams `count` zcopy messages of `chunk` bytes (an 8-byte sequence number as header, a slice
+/// of `source` as payload) through `ep`, parking on the pending queue whenever it is refused.
+struct zcopy_stream : tl::pending_req {
+  tl::ep* ep = nullptr;
+  const std::vector<uint8_t>* source = nullptr;
+  size_t chunk = 0;
+  uint64_t count = 0;
+  uint64_t next = 0;
+  std::vector<uint64_t> seqs;
+  std::vector<completion_probe> probes;
+  int parked = 0;
+  status error = status::ok;
+
+  zcopy_stream(tl::ep& e, const std::vector<uint8_t>& src, size_t c, uint64_t n)
+      : ep(&e), source(&src), chunk(c), count(n), seqs(n), probes(n) {
+    func = [](tl::pending_req* self) { return static_cast<zcopy_stream*>(self)->pump(); };
+  }
+
+  /// Offset into `source` of message `seq`'s payload.
+  size_t offset(uint64_t seq) const { return (seq * 4099) % (source->size() - chunk); }
+
+  /// Sends until refused; returns ok when all went, no_resource when refused, or the error.
+  status pump() {
+    while (next < count) {
+      seqs[next] = next;
+      const tl::iov entry{source->data() + offset(next), chunk};
+      const status st = ep->am_zcopy(1, &seqs[next], sizeof(uint64_t), &entry, 1, &probes[next]);
+      if (st == status::no_resource) return st;
+      if (st == status::ok) probes[next].calls = 1;
+      if (st != status::ok && st != status::in_progress) {
+        error = st;
+        return status::ok;  // dropped: the test reports it
+      }
+      ++next;
+    }
+    return status::ok;
+  }
+
+  /// Starts the stream: sends what goes and parks the rest.
+  void start() {
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      if (pump() != status::no_resource) return;
+      const status st = ep->pending_add(this);
+      if (st == status::ok) {
+        ++parked;
+        return;
+      }
+      if (st != status::busy) {
+        error = st;
+        return;
+      }
+    }
+  }
+
+  bool all_completed() const {
+    for (const auto& p : probes) {
+      if (p.calls != 1) return false;
+    }
+    return next == count;
+  }
+};
+
+}  // namespace
+
+/// Checks the messages of a zcopy_stream as they arrive, keeping nothing.
+struct stream_checker {
+  const zcopy_stream* stream = nullptr;
+  uint64_t received = 0;
+  uint64_t bad = 0;
+  bool misaligned = false;
+
+  static status handler(void* arg, void* data, size_t length, unsigned flags) {
+    auto* self = static_cast<stream_checker*>(arg);
+    const zcopy_stream& s = *self->stream;
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    uint64_t seq = ~uint64_t{0};
+    if (length == 8 + s.chunk) std::memcpy(&seq, bytes, 8);
+    if (reinterpret_cast<uintptr_t>(data) % 8 != 0) self->misaligned = true;
+    const bool intact = seq == self->received &&
+                        std::memcmp(bytes + 8, s.source->data() + s.offset(seq), s.chunk) == 0;
+    if (!intact && self->bad++ == 0) BOOST_ERROR("message " << self->received << " is wrong");
+    ++self->received;
+    return status::ok;
+  }
+};
+
+BOOST_AUTO_TEST_CASE(slow_receiver_bounds_sender_memory_and_everything_arrives_in_order) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  const auto source = pattern(8 << 20, 21);
+  constexpr size_t chunk = 256 * 1024;
+  constexpr uint64_t count = 256;  // 64 MiB in all, far beyond any socket buffer
+  auto ep = connect(*sender, *receiver);
+  zcopy_stream stream(*ep, source, chunk, count);
+  stream_checker got;
+  got.stream = &stream;
+  receiver->set_am_handler(1, &stream_checker::handler, &got);
+  // Let the connection be accepted before the receiver stops progressing.
+  BOOST_TEST(progress_until({sender.get(), receiver.get()},
+                            [&] { return info_number(*receiver, "connections ") == 1; }));
+  const size_t rss_before = rss_kib();
+
+  stream.start();
+  BOOST_TEST(stream.error == status::ok);
+  // Only the sender progresses: the kernel buffers fill, then everything waits.
+  progress_for({sender.get()}, 300ms);
+  BOOST_TEST(stream.next < count);
+  BOOST_TEST(stream.parked == 1);
+  BOOST_TEST(!stream.all_completed());  // a partially written zcopy waits for the receiver
+  BOOST_TEST(ep->am_short(1, nullptr, 0, nullptr, 0) == status::no_resource);
+  BOOST_TEST(ep->flush(nullptr) == status::in_progress);
+  const size_t rss_blocked = rss_kib();
+  BOOST_TEST_MESSAGE("accepted " << stream.next << " of " << count << " zcopy messages while "
+                                 << "the receiver slept; RSS grew by "
+                                 << (rss_blocked - rss_before) << " KiB");
+  // Memory bound: the send buffer and the kernel's socket buffers, nothing per message.
+  BOOST_TEST(rss_blocked < rss_before + 16 * 1024);
+
+  BOOST_TEST(progress_until({receiver.get(), sender.get()},
+                            [&] { return got.received == count && stream.all_completed(); },
+                            60s));
+  BOOST_TEST(stream.error == status::ok);
+  BOOST_TEST(got.received == count);
+  BOOST_TEST(got.bad == 0u);
+  BOOST_TEST(!got.misaligned);
+  // The receiver's side: its receive buffer and one large-frame buffer.
+  BOOST_TEST(rss_kib() < rss_before + 16 * 1024);
+  BOOST_TEST(ep->flush(nullptr) == status::ok);
+  BOOST_TEST(info_number(*sender, "writes the kernel did not take in full ") > 0);
+  BOOST_TEST(info_number(*sender, "sends refused for lack of resources ") > 0);
+}
+
+BOOST_AUTO_TEST_CASE(full_send_buffer_parks_short_sends_and_resumes_in_order) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  recorder got;
+  got.install(*receiver, 1);
+  auto ep = connect(*sender, *receiver);
+
+  // Fill the kernel and the send buffer with shorts while the receiver sleeps.
+  uint64_t seq = 0;
+  while (seq < 10'000'000 && ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok) ++seq;
+  BOOST_TEST(seq < 10'000'000u);
+  BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::no_resource);
+  std::vector<numbered_send> parked(50);
+  for (auto& req : parked) {
+    req.ep = ep.get();
+    req.seq = seq++;
+    BOOST_TEST(ep->pending_add(&req) == status::ok);
+  }
+  // While requests are parked, new sends queue behind them, however much room there is.
+  BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::no_resource);
+  for (int i = 0; i < 100; ++i) sender->progress();
+
+  BOOST_TEST(progress_until({receiver.get(), sender.get()},
+                            [&] { return got.messages.size() == seq; }, 30s));
+  bool in_order = got.messages.size() == seq;
+  for (uint64_t i = 0; in_order && i < seq; ++i) {
+    uint64_t value = ~uint64_t{0};
+    std::memcpy(&value, got.messages[i].bytes.data(), 8);
+    in_order = value == i;
+  }
+  BOOST_TEST(in_order);
+  numbered_send extra;
+  extra.ep = ep.get();
+  BOOST_TEST(ep->pending_add(&extra) == status::busy);
+
+  // pending_purge hands back parked requests.
+  std::vector<tl::pending_req*> purged;
+  ep->pending_purge(
+      [](tl::pending_req* req, void* arg) {
+        static_cast<std::vector<tl::pending_req*>*>(arg)->push_back(req);
+      },
+      &purged);
+  BOOST_TEST(purged.empty());
+}
+
+BOOST_AUTO_TEST_CASE(destroyed_endpoint_still_delivers_its_buffered_bytes) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  recorder got;
+  got.install(*receiver, 1);
+  auto ep = connect(*sender, *receiver);
+  uint64_t seq = 0;
+  while (seq < 10'000'000 && ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok) ++seq;
+  ep.reset();  // with bytes still in its send buffer
+  BOOST_TEST(sender->info().find("1 closing") != std::string::npos);
+  BOOST_TEST(progress_until({receiver.get(), sender.get()},
+                            [&] { return got.messages.size() == seq; }, 30s));
+  BOOST_TEST(progress_until({sender.get()},
+                            [&] { return sender->info().find("0 closing") != std::string::npos; }));
+}
+
+// -- bad peers ------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  recorder got;
+  got.install(*receiver, 1);
+  auto ep = connect(*sender, *receiver);
+  const uint16_t port = port_of(*receiver);
+
+  const std::vector<uint8_t> junk = pattern(100, 77);
+  const auto hello = hello_for(*receiver);
+  auto with = [](std::vector<uint8_t> a, const std::vector<uint8_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  auto bad_hello = hello;
+  bad_hello[8] ^= 0xff;  // the magic
+  const std::vector<std::pair<const char*, std::vector<uint8_t>>> cases = {
+      {"random bytes instead of a hello", junk},
+      {"a hello with the wrong magic", bad_hello},
+      {"a frame with an unknown am id", with(hello, frame_header(200, 8))},
+      {"a frame announcing 4 GiB", with(hello, frame_header(1, 0xffffffffu))},
+      {"a frame header with pointers", with(hello, std::vector<uint8_t>{0, 0, 0, 0, 1, 0, 1, 0})},
+  };
+  long closed_before = info_number(*receiver, "malformed connections closed ");
+  for (const auto& [what, bytes] : cases) {
+    BOOST_TEST_CONTEXT(what) {
+      const int fd = raw_connect(port);
+      BOOST_REQUIRE(fd >= 0);
+      BOOST_TEST(write_all(fd, bytes));
+      // Meanwhile the good endpoint keeps being served.
+      const uint64_t seq = got.messages.size();
+      BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok);
+      BOOST_TEST(progress_until({receiver.get(), sender.get()},
+                                [&] { return peer_closed(fd) && got.messages.size() == seq + 1; }));
+      ::close(fd);
+      BOOST_TEST(info_number(*receiver, "malformed connections closed ") == ++closed_before);
+    }
+  }
+  // A connection that never says hello is dropped after the hello timeout; one that says hello
+  // and sends half a frame is kept (it may finish later) until it closes.
+  const int half = raw_connect(port);
+  BOOST_TEST(write_all(half, with(hello, frame_header(1, 100))));
+  progress_for({receiver.get()}, 50ms);
+  BOOST_TEST(!peer_closed(half));
+  ::close(half);
+  BOOST_TEST(progress_until({receiver.get()}, [&] {
+    return info_number(*receiver, "connections ") == 1;  // only the good one is left
+  }));
+  BOOST_TEST(got.messages.size() == cases.size());
+}
+
+BOOST_AUTO_TEST_CASE(killed_peer_is_reported_and_outstanding_zcopy_fails) {
+  channel to_parent;
+  const pid_t child = fork_child([&]() -> int {
+    auto iface = open_iface();
+    send_addresses(to_parent, *iface);
+    // Accept the connection, then stop progressing until killed.
+    progress_until({iface.get()}, [&] { return info_number(*iface, "connections ") == 1; });
+    to_parent.send({1});
+    ::pause();
+    return 0;
+  });
+  BOOST_REQUIRE(child > 0);
+  auto iface = open_iface();
+  failure_log failures;
+  failures.install(*iface);
+  std::vector<uint8_t> device, address, asleep;
+  BOOST_REQUIRE(receive_addresses(to_parent, &device, &address));
+  auto ep = connect(*iface, device, address);
+  progress_for({iface.get()}, 1ms);
+  BOOST_REQUIRE(to_parent.receive(&asleep));
+
+  // Fill the connection so a zcopy stays outstanding.
+  const auto source = pattern(1 << 20, 31);
+  std::vector<completion_probe> probes(64);
+  size_t issued = 0;
+  status st = status::ok;
+  for (; issued < probes.size(); ++issued) {
+    const tl::iov entry{source.data(), source.size()};
+    st = ep->am_zcopy(1, nullptr, 0, &entry, 1, &probes[issued]);
+    if (st != status::ok) break;
+    probes[issued].calls = 1;
+  }
+  BOOST_REQUIRE(st == status::in_progress);
+  progress_for({iface.get()}, 20ms);
+  BOOST_TEST(probes[issued].calls == 0);
+
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(child, SIGKILL);
+  BOOST_TEST(progress_until({iface.get()}, [&] { return !failures.entries.empty(); }, 10s));
+  const auto took = std::chrono::steady_clock::now() - killed_at;
+  BOOST_TEST_MESSAGE("failure reported "
+                     << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                     << " ms after SIGKILL");
+  BOOST_TEST(took < 5s);
+  BOOST_REQUIRE(failures.entries.size() == 1u);
+  BOOST_TEST(failures.entries[0].ep == ep.get());
+  BOOST_TEST(failures.entries[0].reason == status::connection_reset);
+  BOOST_TEST(probes[issued].calls == 1);
+  BOOST_TEST(probes[issued].result == status::connection_reset);
+  BOOST_TEST(ep->am_short(1, nullptr, 0, nullptr, 0) == status::connection_reset);
+  BOOST_TEST(ep->flush(nullptr) == status::connection_reset);
+  numbered_send parked;
+  parked.ep = ep.get();
+  BOOST_TEST(ep->pending_add(&parked) == status::connection_reset);
+  progress_for({iface.get()}, 20ms);
+  BOOST_TEST(failures.entries.size() == 1u);  // once
+  BOOST_TEST(wait_child(child) == -1);
+}
+
+BOOST_AUTO_TEST_CASE(error_handler_may_destroy_the_endpoint) {
+  auto a = open_iface();
+  auto b = std::make_unique<std::unique_ptr<tl::iface>>(open_iface());
+  struct state {
+    std::unique_ptr<tl::ep> ep;
+    int calls = 0;
+  } s;
+  a->set_error_handler(
+      [](void* arg, tl::ep* failed, status) {
+        auto* st = static_cast<state*>(arg);
+        ++st->calls;
+        if (st->ep.get() == failed) st->ep.reset();
+      },
+      &s);
+  s.ep = connect(*a, **b);
+  BOOST_TEST(s.ep->am_short(1, nullptr, 0, nullptr, 0) == status::ok);
+  BOOST_TEST(progress_until({a.get(), b->get()}, [&] {
+    return info_number(**b, "connections ") == 1;
+  }));
+  b.reset();  // the peer interface closes: the connection goes
+  BOOST_TEST(progress_until({a.get()}, [&] { return s.calls == 1; }));
+  BOOST_TEST(!s.ep);
+  progress_for({a.get()}, 20ms);
+  BOOST_TEST(s.calls == 1);
+}
+
+// -- blocking progress ----------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(event_arm_is_busy_while_data_waits) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  recorder got;
+  got.install(*receiver, 1);
+  auto ep = connect(*sender, *receiver);
+  BOOST_TEST(progress_until({receiver.get(), sender.get()},
+                            [&] { return receiver->event_arm() == status::ok; }));
+  BOOST_TEST(ep->am_short(1, nullptr, 0, nullptr, 0) == status::ok);
+  pollfd pfd{receiver->event_fd(), POLLIN, 0};
+  BOOST_TEST(::poll(&pfd, 1, 5000) == 1);
+  BOOST_TEST(receiver->event_arm() == status::busy);
+  BOOST_TEST(progress_until({receiver.get()}, [&] { return got.messages.size() == 1; }));
+  BOOST_TEST(progress_until({receiver.get()}, [&] { return receiver->event_arm() == status::ok; }));
+}
+
+BOOST_AUTO_TEST_CASE(sleeping_receiver_wakes_on_a_send_from_another_process) {
+  channel to_child, to_parent;
+  auto receiver = open_iface();
+  recorder got;
+  got.install(*receiver, 2);
+  const pid_t child = fork_child([&]() -> int {
+    auto iface = open_iface();
+    std::vector<uint8_t> device, address;
+    CHILD_CHECK(receive_addresses(to_child, &device, &address));
+    auto ep = connect(*iface, device, address);
+    std::this_thread::sleep_for(100ms);  // the parent is asleep by now
+    const uint64_t value = 42;
+    CHILD_CHECK(ep->am_short(2, &value, sizeof(value), nullptr, 0) == status::ok);
+    CHILD_CHECK(progress_until({iface.get()}, [&] { return ep->flush(nullptr) == status::ok; }));
+    std::vector<uint8_t> verdict;
+    CHILD_CHECK(to_child.receive(&verdict));
+    return 0;
+  });
+  BOOST_REQUIRE(child > 0);
+  send_addresses(to_child, *receiver);
+  int sleeps = 0;
+  for (int round = 0; round < 100 && got.messages.empty(); ++round) {
+    if (receiver->event_arm() == status::ok) {
+      pollfd pfd{receiver->event_fd(), POLLIN, 0};
+      if (::poll(&pfd, 1, 10000) != 1) break;
+      ++sleeps;
+    }
+    receiver->progress();
+  }
+  BOOST_TEST(sleeps >= 1);
+  BOOST_REQUIRE(got.messages.size() == 1u);
+  uint64_t value = 0;
+  std::memcpy(&value, got.messages[0].bytes.data(), sizeof(value));
+  BOOST_TEST(value == 42u);
+  to_child.send({1});
+  BOOST_TEST(wait_child(child) == 0);
+}
+
+// -- leaks ----------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(no_descriptor_leaks) {
+  const size_t before = count_fds();
+  for (int round = 0; round < 3; ++round) {
+    auto a = open_iface();
+    auto b = open_iface();
+    three_recorders got(*b);
+    auto ab = connect(*a, *b);
+    auto ba = connect(*b, *a);
+    BOOST_TEST(send_three({a.get(), b.get()}, *ab) == status::ok);
+    BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return got.all_arrived(); }));
+    // A raw connection that sends garbage, one that stays silent, and a destroyed endpoint with
+    // bytes buffered.
+    const int garbage = raw_connect(port_of(*b));
+    write_all(garbage, pattern(64, 1));
+    const int silent = raw_connect(port_of(*a));
+    progress_for({a.get(), b.get()}, 20ms);
+    ::close(garbage);
+    ::close(silent);
+    ab.reset();
+    ba.reset();
+  }
+  BOOST_TEST(count_fds() == before);
+}

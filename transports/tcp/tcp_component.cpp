@@ -1,0 +1,47 @@
+#include "tcp/tcp_iface.hpp"
+
+#include <algorithm>
+
+namespace comm::tl::tcp {
+namespace {
+
+class tcp_component_impl final : public component {
+public:
+  std::string_view name() const override { return "tcp"; }
+
+  std::vector<std::string> devices() const override {
+    std::vector<std::string> names;
+    for (const ipv4_device& d : usable_devices()) names.push_back(d.name);
+    return names;
+  }
+
+  std::string unavailable_reason() const override {
+    std::string why;
+    usable_devices(&why);
+    return why;
+  }
+
+  status open(const iface_params& params, std::unique_ptr<iface>& out) override {
+    const std::vector<ipv4_device> devices = usable_devices();
+    if (devices.empty()) return status::no_elem;
+    auto device = devices.begin();
+    if (!params.device.empty()) {
+      device = std::find_if(devices.begin(), devices.end(),
+                            [&](const ipv4_device& d) { return d.name == params.device; });
+      if (device == devices.end()) return status::no_elem;
+    }
+    auto created = std::make_unique<tcp_iface>(params, *device);
+    if (created->open_status() != status::ok) return created->open_status();
+    out = std::move(created);
+    return status::ok;
+  }
+};
+
+}  // namespace
+
+component& tcp_component() {
+  static tcp_component_impl instance;
+  return instance;
+}
+
+}  // namespace comm::tl::tcp
