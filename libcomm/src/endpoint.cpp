@@ -239,8 +239,12 @@ op start_send(endpoint_impl& ep, request* req) {
     w.free_request(req);
     return op{st, nullptr};
   }
+  // A flush or close is done at once only when nothing before it is still outstanding.
+  const bool waits_for_others = (req->type == request::kind::flush ||
+                                 req->type == request::kind::close) &&
+                                ep.outstanding_head != nullptr;
   if (st == status::ok && !(req->params.flags & request_no_immediate_completion) &&
-      req->st == status::ok) {
+      req->st == status::ok && !waits_for_others) {
     w.free_request(req);
     return op{};
   }

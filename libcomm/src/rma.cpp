@@ -6,6 +6,8 @@
 #include <capnp/serialize.h>
 #include <kj/exception.h>
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -18,6 +20,7 @@ public:
   size_t length = 0;        ///< bytes in the region
   /// One registration per interface that has a memory domain.
   std::vector<std::pair<detail::worker_impl::lane_iface*, tl::mem_handle*>> regs;
+  uint64_t token = 0;       ///< names it to software RMA from peers on lanes without get/put
 };
 
 /// A peer's region as seen through one endpoint.
@@ -27,6 +30,8 @@ public:
   tl::remote_key key;                   ///< the transport's unpacked key
   uint64_t base = 0;                    ///< start of the remote region
   uint64_t length = 0;                  ///< bytes in the remote region
+  bool software = false;                ///< the lane has no get/put: RMA by messages
+  uint64_t token = 0;                   ///< the owner's software-RMA token
 };
 
 using detail::endpoint_impl;
@@ -66,11 +71,92 @@ size_t local_slice(const request* req, size_t offset, size_t* length, tl::iov* o
 
 }  // namespace
 
+/// Software RMA, for lanes without get/put: each fragment is an RmaRequest the owner checks
+/// against its registration and answers with an RmaReply (carrying the data of a get).
+status send_rma_by_messages(request* req) {
+  endpoint_impl& ep = *req->ep;
+  worker_impl& w = ep.owner;
+  const bool is_get = req->type == request::kind::get;
+  if (!req->key->software) return status::unsupported;
+  if (!req->has_started) {
+    status st = check_range(*req->key, req->remote_address, req->length);
+    if (st != status::ok) return st;
+    if (is_get && (req->params.flags & request_fence) && ep.reads_in_flight > 0) {
+      return status::no_resource;
+    }
+    req->zcopy_done = tl::completion{on_zcopy_done, 1, status::ok};
+    req->rndv_id = w.next_rndv_id++;
+    w.rma_ops[req->rndv_id] = req;
+  }
+  const size_t room = ep.lane_attr->max_bcopy - 64;
+  req->issuing = true;
+  while (req->offset < req->length || !req->has_started) {
+    const size_t chunk = std::min(room, req->length - req->offset);
+    wire::header_writer<wire::schema::RmaRequest> writer;
+    auto h = writer.fields();
+    h.setDstEp(ep.remote_id);
+    h.setIsGet(is_get);
+    h.setReqId(req->rndv_id);
+    h.setToken(req->key->token);
+    h.setAddress(req->remote_address + req->offset);
+    h.setLength(chunk);
+    struct piece {
+      const void* header;
+      size_t header_length;
+      request* req;
+      size_t chunk;
+      bool with_data;
+    } p{writer.bytes(), writer.size(), req, chunk, !is_get};
+    ssize_t n = ep.lane->am_bcopy(
+        static_cast<tl::am_id>(proto_id::rma_request),
+        [](void* dest, void* arg) -> size_t {
+          auto* pc = static_cast<piece*>(arg);
+          auto* out = static_cast<uint8_t*>(dest);
+          std::memcpy(out, pc->header, pc->header_length);
+          if (!pc->with_data) return pc->header_length;
+          size_t skip = pc->req->offset, left = pc->chunk;
+          uint8_t* at = out + pc->header_length;
+          for (const iov_entry& e : pc->req->iov) {
+            if (left == 0) break;
+            if (skip >= e.length) {
+              skip -= e.length;
+              continue;
+            }
+            const size_t n = std::min(e.length - skip, left);
+            std::memcpy(at, static_cast<const uint8_t*>(e.buffer) + skip, n);
+            at += n;
+            left -= n;
+            skip = 0;
+          }
+          return pc->header_length + pc->chunk;
+        },
+        &p);
+    if (n < 0) {
+      req->issuing = false;
+      return static_cast<status>(n);  // no_resource: resumed from the pending queue
+    }
+    ++req->zcopy_done.count;
+    if (is_get) {
+      ++req->reads;
+      ++ep.reads_in_flight;
+    }
+    req->has_started = true;
+    req->offset += chunk;
+  }
+  ++ep.counters_.messages_sent;
+  ep.counters_.bytes_sent += req->length;
+  tl::complete(&req->zcopy_done, status::ok);  // drops the guard; the replies finish the rest
+  req->issuing = false;
+  return status::ok;
+}
+
 status send_rma(request* req) {
   endpoint_impl& ep = *req->ep;
   const tl::iface_attr& a = *ep.lane_attr;
   const bool is_get = req->type == request::kind::get;
-  if (!(a.caps & (is_get ? tl::cap_get_zcopy : tl::cap_put_zcopy))) return status::unsupported;
+  if (req->key->software || !(a.caps & (is_get ? tl::cap_get_zcopy : tl::cap_put_zcopy))) {
+    return send_rma_by_messages(req);
+  }
   if (is_get) {
     if ((req->params.flags & request_fence) && ep.reads_in_flight > 0) return status::no_resource;
     if (a.max_outstanding_reads != 0 && ep.reads_in_flight >= a.max_outstanding_reads) {
@@ -167,6 +253,12 @@ status worker::mem_map(void* address, size_t length, memh** out) {
     }
     handle->regs.emplace_back(&li, reg);
   }
+  while (handle->token == 0 || w.sw_regions.count(handle->token) != 0) {
+    if (getrandom(&handle->token, sizeof(handle->token), 0) != sizeof(handle->token)) {
+      handle->token = reinterpret_cast<uintptr_t>(handle.get()) ^ w.uid_;
+    }
+  }
+  w.sw_regions[handle->token] = handle.get();
   *out = handle.release();
   return status::ok;
 }
@@ -175,6 +267,7 @@ status worker::mem_unmap(memh* handle) {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   if (handle == nullptr) return status::invalid_param;
+  if (w.sw_regions.erase(handle->token) == 0) return status::invalid_param;
   for (auto& [li, reg] : handle->regs) li->iface->memory_domain()->mem_dereg(reg);
   delete handle;
   return status::ok;
@@ -186,6 +279,7 @@ status worker::rkey_pack(const memh* handle, std::vector<uint8_t>& out) const {
   auto bundle = message.initRoot<wire::schema::RemoteKeyBundle>();
   bundle.setAddress(reinterpret_cast<uintptr_t>(handle->address));
   bundle.setLength(handle->length);
+  bundle.setToken(handle->token);
   auto entries = bundle.initEntries(static_cast<unsigned>(handle->regs.size()));
   for (size_t i = 0; i < handle->regs.size(); ++i) {
     auto& [li, reg] = handle->regs[i];
@@ -211,7 +305,6 @@ status endpoint::rkey_unpack(const void* data, size_t length, rkey** out) {
     return status::invalid_param;
   }
   tl::md* md = ep.lane_iface->memory_domain();
-  if (md == nullptr) return status::unsupported;
   auto words = kj::heapArray<capnp::word>(length / 8);
   std::memcpy(words.begin(), data, length);
   auto key = std::make_unique<rkey>();
@@ -224,6 +317,7 @@ status endpoint::rkey_unpack(const void* data, size_t length, rkey** out) {
     auto bundle = reader.getRoot<wire::schema::RemoteKeyBundle>();
     key->base = bundle.getAddress();
     key->length = bundle.getLength();
+    key->token = bundle.getToken();
     for (auto entry : bundle.getEntries()) {
       if (entry.getTransport() != lane.c_str()) continue;
       auto bytes = entry.getKey();
@@ -233,7 +327,15 @@ status endpoint::rkey_unpack(const void* data, size_t length, rkey** out) {
     }
   });
   if (failure != nullptr || key->base + key->length < key->base) return status::invalid_param;
-  if (!found) return status::unreachable;
+  const bool lane_rma = md != nullptr && (ep.lane_attr->caps & tl::cap_get_zcopy) &&
+                        (ep.lane_attr->caps & tl::cap_put_zcopy);
+  if (!lane_rma || !found) {
+    // No get/put on this lane (or no key for it): RMA by messages, checked by the owner.
+    if (key->token == 0) return status::unreachable;
+    key->software = true;
+    *out = key.release();
+    return status::ok;
+  }
   status st = md->rkey_unpack(packed.data(), packed.size(), &key->key);
   if (st != status::ok) return st;
   *out = key.release();
@@ -244,7 +346,7 @@ void endpoint::rkey_destroy(rkey* key) {
   if (key == nullptr) return;
   endpoint_impl& ep = impl(*this);
   worker_impl::guard g(ep.owner);
-  ep.lane_iface->memory_domain()->rkey_release(&key->key);
+  if (!key->software) ep.lane_iface->memory_domain()->rkey_release(&key->key);
   delete key;
 }
 
@@ -261,5 +363,83 @@ op endpoint::get(const iov_entry* local, size_t count, uint64_t remote_address, 
   worker_impl::guard g(ep.owner);
   return detail::start_rma(ep, request::kind::get, local, count, remote_address, key, params);
 }
+
+
+namespace detail {
+
+void worker_impl::on_rma_request(const uint8_t* data, size_t length) {
+  size_t used = 0;
+  auto h = wire::read_header<wire::schema::RmaRequest>(data, length, &used);
+  if (!h) return protocol_error(nullptr, "truncated RMA request");
+  endpoint_impl* ep = find_ep(h->getDstEp());
+  if (ep == nullptr) return protocol_error(nullptr, "RMA request for an unknown endpoint");
+  const bool is_get = h->getIsGet();
+  const uint64_t address = h->getAddress(), count = h->getLength();
+  if (!is_get && count != length - used) return protocol_error(ep, "RMA put with wrong length");
+  status st = status::ok;
+  auto it = sw_regions.find(h->getToken());
+  if (it == sw_regions.end()) {
+    st = status::protection_error;
+  } else {
+    rkey region;
+    region.base = reinterpret_cast<uintptr_t>(it->second->address);
+    region.length = it->second->length;
+    st = check_range(region, address, count);
+  }
+  if (st == status::ok && count > ep->lane_attr->max_bcopy) st = status::length_error;
+  if (st == status::ok && !is_get && count != 0) {
+    std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(address)), data + used, count);
+  }
+  wire::header_writer<wire::schema::RmaReply> writer;
+  writer.fields().setDstEp(ep->remote_id);
+  writer.fields().setReqId(h->getReqId());
+  writer.fields().setAddress(address);
+  writer.fields().setStatus(static_cast<int16_t>(st));
+  auto header = static_cast<const uint8_t*>(writer.bytes());
+  std::vector<uint8_t> reply(header, header + writer.size());
+  if (st == status::ok && is_get && count != 0) {
+    const auto* source = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(address));
+    reply.insert(reply.end(), source, source + count);
+  }
+  queue_control(ep, proto_id::rma_reply, std::move(reply));
+}
+
+void worker_impl::on_rma_reply(const uint8_t* data, size_t length) {
+  size_t used = 0;
+  auto h = wire::read_header<wire::schema::RmaReply>(data, length, &used);
+  if (!h) return protocol_error(nullptr, "truncated RMA reply");
+  endpoint_impl* ep = find_ep(h->getDstEp());
+  if (ep == nullptr) return protocol_error(nullptr, "RMA reply for an unknown endpoint");
+  auto it = rma_ops.find(h->getReqId());
+  if (it == rma_ops.end()) return;  // the request failed or was released meanwhile
+  request* req = it->second;
+  const status st = static_cast<status>(h->getStatus());
+  const size_t payload = length - used;
+  const uint64_t offset = h->getAddress() - req->remote_address;
+  if (req->ep != ep || (req->type == request::kind::get && !is_error(st) &&
+                        (h->getAddress() < req->remote_address || offset > req->length ||
+                         payload > req->length - offset))) {
+    return protocol_error(ep, "RMA reply that does not fit its request");
+  }
+  if (req->type == request::kind::get && !is_error(st) && payload != 0) {
+    size_t skip = offset, left = payload;
+    const uint8_t* from = data + used;
+    for (const iov_entry& e : req->iov) {
+      if (left == 0) break;
+      if (skip >= e.length) {
+        skip -= e.length;
+        continue;
+      }
+      const size_t n = std::min(e.length - skip, left);
+      std::memcpy(static_cast<uint8_t*>(e.buffer) + skip, from, n);
+      from += n;
+      left -= n;
+      skip = 0;
+    }
+  }
+  tl::complete(&req->zcopy_done, is_error(st) ? st : status::ok);
+}
+
+}  // namespace detail
 
 }  // namespace comm

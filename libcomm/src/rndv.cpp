@@ -193,7 +193,17 @@ void worker_impl::on_rndv_rtr(const uint8_t* data, size_t length) {
   endpoint_impl* ep = find_ep(h->getDstEp());
   if (ep == nullptr) return protocol_error(nullptr, "rendezvous request for unknown endpoint");
   auto it = rndv_sends.find(h->getSreqId());
-  if (it == rndv_sends.end()) return;
+  if (it == rndv_sends.end()) {
+    // Cancelled (or never ours): tell the receiver, which would otherwise wait for data.
+    const uint32_t remote = ep->remote_id;
+    const uint64_t rreq = h->getRreqId();
+    send_control<wire::schema::RndvRefuse>(ep, proto_id::rndv_refuse, [&](auto r) {
+      r.setDstEp(remote);
+      r.setRreqId(rreq);
+      r.setStatus(static_cast<int16_t>(status::canceled));
+    });
+    return;
+  }
   request* req = it->second;
   if (req->phase != request::rndv_phase::announced || h->getLength() > req->length) {
     return protocol_error(ep, "rendezvous request out of order or too long");
@@ -441,6 +451,40 @@ void worker_impl::on_rndv_cancel(const uint8_t* data, size_t length) {
   endpoint_impl* ep = find_ep(h->getDstEp());
   if (ep == nullptr) return;
   drop_unexpected_from(ep, h->getSreqId(), false);
+}
+
+void worker_impl::on_rndv_refuse(const uint8_t* data, size_t length) {
+  auto h = wire::read_header<wire::schema::RndvRefuse>(data, length);
+  if (!h) return protocol_error(nullptr, "truncated rendezvous refusal");
+  endpoint_impl* ep = find_ep(h->getDstEp());
+  if (ep == nullptr) return protocol_error(nullptr, "rendezvous refusal for unknown endpoint");
+  auto it = rndv_recvs.find(h->getRreqId());
+  if (it == rndv_recvs.end() || it->second->rndv_ep != ep) {
+    return protocol_error(ep, "rendezvous refusal for no receive");
+  }
+  request* req = it->second;
+  rndv_recvs.erase(it);
+  req->rndv_id = 0;
+  const status st = static_cast<status>(h->getStatus());
+  if (req->am_rndv) {
+    std::free(req->iov.empty() ? nullptr : req->iov[0].buffer);
+    free_request(req);
+    return;
+  }
+  complete(req, is_error(st) ? st : status::canceled);
+}
+
+void worker_impl::queue_control(endpoint_impl* ep, proto_id id, std::vector<uint8_t> bytes) {
+  if (ep->state == endpoint_impl::phase::failed) return;
+  request* req = alloc_request(request::kind::control, request_params{});
+  req->ep = ep;
+  req->control_id = static_cast<tl::am_id>(id);
+  req->control = std::move(bytes);
+  const bool idle = ep->pending_head == nullptr;
+  ep->push_pending(req);
+  if (idle && ep->state == endpoint_impl::phase::connected && !ep->dispatch_pending()) {
+    ep->wait_for_resources();
+  }
 }
 
 void worker_impl::drop_unexpected_from(endpoint_impl* ep, uint64_t sreq, bool all) {

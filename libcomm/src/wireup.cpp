@@ -161,6 +161,9 @@ void worker_impl::install_handlers() {
     set(proto_id::rndv_rtr, dispatch<&worker_impl::on_rndv_rtr>);
     set(proto_id::rndv_data, dispatch<&worker_impl::on_rndv_data>);
     set(proto_id::rndv_cancel, dispatch<&worker_impl::on_rndv_cancel>);
+    set(proto_id::rndv_refuse, dispatch<&worker_impl::on_rndv_refuse>);
+    set(proto_id::rma_request, dispatch<&worker_impl::on_rma_request>);
+    set(proto_id::rma_reply, dispatch<&worker_impl::on_rma_reply>);
     i.set_error_handler(on_transport_error, this);
   }
 }

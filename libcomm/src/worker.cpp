@@ -147,6 +147,10 @@ void worker_impl::complete(request* req, status st) {
   } else if (req->type == request::kind::tag_recv && req->rndv_id != 0) {
     rndv_recvs.erase(req->rndv_id);
     req->rndv_id = 0;
+  } else if ((req->type == request::kind::get || req->type == request::kind::put) &&
+             req->rndv_id != 0) {
+    rma_ops.erase(req->rndv_id);
+    req->rndv_id = 0;
   }
   if (req->remote_valid) {
     req->rndv_ep->lane_iface->memory_domain()->rkey_release(&req->remote);

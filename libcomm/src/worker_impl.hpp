@@ -35,6 +35,9 @@ enum class proto_id : tl::am_id {
   rndv_rtr = 13,
   rndv_data = 14,
   rndv_cancel = 15,
+  rma_request = 16,
+  rma_reply = 17,
+  rndv_refuse = 18,
 };
 
 /// Wire flag of ActiveMessage.flags: the sender wants a reply endpoint passed to the handler.
@@ -177,7 +180,9 @@ public:
 
   std::unordered_map<uint64_t, request*> rndv_sends; ///< rendezvous sends awaiting the peer
   std::unordered_map<uint64_t, request*> rndv_recvs; ///< software-rendezvous receives by id
-  uint64_t next_rndv_id = 1;                ///< next id in those tables
+  uint64_t next_rndv_id = 1;                ///< next id in those tables (and rma_ops)
+  std::unordered_map<uint64_t, request*> rma_ops;     ///< software RMA awaiting the owner's reply
+  std::unordered_map<uint64_t, memh*> sw_regions;     ///< our registrations by software-RMA token
   size_t short_thresh = 0;                  ///< eager short limit (protocol header included)
   size_t zcopy_thresh = 0;                  ///< eager zcopy from this size
   uint64_t protocol_errors = 0;             ///< malformed messages that named no valid endpoint
@@ -229,6 +234,11 @@ public:
   void on_rndv_rtr(const uint8_t* data, size_t length);
   void on_rndv_data(const uint8_t* data, size_t length);
   void on_rndv_cancel(const uint8_t* data, size_t length);
+  void on_rndv_refuse(const uint8_t* data, size_t length);
+  void on_rma_request(const uint8_t* data, size_t length);
+  void on_rma_reply(const uint8_t* data, size_t length);
+  /// Queues a control message with `bytes` on `ep` (sent in order after earlier sends).
+  void queue_control(endpoint_impl* ep, proto_id id, std::vector<uint8_t> bytes);
   /// Starts fetching a rendezvous message into the matched receive `req`.
   void start_fetch(request* req, endpoint_impl* ep, uint64_t sreq, uint64_t address,
                    size_t length, const uint8_t* rkey, size_t rkey_length);

@@ -150,6 +150,32 @@ struct RemoteKeyBundle {    # a worker's packed key for one registration, one en
   address @0 :UInt64;
   length  @1 :UInt64;
   entries @2 :List(RemoteKeyEntry);
+  token   @3 :UInt64;       # names the registration to the owner's software RMA (lanes without
+                            # get/put): the owner checks it and the range before every access
+}
+
+# -- software RMA (lanes without get/put) ---------------------------------------------------------
+
+struct RmaRequest {         # put: `length` bytes of data follow; get: the owner answers with them
+  dstEp   @0 :UInt32;
+  isGet   @1 :Bool;
+  reqId   @2 :UInt64;
+  token   @3 :UInt64;
+  address @4 :UInt64;
+  length  @5 :UInt64;
+}
+
+struct RmaReply {           # the owner's answer to one RmaRequest; for a get the data follows
+  dstEp   @0 :UInt32;
+  reqId   @1 :UInt64;
+  address @2 :UInt64;       # echoes the request, so the requester knows where the data goes
+  status  @3 :Int16;
+}
+
+struct RndvRefuse {         # the sender no longer has the rendezvous send a RndvRtr asked for
+  dstEp  @0 :UInt32;
+  rreqId @1 :UInt64;
+  status @2 :Int16;
 }
 
 # -- tcp transport --------------------------------------------------------------------------------
