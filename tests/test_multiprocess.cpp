@@ -139,7 +139,26 @@ struct side {
     if (!spin_until([&] { w->progress(); }, [&] { return worker_pair::wired(ep); })) {
       return "wireup did not finish";
     }
+    // The peer's wireup needs our answer too: keep progressing until it says it is done.
+    if (!signal(wired_byte) || !await_progressing(wired_byte)) {
+      return "the peer did not finish wireup";
+    }
     return {};
+  }
+
+  static constexpr uint8_t wired_byte = 'w';
+
+  /// Like await, but progresses the worker while waiting.
+  bool await_progressing(uint8_t what, double seconds = default_wait_seconds) {
+    bool arrived = false;
+    spin_until([&] { w->progress(); },
+               [&] {
+                 pollfd pfd{sock, POLLIN, 0};
+                 arrived = ::poll(&pfd, 1, 0) > 0;
+                 return arrived;
+               },
+               seconds);
+    return arrived && await(what, 1000);
   }
 
   /// Progresses until `o` is over (bounded); returns its status (timed_out if it is not).
@@ -428,7 +447,7 @@ BOOST_DATA_TEST_CASE(peer_killed_mid_stream, boost::unit_test::data::make(interp
       if (e != nullptr && e != &detail::impl(*parent.ep)) back = e;
     }
     if (back != nullptr) back->set_error_handler(on_error, &peer_created_errors);
-    BOOST_REQUIRE(parent.await(ready));
+    BOOST_REQUIRE(parent.await_progressing(ready));  // its wireup needs our progress
 
     // The stream: small bcopy messages, fragmented ones and zcopy ones, far more than the
     // child's FIFO holds. The child consumes a few, then stops progressing.

@@ -74,6 +74,7 @@ void feed(worker& w, proto_id id, const uint8_t* data, size_t length) {
     case proto_id::rndv_rtr: i.on_rndv_rtr(data, length); break;
     case proto_id::rndv_data: i.on_rndv_data(data, length); break;
     case proto_id::rndv_cancel: i.on_rndv_cancel(data, length); break;
+    default: BOOST_FAIL("no direct entry for handler " << int(id)); break;
   }
 }
 
