@@ -1,4 +1,5 @@
 // Memory registration, remote keys, and put/get with DAT's RDMA-read semantics.
+#include "iov.hpp"
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
@@ -51,23 +52,6 @@ status check_range(const rkey& key, uint64_t address, size_t length) {
   return status::ok;
 }
 
-/// Collects the iov entries covering [offset, offset + *length) of `req`'s local buffers.
-size_t local_slice(const request* req, size_t offset, size_t* length, tl::iov* out, size_t max) {
-  size_t count = 0, covered = 0;
-  for (const iov_entry& e : req->iov) {
-    if (covered == *length || count == max) break;
-    if (offset >= e.length) {
-      offset -= e.length;
-      continue;
-    }
-    const size_t n = std::min(e.length - offset, *length - covered);
-    out[count++] = tl::iov{static_cast<uint8_t*>(e.buffer) + offset, n};
-    covered += n;
-    offset = 0;
-  }
-  *length = covered;
-  return count;
-}
 
 }  // namespace
 
@@ -114,20 +98,7 @@ status send_rma_by_messages(request* req) {
           auto* out = static_cast<uint8_t*>(dest);
           std::memcpy(out, pc->header, pc->header_length);
           if (!pc->with_data) return pc->header_length;
-          size_t skip = pc->req->offset, left = pc->chunk;
-          uint8_t* at = out + pc->header_length;
-          for (const iov_entry& e : pc->req->iov) {
-            if (left == 0) break;
-            if (skip >= e.length) {
-              skip -= e.length;
-              continue;
-            }
-            const size_t n = std::min(e.length - skip, left);
-            std::memcpy(at, static_cast<const uint8_t*>(e.buffer) + skip, n);
-            at += n;
-            left -= n;
-            skip = 0;
-          }
+          iov_gather(pc->req->iov, pc->req->offset, out + pc->header_length, pc->chunk);
           return pc->header_length + pc->chunk;
         },
         &p);
@@ -174,7 +145,7 @@ status send_rma(request* req) {
   do {
     size_t chunk = std::min(max_chunk, req->length - offset);
     tl::iov entries[16];
-    const size_t count = local_slice(req, offset, &chunk, entries, max_entries);
+    const size_t count = iov_slice(req->iov, offset, &chunk, entries, max_entries);
     ++req->zcopy_done.count;
     st = is_get ? ep.lane->get_zcopy(entries, count, req->remote_address + offset, req->key->key,
                                      &req->zcopy_done)
@@ -422,20 +393,7 @@ void worker_impl::on_rma_reply(const uint8_t* data, size_t length) {
     return protocol_error(ep, "RMA reply that does not fit its request");
   }
   if (req->type == request::kind::get && !is_error(st) && payload != 0) {
-    size_t skip = offset, left = payload;
-    const uint8_t* from = data + used;
-    for (const iov_entry& e : req->iov) {
-      if (left == 0) break;
-      if (skip >= e.length) {
-        skip -= e.length;
-        continue;
-      }
-      const size_t n = std::min(e.length - skip, left);
-      std::memcpy(static_cast<uint8_t*>(e.buffer) + skip, from, n);
-      from += n;
-      left -= n;
-      skip = 0;
-    }
+    iov_scatter(req->iov, offset, data + used, payload);
   }
   tl::complete(&req->zcopy_done, is_error(st) ? st : status::ok);
 }

@@ -6,6 +6,7 @@
 // that acknowledgement. Where the lane has no get, the receiver asks (RndvRtr) and the sender
 // pushes RndvData fragments (software rendezvous). An announcement that arrives before its receive
 // waits in the unexpected queue with its header; nothing is fetched before a match.
+#include "iov.hpp"
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
@@ -339,19 +340,9 @@ void worker_impl::start_fetch(request* req, endpoint_impl* ep, uint64_t sreq, ui
   while (offset < take) {
     size_t chunk = std::min(max_get, take - offset);
     tl::iov entries[16];
-    size_t count = 0;
-    size_t covered = 0, skip = offset;
-    for (const iov_entry& e : req->iov) {
-      if (covered == chunk || count == std::min<size_t>(16, ep->lane_attr->max_iov)) break;
-      if (skip >= e.length) {
-        skip -= e.length;
-        continue;
-      }
-      const size_t n = std::min(e.length - skip, chunk - covered);
-      entries[count++] = tl::iov{static_cast<uint8_t*>(e.buffer) + skip, n};
-      covered += n;
-      skip = 0;
-    }
+    size_t covered = chunk;
+    const size_t count =
+        iov_slice(req->iov, offset, &covered, entries, std::min<size_t>(16, ep->lane_attr->max_iov));
     ++req->zcopy_done.count;
     st = ep->lane->get_zcopy(entries, count, address + offset, req->remote, &req->zcopy_done);
     if (st != status::in_progress) --req->zcopy_done.count;

@@ -2,6 +2,7 @@
 // active messages alike, plus control messages, flush and close. progress_send() issues as much of
 // a request as the transport accepts and remembers where it stopped, so the pending queue can
 // resume it.
+#include "iov.hpp"
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
@@ -30,39 +31,9 @@ void gather(const request* req, size_t offset, uint8_t* dest, size_t length) {
     }
     return;
   }
-  for (const iov_entry& e : req->iov) {
-    if (length == 0) return;
-    if (offset >= e.length) {
-      offset -= e.length;
-      continue;
-    }
-    const size_t n = std::min(e.length - offset, length);
-    std::memcpy(dest, static_cast<const uint8_t*>(e.buffer) + offset, n);
-    dest += n;
-    length -= n;
-    offset = 0;
-  }
+  iov_gather(req->iov, offset, dest, length);
 }
 
-/// Fills `out` with the iov entries covering [offset, offset + length) of a send's data, at most
-/// `max` of them; returns the count and shortens `length` to what they cover.
-size_t slice(const request* req, size_t offset, size_t* length, tl::iov* out, size_t max) {
-  size_t count = 0;
-  size_t covered = 0;
-  for (const iov_entry& e : req->iov) {
-    if (covered == *length || count == max) break;
-    if (offset >= e.length) {
-      offset -= e.length;
-      continue;
-    }
-    const size_t n = std::min(e.length - offset, *length - covered);
-    out[count++] = tl::iov{static_cast<const uint8_t*>(e.buffer) + offset, n};
-    covered += n;
-    offset = 0;
-  }
-  *length = covered;
-  return count;
-}
 
 /// What one bcopy fragment carries: protocol header, user header, then a slice of the data.
 struct fragment {
@@ -205,7 +176,7 @@ status send_fragment(request* req) {
   if (req->proto == request::protocol::zcopy) {
     tl::iov entries[16];
     size_t chunk = std::min(remaining, a.max_zcopy);
-    const size_t count = slice(req, req->offset, &chunk, entries, std::min<size_t>(16, a.max_iov));
+    const size_t count = iov_slice(req->iov, req->offset, &chunk, entries, std::min<size_t>(16, a.max_iov));
     // What one zcopy cannot take (too long, or more entries than max_iov) goes in fragments.
     const bool whole = first && chunk == remaining;
     if (first && !whole && req->msg_id == 0) req->msg_id = ep.next_msg_id++;

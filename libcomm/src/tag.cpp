@@ -1,6 +1,7 @@
 // Tagged messages: the send entry points and the receive side of the eager protocols (whole
 // messages, first fragments and later fragments), matched against posted receives or kept as
 // unexpected messages.
+#include "iov.hpp"
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
@@ -29,22 +30,9 @@ request* request_of(tag_expected* e) {
 }  // namespace
 
 void worker_impl::copy_to_recv(request* req, size_t offset, const uint8_t* data, size_t length) {
-  size_t end = std::min(offset + length, req->length);
+  const size_t end = std::min(offset + length, req->length);
   if (end > req->info.length) req->info.length = end;
-  if (offset >= req->length) return;
-  size_t remaining = end - offset;
-  for (const iov_entry& e : req->iov) {
-    if (remaining == 0) break;
-    if (offset >= e.length) {
-      offset -= e.length;
-      continue;
-    }
-    const size_t n = std::min(e.length - offset, remaining);
-    std::memcpy(static_cast<uint8_t*>(e.buffer) + offset, data, n);
-    data += n;
-    remaining -= n;
-    offset = 0;
-  }
+  if (offset < end) iov_scatter(req->iov, offset, data, end - offset);
 }
 
 void worker_impl::finish_recv(request* req) {
