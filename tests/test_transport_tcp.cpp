@@ -258,7 +258,8 @@ struct channel {
   void send(const std::vector<uint8_t>& bytes) const {
     const uint32_t length = static_cast<uint32_t>(bytes.size());
     if (::write(fds[1], &length, sizeof(length)) != sizeof(length)) return;
-    if (length != 0 && ::write(fds[1], bytes.data(), length) != static_cast<ssize_t>(length)) return;
+    if (length == 0) return;
+    if (::write(fds[1], bytes.data(), length) != static_cast<ssize_t>(length)) return;
   }
   /// False on timeout or a closed pipe.
   bool receive(std::vector<uint8_t>* bytes, int timeout_ms = 10000) const {
@@ -1023,6 +1024,49 @@ BOOST_AUTO_TEST_CASE(destroyed_endpoint_still_delivers_its_buffered_bytes) {
                             [&] { return got.messages.size() == seq; }, 30s));
   BOOST_TEST(progress_until({sender.get()},
                             [&] { return sender->info().find("0 closing") != std::string::npos; }));
+}
+
+BOOST_AUTO_TEST_CASE(destroyed_endpoint_finishes_a_half_written_zcopy) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  recorder got;
+  got.install(*receiver, 1);
+  auto ep = connect(*sender, *receiver);
+  BOOST_TEST(progress_until({sender.get(), receiver.get()},
+                            [&] { return info_number(*receiver, "connections ") == 1; }));
+  // Zcopy messages until one is only partly written (the receiver sleeps).
+  auto source = std::make_unique<std::vector<uint8_t>>(pattern(1 << 20, 41));
+  std::vector<completion_probe> probes(64);
+  size_t issued = 0;
+  for (; issued < probes.size(); ++issued) {
+    const tl::iov entry{source->data(), source->size()};
+    const status st = ep->am_zcopy(1, &issued, sizeof(issued), &entry, 1, &probes[issued]);
+    if (st == status::no_resource) break;
+    BOOST_REQUIRE(st == status::in_progress);
+  }
+  BOOST_REQUIRE(issued < probes.size());
+  BOOST_TEST(ep->flush(nullptr) == status::in_progress);
+  ep.reset();          // its completions are dropped...
+  const auto expected = *source;
+  source.reset();      // ...so the caller may free the memory at once
+  BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] {
+    return got.messages.size() == issued &&
+           sender->info().find("0 closing") != std::string::npos;
+  }));
+  BOOST_REQUIRE(got.messages.size() == issued);
+  bool intact = true;
+  for (size_t i = 0; i < issued; ++i) {
+    const auto& bytes = got.messages[i].bytes;
+    size_t seq = ~size_t{0};
+    if (bytes.size() == 8 + expected.size()) std::memcpy(&seq, bytes.data(), 8);
+    intact = intact && seq == i &&
+             std::memcmp(bytes.data() + 8, expected.data(), expected.size()) == 0;
+  }
+  BOOST_TEST(intact);
+  for (const auto& p : probes) BOOST_TEST(p.calls == 0);
+  BOOST_TEST(info_number(*receiver, "malformed connections closed ") == 0);
+  BOOST_TEST(progress_until({receiver.get()},
+                            [&] { return info_number(*receiver, "connections ") == 0; }));
 }
 
 // -- bad peers ------------------------------------------------------------------------------------

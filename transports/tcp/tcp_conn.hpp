@@ -19,7 +19,8 @@ namespace comm::tl::tcp {
 
 class tcp_iface;
 
-/// Bytes of a connection's receive buffer (frames larger than half of it get a buffer of their own).
+/// Bytes of a connection's receive buffer (a frame larger than half of it gets a buffer of its
+/// own).
 inline constexpr size_t receive_buffer_size = 256 * 1024;
 /// Frames delivered per connection per progress() call.
 inline constexpr unsigned frames_per_call = 64;

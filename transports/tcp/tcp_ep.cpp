@@ -243,7 +243,7 @@ void tcp_ep::update_interest() {
   owner_.rewatch(fd_, base_events | (want ? out_events : 0u), &target_);
 }
 
-// -- events, pending, flush, failure ---------------------------------------------------------------
+// -- events, pending, flush, failure --------------------------------------------------------------
 
 unsigned tcp_ep::on_events(uint32_t events) {
   if (broken()) return 0;
@@ -366,7 +366,8 @@ void tcp_ep::broke(status reason, const char* why, int error) {
   if (broken()) return;
   failure_ = reason;
   COMM_LOG(info, log_name, "connection to %s:%u failed: %s%s%s", ipv4_text(peer_ip_).c_str(),
-           unsigned{peer_.port}, why, error != 0 ? ": " : "", error != 0 ? std::strerror(error) : "");
+           unsigned{peer_.port}, why, error != 0 ? ": " : "",
+           error != 0 ? std::strerror(error) : "");
   owner_.unwatch(fd_, &target_);
   ::close(fd_);
   fd_ = -1;
@@ -392,7 +393,9 @@ std::string tcp_ep::describe() const {
   text += connecting_ ? " connecting" : " connected";
   if (!tx_.empty()) text += ", " + std::to_string(tx_.size()) + " bytes buffered";
   if (zcopy_queued_) text += ", a zcopy frame half written";
-  if (zissued_ != zacked_) text += ", " + std::to_string(zissued_ - zacked_) + " zcopy unacknowledged";
+  if (zissued_ != zacked_) {
+    text += ", " + std::to_string(zissued_ - zacked_) + " zcopy unacknowledged";
+  }
   if (!window_open()) text += ", window full";
   if (!pending_.empty()) text += ", requests parked";
   return text;

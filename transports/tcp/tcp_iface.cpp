@@ -366,7 +366,7 @@ unsigned tcp_iface::report_failures() {
   return events;
 }
 
-// -- lingering sockets of destroyed endpoints ------------------------------------------------------
+// -- lingering sockets of destroyed endpoints -----------------------------------------------------
 
 void tcp_iface::linger(int fd, bool connecting, byte_queue bytes) {
   auto l = std::make_unique<lingering_socket>();
@@ -397,27 +397,30 @@ bool tcp_iface::linger_write(lingering_socket* l) {
 }
 
 unsigned tcp_iface::on_lingering(lingering_socket* l, uint32_t events) {
-  if (events & EPOLLERR) return close_lingering(l), 0;
+  if (!lingering_goes_on(l, events)) close_lingering(l);
+  return 0;
+}
+
+bool tcp_iface::lingering_goes_on(lingering_socket* l, uint32_t events) {
+  if (events & EPOLLERR) return false;
   if (l->connecting) {
-    if ((events & (EPOLLOUT | EPOLLHUP)) == 0) return 0;
-    if (socket_error(l->fd) != 0) return close_lingering(l), 0;
+    if ((events & (EPOLLOUT | EPOLLHUP)) == 0) return true;
+    if (socket_error(l->fd) != 0) return false;
     l->connecting = false;
   }
   if (!l->shut) {
-    if (!linger_write(l)) return close_lingering(l), 0;
+    if (!linger_write(l)) return false;
     if (l->shut) rewatch(l->fd, EPOLLIN | EPOLLRDHUP, &l->target);
   }
-  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) == 0) return 0;
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) == 0) return true;
   // Acknowledgements we no longer need, then the peer's EOF: it has read everything.
   char sink[512];
   for (int round = 0; round < 16; ++round) {
     const ssize_t got = ::recv(l->fd, sink, sizeof(sink), MSG_DONTWAIT);
     if (got > 0) continue;
-    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-    close_lingering(l);  // EOF or an error
-    break;
+    return got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
   }
-  return 0;
+  return true;
 }
 
 void tcp_iface::close_lingering(lingering_socket* l) {

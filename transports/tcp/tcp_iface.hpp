@@ -1,38 +1,41 @@
 // The tcp transport (UCX's uct tcp counterpart): active messages over nonblocking TCP sockets.
 //
 // An interface listens on its device's IPv4 address (port 0, the real port is its address). An
-// endpoint connects to a peer interface's listener and only sends on that connection: connections
-// are one-way, from an endpoint to the interface it targets, and the accepting interface only
-// receives on them (and notices when they close). The connection starts with a TcpHello, then
-// carries TcpFrame-framed messages (see tcp_wire.hpp).
+// endpoint connects to a peer interface's listener and sends on that connection; the accepting
+// interface receives on it and writes back only acknowledgements (tcp_wire.hpp has the format).
+// Connections are one-way for messages: two interfaces that talk both ways use two connections.
 //
 //   am_short  copied into the endpoint's send buffer, written at once (max_short 256);
 //   am_bcopy  packed into the send buffer, written at once (max_bcopy 64 KiB);
-//   am_zcopy  written with sendmsg straight from the caller's iov (max_zcopy 1 MiB, 16 entries);
-//             it completes when the kernel holds every byte: at once (ok) or, after a partial
-//             write, from progress() once the rest went out.
+//   am_zcopy  written with sendmsg straight from the caller's iov (max_zcopy 1 MiB, 16 entries),
+//             the rest kept for EPOLLOUT after a partial write; it completes when the peer's
+//             acknowledgement says the frame was delivered (the contract: the peer holds the data).
 // No get/put: the protocol layer uses its software rendezvous, streaming bcopy fragments.
 //
-// Backpressure: bytes the kernel does not take stay in the endpoint's bounded send buffer
-// (send_buffer_size); behind a partial zcopy, or when the buffer has no room, sends answer
-// no_resource and the caller parks on the pending queue, resumed when EPOLLOUT says the socket
-// drained. A slow receiver therefore costs the sender at most one send buffer per endpoint.
+// Backpressure, all bounded per endpoint: bytes the kernel does not take stay in the send buffer
+// (send_buffer_size); behind a half-written zcopy, with the send buffer full, or with the peer's
+// window (its fifo_size: frames undelivered) used up, sends answer no_resource and the caller parks
+// on the pending queue, resumed when EPOLLOUT says the socket drained or an acknowledgement returns
+// credits. A slow receiver costs the sender one send buffer per endpoint, nothing per message.
 //
 // Everything is driven by one epoll fd per interface, which is also the event fd (level
-// triggered: it stays readable while a socket has something for progress()). progress() delivers
-// at most progress_batch socket events and frames_per_call frames per connection per call.
+// triggered: it stays readable while a socket has something for progress()). progress() handles at
+// most progress_batch socket events and frames_per_call frames per connection per call.
 //
 // Peer failure: EOF, a reset or any socket error on an endpoint's connection fails the endpoint:
 // later sends return connection_reset, and progress() completes its outstanding zcopy and flush
 // operations with connection_reset and then calls the error handler, once. A refused connect
-// reports unreachable. Garbage from a peer closes that connection only (logged and counted).
-// Keepalive with short timers notices silent peers.
+// reports unreachable. Garbage from a peer closes that connection only (logged and counted), and a
+// connection that says no hello within 10 s is dropped. Keepalive with short timers (and
+// TCP_USER_TIMEOUT) notices silent peers within about 11 s.
+//
+// Devices: the IPv4 interfaces that are up, non-loopback first; COMM_TCP_DEVICE=<name>[,<name>]
+// restricts and orders them (e.g. COMM_TCP_DEVICE=lo).
 //
 // Lifetime rules as for every transport: completion and pending callbacks must not destroy the
 // endpoint that runs them; the error handler may. Destroying an endpoint drops its in-flight zcopy
-// completions; bytes already in its send buffer are still written (bounded in time) before the
-// socket closes. Endpoints go before their interface. One thread uses an interface and its
-// endpoints.
+// completions; what it accepted still goes out and its socket is closed gracefully (bounded in
+// time). Endpoints go before their interface. One thread uses an interface and its endpoints.
 #pragma once
 
 #include "tcp/tcp_buffer.hpp"
@@ -171,6 +174,8 @@ private:
   unsigned drain_backlog();
   unsigned run_redispatch();
   unsigned on_lingering(lingering_socket* l, uint32_t events);
+  /// Handles the events of `l`; false when it is done (the peer closed too) or failed.
+  bool lingering_goes_on(lingering_socket* l, uint32_t events);
   /// Writes what `l` still holds, then shuts its sending side down; false when it is done or
   /// failed (then close it).
   bool linger_write(lingering_socket* l);

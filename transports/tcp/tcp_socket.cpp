@@ -78,7 +78,9 @@ std::vector<ipv4_device> usable_devices(std::string* why) {
         if (d.name == name) out.push_back(d);
       }
     }
-    if (out.empty() && why != nullptr) *why = "no IPv4 interface that is up matches COMM_TCP_DEVICE";
+    if (out.empty() && why != nullptr) {
+      *why = "no IPv4 interface that is up matches COMM_TCP_DEVICE";
+    }
     return out;
   }
   for (const ipv4_device& d : all) {

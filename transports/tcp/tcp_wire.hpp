@@ -9,9 +9,10 @@
 // contract), not merely when the kernel took it: its frame asks for a prompt ack. And they return
 // send credits: an endpoint has at most `window` frames undelivered (the receiving interface's
 // fifo_size, its "receive queue entries", carried in its address); other acks go once half a
-// window was delivered, so a ping-pong never waits for one. All are data-only Cap'n Proto structs (serialization/schema/wire.capnp), read
-// in place with wire::read_header after the checks below. Padding keeps every frame, and so every
-// payload handed to an am handler, 8-byte aligned in the receive buffer.
+// window was delivered, so a ping-pong never waits for one. All three are data-only Cap'n Proto
+// structs (serialization/schema/wire.capnp), read in place with wire::read_header after the checks
+// below. Padding keeps every frame, and so every payload handed to an am handler, 8-byte aligned in
+// the receive buffer.
 //
 // Device address: the device's IPv4 address plus this host's boot and network namespace identity
 // (a loopback address only reaches the same host and namespace). Interface address: the port of the
