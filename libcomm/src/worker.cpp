@@ -8,6 +8,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -77,7 +78,8 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
       ev.data.u64 = ifaces.size();
       epoll_ctl(epoll_fd, EPOLL_CTL_ADD, iface->event_fd(), &ev);
     }
-    ifaces.push_back({component, std::move(iface)});
+    const bool costly = (iface->attr().caps & tl::cap_costly_progress) != 0;
+    ifaces.push_back({component, std::move(iface), costly});
   }
   size_t transport_short = 0;
   for (auto& li : ifaces) {
@@ -306,7 +308,22 @@ unsigned worker::progress() {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   unsigned events = 0;
-  for (auto& li : w.ifaces) events += li.iface->progress();
+  for (auto& li : w.ifaces) {
+    if (!li.costly) {
+      events += li.iface->progress();
+      continue;
+    }
+    // An interface whose progress is a system call is polled less often while it stays idle,
+    // so it does not tax the shared-memory path; traffic brings it back to every call.
+    if (li.skip != 0) {
+      --li.skip;
+      continue;
+    }
+    const unsigned n = li.iface->progress();
+    li.backoff = n != 0 ? 0 : static_cast<uint8_t>(std::min(2 * li.backoff + 1, 15));
+    li.skip = li.backoff;
+    events += n;
+  }
   if (!w.doomed.empty()) {
     for (detail::endpoint_impl* ep : w.doomed) delete ep;
     w.doomed.clear();

@@ -147,6 +147,9 @@ public:
   struct lane_iface {
     tl::component* component;               ///< the transport
     std::unique_ptr<tl::iface> iface;       ///< its interface
+    bool costly = false;                    ///< progress() makes a system call
+    uint8_t skip = 0;                       ///< progress calls to skip while idle
+    uint8_t backoff = 0;                    ///< current idle backoff
   };
   std::vector<lane_iface> ifaces;           ///< one per enabled transport, in preference order
   int epoll_fd = -1;                        ///< event fd: every interface's event fd

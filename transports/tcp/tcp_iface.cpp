@@ -74,7 +74,7 @@ tcp_iface::tcp_iface(const iface_params& params, const ipv4_device& device)
   if ((open_status_ = open_listener()) != status::ok) return;
 
   attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
-               cap_connect_to_iface | cap_peer_failure;
+               cap_connect_to_iface | cap_peer_failure | cap_costly_progress;
   attr_.max_short = max_short;
   attr_.max_bcopy = max_bcopy;
   attr_.max_zcopy = max_zcopy;

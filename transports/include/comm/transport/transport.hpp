@@ -90,6 +90,7 @@ enum cap : uint64_t {
   cap_event_fd = 1u << 6,        ///< event_fd/event_arm for blocking progress
   cap_connect_to_iface = 1u << 7,///< endpoints from an interface address alone
   cap_peer_failure = 1u << 8,    ///< detects peer failure and reports it to the error handler
+  cap_costly_progress = 1u << 9, ///< progress() makes a system call: polled less often when idle
 };
 
 /// What an interface can do and its limits. Sizes are in bytes.
