@@ -258,8 +258,8 @@ BOOST_DATA_TEST_CASE(flush_endpoint_and_worker, each_transport(), tl_name) {
   BOOST_CHECK(p.finish(wf2, 5) == status::ok);
   BOOST_CHECK_EQUAL(wt.calls, 1);
 
-  // Outstanding zcopy sends on both of a's endpoints... a only sends on ab; b's traffic to a
-  // exercises the worker flush over the peer-created endpoint too.
+  // Two zcopy sends outstanding on ab, then an endpoint flush and a worker flush: neither
+  // completes before the sends, and all four complete in that order.
   const std::vector<uint8_t> big = pattern(100000, 3);
   std::vector<int> order;
   send_tracker z1, z2, f_ep, f_w;
