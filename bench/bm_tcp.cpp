@@ -1,0 +1,137 @@
+// Micro-benchmarks of the tcp transport on loopback, two interfaces in one process: a ping-pong of
+// 8-byte am_short (a round trip through the kernel, both ends progressed by one thread), and
+// streams of bcopy and zcopy messages (send what the window and socket take, progress both ends).
+// COMM_TCP_DEVICE picks the device (lo by default here).
+#include <comm/transport/transport.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace {
+
+using namespace comm;
+
+tl::component& tcp() {
+  for (tl::component* c : tl::all_components()) {
+    if (c->name() == "tcp") return *c;
+  }
+  std::abort();
+}
+
+/// Opens a tcp interface on lo (or COMM_TCP_DEVICE), aborting on failure.
+std::unique_ptr<tl::iface> open_iface() {
+  tl::iface_params params;
+  const char* device = std::getenv("COMM_TCP_DEVICE");
+  params.device = device != nullptr ? device : "lo";
+  std::unique_ptr<tl::iface> iface;
+  if (tcp().open(params, iface) != status::ok) std::abort();
+  return iface;
+}
+
+/// Two interfaces with endpoints both ways; handler id 1 counts messages on each side.
+struct pair {
+  std::unique_ptr<tl::iface> a = open_iface();
+  std::unique_ptr<tl::iface> b = open_iface();
+  std::unique_ptr<tl::ep> ab;
+  std::unique_ptr<tl::ep> ba;
+  uint64_t at_a = 0;
+  uint64_t at_b = 0;
+
+  pair() {
+    if (a->create_ep(b->device_address(), b->iface_address(), ab) != status::ok ||
+        b->create_ep(a->device_address(), a->iface_address(), ba) != status::ok) {
+      std::abort();
+    }
+    a->set_am_handler(1, &count, &at_a);
+    b->set_am_handler(1, &count, &at_b);
+  }
+
+  static status count(void* arg, void* data, size_t length, unsigned) {
+    ++*static_cast<uint64_t*>(arg);
+    benchmark::DoNotOptimize(data);
+    return status::ok;
+  }
+
+  /// Progresses both until `*counter` reaches `target` (bounded; aborts when stuck).
+  void wait_for(const uint64_t* counter, uint64_t target) {
+    for (uint64_t spin = 0; *counter < target; ++spin) {
+      if (spin > 100'000'000) std::abort();
+      a->progress();
+      b->progress();
+    }
+  }
+};
+
+void bm_short_pingpong(benchmark::State& state) {
+  pair p;
+  const uint64_t value = 7;
+  uint64_t rounds = 0;
+  for (auto _ : state) {
+    while (p.ab->am_short(1, &value, sizeof(value), nullptr, 0) != status::ok) p.a->progress();
+    p.wait_for(&p.at_b, ++rounds);
+    while (p.ba->am_short(1, &value, sizeof(value), nullptr, 0) != status::ok) p.b->progress();
+    p.wait_for(&p.at_a, rounds);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(rounds));
+}
+BENCHMARK(bm_short_pingpong);
+
+struct bcopy_arg {
+  const uint8_t* source;
+  size_t length;
+};
+
+size_t pack_copy(void* dest, void* arg) {
+  auto* a = static_cast<bcopy_arg*>(arg);
+  std::memcpy(dest, a->source, a->length);
+  return a->length;
+}
+
+void bm_bcopy_stream(benchmark::State& state) {
+  pair p;
+  std::vector<uint8_t> data(static_cast<size_t>(state.range(0)), 0x5a);
+  bcopy_arg arg{data.data(), data.size()};
+  uint64_t sent = 0;
+  for (auto _ : state) {
+    while (p.ab->am_bcopy(1, &pack_copy, &arg) < 0) {
+      p.b->progress();
+      p.a->progress();
+    }
+    ++sent;
+  }
+  p.wait_for(&p.at_b, sent);
+  state.SetItemsProcessed(static_cast<int64_t>(sent));
+  state.SetBytesProcessed(static_cast<int64_t>(sent * data.size()));
+}
+BENCHMARK(bm_bcopy_stream)->Arg(8)->Arg(4096)->Arg(65536);
+
+void bm_zcopy_stream(benchmark::State& state) {
+  pair p;
+  std::vector<uint8_t> data(static_cast<size_t>(state.range(0)), 0x5a);
+  const tl::iov entry{data.data(), data.size()};
+  tl::completion done{nullptr, 1 << 30, status::ok};  // counts down, never reaches zero
+  uint64_t sent = 0;
+  for (auto _ : state) {
+    while (p.ab->am_zcopy(1, nullptr, 0, &entry, 1, &done) != status::in_progress) {
+      p.b->progress();
+      p.a->progress();
+    }
+    ++sent;
+  }
+  p.wait_for(&p.at_b, sent);
+  while (p.ab->flush(nullptr) != status::ok) {
+    p.b->progress();
+    p.a->progress();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(sent));
+  state.SetBytesProcessed(static_cast<int64_t>(sent * data.size()));
+}
+BENCHMARK(bm_zcopy_stream)->Arg(65536)->Arg(1 << 20);
+
+}  // namespace
+
+BENCHMARK_MAIN();
