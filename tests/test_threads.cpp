@@ -22,6 +22,12 @@ comm::config config_for(const char* transport) {
   return cfg;
 }
 
+/// Milliseconds left until `deadline` (at least 1 while it has not passed, else 0).
+int ms_left(clock_type::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(left.count());
+}
+
 /// Progresses `w` until `done()` or 20 s pass; false on timeout.
 template <class Done>
 bool progress_until(comm::worker& w, Done done) {
@@ -42,16 +48,22 @@ void run_two_threads(const char* transport, size_t count) {
   const auto receiver_address = receiver->address();
   std::atomic<bool> receiver_failed{false};
   std::atomic<size_t> received{0};
+  // One deadline bounds every wait of the test, however many messages are left.
+  const auto deadline = clock_type::now() + std::chrono::seconds(60);
 
   std::thread rx([&] {
     for (size_t i = 0; i < count; ++i) {
+      if (ms_left(deadline) == 0) {
+        receiver_failed = true;
+        return;
+      }
       uint64_t value = ~uint64_t{0};
       comm::tag_recv_info info;
       comm::request_params p;
       p.recv_info = &info;
       comm::op o = receiver->tag_recv(&value, sizeof(value), 7, comm::tag_mask_full, p);
       if (o.pending()) {
-        if (receiver->wait(o, 20000) != comm::status::ok) {
+        if (receiver->wait(o, ms_left(deadline)) != comm::status::ok) {
           receiver_failed = true;
           return;
         }
@@ -74,7 +86,7 @@ void run_two_threads(const char* transport, size_t count) {
     comm::request_params p;
     comm::op o = ep->tag_send(7, &i, sizeof(i), p);
     BOOST_REQUIRE(!o.failed());
-    if (o.pending()) BOOST_REQUIRE(sender->wait(o, 20000) == comm::status::ok);
+    if (o.pending()) BOOST_REQUIRE(sender->wait(o, ms_left(deadline)) == comm::status::ok);
   }
   BOOST_CHECK(progress_until(*sender, [&] { return received == count || receiver_failed; }));
   rx.join();
@@ -104,12 +116,15 @@ BOOST_AUTO_TEST_CASE(multi_mode_worker_shared_by_threads) {
   constexpr uint64_t per_sender = 3000;
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
+  // One deadline bounds every wait of every thread.
+  const auto deadline = clock_type::now() + std::chrono::seconds(60);
   for (int t = 0; t < senders; ++t) {
     threads.emplace_back([&, t] {
       for (uint64_t i = 0; i < per_sender; ++i) {
         const uint64_t value = (uint64_t(t) << 32) | i;
         comm::op o = ep->tag_send(100 + t, &value, sizeof(value));
-        if (o.failed() || (o.pending() && shared->wait(o, 20000) != comm::status::ok)) {
+        if (o.failed() || ms_left(deadline) == 0 ||
+            (o.pending() && shared->wait(o, ms_left(deadline)) != comm::status::ok)) {
           ++failures;
           return;
         }
@@ -119,14 +134,13 @@ BOOST_AUTO_TEST_CASE(multi_mode_worker_shared_by_threads) {
   // The receiver checks per-sender order: each thread's messages carry its tag.
   uint64_t next[senders] = {};
   uint64_t total = 0;
-  const auto deadline = clock_type::now() + std::chrono::seconds(30);
-  while (total < senders * per_sender && clock_type::now() < deadline) {
+  while (total < senders * per_sender && ms_left(deadline) > 0) {
     uint64_t value = 0;
     comm::tag_recv_info info;
     comm::request_params p;
     p.recv_info = &info;
     comm::op o = receiver->tag_recv(&value, sizeof(value), 100, ~comm::tag_t{3}, p);
-    comm::status st = o.pending() ? receiver->wait(o, 20000) : o.st;
+    comm::status st = o.pending() ? receiver->wait(o, ms_left(deadline)) : o.st;
     shared->progress();
     if (st != comm::status::ok) {
       ++failures;
