@@ -7,6 +7,7 @@
 
 #include <capnp/serialize.h>
 
+#include <algorithm>
 #include <random>
 
 using namespace comm;
@@ -177,4 +178,64 @@ BOOST_DATA_TEST_CASE(software_rendezvous_data_out_of_sequence, each_transport(),
   BOOST_CHECK(is_error(rt.st));
   BOOST_CHECK(wi.rndv_recvs.empty());
   p.b->release(r.req);
+}
+
+BOOST_DATA_TEST_CASE(huge_announced_eager_message_allocates_only_what_arrives, each_transport(),
+                     transport) {
+  worker_pair p(transport);
+  auto& v = victim(p);
+  aligned_bytes first(header<wire::schema::TagEagerFirst>(
+      [&](auto h) {
+        h.setDstEp(v.id);
+        h.setTag(0x99);
+        h.setMsgId(1);
+        h.setTotalLength(uint64_t{1} << 30);  // announces 1 GiB, sends 16 bytes
+      },
+      16));
+  detail::impl(*p.b).on_tag_eager_first(first.data(), first.length);
+  BOOST_REQUIRE(v.rx.active && v.rx.unexpected != nullptr);
+  BOOST_CHECK_LE(v.rx.unexpected->capacity, size_t{1} << 20);
+  BOOST_CHECK(v.state != detail::endpoint_impl::phase::failed);
+}
+
+BOOST_DATA_TEST_CASE(software_rma_requests_are_checked_by_the_owner, each_transport(), transport) {
+  worker_pair p(transport);
+  auto& v = victim(p);
+  auto& wi = detail::impl(*p.b);
+  std::vector<uint8_t> region(4096, 0x11);
+  memh* handle = nullptr;
+  BOOST_REQUIRE(p.b->mem_map(region.data(), region.size(), &handle) == status::ok);
+  const uint64_t base = reinterpret_cast<uintptr_t>(region.data());
+  auto request = [&](uint64_t token, uint64_t address, uint64_t length, size_t payload) {
+    return aligned_bytes(header<wire::schema::RmaRequest>(
+        [&](auto h) {
+          h.setDstEp(v.id);
+          h.setIsGet(false);
+          h.setReqId(1);
+          h.setToken(token);
+          h.setAddress(address);
+          h.setLength(length);
+        },
+        payload));
+  };
+  // Wrong token, out of range, past the end: nothing is written, the endpoint keeps working.
+  auto bad_token = request(0x1234, base, 16, 16);
+  wi.on_rma_request(bad_token.data(), bad_token.length);
+  // A put whose data is shorter than its header says is malformed.
+  uint64_t token = 0;
+  for (auto& [t, h] : wi.sw_regions) {
+    if (h == handle) token = t;
+  }
+  BOOST_REQUIRE(token != 0);
+  auto outside = request(token, base - 4096, 16, 16);
+  wi.on_rma_request(outside.data(), outside.length);
+  auto past = request(token, base + 4090, 16, 16);
+  wi.on_rma_request(past.data(), past.length);
+  BOOST_CHECK(std::all_of(region.begin(), region.end(), [](uint8_t b) { return b == 0x11; }));
+  BOOST_CHECK(v.state != detail::endpoint_impl::phase::failed);
+  auto lying = request(token, base, 64, 16);
+  wi.on_rma_request(lying.data(), lying.length);
+  BOOST_CHECK(v.failure == status::protocol_error);
+  BOOST_CHECK(std::all_of(region.begin(), region.end(), [](uint8_t b) { return b == 0x11; }));
+  BOOST_CHECK(p.b->mem_unmap(handle) == status::ok);
 }

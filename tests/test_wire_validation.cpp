@@ -53,7 +53,8 @@ const proto_id all_ids[] = {proto_id::wireup_request, proto_id::wireup_reply,
                             proto_id::am_first,       proto_id::am_fragment,
                             proto_id::rndv_rts,       proto_id::rndv_ats,
                             proto_id::rndv_rtr,       proto_id::rndv_data,
-                            proto_id::rndv_cancel};
+                            proto_id::rndv_cancel,    proto_id::rndv_refuse,
+                            proto_id::rma_request,    proto_id::rma_reply};
 
 /// Calls the handler of `id` on `w` directly with `length` bytes at `data`.
 void feed(worker& w, proto_id id, const uint8_t* data, size_t length) {
@@ -74,7 +75,9 @@ void feed(worker& w, proto_id id, const uint8_t* data, size_t length) {
     case proto_id::rndv_rtr: i.on_rndv_rtr(data, length); break;
     case proto_id::rndv_data: i.on_rndv_data(data, length); break;
     case proto_id::rndv_cancel: i.on_rndv_cancel(data, length); break;
-    default: BOOST_FAIL("no direct entry for handler " << int(id)); break;
+    case proto_id::rndv_refuse: i.on_rndv_refuse(data, length); break;
+    case proto_id::rma_request: i.on_rma_request(data, length); break;
+    case proto_id::rma_reply: i.on_rma_reply(data, length); break;
   }
 }
 

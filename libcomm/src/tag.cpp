@@ -51,8 +51,21 @@ unexpected_msg* worker_impl::new_unexpected(tag_t tag, uint64_t imm, size_t leng
 }
 
 void worker_impl::free_unexpected(unexpected_msg* msg) {
+  std::free(msg->grown);
   msg->~unexpected_msg();
   std::free(msg);
+}
+
+bool worker_impl::reserve_unexpected(unexpected_msg* msg, size_t needed) {
+  if (needed <= msg->capacity) return true;
+  size_t capacity = std::max<size_t>(msg->capacity * 2, 64 * 1024);
+  capacity = std::min(std::max(capacity, needed), msg->length);
+  void* bigger = std::realloc(msg->grown, capacity);
+  if (bigger == nullptr) return false;
+  msg->grown = static_cast<uint8_t*>(bigger);
+  msg->data = msg->grown;
+  msg->capacity = capacity;
+  return true;
 }
 
 /// A whole message arrived: complete a matching receive or keep it as unexpected.
@@ -136,9 +149,13 @@ void worker_impl::on_tag_eager_first(const uint8_t* data, size_t length) {
     copy_to_recv(req, 0, data + used, payload);
     rx.recv = req;
   } else {
-    rx.unexpected = new_unexpected(h->getTag(), h->getImm(), total);
+    rx.unexpected = new_unexpected(h->getTag(), h->getImm(), 0);
     if (rx.unexpected == nullptr) return protocol_error(ep, "no memory for an unexpected message");
-    std::memcpy(rx.unexpected->data, data + used, payload);
+    rx.unexpected->length = total;
+    if (!reserve_unexpected(rx.unexpected, payload)) {
+      return protocol_error(ep, "no memory for an unexpected message");
+    }
+    if (payload != 0) std::memcpy(rx.unexpected->data, data + used, payload);
   }
   if (rx.received == rx.total) finish_tag_fragments(ep);
 }
@@ -161,6 +178,9 @@ void worker_impl::on_fragment(const uint8_t* data, size_t length, bool is_tag) {
   if (rx.recv != nullptr) {
     copy_to_recv(rx.recv, rx.received, data + used, payload);
   } else {
+    if (!reserve_unexpected(rx.unexpected, rx.received + payload)) {
+      return protocol_error(ep, "no memory for an unexpected message");
+    }
     std::memcpy(rx.unexpected->data + rx.received, data + used, payload);
   }
   rx.received += payload;

@@ -53,7 +53,9 @@ struct unexpected_msg : tag_unexpected {
   uint64_t imm = 0;          ///< the sender's immediate value
   size_t length = 0;         ///< total data bytes
   size_t received = 0;       ///< data bytes arrived so far
-  uint8_t* data = nullptr;   ///< the data (allocated with the descriptor)
+  uint8_t* data = nullptr;   ///< the data: inline after the descriptor, or `grown`
+  uint8_t* grown = nullptr;  ///< a fragmented message's own buffer, grown as fragments arrive
+  size_t capacity = 0;       ///< bytes `grown` holds
 };
 
 /// A multi-fragment message arriving on an endpoint (fragments of one endpoint arrive in order).
@@ -262,6 +264,9 @@ public:
   void finish_recv(request* req);
   unexpected_msg* new_unexpected(tag_t tag, uint64_t imm, size_t length);
   void free_unexpected(unexpected_msg* msg);
+  /// Makes room for `needed` bytes in a fragmented unexpected message (doubling, so a header
+  /// that announces a huge message costs nothing until its data arrives); false without memory.
+  static bool reserve_unexpected(unexpected_msg* msg, size_t needed);
 
   // -- active messages -------------------------------------------------------------------------
   void deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags, const uint8_t* header,
