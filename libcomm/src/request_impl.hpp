@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <emmintrin.h>
+
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -79,7 +81,9 @@ struct request_fields {
   size_t received = 0;                    ///< data bytes that arrived so far
 };
 
-static_assert(std::is_trivially_copyable_v<request_fields>, "request::reset copies it bytewise");
+static_assert(std::is_trivially_copyable_v<request_fields> && sizeof(request_fields) % 8 == 0 &&
+                  offsetof(request_fields, received) + sizeof(size_t) == sizeof(request_fields),
+              "request::reset copies it in 16- and 8-byte words and it has no tail padding");
 
 /// One nonblocking operation (send, receive, flush, close, RMA). Allocated from the worker's
 /// pool; its buffers keep their capacity across reuse.
@@ -91,10 +95,21 @@ public:
 
   /// Resets every field for reuse from the pool.
   void reset() {
-    // A copy from a blank template: vector moves, where assigning a temporary compiled to a
-    // slow `rep stos` on the per-message path.
+    // A copy from a blank template in 16-byte vector moves: assigning a temporary (or a
+    // memcpy) compiles to `rep stos`/`rep movs`, whose start-up cost dominated the per-message
+    // path. Exactly sizeof(request_fields) bytes: the derived members start right after.
     static const request_fields blank{};
-    std::memcpy(static_cast<request_fields*>(this), &blank, sizeof(request_fields));
+    auto* to = reinterpret_cast<char*>(static_cast<request_fields*>(this));
+    const auto* from = reinterpret_cast<const char*>(&blank);
+    size_t i = 0;
+    for (; i + 16 <= sizeof(request_fields); i += 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i)));
+    }
+    if (i < sizeof(request_fields)) {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(to + i),
+                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(from + i)));
+    }
     iov.clear();
     control.clear();
     wire.clear();

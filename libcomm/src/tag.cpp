@@ -39,10 +39,28 @@ void worker_impl::finish_recv(request* req) {
   complete(req, req->received > req->length ? status::message_truncated : status::ok);
 }
 
+namespace {
+
+/// Size of a pooled unexpected-message block: small messages arriving before their receive (the
+/// common case under load) reuse these instead of going through malloc.
+constexpr size_t small_unexpected_block = 512;
+/// Free blocks kept for reuse.
+constexpr size_t unexpected_pool_limit = 4096;
+
+}  // namespace
+
 unexpected_msg* worker_impl::new_unexpected(tag_t tag, uint64_t imm, size_t length) {
-  void* block = std::malloc(sizeof(unexpected_msg) + length);
+  const bool small = sizeof(unexpected_msg) + length <= small_unexpected_block;
+  void* block = nullptr;
+  if (small && !unexpected_pool.empty()) {
+    block = unexpected_pool.back();
+    unexpected_pool.pop_back();
+  } else {
+    block = std::malloc(small ? small_unexpected_block : sizeof(unexpected_msg) + length);
+  }
   if (block == nullptr) return nullptr;
   auto* msg = new (block) unexpected_msg();
+  msg->pooled = small;
   msg->tag = tag;
   msg->imm = imm;
   msg->length = length;
@@ -52,8 +70,13 @@ unexpected_msg* worker_impl::new_unexpected(tag_t tag, uint64_t imm, size_t leng
 
 void worker_impl::free_unexpected(unexpected_msg* msg) {
   std::free(msg->grown);
+  const bool pooled = msg->pooled;
   msg->~unexpected_msg();
-  std::free(msg);
+  if (pooled && unexpected_pool.size() < unexpected_pool_limit) {
+    unexpected_pool.push_back(msg);
+  } else {
+    std::free(msg);
+  }
 }
 
 bool worker_impl::reserve_unexpected(unexpected_msg* msg, size_t needed) {
