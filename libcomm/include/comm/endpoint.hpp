@@ -13,7 +13,9 @@ namespace comm {
 struct endpoint_counters {
   uint64_t messages_sent = 0;       ///< messages handed to the transport
   uint64_t bytes_sent = 0;          ///< payload bytes of those
-  uint64_t messages_received = 0;   ///< messages that arrived from the peer on this endpoint
+  /// Messages addressed to this endpoint: those the peer sent on the endpoint paired with it
+  /// (a peer's connect() creates its partner here, marked peer-created in info()).
+  uint64_t messages_received = 0;
   uint64_t bytes_received = 0;      ///< payload bytes of those
   uint64_t retries = 0;             ///< operations parked on the pending queue (NO_RESOURCE)
   uint64_t errors = 0;              ///< malformed input and failed operations
