@@ -92,7 +92,10 @@ std::optional<typename Struct::Reader> read_header(const void* data, size_t leng
   if (consumed != nullptr) {
     *consumed = bytes;
   }
-  return capnp::readMessageUnchecked<Struct>(static_cast<const capnp::word*>(data));
+  // The root pointer is checked: the data section follows it and lies inside the bytes, so it is
+  // read in place as a data-only struct (inline, bounded by data_words, no library call).
+  const auto* words = static_cast<const capnp::word*>(data) + 1;
+  return capnp::readDataStruct<Struct>(kj::arrayPtr(words, data_words));
 }
 
 /// Limits for checked readers of headers that carry pointers (addresses, keys).
