@@ -178,6 +178,34 @@ BOOST_DATA_TEST_CASE(cancel_before_match_reports_and_withdraws, each_transport()
   BOOST_CHECK(tag_roundtrip(p, size, 31, true));
 }
 
+BOOST_DATA_TEST_CASE(cancel_after_the_receiver_matched, each_transport(), transport) {
+  // The receive is posted (and asks for the data, or fetches it) before the sender cancels. Where
+  // the lane has get the data may already be taken; otherwise the sender refuses the request for
+  // data. Either way both sides end, nothing hangs, and the endpoint keeps working.
+  worker_pair p(transport);
+  const size_t size = rndv_thresh(p) * 2;
+  const auto data = pattern(size, 35);
+  send_tracker st;
+  op s = p.ab->tag_send(7, data.data(), size, send_params(st));
+  BOOST_REQUIRE(s.pending());
+  tag_recv_info info;
+  BOOST_REQUIRE(worker_pair::until_on(*p.b, [&] { return p.b->tag_probe(7, tag_mask_full, &info); }));
+  std::vector<uint8_t> buf(size);
+  recv_tracker rt;
+  op r = p.b->tag_recv(buf.data(), size, 7, tag_mask_full,
+                       recv_params(rt, request_no_immediate_completion));
+  BOOST_CHECK(p.a->cancel(s.req, cancel_mode::report) == status::ok);
+  BOOST_REQUIRE(p.until([&] { return st.calls == 1 && rt.calls == 1; }));
+  BOOST_CHECK(st.st == status::canceled);
+  BOOST_CHECK_MESSAGE(rt.st == status::ok || rt.st == status::canceled,
+                      "receive ended with " << to_string(rt.st));
+  BOOST_TEST_MESSAGE(transport << ": the receive ended with " << to_string(rt.st));
+  if (rt.st == status::ok) BOOST_CHECK_EQUAL(first_mismatch(buf.data(), size, 35), -1);
+  p.a->release(s.req);
+  p.b->release(r.req);
+  BOOST_CHECK(tag_roundtrip(p, size, 36, true));
+}
+
 BOOST_DATA_TEST_CASE(forced_cancel_calls_no_callback, each_transport(), transport) {
   worker_pair p(transport);
   const size_t size = rndv_thresh(p) * 2;
