@@ -41,26 +41,35 @@ void worker_impl::finish_recv(request* req) {
 
 namespace {
 
-/// Size of a pooled unexpected-message block: small messages arriving before their receive (the
-/// common case under load) reuse these instead of going through malloc.
-constexpr size_t small_unexpected_block = 512;
-/// Free blocks kept for reuse.
-constexpr size_t unexpected_pool_limit = 4096;
+/// Sizes of pooled unexpected-message blocks: messages arriving before their receive (the common
+/// case under load) reuse these instead of going through malloc. One tier for small messages,
+/// one for anything up to a bcopy buffer.
+constexpr size_t unexpected_block_sizes[2] = {512, 8192 + 256};
+/// Free blocks kept for reuse, per tier.
+constexpr size_t unexpected_pool_limits[2] = {4096, 1024};
+
+/// The pool tier for a descriptor of `bytes`, or -1 when it is allocated on its own.
+int unexpected_tier(size_t bytes) {
+  for (int tier = 0; tier < 2; ++tier) {
+    if (bytes <= unexpected_block_sizes[tier]) return tier;
+  }
+  return -1;
+}
 
 }  // namespace
 
 unexpected_msg* worker_impl::new_unexpected(tag_t tag, uint64_t imm, size_t length) {
-  const bool small = sizeof(unexpected_msg) + length <= small_unexpected_block;
+  const int tier = unexpected_tier(sizeof(unexpected_msg) + length);
   void* block = nullptr;
-  if (small && !unexpected_pool.empty()) {
-    block = unexpected_pool.back();
-    unexpected_pool.pop_back();
+  if (tier >= 0 && !unexpected_pool[tier].empty()) {
+    block = unexpected_pool[tier].back();
+    unexpected_pool[tier].pop_back();
   } else {
-    block = std::malloc(small ? small_unexpected_block : sizeof(unexpected_msg) + length);
+    block = std::malloc(tier >= 0 ? unexpected_block_sizes[tier] : sizeof(unexpected_msg) + length);
   }
   if (block == nullptr) return nullptr;
   auto* msg = new (block) unexpected_msg();
-  msg->pooled = small;
+  msg->pool_tier = static_cast<int8_t>(tier);
   msg->tag = tag;
   msg->imm = imm;
   msg->length = length;
@@ -70,10 +79,10 @@ unexpected_msg* worker_impl::new_unexpected(tag_t tag, uint64_t imm, size_t leng
 
 void worker_impl::free_unexpected(unexpected_msg* msg) {
   std::free(msg->grown);
-  const bool pooled = msg->pooled;
+  const int tier = msg->pool_tier;
   msg->~unexpected_msg();
-  if (pooled && unexpected_pool.size() < unexpected_pool_limit) {
-    unexpected_pool.push_back(msg);
+  if (tier >= 0 && unexpected_pool[tier].size() < unexpected_pool_limits[tier]) {
+    unexpected_pool[tier].push_back(msg);
   } else {
     std::free(msg);
   }

@@ -117,7 +117,9 @@ worker_impl::~worker_impl() noexcept {
   for (endpoint_impl* ep : ep_table) delete ep;
   for (endpoint_impl* ep : doomed) delete ep;
   for (auto& [data, block] : persistent_data) std::free(block);
-  for (void* block : unexpected_pool) std::free(block);
+  for (auto& tier : unexpected_pool) {
+    for (void* block : tier) std::free(block);
+  }
   ifaces.clear();
   if (epoll_fd >= 0) close(epoll_fd);
 }

@@ -56,7 +56,7 @@ struct unexpected_msg : tag_unexpected {
   uint8_t* data = nullptr;   ///< the data: inline after the descriptor, or `grown`
   uint8_t* grown = nullptr;  ///< a fragmented message's own buffer, grown as fragments arrive
   size_t capacity = 0;       ///< bytes `grown` holds
-  bool pooled = false;       ///< the descriptor is a small block of the worker's pool
+  int8_t pool_tier = -1;     ///< the worker's pool tier the descriptor came from, or -1
 };
 
 /// A multi-fragment message arriving on an endpoint (fragments of one endpoint arrive in order).
@@ -181,7 +181,7 @@ public:
   }
   std::unordered_map<void*, void*> persistent_data;     ///< data given to handlers -> block
 
-  std::vector<void*> unexpected_pool;       ///< free small unexpected-message blocks
+  std::vector<void*> unexpected_pool[2];    ///< free unexpected-message blocks, per size tier
   std::vector<request*> free_requests;      ///< the request pool
   std::vector<std::unique_ptr<request[]>> request_chunks;
 
