@@ -3,6 +3,7 @@
 // (DAT's RDMA read), sizes from 0 bytes to 64 MiB, protection/length/stale/garbage-key errors, a
 // peer killed with SIGKILL, and leaks. Every wait is bounded in iterations and time.
 #define BOOST_TEST_MODULE transport_rma
+#include "process_harness.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <comm/transport/transport.hpp>
@@ -30,6 +31,11 @@
 
 using namespace comm;
 using namespace std::chrono_literals;
+using comm::test::channel;
+using comm::test::fork_child;
+using comm::test::receive_addresses;
+using comm::test::send_addresses;
+using comm::test::wait_child;
 
 namespace comm {
 // For Boost.Test's messages.
@@ -164,90 +170,6 @@ bool progress_until(tl::iface& iface, const std::function<bool()>& done,
 
 // -- fork helpers ---------------------------------------------------------------------------------
 
-/// One direction of a pipe carrying length-prefixed byte strings.
-struct channel {
-  int fds[2] = {-1, -1};
-  channel() {
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
-  }
-  ~channel() {
-    for (int fd : fds) {
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  void send(const std::vector<uint8_t>& bytes) const {
-    const uint32_t length = static_cast<uint32_t>(bytes.size());
-    if (::write(fds[1], &length, sizeof(length)) != sizeof(length)) return;
-    if (length != 0 && ::write(fds[1], bytes.data(), length) != static_cast<ssize_t>(length)) return;
-  }
-  void send_word(uint64_t word) const {
-    const auto* p = reinterpret_cast<const uint8_t*>(&word);
-    send(std::vector<uint8_t>(p, p + sizeof(word)));
-  }
-  /// False on timeout or a closed pipe.
-  bool receive(std::vector<uint8_t>* bytes, int timeout_ms = 20000) const {
-    uint32_t length = 0;
-    if (!read_exact(&length, sizeof(length), timeout_ms)) return false;
-    bytes->resize(length);
-    return read_exact(bytes->data(), length, timeout_ms);
-  }
-  bool receive_word(uint64_t* word, int timeout_ms = 20000) const {
-    std::vector<uint8_t> bytes;
-    if (!receive(&bytes, timeout_ms) || bytes.size() != sizeof(*word)) return false;
-    std::memcpy(word, bytes.data(), sizeof(*word));
-    return true;
-  }
-  bool read_exact(void* dest, size_t length, int timeout_ms) const {
-    auto* p = static_cast<uint8_t*>(dest);
-    while (length > 0) {
-      pollfd pfd{fds[0], POLLIN, 0};
-      if (::poll(&pfd, 1, timeout_ms) <= 0) return false;
-      const ssize_t n = ::read(fds[0], p, length);
-      if (n <= 0) return false;
-      p += n;
-      length -= static_cast<size_t>(n);
-    }
-    return true;
-  }
-};
-
-/// Runs `body` in a forked child, which exits with its return value (never returns here).
-pid_t fork_child(const std::function<int()>& body) {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int rc = 100;
-    try {
-      rc = body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child: exception: %s\n", e.what());
-    }
-    std::fflush(nullptr);
-    ::_exit(rc);
-  }
-  return pid;
-}
-
-/// The child's exit code, or -1 when it had to be killed after 20 s.
-int wait_child(pid_t pid) {
-  for (int i = 0; i < 2000; ++i) {
-    int wstatus = 0;
-    const pid_t done = ::waitpid(pid, &wstatus, WNOHANG);
-    if (done == pid) return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
-    std::this_thread::sleep_for(10ms);
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  return -1;
-}
-
-#define CHILD_CHECK(cond)                                                              \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "child check failed (line %d): %s\n", __LINE__, #cond);     \
-      return 1;                                                                        \
-    }                                                                                  \
-  } while (0)
 
 /// What a child exporting a registered buffer sends to its parent.
 struct exported {
