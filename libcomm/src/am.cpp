@@ -79,9 +79,8 @@ void worker_impl::on_am_single(const uint8_t* data, size_t length) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::ActiveMessage>(data, length, &used);
   if (!h) return protocol_error(nullptr, "truncated active message header");
-  endpoint_impl* ep = find_ep(h->getDstEp());
-  if (ep == nullptr) return protocol_error(nullptr, "active message for an unknown endpoint");
-  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "active message for an unknown endpoint");
+  if (ep == nullptr) return;
   const size_t payload = length - used;
   const size_t header_length = h->getHeaderLength();
   if (header_length > payload) return protocol_error(ep, "AM user header beyond the message");
@@ -96,9 +95,8 @@ void worker_impl::on_am_first(const uint8_t* data, size_t length) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::ActiveMessageFirst>(data, length, &used);
   if (!h) return protocol_error(nullptr, "truncated active message header");
-  endpoint_impl* ep = find_ep(h->getDstEp());
-  if (ep == nullptr) return protocol_error(nullptr, "active message for an unknown endpoint");
-  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "active message for an unknown endpoint");
+  if (ep == nullptr) return;
   const size_t payload = length - used;
   const size_t header_length = h->getHeaderLength();
   const uint64_t total = h->getTotalLength();

@@ -342,8 +342,8 @@ void worker_impl::on_rma_request(const uint8_t* data, size_t length) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::RmaRequest>(data, length, &used);
   if (!h) return protocol_error(nullptr, "truncated RMA request");
-  endpoint_impl* ep = find_ep(h->getDstEp());
-  if (ep == nullptr) return protocol_error(nullptr, "RMA request for an unknown endpoint");
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "RMA request for an unknown endpoint");
+  if (ep == nullptr) return;
   const bool is_get = h->getIsGet();
   const uint64_t address = h->getAddress(), count = h->getLength();
   if (!is_get && count != length - used) return protocol_error(ep, "RMA put with wrong length");
@@ -379,8 +379,8 @@ void worker_impl::on_rma_reply(const uint8_t* data, size_t length) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::RmaReply>(data, length, &used);
   if (!h) return protocol_error(nullptr, "truncated RMA reply");
-  endpoint_impl* ep = find_ep(h->getDstEp());
-  if (ep == nullptr) return protocol_error(nullptr, "RMA reply for an unknown endpoint");
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "RMA reply for an unknown endpoint");
+  if (ep == nullptr) return;
   auto it = rma_ops.find(h->getReqId());
   if (it == rma_ops.end()) return;  // the request failed or was released meanwhile
   request* req = it->second;

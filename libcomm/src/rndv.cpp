@@ -45,20 +45,10 @@ size_t pack_wire(void* dest, void* arg) {
 /// Sends a data-only header as a control message on `ep` (queued behind earlier sends).
 template <class Struct, class Fill>
 void send_control(endpoint_impl* ep, proto_id id, Fill&& fill) {
-  if (ep->state == endpoint_impl::phase::failed) return;
-  worker_impl& w = ep->owner;
-  request* req = w.alloc_request(request::kind::control, request_params{});
-  req->ep = ep;
   wire::header_writer<Struct> writer;
   fill(writer.fields());
   auto bytes = static_cast<const uint8_t*>(writer.bytes());
-  req->control_id = static_cast<tl::am_id>(id);
-  req->control.assign(bytes, bytes + writer.size());
-  const bool idle = ep->pending_head == nullptr;
-  ep->push_pending(req);
-  if (idle && ep->state == endpoint_impl::phase::connected && !ep->dispatch_pending()) {
-    ep->wait_for_resources();
-  }
+  ep->owner.queue_control(ep, id, std::vector<uint8_t>(bytes, bytes + writer.size()));
 }
 
 request* request_of(tag_expected* e) {
@@ -174,7 +164,7 @@ void worker_impl::release_rndv_send(request* req) {
 void worker_impl::on_rndv_ats(const uint8_t* data, size_t length) {
   auto h = wire::read_header<wire::schema::RndvAts>(data, length);
   if (!h) return protocol_error(nullptr, "truncated rendezvous acknowledgement");
-  if (find_ep(h->getDstEp()) == nullptr) return protocol_error(nullptr, "ack for unknown endpoint");
+  if (receiving_ep(h->getDstEp(), "ack for unknown endpoint") == nullptr) return;
   auto it = rndv_sends.find(h->getSreqId());
   if (it == rndv_sends.end()) return;  // cancelled meanwhile
   request* req = it->second;
@@ -191,8 +181,8 @@ void worker_impl::on_rndv_ats(const uint8_t* data, size_t length) {
 void worker_impl::on_rndv_rtr(const uint8_t* data, size_t length) {
   auto h = wire::read_header<wire::schema::RndvRtr>(data, length);
   if (!h) return protocol_error(nullptr, "truncated rendezvous request");
-  endpoint_impl* ep = find_ep(h->getDstEp());
-  if (ep == nullptr) return protocol_error(nullptr, "rendezvous request for unknown endpoint");
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "rendezvous request for unknown endpoint");
+  if (ep == nullptr) return;
   auto it = rndv_sends.find(h->getSreqId());
   if (it == rndv_sends.end()) {
     // Cancelled (or never ours): tell the receiver, which would otherwise wait for data.
@@ -248,8 +238,8 @@ void worker_impl::on_rndv_rts(const uint8_t* data, size_t length) {
   if (failure != nullptr || length % 8 != 0) {
     return protocol_error(nullptr, "rendezvous announcement is not a valid message");
   }
-  endpoint_impl* ep = find_ep(dst);
-  if (ep == nullptr) return protocol_error(nullptr, "rendezvous for an unknown endpoint");
+  endpoint_impl* ep = receiving_ep(dst, "rendezvous for an unknown endpoint");
+  if (ep == nullptr) return;
   if (total > max_rndv_message) return protocol_error(ep, "rendezvous length beyond any buffer");
   ++ep->counters_.messages_received;
   if (is_am) {
@@ -403,8 +393,8 @@ void worker_impl::on_rndv_data(const uint8_t* data, size_t length) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::RndvData>(data, length, &used);
   if (!h) return protocol_error(nullptr, "truncated rendezvous data header");
-  endpoint_impl* ep = find_ep(h->getDstEp());
-  if (ep == nullptr) return protocol_error(nullptr, "rendezvous data for an unknown endpoint");
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "rendezvous data for an unknown endpoint");
+  if (ep == nullptr) return;
   auto it = rndv_recvs.find(h->getRreqId());
   if (it == rndv_recvs.end()) return protocol_error(ep, "rendezvous data for no receive");
   request* req = it->second;
@@ -439,7 +429,7 @@ void worker_impl::on_rndv_data(const uint8_t* data, size_t length) {
 void worker_impl::on_rndv_cancel(const uint8_t* data, size_t length) {
   auto h = wire::read_header<wire::schema::RndvCancel>(data, length);
   if (!h) return protocol_error(nullptr, "truncated rendezvous cancel");
-  endpoint_impl* ep = find_ep(h->getDstEp());
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "rendezvous cancel for unknown endpoint");
   if (ep == nullptr) return;
   drop_unexpected_from(ep, h->getSreqId(), false);
 }
@@ -447,8 +437,8 @@ void worker_impl::on_rndv_cancel(const uint8_t* data, size_t length) {
 void worker_impl::on_rndv_refuse(const uint8_t* data, size_t length) {
   auto h = wire::read_header<wire::schema::RndvRefuse>(data, length);
   if (!h) return protocol_error(nullptr, "truncated rendezvous refusal");
-  endpoint_impl* ep = find_ep(h->getDstEp());
-  if (ep == nullptr) return protocol_error(nullptr, "rendezvous refusal for unknown endpoint");
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "rendezvous refusal for unknown endpoint");
+  if (ep == nullptr) return;
   auto it = rndv_recvs.find(h->getRreqId());
   if (it == rndv_recvs.end() || it->second->rndv_ep != ep) {
     return protocol_error(ep, "rendezvous refusal for no receive");

@@ -142,9 +142,8 @@ void worker_impl::on_tag_eager(const uint8_t* data, size_t length, bool with_imm
     dst = h->getDstEp();
     tag = h->getTag();
   }
-  endpoint_impl* ep = find_ep(dst);
-  if (ep == nullptr) return protocol_error(nullptr, "tagged message for an unknown endpoint");
-  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
+  endpoint_impl* ep = receiving_ep(dst, "tagged message for an unknown endpoint");
+  if (ep == nullptr) return;
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += length - used;
   deliver_tag(*this, tag, imm, data + used, length - used);
@@ -154,9 +153,8 @@ void worker_impl::on_tag_eager_first(const uint8_t* data, size_t length) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::TagEagerFirst>(data, length, &used);
   if (!h) return protocol_error(nullptr, "truncated first-fragment header");
-  endpoint_impl* ep = find_ep(h->getDstEp());
-  if (ep == nullptr) return protocol_error(nullptr, "fragment for an unknown endpoint");
-  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "fragment for an unknown endpoint");
+  if (ep == nullptr) return;
   const uint64_t total = h->getTotalLength();
   const size_t payload = length - used;
   if (ep->rx.active) return protocol_error(ep, "new message before the previous one ended");
@@ -196,9 +194,8 @@ void worker_impl::on_fragment(const uint8_t* data, size_t length, bool is_tag) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::FragmentMiddle>(data, length, &used);
   if (!h) return protocol_error(nullptr, "truncated fragment header");
-  endpoint_impl* ep = find_ep(h->getDstEp());
-  if (ep == nullptr) return protocol_error(nullptr, "fragment for an unknown endpoint");
-  if (ep->state == endpoint_impl::phase::failed) return;  // its connection is over: dropped
+  endpoint_impl* ep = receiving_ep(h->getDstEp(), "fragment for an unknown endpoint");
+  if (ep == nullptr) return;
   rx_fragments& rx = ep->rx;
   const size_t payload = length - used;
   if (!rx.active || rx.is_tag != is_tag || rx.msg_id != h->getMsgId() ||

@@ -77,15 +77,6 @@ void to_control(request* req, tl::am_id id, capnp::MessageBuilder& message) {
   req->control.assign(bytes.begin(), bytes.end());
 }
 
-/// Builds a data-only header into the bytes of a control request.
-template <class Struct, class Fill>
-void to_control(request* req, tl::am_id id, Fill&& fill) {
-  wire::header_writer<Struct> writer;
-  fill(writer.fields());
-  auto bytes = static_cast<const uint8_t*>(writer.bytes());
-  req->control_id = id;
-  req->control.assign(bytes, bytes + writer.size());
-}
 
 template <void (worker_impl::*Handler)(const uint8_t*, size_t)>
 status dispatch(void* arg, void* data, size_t length, unsigned) {
@@ -241,17 +232,12 @@ void worker_impl::on_wireup_request(const uint8_t* data, size_t length) {
   }
   ep->remote_id = src_ep;
   ep->state = endpoint_impl::phase::connected;
-  request* reply = alloc_request(request::kind::control, request_params{});
-  reply->ep = ep;
-  const uint32_t our_id = ep->id;
-  to_control<wire::schema::WireupReply>(reply, static_cast<tl::am_id>(proto_id::wireup_reply),
-                                        [&](auto fields) {
-                                          fields.setDstEp(src_ep);
-                                          fields.setSrcEp(our_id);
-                                          fields.setStatus(0);
-                                        });
-  ep->push_pending(reply);
-  if (!ep->dispatch_pending()) ep->wait_for_resources();
+  wire::header_writer<wire::schema::WireupReply> reply;
+  reply.fields().setDstEp(src_ep);
+  reply.fields().setSrcEp(ep->id);
+  reply.fields().setStatus(0);
+  auto bytes = static_cast<const uint8_t*>(reply.bytes());
+  queue_control(ep, proto_id::wireup_reply, std::vector<uint8_t>(bytes, bytes + reply.size()));
 }
 
 void worker_impl::on_wireup_reply(const uint8_t* data, size_t length) {

@@ -188,6 +188,15 @@ endpoint_impl* worker_impl::find_ep(uint32_t id) const {
   return (ep != nullptr && ep->id == id) ? ep : nullptr;
 }
 
+endpoint_impl* worker_impl::receiving_ep(uint32_t id, const char* what) {
+  endpoint_impl* ep = find_ep(id);
+  if (ep == nullptr) {
+    protocol_error(nullptr, what);
+    return nullptr;
+  }
+  return ep->state == endpoint_impl::phase::failed ? nullptr : ep;
+}
+
 void worker_impl::protocol_error(endpoint_impl* ep, const char* what) {
   ++protocol_errors;
   // A hostile peer must not flood the log: the first errors, then every power of two.
@@ -256,19 +265,11 @@ status worker_impl::cancel_rndv_send(request* req, cancel_mode mode) {
   // Deregistering first makes a fetch that races with the cancel fail instead of reading memory
   // the caller is about to reuse.
   release_rndv_send(req);
-  if (ep->state != endpoint_impl::phase::failed) {
-    request* notice = alloc_request(request::kind::control, request_params{});
-    notice->ep = ep;
-    wire::header_writer<wire::schema::RndvCancel> writer;
-    writer.fields().setDstEp(ep->remote_id);
-    writer.fields().setSreqId(sreq);
-    auto bytes = static_cast<const uint8_t*>(writer.bytes());
-    notice->control_id = static_cast<tl::am_id>(proto_id::rndv_cancel);
-    notice->control.assign(bytes, bytes + writer.size());
-    const bool idle = ep->pending_head == nullptr;
-    ep->push_pending(notice);
-    if (idle && !ep->dispatch_pending()) ep->wait_for_resources();
-  }
+  wire::header_writer<wire::schema::RndvCancel> writer;
+  writer.fields().setDstEp(ep->remote_id);
+  writer.fields().setSreqId(sreq);
+  auto bytes = static_cast<const uint8_t*>(writer.bytes());
+  queue_control(ep, proto_id::rndv_cancel, std::vector<uint8_t>(bytes, bytes + writer.size()));
   if (mode == cancel_mode::force) {
     req->params.send_cb = nullptr;
     req->released = true;

@@ -220,6 +220,10 @@ public:
 
   // -- endpoints -------------------------------------------------------------------------------
   endpoint_impl* find_ep(uint32_t id) const;
+  /// The endpoint a received message is addressed to. Null when the id names no endpoint (a
+  /// protocol error: `what` is logged and counted) and, silently, when the endpoint has already
+  /// failed: whatever its peer still sends is dropped.
+  endpoint_impl* receiving_ep(uint32_t id, const char* what);
   status create_ep(const void* address, size_t length, bool by_peer, endpoint_impl** out);
   void destroy_ep(endpoint_impl* ep);
   std::vector<uint8_t> packed_address() const;
