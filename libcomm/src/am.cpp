@@ -163,7 +163,7 @@ op endpoint::am_send(uint16_t id, const void* header, size_t header_length, cons
   endpoint_impl& ep = impl(*this);
   worker_impl& w = ep.owner;
   worker_impl::guard g(w);
-  if (header_length > w.max_am_header() || (header_length != 0 && header == nullptr) ||
+  if (header_length > w.max_am_header_ || (header_length != 0 && header == nullptr) ||
       (length != 0 && data == nullptr && params.pack == nullptr)) {
     return op{status::invalid_param, nullptr};
   }

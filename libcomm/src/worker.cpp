@@ -81,12 +81,14 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
     const bool costly = (iface->attr().caps & tl::cap_costly_progress) != 0;
     ifaces.push_back({component, std::move(iface), costly});
   }
-  size_t transport_short = 0;
-  for (auto& li : ifaces) {
-    if (li.component->name() != "self") {
-      transport_short = std::max(transport_short, li.iface->attr().max_short);
-    }
+  // The user header of an AM travels in one bcopy fragment of the smallest interface.
+  size_t smallest = 0;
+  for (const auto& li : ifaces) {
+    const size_t room = li.iface->attr().max_bcopy;
+    if (smallest == 0 || room < smallest) smallest = room;
   }
+  const size_t header = wire::header_size<wire::schema::ActiveMessageFirst>();
+  max_am_header_ = smallest > header + 64 ? smallest - header - 64 : 0;
   short_thresh = ctx.cfg().short_thresh;
   zcopy_thresh = ctx.cfg().zcopy_thresh;
   install_handlers();
@@ -292,15 +294,7 @@ const std::string& worker::name() const noexcept { return impl(*this).params.nam
 uint64_t worker::uid() const noexcept { return impl(*this).uid_; }
 uint64_t worker::client_id() const noexcept { return impl(*this).params.client_id; }
 
-size_t worker::max_am_header() const noexcept {
-  size_t smallest = 0;
-  for (const auto& li : impl(*this).ifaces) {
-    size_t room = li.iface->attr().max_bcopy;
-    if (smallest == 0 || room < smallest) smallest = room;
-  }
-  const size_t header = wire::header_size<wire::schema::ActiveMessageFirst>();
-  return smallest > header + 64 ? smallest - header - 64 : 0;
-}
+size_t worker::max_am_header() const noexcept { return impl(*this).max_am_header_; }
 
 std::vector<uint8_t> worker::address() const {
   worker_impl& w = const_cast<worker_impl&>(impl(*this));

@@ -94,7 +94,6 @@ public:
   phase state = phase::wireup;              ///< connection state
   status failure = status::ok;              ///< why the endpoint failed
   bool created_by_peer;                     ///< made on a wireup request (freed on peer close)
-  bool wireup_sent = false;                 ///< the wireup request went out
   std::unique_ptr<tl::ep> lane;             ///< transport endpoint
   tl::iface* lane_iface;                    ///< its interface
   const tl::iface_attr* lane_attr;          ///< its capabilities
@@ -191,6 +190,7 @@ public:
   std::unordered_map<uint64_t, request*> rma_ops;     ///< software RMA awaiting the owner's reply
   std::unordered_map<uint64_t, memh*> sw_regions;     ///< our registrations by software-RMA token
   size_t short_thresh = 0;                  ///< eager short limit (protocol header included)
+  size_t max_am_header_ = 0;                ///< largest AM user header (worker::max_am_header)
   size_t zcopy_thresh = 0;                  ///< eager zcopy from this size
   uint64_t protocol_errors = 0;             ///< malformed messages that named no valid endpoint
 
@@ -201,7 +201,6 @@ public:
   wire::header_writer<wire::schema::FragmentMiddle> hdr_fragment;
   wire::header_writer<wire::schema::ActiveMessage> hdr_am;
   wire::header_writer<wire::schema::ActiveMessageFirst> hdr_am_first;
-  wire::header_writer<wire::schema::WireupReply> hdr_wireup_reply;
   wire::header_writer<wire::schema::EndpointClose> hdr_close;
   wire::header_writer<wire::schema::RndvData> hdr_rndv_data;
 
