@@ -23,6 +23,9 @@ struct config {
   size_t shm_fifo_size = 256;
   /// Bytes of one shared-memory receive buffer, the largest bcopy (COMM_SHM_SEG_SIZE).
   size_t shm_segment_size = 8192;
+  /// Cluster secret for client-server authentication (COMM_AUTH_KEY, or the contents of the file
+  /// named by COMM_AUTH_KEY_FILE); empty: no authentication, listeners default to loopback.
+  std::string auth_key;
 
   /// The defaults overridden by the COMM_ environment variables. Unknown or malformed values are
   /// reported (log level warn) and ignored.

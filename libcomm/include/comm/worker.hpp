@@ -3,6 +3,7 @@
 
 #include <comm/am.hpp>
 #include <comm/endpoint.hpp>
+#include <comm/listener.hpp>
 #include <comm/memory.hpp>
 #include <comm/types.hpp>
 
@@ -96,6 +97,24 @@ public:
   /// Creates an endpoint to the worker whose packed address is given, on the best transport that
   /// reaches it. Returns unreachable when none does, invalid_addr for bad bytes.
   status connect(const std::vector<uint8_t>& peer_address, endpoint** out);
+
+  // -- client-server (comm/listener.hpp) ---------------------------------------------------------
+
+  /// Listens on a socket address; each client's request reaches params.on_request during
+  /// progress(). Returns invalid_addr for an address that does not parse, busy when it is in use,
+  /// unsupported without the tcp transport.
+  status listen(const listener_params& params, std::unique_ptr<listener>* out);
+
+  /// Connects to a listener at "host:port". The endpoint is returned at once; sends wait until
+  /// the server accepts. A refusal fails it with rejected, nobody listening with unreachable, no
+  /// answer within params.timeout_ms with endpoint_timeout (each through params.on_error).
+  status connect(const std::string& address, const endpoint_params& params, endpoint** out);
+
+  /// Accepts a connection request on this worker (any worker of the listener's context); the
+  /// request is released. The client learns it through its on_connect, and this side's on_connect
+  /// runs once the client confirmed. Disconnection: endpoint::close on either side; the other
+  /// side's on_error is told not_connected (or connection_reset if the peer died).
+  status accept(conn_request* request, const endpoint_params& params, endpoint** out);
 
   // -- memory ------------------------------------------------------------------------------------
 

@@ -195,6 +195,9 @@ struct iface_params {
   size_t fifo_size = 0;         ///< receive queue entries, 0 for the transport default
   size_t segment_size = 0;      ///< bytes of one receive buffer, 0 for the transport default
   std::vector<int> cpus;        ///< cores the owner runs on (placement hints), may be empty
+  /// Cluster secret: when set, a transport that accepts connections admits only peers that prove
+  /// they know it (see base/auth.hpp); empty admits everyone.
+  std::string auth_key;
 };
 
 /// An interface: one transport on one device, owned by one worker.
