@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
+#include <fstream>
 #include <sstream>
 
 namespace comm {
@@ -41,6 +42,24 @@ void read_size(const char* variable, size_t* field) {
   }
 }
 
+/// The cluster secret: COMM_AUTH_KEY, else the first line of the file COMM_AUTH_KEY_FILE names.
+void read_auth_key(std::string* key) {
+  if (const char* text = std::getenv("COMM_AUTH_KEY")) {
+    *key = text;
+    return;
+  }
+  const char* path = std::getenv("COMM_AUTH_KEY_FILE");
+  if (path == nullptr) return;
+  std::ifstream file(path);
+  std::string line;
+  if (!file || !std::getline(file, line) || line.empty()) {
+    COMM_LOG(error, "config", "COMM_AUTH_KEY_FILE=%s cannot be read or is empty: no auth key",
+             path);
+    return;
+  }
+  *key = line;
+}
+
 bool is_power_of_two(size_t n) { return n != 0 && (n & (n - 1)) == 0; }
 
 }  // namespace
@@ -72,6 +91,7 @@ config config::from_environment() {
   } else {
     COMM_LOG(warn, "config", "COMM_SHM_SEG_SIZE=%zu must be a multiple of 64 in [256, 64m]", segment);
   }
+  read_auth_key(&cfg.auth_key);
   return cfg;
 }
 

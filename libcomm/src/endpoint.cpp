@@ -35,13 +35,18 @@ status resume_from_transport(tl::pending_req* self) {
 
 }  // namespace
 
-endpoint_impl::endpoint_impl(worker_impl& w, uint32_t ep_id, std::unique_ptr<tl::ep> l,
-                             tl::iface* li, bool by_peer)
-    : owner(w), id(ep_id), created_by_peer(by_peer), lane(std::move(l)), lane_iface(li),
-      lane_attr(&li->attr()) {
-  lane->user_data = this;
+endpoint_impl::endpoint_impl(worker_impl& w, uint32_t ep_id, bool by_peer)
+    : owner(w), id(ep_id), created_by_peer(by_peer) {
   tl_pending.func = resume_from_transport;
   tl_pending.ep = this;
+}
+
+void endpoint_impl::attach_lane(std::unique_ptr<tl::ep> l, tl::iface* li) {
+  worker_impl& w = owner;
+  lane = std::move(l);
+  lane_iface = li;
+  lane_attr = &li->attr();
+  lane->user_data = this;
   const size_t configured_rndv = w.ctx.cfg().rndv_thresh;
   if (configured_rndv != 0) {
     rndv_thresh = configured_rndv;
@@ -62,6 +67,7 @@ endpoint_impl::endpoint_impl(worker_impl& w, uint32_t ep_id, std::unique_ptr<tl:
 }
 
 endpoint_impl::~endpoint_impl() {
+  if (cm_conn != nullptr && owner.cm) owner.cm->close(cm_conn);
   if (lane && tl_pending_queued) {
     lane->pending_purge([](tl::pending_req*, void*) {}, nullptr);
   }
@@ -152,6 +158,7 @@ bool endpoint_impl::dispatch_pending() {
 }
 
 void endpoint_impl::wait_for_resources() {
+  if (!lane) return;  // no lane yet: the handshake's end dispatches the queue
   for (int attempt = 0; attempt < 16 && !tl_pending_queued; ++attempt) {
     status st = lane->pending_add(&tl_pending);
     if (st == status::ok) {
@@ -170,6 +177,10 @@ void endpoint_impl::fail(status reason) {
   if (state == phase::failed) return;
   state = phase::failed;
   failure = reason;
+  if (cm_conn != nullptr) {
+    owner.cm->close(cm_conn);
+    cm_conn = nullptr;
+  }
   if (tl_pending_queued) {
     lane->pending_purge([](tl::pending_req*, void*) {}, nullptr);
     tl_pending_queued = false;
@@ -306,7 +317,8 @@ status endpoint::state() const noexcept {
 uint64_t endpoint::peer_uid() const noexcept { return impl(*this).peer_uid_; }
 const std::string& endpoint::peer_name() const noexcept { return impl(*this).peer_name_; }
 std::string_view endpoint::transport() const noexcept {
-  return impl(*this).lane_iface->transport_name();
+  const endpoint_impl& ep = impl(*this);
+  return ep.lane_iface != nullptr ? ep.lane_iface->transport_name() : std::string_view("none");
 }
 const endpoint_counters& endpoint::counters() const noexcept { return impl(*this).counters_; }
 
@@ -316,7 +328,7 @@ std::string endpoint::info() const {
   std::ostringstream out;
   const auto& c = ep.counters_;
   out << "ep " << ep.id << " -> " << ep.peer_name_ << " (remote ep " << ep.remote_id << ") via "
-      << ep.lane_iface->transport_name() << ' ' << phases[static_cast<int>(ep.state)]
+      << ep.transport() << ' ' << phases[static_cast<int>(ep.state)]
       << (ep.created_by_peer ? " [peer-created]" : "") << ": sent " << c.messages_sent << " msgs "
       << c.bytes_sent << " B, received " << c.messages_received << " msgs " << c.bytes_received
       << " B, retries " << c.retries << ", errors " << c.errors;

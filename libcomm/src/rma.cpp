@@ -275,6 +275,7 @@ status endpoint::rkey_unpack(const void* data, size_t length, rkey** out) {
   if (out == nullptr || data == nullptr || length < 16 || length % 8 != 0 || length > (1u << 16)) {
     return status::invalid_param;
   }
+  if (ep.lane_iface == nullptr) return status::not_connected;  // handshake still under way
   tl::md* md = ep.lane_iface->memory_domain();
   auto words = kj::heapArray<capnp::word>(length / 8);
   std::memcpy(words.begin(), data, length);

@@ -159,7 +159,26 @@ void worker_impl::install_handlers() {
   }
 }
 
-status worker_impl::create_ep(const void* data, size_t length, bool by_peer, endpoint_impl** out) {
+status worker_impl::new_ep(bool by_peer, endpoint_impl** out) {
+  uint32_t index;
+  if (!free_ep_slots.empty()) {
+    index = free_ep_slots.back();
+    free_ep_slots.pop_back();
+  } else {
+    if (ep_table.size() >= (1u << 20)) return status::exceeds_limit;
+    index = static_cast<uint32_t>(ep_table.size());
+    ep_table.push_back(nullptr);
+  }
+  ep_generation = (ep_generation + 1) & 0xFFFu;
+  if (ep_generation == 0) ep_generation = 1;
+  const uint32_t id = index | (ep_generation << 20);
+  auto* ep = new endpoint_impl(*this, id, by_peer);
+  ep_table[index] = ep;
+  *out = ep;
+  return status::ok;
+}
+
+status worker_impl::connect_lane(endpoint_impl* ep, const void* data, size_t length) {
   peer_address peer;
   status st = decode_address(data, length, &peer);
   if (st != status::ok) return st;
@@ -173,30 +192,32 @@ status worker_impl::create_ep(const void* data, size_t length, bool by_peer, end
                  t.name.c_str(), peer.name.c_str(), to_string(st));
         continue;
       }
-      uint32_t index;
-      if (!free_ep_slots.empty()) {
-        index = free_ep_slots.back();
-        free_ep_slots.pop_back();
-      } else {
-        if (ep_table.size() >= (1u << 20)) return status::exceeds_limit;
-        index = static_cast<uint32_t>(ep_table.size());
-        ep_table.push_back(nullptr);
-      }
-      ep_generation = (ep_generation + 1) & 0xFFFu;
-      if (ep_generation == 0) ep_generation = 1;
-      const uint32_t id = index | (ep_generation << 20);
-      auto* ep = new endpoint_impl(*this, id, std::move(lane), li.iface.get(), by_peer);
       ep->peer_uid_ = peer.uid;
       ep->peer_name_ = peer.name;
-      ep_table[index] = ep;
-      *out = ep;
-      COMM_LOG(debug, "wireup", "%s: endpoint %u to %s via %s", params.name.c_str(), id,
+      ep->attach_lane(std::move(lane), li.iface.get());
+      COMM_LOG(debug, "wireup", "%s: endpoint %u to %s via %s", params.name.c_str(), ep->id,
                peer.name.c_str(), t.name.c_str());
       return status::ok;
     }
   }
   COMM_LOG(info, "wireup", "%s: no transport reaches %s", params.name.c_str(), peer.name.c_str());
   return status::unreachable;
+}
+
+status worker_impl::create_ep(const void* data, size_t length, bool by_peer, endpoint_impl** out) {
+  endpoint_impl* ep = nullptr;
+  status st = new_ep(by_peer, &ep);
+  if (st != status::ok) return st;
+  st = connect_lane(ep, data, length);
+  if (st != status::ok) {
+    const uint32_t index = ep->id & 0xFFFFFu;
+    ep_table[index] = nullptr;
+    free_ep_slots.push_back(index);
+    delete ep;
+    return st;
+  }
+  *out = ep;
+  return status::ok;
 }
 
 void worker_impl::destroy_ep(endpoint_impl* ep) {

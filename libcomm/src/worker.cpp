@@ -63,6 +63,7 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
   ip.fifo_size = ctx.cfg().shm_fifo_size;
   ip.segment_size = ctx.cfg().shm_segment_size;
   ip.cpus = params.cpus;
+  ip.auth_key = ctx.cfg().auth_key;
   for (tl::component* component : ctx.components()) {
     ip.device = component->devices().front();
     std::unique_ptr<tl::iface> iface;
@@ -116,6 +117,7 @@ worker_impl::~worker_impl() noexcept {
     matcher.remove_unexpected(u);
     free_unexpected(static_cast<unexpected_msg*>(u));
   }
+  close_cm();
   for (endpoint_impl* ep : ep_table) delete ep;
   for (endpoint_impl* ep : doomed) delete ep;
   for (auto& [data, block] : persistent_data) std::free(block);
@@ -322,6 +324,7 @@ unsigned worker::progress() {
     li.skip = li.backoff;
     events += n;
   }
+  events += w.progress_cm();
   if (!w.doomed.empty()) {
     for (detail::endpoint_impl* ep : w.doomed) delete ep;
     w.doomed.clear();
@@ -352,6 +355,14 @@ status worker::wait(int timeout_ms) {
     epoll_event ev[8];
     int n = epoll_wait(w.epoll_fd, ev, 8, timeout_ms);
     if (n == 0) return status::timed_out;
+    // Whatever woke us is polled now, not after its idle backoff.
+    for (int i = 0; i < n; ++i) {
+      if (detail::is_cm_event(ev[i].data.u64)) {
+        w.cm_skip = 0;
+      } else if (ev[i].data.u64 < w.ifaces.size()) {
+        w.ifaces[ev[i].data.u64].skip = 0;
+      }
+    }
   } else if (st != status::busy) {
     return st;
   }

@@ -84,9 +84,11 @@ public:
   /// Connection state.
   enum class phase : uint8_t { wireup, connected, closing, failed };
 
-  endpoint_impl(worker_impl& owner, uint32_t id, std::unique_ptr<tl::ep> lane,
-                tl::iface* lane_iface, bool created_by_peer);
+  endpoint_impl(worker_impl& owner, uint32_t id, bool created_by_peer);
   ~endpoint_impl();
+
+  /// Gives the endpoint its transport lane and derives the protocol thresholds from it.
+  void attach_lane(std::unique_ptr<tl::ep> lane, tl::iface* lane_iface);
 
   worker_impl& owner;                       ///< the worker
   uint32_t id;                              ///< our id, sent to the peer
@@ -94,9 +96,12 @@ public:
   phase state = phase::wireup;              ///< connection state
   status failure = status::ok;              ///< why the endpoint failed
   bool created_by_peer;                     ///< made on a wireup request (freed on peer close)
-  std::unique_ptr<tl::ep> lane;             ///< transport endpoint
-  tl::iface* lane_iface;                    ///< its interface
-  const tl::iface_attr* lane_attr;          ///< its capabilities
+  std::unique_ptr<tl::ep> lane;             ///< transport endpoint (null until chosen)
+  tl::iface* lane_iface = nullptr;          ///< its interface
+  const tl::iface_attr* lane_attr = nullptr; ///< its capabilities
+  tl::cm_conn* cm_conn = nullptr;           ///< client-server handshake under way
+  connect_callback on_connect = nullptr;    ///< told once the handshake completes
+  void* connect_arg = nullptr;              ///< passed to on_connect
   uint64_t peer_uid_ = 0;                   ///< peer worker uid
   std::string peer_name_;                   ///< peer worker name
   endpoint_counters counters_;              ///< counters
@@ -194,6 +199,19 @@ public:
   size_t zcopy_thresh = 0;                  ///< eager zcopy from this size
   uint64_t protocol_errors = 0;             ///< malformed messages that named no valid endpoint
 
+  // -- client-server (listener.cpp) -------------------------------------------------------------
+  std::unique_ptr<tl::cm_handler> cm_events; ///< receives the connection manager's events
+  std::unique_ptr<tl::cm> cm;               ///< connection manager, opened on first use
+  uint8_t cm_skip = 0;                      ///< progress calls to skip while it is idle
+  uint8_t cm_backoff = 0;                   ///< current idle backoff
+  std::vector<class listener_impl*> listeners; ///< listeners of this worker
+  /// Opens the connection manager if needed; unsupported when no transport has one.
+  status open_cm();
+  /// Progresses the connection manager (less often while it is idle).
+  unsigned progress_cm();
+  /// Closes listeners and the connection manager (worker teardown).
+  void close_cm();
+
   // Long-lived header builders (one per header type, see comm/wire/codec.hpp).
   wire::header_writer<wire::schema::TagEager> hdr_tag;
   wire::header_writer<wire::schema::TagEagerImm> hdr_tag_imm;
@@ -224,6 +242,11 @@ public:
   /// failed: whatever its peer still sends is dropped.
   endpoint_impl* receiving_ep(uint32_t id, const char* what);
   status create_ep(const void* address, size_t length, bool by_peer, endpoint_impl** out);
+  /// A new endpoint with an id but no lane yet (client-server connections pick it later).
+  status new_ep(bool by_peer, endpoint_impl** out);
+  /// Picks and creates the lane to the worker whose packed address is given, in preference
+  /// order; unreachable when no transport reaches it, invalid_addr for bad bytes.
+  status connect_lane(endpoint_impl* ep, const void* address, size_t length);
   void destroy_ep(endpoint_impl* ep);
   std::vector<uint8_t> packed_address() const;
 
@@ -289,6 +312,9 @@ public:
     worker_impl* w_;
   };
 };
+
+/// True for the epoll data of the connection manager's fd in a worker's event set.
+bool is_cm_event(uint64_t tag);
 
 /// The worker_impl behind a public worker.
 inline worker_impl& impl(worker& w) { return static_cast<worker_impl&>(w); }

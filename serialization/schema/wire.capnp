@@ -198,3 +198,45 @@ struct TcpFrame {           # every message on a tcp connection: this header, th
 struct TcpAck {             # receiver to sender, on the same connection: frames delivered so far,
   delivered @0 :UInt64;     # which completes zcopy frames and returns send credits (the window)
 }
+
+# -- connection manager (client-server handshake on a socket) -------------------------------------
+# Each message on a CM socket is a 4-byte little-endian length followed by a CmMessage.
+# client -> hello; server -> challenge; client -> request; server -> reply; client -> confirm.
+
+struct CmHello {
+  version @0 :UInt16;       # 1
+  nonce   @1 :Data;         # the client's challenge to the server
+}
+
+struct CmChallenge {
+  nonce @0 :Data;           # the server's challenge to the client
+  proof @1 :Data;           # HMAC over the client's nonce (empty without a key)
+}
+
+struct CmRequest {
+  proof       @0 :Data;     # HMAC over the server's nonce (empty without a key)
+  privateData @1 :Data;
+}
+
+struct CmReply {
+  status      @0 :Int16;    # 0: accepted; otherwise why not (REJECTED)
+  privateData @1 :Data;
+}
+
+struct CmMessage {
+  union {
+    hello     @0 :CmHello;
+    challenge @1 :CmChallenge;
+    request   @2 :CmRequest;
+    reply     @3 :CmReply;
+    confirm   @4 :Void;
+  }
+}
+
+# What libcomm's client and server put in the CM private data: how to reach their worker, the
+# endpoint the peer must address, and the user's private data.
+struct CmEndpointData {
+  srcEp   @0 :UInt32;
+  address @1 :Data;         # packed WorkerAddress
+  user    @2 :Data;
+}

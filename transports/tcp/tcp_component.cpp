@@ -1,3 +1,4 @@
+#include "tcp/tcp_cm.hpp"
 #include "tcp/tcp_iface.hpp"
 
 #include <algorithm>
@@ -34,6 +35,10 @@ public:
     if (created->open_status() != status::ok) return created->open_status();
     out = std::move(created);
     return status::ok;
+  }
+
+  status open_cm(const cm_params& params, std::unique_ptr<cm>& out) override {
+    return open_tcp_cm(params, out);
   }
 };
 

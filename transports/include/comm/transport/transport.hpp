@@ -253,6 +253,87 @@ public:
   virtual std::string info() const = 0;
 };
 
+// -- connection manager (client-server over socket addresses) ------------------------------------
+
+/// One connection being established through a connection manager. A server-side connection
+/// handed over by cm_handler::on_request belongs to whoever received it until it goes back to a
+/// cm with cm::accept; destroying it unanswered rejects it.
+class cm_conn {
+public:
+  virtual ~cm_conn() = default;
+  /// The peer's socket address, "ip:port".
+  virtual std::string peer_address() const = 0;
+  /// Server, request not yet answered: refuses it (the client sees status::rejected).
+  virtual void reject() = 0;
+  /// The protocol layer's pointer for this connection.
+  void* user_data = nullptr;
+};
+
+/// A listening socket of a connection manager; destroying it stops accepting (handshakes under
+/// way are dropped, requests already handed over are not affected).
+class cm_listener {
+public:
+  virtual ~cm_listener() = default;
+  /// The address actually bound, "ip:port".
+  virtual std::string address() const = 0;
+  /// The port actually bound.
+  virtual uint16_t port() const = 0;
+  /// Requests handed over so far.
+  virtual uint64_t requests() const = 0;
+  /// The protocol layer's pointer for this listener.
+  void* user_data = nullptr;
+};
+
+/// What a connection manager reports during cm::progress(). Callbacks may call cm::close on the
+/// connection they are told about.
+class cm_handler {
+public:
+  virtual ~cm_handler() = default;
+  /// Server: a client connected to `from`, passed authentication and sent `data`. The connection
+  /// is handed over: nobody polls it until it returns through cm::accept.
+  virtual void on_request(cm_listener* from, std::unique_ptr<cm_conn> conn, const uint8_t* data,
+                          size_t length) = 0;
+  /// Client: the server accepted, with its private data. Server: the client confirmed (no data).
+  /// The connection manager is done with `conn` (it is closed and released after this call).
+  virtual void on_established(cm_conn* conn, const uint8_t* data, size_t length) = 0;
+  /// The connection failed: rejected, unreachable, endpoint_timeout, connection_reset or
+  /// protocol_error. `conn` is released after this call.
+  virtual void on_failed(cm_conn* conn, status reason) = 0;
+};
+
+/// Parameters of a connection manager.
+struct cm_params {
+  std::string auth_key;          ///< cluster secret; both sides must hold the same (or none)
+  cm_handler* handler = nullptr; ///< told about every event
+};
+
+/// A connection manager (UCT sockaddr CM): listens on and connects to socket addresses and
+/// exchanges private data both ways, with an optional challenge-response on a shared secret.
+/// Driven by progress() on its owner's thread.
+class cm {
+public:
+  virtual ~cm() = default;
+  /// Readable when progress() has work (level triggered); includes the earliest timeout.
+  virtual int event_fd() const = 0;
+  /// Accepts, reads, writes and times out connections; returns the number of events.
+  virtual unsigned progress() = 0;
+  /// True while a listener or connection needs progress().
+  virtual bool active() const = 0;
+  /// Listens on "host:port" (port 0: any). A wildcard host without an auth key becomes loopback.
+  virtual status listen(const std::string& address, int backlog,
+                        std::unique_ptr<cm_listener>& out) = 0;
+  /// Connects to "host:port", sending `data` once the server proved itself (when keyed).
+  /// `*out` stays valid until the handler is told the outcome or close() is called.
+  virtual status connect(const std::string& address, const uint8_t* data, size_t length,
+                         int timeout_ms, cm_conn** out) = 0;
+  /// Server: answers a handed-over request with `data`; the handler is told on_established once
+  /// the client confirms (or on_failed).
+  virtual status accept(std::unique_ptr<cm_conn> conn, const uint8_t* data, size_t length,
+                        int timeout_ms, cm_conn** out) = 0;
+  /// Drops a connection; its handler is not told anything more.
+  virtual void close(cm_conn* conn) = 0;
+};
+
 /// A transport: its devices, and interfaces opened on them.
 class component {
 public:
@@ -269,6 +350,11 @@ public:
 
   /// Opens an interface.
   virtual status open(const iface_params& params, std::unique_ptr<iface>& out) = 0;
+
+  /// Opens a connection manager; unsupported for transports without socket addresses.
+  virtual status open_cm(const cm_params& params, std::unique_ptr<cm>& out) {
+    return status::unsupported;
+  }
 };
 
 /// Every transport built into this library, in preference order (self, shm, tcp, verbs).

@@ -1,0 +1,458 @@
+// Client-server connections in one process: listen, connection requests with private data both
+// ways, accept (also on another worker), reject, unreachable, timeouts, authentication, hostile
+// bytes at the listener, disconnects, and a connect/exchange/close loop that must not leak.
+#define BOOST_TEST_MODULE listener
+#include <boost/test/unit_test.hpp>
+
+#include "fixture.hpp"
+
+#include <comm/context.hpp>
+#include <comm/listener.hpp>
+#include <comm/worker.hpp>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <deque>
+#include <string>
+
+using namespace comm;
+using namespace comm::test;
+
+namespace comm {
+std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
+}  // namespace comm
+
+namespace {
+
+std::vector<uint8_t> bytes(const std::string& text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+config config_with(const std::vector<std::string>& transports, const std::string& key = {}) {
+  config cfg = config::from_environment();
+  cfg.transports = transports;
+  cfg.auth_key = key;
+  return cfg;
+}
+
+/// What an endpoint's callbacks were told.
+struct ep_events {
+  int connects = 0;
+  std::vector<uint8_t> peer_data;
+  int errors = 0;
+  status error = status::ok;
+};
+
+void on_connect(void* arg, endpoint*, const uint8_t* data, size_t length) {
+  auto* e = static_cast<ep_events*>(arg);
+  ++e->connects;
+  e->peer_data.assign(data, data + length);
+}
+
+void on_error(void* arg, endpoint*, status reason) {
+  auto* e = static_cast<ep_events*>(arg);
+  ++e->errors;
+  e->error = reason;
+}
+
+endpoint_params params_for(ep_events& e, const std::string& data = {}) {
+  endpoint_params p;
+  p.private_data = bytes(data);
+  p.on_connect = on_connect;
+  p.connect_arg = &e;
+  p.on_error = on_error;
+  p.error_arg = &e;
+  return p;
+}
+
+/// A server: one worker listening, requests queued for the test to answer.
+struct server {
+  explicit server(config cfg, const std::string& address = "127.0.0.1:0")
+      : ctx(std::move(cfg)) {
+    worker_params wp;
+    wp.name = "server";
+    w = worker::create(ctx, wp);
+    listener_params lp;
+    lp.address = address;
+    lp.on_request = [](void* arg, conn_request* r) {
+      static_cast<server*>(arg)->requests.push_back(r);
+    };
+    lp.arg = this;
+    BOOST_REQUIRE_EQUAL(w->listen(lp, &l), status::ok);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(l->port()); }
+
+  context ctx;
+  std::unique_ptr<worker> w;
+  std::unique_ptr<listener> l;
+  std::deque<conn_request*> requests;
+};
+
+/// A client worker on its own context.
+struct client {
+  explicit client(config cfg, uint64_t id = 7) : ctx(std::move(cfg)) {
+    worker_params wp;
+    wp.name = "client";
+    wp.client_id = id;
+    w = worker::create(ctx, wp);
+  }
+  context ctx;
+  std::unique_ptr<worker> w;
+};
+
+/// Progresses both workers until `done` or about 10 s.
+template <class Done>
+bool run(worker& a, worker& b, Done&& done, double seconds = 10.0) {
+  return spin_until([&] { a.progress(); b.progress(); }, done, seconds);
+}
+
+/// Sends `length` bytes tagged `tag` from `from` and receives them on `to_worker`.
+bool tag_exchange(worker& from_worker, endpoint* from, worker& to_worker, size_t length,
+                  uint32_t seed) {
+  const auto data = pattern(length, seed);
+  std::vector<uint8_t> got(length);
+  recv_tracker r;
+  send_tracker s;
+  op rop = to_worker.tag_recv(got.data(), got.size(), seed, tag_mask_full, recv_params(r));
+  op sop = from->tag_send(seed, data.data(), data.size(), send_params(s));
+  if (rop.failed() || sop.failed()) return false;
+  const bool ok = run(from_worker, to_worker, [&] {
+    return (rop.done() || r.calls == 1) && (sop.done() || s.calls == 1);
+  });
+  if (rop.req) to_worker.release(rop.req);
+  if (sop.req) from_worker.release(sop.req);
+  return ok && (rop.done() || r.st == status::ok) && first_mismatch(got.data(), length, seed) < 0;
+}
+
+/// Number of open descriptors of this process.
+int open_fds() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+/// A connected pair: the server accepted the client's connection.
+struct connected_pair {
+  connected_pair(config server_cfg, config client_cfg)
+      : srv(std::move(server_cfg)), cli(std::move(client_cfg)) {}
+
+  bool establish(const std::string& client_data = "hello", const std::string& reply = "welcome") {
+    if (cli.w->connect(srv.address(), params_for(ce, client_data), &cep) != status::ok) return false;
+    if (!run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); })) return false;
+    conn_request* r = srv.requests.front();
+    srv.requests.pop_front();
+    if (srv.l->query(r, &attr) != status::ok) return false;
+    if (srv.w->accept(r, params_for(se, reply), &sep) != status::ok) return false;
+    return run(*srv.w, *cli.w, [&] { return ce.connects == 1 && se.connects == 1; });
+  }
+
+  server srv;
+  client cli;
+  ep_events ce, se;
+  endpoint* cep = nullptr;
+  endpoint* sep = nullptr;
+  conn_request_attr attr;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(listen_on_port_zero_reports_the_real_port) {
+  server srv(config_with({"shm", "tcp"}));
+  BOOST_TEST(srv.l->port() != 0);
+  BOOST_TEST(srv.l->address() == "127.0.0.1:" + std::to_string(srv.l->port()));
+  std::unique_ptr<listener> again;
+  listener_params lp;
+  lp.address = srv.l->address();
+  BOOST_TEST(srv.w->listen(lp, &again) == status::busy);
+  lp.address = "not an address:x";
+  BOOST_TEST(srv.w->listen(lp, &again) == status::invalid_addr);
+}
+
+BOOST_AUTO_TEST_CASE(wildcard_without_a_key_listens_on_loopback_only) {
+  server srv(config_with({"shm", "tcp"}), "0.0.0.0:0");
+  BOOST_TEST(srv.l->address().rfind("127.0.0.1:", 0) == 0u);
+  server keyed(config_with({"shm", "tcp"}, "secret"), "0.0.0.0:0");
+  BOOST_TEST(keyed.l->address().rfind("0.0.0.0:", 0) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(private_data_travels_both_ways_and_the_lane_is_shared_memory) {
+  connected_pair p(config_with({"shm", "tcp"}), config_with({"shm", "tcp"}));
+  BOOST_REQUIRE(p.establish("from the client", "from the server"));
+  BOOST_TEST(p.attr.client_id == 7u);
+  BOOST_TEST(p.attr.client_name == "client");
+  BOOST_TEST(std::string(p.attr.private_data.begin(), p.attr.private_data.end()) ==
+             "from the client");
+  BOOST_TEST(p.attr.client_address.rfind("127.0.0.1:", 0) == 0u);
+  BOOST_TEST(std::string(p.ce.peer_data.begin(), p.ce.peer_data.end()) == "from the server");
+  BOOST_TEST(p.se.peer_data.empty());
+  BOOST_TEST(p.cep->transport() == "shm");
+  BOOST_TEST(p.sep->transport() == "shm");
+  BOOST_TEST(p.cep->peer_name() == "server");
+  BOOST_TEST(p.sep->peer_name() == "client");
+  BOOST_TEST(tag_exchange(*p.cli.w, p.cep, *p.srv.w, 100, 1));
+  BOOST_TEST(tag_exchange(*p.srv.w, p.sep, *p.cli.w, 3 << 20, 2));  // rendezvous
+  BOOST_TEST(p.srv.l->requests() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(tcp_only_contexts_connect_over_tcp) {
+  connected_pair p(config_with({"tcp"}), config_with({"tcp"}));
+  BOOST_REQUIRE(p.establish());
+  BOOST_TEST(p.cep->transport() == "tcp");
+  BOOST_TEST(p.sep->transport() == "tcp");
+  BOOST_TEST(tag_exchange(*p.cli.w, p.cep, *p.srv.w, 8, 3));
+  BOOST_TEST(tag_exchange(*p.srv.w, p.sep, *p.cli.w, 2 << 20, 4));
+}
+
+BOOST_AUTO_TEST_CASE(sends_issued_before_the_answer_wait_for_it) {
+  connected_pair p(config_with({"shm"}), config_with({"shm"}));
+  BOOST_REQUIRE_EQUAL(p.cli.w->connect(p.srv.address(), params_for(p.ce), &p.cep), status::ok);
+  const auto data = pattern(5000, 9);
+  send_tracker s;
+  op sop = p.cep->tag_send(9, data.data(), data.size(), send_params(s));
+  BOOST_REQUIRE(sop.pending());
+  BOOST_REQUIRE(run(*p.srv.w, *p.cli.w, [&] { return !p.srv.requests.empty(); }));
+  BOOST_TEST(s.calls == 0);
+  BOOST_REQUIRE_EQUAL(p.srv.w->accept(p.srv.requests.front(), params_for(p.se), &p.sep),
+                      status::ok);
+  std::vector<uint8_t> got(5000);
+  recv_tracker r;
+  op rop = p.srv.w->tag_recv(got.data(), got.size(), 9, tag_mask_full, recv_params(r));
+  BOOST_REQUIRE(run(*p.srv.w, *p.cli.w, [&] { return s.calls == 1 && (rop.done() || r.calls); }));
+  BOOST_TEST(s.st == status::ok);
+  BOOST_TEST(first_mismatch(got.data(), got.size(), 9) == -1);
+  p.cli.w->release(sop.req);
+  if (rop.req) p.srv.w->release(rop.req);
+}
+
+BOOST_AUTO_TEST_CASE(accept_on_another_worker_of_the_context) {
+  server srv(config_with({"shm", "tcp"}));
+  worker_params wp;
+  wp.name = "second";
+  auto second = worker::create(srv.ctx, wp);
+  client cli(config_with({"shm", "tcp"}));
+  ep_events ce, se;
+  endpoint* cep = nullptr;
+  endpoint* sep = nullptr;
+  BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
+  BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); }));
+  BOOST_REQUIRE_EQUAL(second->accept(srv.requests.front(), params_for(se), &sep), status::ok);
+  BOOST_REQUIRE(spin_until([&] { srv.w->progress(); second->progress(); cli.w->progress(); },
+                           [&] { return ce.connects == 1 && se.connects == 1; }, 10));
+  BOOST_TEST(cep->peer_name() == "second");
+  BOOST_TEST(tag_exchange(*cli.w, cep, *second, 64, 5));
+  BOOST_TEST(tag_exchange(*second, sep, *cli.w, 64, 6));
+}
+
+BOOST_AUTO_TEST_CASE(reject_fails_the_client_endpoint_and_its_sends) {
+  server srv(config_with({"shm", "tcp"}));
+  client cli(config_with({"shm", "tcp"}));
+  ep_events ce;
+  endpoint* cep = nullptr;
+  BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
+  send_tracker s;
+  const uint64_t word = 1;
+  op sop = cep->tag_send(1, &word, sizeof(word), send_params(s));
+  BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); }));
+  conn_request* r = srv.requests.front();
+  conn_request_attr attr;
+  BOOST_TEST(srv.l->query(r, &attr) == status::ok);
+  BOOST_TEST(srv.l->reject(r) == status::ok);
+  BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return ce.errors == 1; }));
+  BOOST_TEST(ce.error == status::rejected);
+  BOOST_TEST(ce.connects == 0);
+  BOOST_TEST(cep->state() == status::rejected);
+  BOOST_TEST(s.st == status::rejected);
+  cli.w->release(sop.req);
+  op c = cep->close();
+  BOOST_TEST(c.done());
+}
+
+BOOST_AUTO_TEST_CASE(nobody_listening_is_unreachable) {
+  uint16_t port = 0;
+  {
+    server gone(config_with({"shm", "tcp"}));
+    port = gone.l->port();
+  }
+  client cli(config_with({"shm", "tcp"}));
+  ep_events ce;
+  endpoint* cep = nullptr;
+  BOOST_REQUIRE_EQUAL(cli.w->connect("127.0.0.1:" + std::to_string(port), params_for(ce), &cep),
+                      status::ok);
+  BOOST_REQUIRE(spin_until([&] { cli.w->progress(); }, [&] { return ce.errors == 1; }, 10));
+  BOOST_TEST(ce.error == status::unreachable);
+  BOOST_TEST(cli.w->connect("no-such-host.invalid:1", params_for(ce), &cep) ==
+             status::invalid_addr);
+  (void)cep;
+}
+
+BOOST_AUTO_TEST_CASE(an_unanswered_request_times_out_on_the_client) {
+  server srv(config_with({"shm", "tcp"}));
+  client cli(config_with({"shm", "tcp"}));
+  ep_events ce;
+  endpoint* cep = nullptr;
+  endpoint_params p = params_for(ce);
+  p.timeout_ms = 300;
+  BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), p, &cep), status::ok);
+  // The client sleeps in wait(): the timeout must wake it.
+  BOOST_REQUIRE(spin_until([&] { srv.w->progress(); (void)cli.w->wait(50); },
+                           [&] { return ce.errors == 1; }, 10));
+  BOOST_TEST(ce.error == status::endpoint_timeout);
+  BOOST_TEST(srv.requests.size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(destroying_the_listener_rejects_unanswered_requests) {
+  server srv(config_with({"shm", "tcp"}));
+  client cli(config_with({"shm", "tcp"}));
+  ep_events ce;
+  endpoint* cep = nullptr;
+  BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
+  BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); }));
+  srv.l.reset();
+  BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return ce.errors == 1; }));
+  BOOST_TEST(ce.error == status::rejected);
+}
+
+BOOST_AUTO_TEST_CASE(matching_keys_connect) {
+  connected_pair p(config_with({"shm", "tcp"}, "cluster secret"),
+                   config_with({"shm", "tcp"}, "cluster secret"));
+  BOOST_REQUIRE(p.establish());
+  BOOST_TEST(tag_exchange(*p.cli.w, p.cep, *p.srv.w, 64, 7));
+}
+
+BOOST_AUTO_TEST_CASE(a_wrong_or_missing_key_is_rejected_before_the_server_sees_anything) {
+  server srv(config_with({"shm", "tcp"}, "right"));
+  for (const std::string key : {"wrong", ""}) {
+    client cli(config_with({"shm", "tcp"}, key));
+    ep_events ce;
+    endpoint* cep = nullptr;
+    BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
+    BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return ce.errors == 1; }));
+    BOOST_TEST(ce.error == status::rejected);
+    BOOST_TEST(srv.requests.empty());
+  }
+  BOOST_TEST(srv.l->requests() == 0u);
+  // A server without the key cannot prove it: a keyed client refuses it.
+  server open_server(config_with({"shm", "tcp"}));
+  client keyed(config_with({"shm", "tcp"}, "right"));
+  ep_events ke;
+  endpoint* kep = nullptr;
+  BOOST_REQUIRE_EQUAL(keyed.w->connect(open_server.address(), params_for(ke), &kep), status::ok);
+  BOOST_REQUIRE(run(*open_server.w, *keyed.w, [&] { return ke.errors == 1; }));
+  BOOST_TEST(ke.error == status::rejected);
+  BOOST_TEST(open_server.requests.empty());
+}
+
+BOOST_AUTO_TEST_CASE(garbage_and_half_open_sockets_do_not_stop_the_listener) {
+  server srv(config_with({"shm", "tcp"}));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(srv.l->port());
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> sockets;
+  for (int i = 0; i < 3; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    BOOST_REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0);
+    sockets.push_back(fd);
+  }
+  const char junk[] = "GET / HTTP/1.0\r\n\r\n and then some more bytes that are no frame";
+  BOOST_REQUIRE(::send(sockets[0], junk, sizeof(junk), 0) > 0);
+  const uint8_t huge[] = {0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4};
+  BOOST_REQUIRE(::send(sockets[1], huge, sizeof(huge), 0) > 0);
+  // sockets[2] says nothing at all (half open).
+  client cli(config_with({"shm", "tcp"}));
+  ep_events ce, se;
+  endpoint* cep = nullptr;
+  endpoint* sep = nullptr;
+  BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
+  BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); }));
+  BOOST_REQUIRE_EQUAL(srv.w->accept(srv.requests.front(), params_for(se), &sep), status::ok);
+  BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return ce.connects == 1 && se.connects == 1; }));
+  BOOST_TEST(tag_exchange(*cli.w, cep, *srv.w, 256, 8));
+  // The garbage senders were cut off.
+  for (int i = 0; i < 2; ++i) {
+    char buf[64];
+    bool closed = spin_until([&] { srv.w->progress(); },
+                             [&] { return ::recv(sockets[i], buf, sizeof(buf), MSG_DONTWAIT) == 0 ||
+                                          errno == ECONNRESET; }, 5);
+    BOOST_TEST(closed);
+  }
+  BOOST_TEST(srv.l->requests() == 1u);
+  for (int fd : sockets) ::close(fd);
+}
+
+BOOST_AUTO_TEST_CASE(disconnect_from_either_side_tells_the_other) {
+  for (int closer = 0; closer < 2; ++closer) {
+    connected_pair p(config_with({"shm", "tcp"}), config_with({"shm", "tcp"}));
+    BOOST_REQUIRE(p.establish());
+    endpoint* closing = closer == 0 ? p.cep : p.sep;
+    worker& closing_worker = closer == 0 ? *p.cli.w : *p.srv.w;
+    ep_events& other = closer == 0 ? p.se : p.ce;
+    endpoint* remaining = closer == 0 ? p.sep : p.cep;
+    send_tracker closed;
+    op c = closing->close(send_params(closed));
+    BOOST_REQUIRE(run(*p.srv.w, *p.cli.w, [&] {
+      return (c.done() || closed.calls == 1) && other.errors == 1;
+    }));
+    BOOST_TEST(other.error == status::not_connected);
+    if (c.req) closing_worker.release(c.req);
+    op c2 = remaining->close();
+    BOOST_TEST(!c2.failed());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(five_hundred_clients_connect_exchange_and_disconnect_without_leaks) {
+  server srv(config_with({"shm", "tcp"}));
+  client cli(config_with({"shm", "tcp"}));
+  std::vector<endpoint*> server_eps;
+  auto one_round = [&](int round) {
+    constexpr int batch = 25;
+    std::vector<ep_events> ce(batch), se(batch);
+    std::vector<endpoint*> ceps(batch), seps(batch);
+    for (int i = 0; i < batch; ++i) {
+      BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce[i]), &ceps[i]), status::ok);
+    }
+    for (int i = 0; i < batch; ++i) {
+      BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); }));
+      BOOST_REQUIRE_EQUAL(srv.w->accept(srv.requests.front(), params_for(se[i]), &seps[i]),
+                          status::ok);
+      srv.requests.pop_front();
+    }
+    BOOST_REQUIRE(run(*srv.w, *cli.w, [&] {
+      for (int i = 0; i < batch; ++i) {
+        if (ce[i].connects != 1 || se[i].connects != 1) return false;
+      }
+      return true;
+    }));
+    for (int i = 0; i < batch; ++i) {
+      BOOST_REQUIRE(tag_exchange(*cli.w, ceps[i], *srv.w, 16, 1000 + round * batch + i));
+    }
+    std::vector<op> closes;
+    for (int i = 0; i < batch; ++i) closes.push_back(ceps[i]->close());
+    BOOST_REQUIRE(run(*srv.w, *cli.w, [&] {
+      for (int i = 0; i < batch; ++i) {
+        if (se[i].errors != 1) return false;
+      }
+      return true;
+    }));
+    for (int i = 0; i < batch; ++i) {
+      BOOST_REQUIRE(!seps[i]->close().failed());
+      if (closes[i].req) cli.w->release(closes[i].req);
+    }
+    for (int i = 0; i < 10; ++i) {
+      srv.w->progress();
+      cli.w->progress();
+    }
+  };
+  one_round(0);  // warm up pools and lanes
+  const int fds_before = open_fds();
+  for (int round = 1; round < 20; ++round) one_round(round);
+  BOOST_TEST(open_fds() == fds_before);
+  BOOST_TEST(srv.l->requests() == 500u);
+}
