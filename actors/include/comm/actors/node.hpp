@@ -1,0 +1,177 @@
+// The node: one per caf::actor_system, carrying CAF messages to actors in other processes and on
+// other hosts over libcomm (shared memory on one host, tcp across hosts).
+//
+// Usage:
+//
+//   caf::actor_system_config cfg;
+//   comm::actors::node_params params;
+//   params.listen_address = "127.0.0.1:7000";
+//   comm::actors::node::load(cfg, params);
+//   caf::actor_system sys{cfg};
+//   auto& n = *comm::actors::node::get(sys);
+//   n.publish(sys.spawn(server), "kv");                  // on one process
+//   auto kv = n.lookup("127.0.0.1:7000", "kv");           // on another: a caf::actor proxy
+//   self->request(*kv, std::chrono::seconds(1), get_atom::value, "key").then(...);
+//
+// A proxy behaves like a local actor: send, request/response (and error responses), monitor and
+// link work across nodes, the sender's identity travels with every message, and messages from one
+// sender to one receiver arrive in the order they were sent. When the remote actor terminates its
+// monitors get a down_msg (links an exit_msg) with its exit reason; when its node dies, becomes
+// unreachable or is disconnected they get one with exit_reason::remote_link_unreachable, and every
+// request still waiting for that node fails with sec::request_receiver_down.
+//
+// Message types other than CAF's builtins must be registered on every node with the same name
+// (caf::actor_system_config::add_message_type). A message the receiving node cannot read is
+// answered with an error (sec::unknown_type for a request), never a crash.
+#pragma once
+
+#include <comm/config.hpp>
+#include <comm/status.hpp>
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+#include <caf/node_id.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace comm::actors {
+
+namespace detail {
+class node_state;
+}
+
+/// How a message arriving from another node reaches the receiving actor.
+enum class delivery {
+  /// The receiving (event-based) actor runs on the node's progress thread as soon as the message
+  /// arrived, as if that thread were one of CAF's workers: no thread hand-off and no scheduler
+  /// wake-up. Actors it wakes in turn run there too, so handlers should be short; long-running
+  /// work belongs on actors reached from elsewhere. The default.
+  progress_thread,
+  /// The message goes to CAF's scheduler as a message from a non-CAF thread does (what CAF's own
+  /// middleman does): one hand-off, plus a wake-up when the scheduler's workers sleep.
+  scheduler,
+};
+
+/// Parameters of a node (node::load).
+struct node_params {
+  /// Address to listen on: "host:port", ":port", port 0 for a free port (see node::address).
+  /// Empty: do not listen; the node can still look up actors on others. Without a cluster
+  /// secret (transport.auth_key) a wildcard address is narrowed to loopback.
+  std::string listen_address = "127.0.0.1:0";
+  /// libcomm configuration: transports (COMM_TLS), thresholds, the cluster secret (auth_key).
+  comm::config transport = comm::config::from_environment();
+  /// How arriving messages reach their actors.
+  delivery mode = delivery::progress_thread;
+  /// How long the progress thread keeps polling after its last event before it sleeps on the
+  /// worker's event fd. Longer: lower latency for bursts and ping-pongs, more CPU when idle.
+  std::chrono::microseconds spin_time{200};
+  /// Limit on establishing a connection and on the answer to a lookup.
+  std::chrono::milliseconds connect_timeout{5000};
+  /// Cores the progress thread is pinned to; empty: not pinned.
+  std::vector<int> cpus;
+};
+
+/// Counters of a node (node::stats), for tests and tools.
+struct node_stats {
+  size_t peers = 0;              ///< connected nodes
+  size_t proxies = 0;            ///< proxies of remote actors alive on this node
+  size_t published = 0;          ///< names published
+  size_t pending_requests = 0;   ///< requests sent to other nodes and not yet answered
+  size_t remote_monitors = 0;    ///< local actors that other nodes watch for termination
+  uint64_t messages_sent = 0;    ///< frames sent to other nodes
+  uint64_t messages_received = 0;///< frames received from other nodes
+  uint64_t bytes_sent = 0;       ///< payload bytes of those sent
+  uint64_t bytes_received = 0;   ///< payload bytes of those received
+};
+
+/// The CAF error category of libcomm statuses (errors made by make_error(comm::status)).
+inline constexpr caf::atom_value error_category = caf::atom("comm");
+
+/// A CAF error carrying a libcomm status (category error_category, code -status).
+caf::error make_error(comm::status st);
+
+/// The libcomm status carried by `err`, or status::ok when it is not of error_category.
+comm::status status_of(const caf::error& err);
+
+/// A node: this process's endpoint in a cluster of actor systems. Owns a libcomm context and
+/// worker, a listener, the connections to other nodes and the thread that progresses them. One
+/// per caf::actor_system, created with it (node::load) and stopped after all its actors are done.
+/// Every member function is thread-safe.
+class node {
+public:
+  /// Adds a node to `cfg`: the actor system built from it gets a node, which also gives the
+  /// system a valid node id. Call once per config, before constructing the system.
+  /// @param cfg the configuration of the actor system to be
+  /// @param params how the node listens, which transports it uses, how it delivers
+  static void load(caf::actor_system_config& cfg, node_params params = {});
+
+  /// The node of `sys`, or nullptr when `sys` was not configured with load().
+  static node* get(caf::actor_system& sys) noexcept;
+
+  ~node();
+  node(const node&) = delete;
+  node& operator=(const node&) = delete;
+
+  // -- identity ----------------------------------------------------------------------------------
+
+  /// The address other nodes reach this one at ("ip:port"); empty when not listening.
+  std::string address() const;
+
+  /// Why listening failed (a make_error(status)), or an empty error.
+  caf::error listen_error() const;
+
+  /// This node's CAF node id (that of its actor system).
+  caf::node_id id() const;
+
+  /// The actor system this node belongs to.
+  caf::actor_system& system() const noexcept;
+
+  // -- publishing and lookup ---------------------------------------------------------------------
+
+  /// Makes `whom` reachable by other nodes under `name` until it terminates or is unpublished.
+  /// @returns an empty error, or status::invalid_param for an invalid handle or empty name,
+  ///          status::already_exists when another actor holds the name
+  caf::error publish(const caf::actor& whom, const std::string& name);
+
+  /// Withdraws `name`. @returns an empty error, or status::no_elem when it is not published.
+  caf::error unpublish(const std::string& name);
+
+  /// Blocks until the node at `address` ("host:port") answers whether it publishes `name`,
+  /// connecting to it first when needed, for at most node_params::connect_timeout.
+  /// Must not be called from an actor that runs on the node's progress thread (status::busy).
+  /// @returns a proxy for the remote actor, or an error: status::no_elem for an unknown name,
+  ///          unreachable / rejected / endpoint_timeout / connection_reset when the node cannot be
+  ///          reached, timed_out when it does not answer in time
+  caf::expected<caf::actor> lookup(const std::string& address, const std::string& name);
+
+  /// As lookup(address, name), waiting at most `timeout`.
+  caf::expected<caf::actor> lookup(const std::string& address, const std::string& name,
+                                   std::chrono::milliseconds timeout);
+
+  // -- connections -------------------------------------------------------------------------------
+
+  /// Closes the connection to the node at `address` (as given to lookup, or as it listens):
+  /// its proxies die with exit_reason::remote_link_unreachable and its pending requests fail.
+  /// @returns an empty error, or status::no_elem when no such node is connected
+  caf::error disconnect(const std::string& address);
+
+  /// Counters of this node.
+  node_stats stats() const;
+
+private:
+  friend class caf::net::middleman;  // the actor-system module that load() installs owns the node
+
+  node(caf::actor_system& sys, node_params params);
+
+  std::unique_ptr<detail::node_state> state_;
+};
+
+}  // namespace comm::actors
