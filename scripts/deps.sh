@@ -6,6 +6,9 @@
 COMM_BUILD_PACKAGES=(build-essential cmake pkg-config capnproto libcapnp-dev libssl-dev
   libhwloc-dev libboost-test-dev libbenchmark-dev libcaf-dev libibverbs-dev librdmacm-dev)
 
+# What the tests need besides the build: ip(8), to make the network namespaces of the two-host tests.
+COMM_TEST_PACKAGES=(iproute2)
+
 # What bench/compare_ucx.sh needs besides the build: UCX's ucx_perftest, gnuplot, ss.
 COMM_BENCH_PACKAGES=(ucx-utils gnuplot-nox iproute2)
 

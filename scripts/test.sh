@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/deps.sh
-ensure_packages "${COMM_BUILD_PACKAGES[@]}"
+ensure_packages "${COMM_BUILD_PACKAGES[@]}" "${COMM_TEST_PACKAGES[@]}"
 
 sanitize=${1:-}
 case $sanitize in

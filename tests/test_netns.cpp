@@ -1,0 +1,370 @@
+// Two hosts: client and server processes in network namespaces of their own, joined by a veth
+// pair, talking through the connection manager and the tcp lane (a shared-memory lane cannot reach
+// another network namespace). AM, tagged eager and rendezvous messages both ways; a wrong key;
+// the server or the client killed while data is moving.
+//
+// The parent creates no libcomm object: each child enters its namespace first (transports read the
+// namespace identity once per process).
+#define BOOST_TEST_MODULE netns
+#include <boost/test/unit_test.hpp>
+
+#include "fixture.hpp"
+#include "netns.hpp"
+#include "process_harness.hpp"
+
+#include <comm/context.hpp>
+#include <comm/worker.hpp>
+
+#include <poll.h>
+#include <signal.h>
+
+#include <chrono>
+#include <deque>
+#include <cstring>
+#include <string>
+
+using namespace comm;
+using namespace comm::test;
+
+namespace {
+
+constexpr const char* cluster_key = "netns test key";
+constexpr uint16_t echo_am = 1;
+constexpr uint16_t reply_am = 2;
+
+/// One namespace pair for the whole module.
+struct hosts_fixture {
+  hosts_fixture() { BOOST_REQUIRE_MESSAGE(hosts.ok(), "cannot create network namespaces (root and ip(8) are needed)"); }
+  netns_pair hosts;
+};
+
+config host_config(const std::string& key) {
+  config cfg = config::from_environment();
+  cfg.transports = {"shm", "tcp"};
+  cfg.auth_key = key;
+  return cfg;
+}
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+// -- the server --------------------------------------------------------------------------------
+
+/// Echo server state: every AM echo_am is answered with reply_am on the endpoint it came on;
+/// every tagged message is sent back with the same tag.
+struct echo_server {
+  std::unique_ptr<worker> w;
+  std::unique_ptr<listener> l;
+  std::vector<endpoint*> eps;
+  std::deque<std::vector<uint8_t>> replies;  ///< AM echo payloads (kept until the server ends)
+  int errors = 0;
+  status last_error = status::ok;
+  clock_type::time_point error_time;
+};
+
+status on_echo_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                  const am_recv_params& params) {
+  auto* s = static_cast<echo_server*>(arg);
+  if (!(params.attr & am_recv_reply_ep)) return status::ok;
+  // A large reply goes by rendezvous and reads the buffer later: send from a copy that lives on.
+  auto& copy = s->replies.emplace_back(static_cast<uint8_t*>(data),
+                                       static_cast<uint8_t*>(data) + length);
+  op o = params.reply_ep->am_send(reply_am, header, header_length, copy.data(), copy.size());
+  if (o.req != nullptr) s->w->release(o.req);
+  return status::ok;
+}
+
+void on_server_ep_error(void* arg, endpoint*, status reason) {
+  auto* s = static_cast<echo_server*>(arg);
+  ++s->errors;
+  s->last_error = reason;
+  s->error_time = clock_type::now();
+}
+
+/// Runs an echo server in host 0: sends its port to `out`, serves until `in` says stop (a word),
+/// then reports errors seen, the last error, and how long after `kill_word` arrived it came.
+int run_server(const netns_pair& hosts, const channel& out, const channel& in,
+               const std::string& key) {
+  CHILD_CHECK(hosts.enter(0));
+  context ctx(host_config(key));
+  echo_server s;
+  worker_params wp;
+  wp.name = "server";
+  s.w = worker::create(ctx, wp);
+  CHILD_CHECK(s.w->set_am_handler(echo_am, on_echo_am, &s, am_flag_whole_msg) == status::ok);
+  std::vector<conn_request*> requests;
+  listener_params lp;
+  lp.address = hosts.address(0) + ":0";
+  lp.on_request = [](void* arg, conn_request* r) {
+    static_cast<std::vector<conn_request*>*>(arg)->push_back(r);
+  };
+  lp.arg = &requests;
+  CHILD_CHECK(s.w->listen(lp, &s.l) == status::ok);
+  out.send_word(s.l->port());
+  std::vector<uint8_t> buffer(8 << 20);
+  const auto start = clock_type::now();
+  uint64_t word = 0;
+  while (seconds_since(start) < 60) {
+    s.w->progress();
+    for (conn_request* r : requests) {
+      endpoint_params p;
+      p.on_error = on_server_ep_error;
+      p.error_arg = &s;
+      endpoint* ep = nullptr;
+      CHILD_CHECK(s.w->accept(r, p, &ep) == status::ok);
+      s.eps.push_back(ep);
+    }
+    requests.clear();
+    tag_recv_info info;
+    message* msg = nullptr;
+    if (!s.eps.empty() && s.w->tag_probe(0, 0, &info, &msg)) {
+      op r = s.w->tag_recv_message(msg, buffer.data(), buffer.size());
+      const bool received = s.w->wait(r, 20000) == status::ok;  // fails if the client died
+      endpoint* back = s.eps.back();
+      if (received && back->state() == status::ok) {
+        op e = back->tag_send(info.sender_tag, buffer.data(), info.length);
+        if (e.pending()) (void)s.w->wait(e, 20000);
+      }
+    }
+    pollfd command{in.fds[0], POLLIN, 0};
+    if (::poll(&command, 1, 0) == 1 && in.receive_word(&word, 1000) && word == 0) break;
+  }
+  out.send_word(static_cast<uint64_t>(s.errors));
+  out.send_word(static_cast<uint64_t>(static_cast<int64_t>(s.last_error)));
+  out.send_word(static_cast<uint64_t>(s.error_time.time_since_epoch().count()));
+  out.send_word(s.l->requests());
+  return 0;
+}
+
+// -- the client --------------------------------------------------------------------------------
+
+struct client_state {
+  int connects = 0;
+  int errors = 0;
+  status error = status::ok;
+  int replies = 0;
+  std::vector<uint8_t> reply;
+};
+
+void on_client_connect(void* arg, endpoint*, const uint8_t*, size_t) {
+  ++static_cast<client_state*>(arg)->connects;
+}
+
+void on_client_error(void* arg, endpoint*, status reason) {
+  auto* c = static_cast<client_state*>(arg);
+  ++c->errors;
+  c->error = reason;
+}
+
+status on_reply_am(void* arg, const void*, size_t, void* data, size_t length,
+                   const am_recv_params&) {
+  auto* c = static_cast<client_state*>(arg);
+  ++c->replies;
+  c->reply.assign(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + length);
+  return status::ok;
+}
+
+/// A client in host 1 connected to the server at `address`; `connected` says whether it worked.
+struct host_client {
+  host_client(const std::string& address, const std::string& key) : ctx(host_config(key)) {
+    worker_params wp;
+    wp.name = "client";
+    w = worker::create(ctx, wp);
+    (void)w->set_am_handler(reply_am, on_reply_am, &state, am_flag_whole_msg);
+    endpoint_params p;
+    p.on_connect = on_client_connect;
+    p.connect_arg = &state;
+    p.on_error = on_client_error;
+    p.error_arg = &state;
+    started = w->connect(address, p, &ep) == status::ok;
+    connected = started && spin_until([&] { w->progress(); },
+                                      [&] { return state.connects + state.errors > 0; }, 15) &&
+                state.connects == 1;
+  }
+
+  /// Sends `length` bytes tagged `tag` and waits for the echo; true when it matches.
+  bool tag_echo(size_t length, uint32_t seed) {
+    const auto data = pattern(length, seed);
+    std::vector<uint8_t> got(length);
+    op r = w->tag_recv(got.data(), got.size(), seed, tag_mask_full);
+    op s = ep->tag_send(seed, data.data(), data.size());
+    if (w->wait(s, 20000) != status::ok || w->wait(r, 20000) != status::ok) return false;
+    return first_mismatch(got.data(), length, seed) < 0;
+  }
+
+  /// Sends an AM with `length` bytes and waits for the echo.
+  bool am_echo(size_t length, uint32_t seed) {
+    const auto data = pattern(length, seed);
+    const uint64_t header = seed;
+    const int before = state.replies;
+    request_params p;
+    p.flags = request_reply_endpoint;
+    op s = ep->am_send(echo_am, &header, sizeof(header), data.data(), data.size(), p);
+    if (w->wait(s, 20000) != status::ok) return false;
+    if (!spin_until([&] { w->progress(); }, [&] { return state.replies > before; }, 20)) return false;
+    return state.reply.size() == length && first_mismatch(state.reply.data(), length, seed) < 0;
+  }
+
+  context ctx;
+  std::unique_ptr<worker> w;
+  endpoint* ep = nullptr;
+  client_state state;
+  bool started = false;
+  bool connected = false;
+};
+
+/// Starts a server child; returns its pid and port through the arguments.
+pid_t start_server(const netns_pair& hosts, channel& from_server, channel& to_server,
+                   const std::string& key, uint64_t* port) {
+  const pid_t pid = fork_child([&] { return run_server(hosts, from_server, to_server, key); });
+  BOOST_REQUIRE_MESSAGE(from_server.receive_word(port), "the server did not start");
+  return pid;
+}
+
+/// What the server reported when it stopped.
+struct server_report {
+  uint64_t errors = 0;
+  status last_error = status::ok;
+  clock_type::time_point error_time;  ///< when its last endpoint error came (a system-wide clock)
+  uint64_t requests = 0;
+};
+
+server_report stop_server(pid_t pid, channel& from_server, channel& to_server) {
+  to_server.send_word(0);
+  server_report r;
+  uint64_t words[4] = {};
+  for (auto& w : words) BOOST_REQUIRE(from_server.receive_word(&w));
+  r.errors = words[0];
+  r.last_error = static_cast<status>(static_cast<int64_t>(words[1]));
+  r.error_time = clock_type::time_point(clock_type::duration(static_cast<int64_t>(words[2])));
+  r.requests = words[3];
+  BOOST_TEST(wait_child(pid) == 0);
+  return r;
+}
+
+}  // namespace
+
+namespace comm {
+std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
+}  // namespace comm
+
+BOOST_FIXTURE_TEST_SUITE(two_hosts, hosts_fixture)
+
+BOOST_AUTO_TEST_CASE(am_tag_and_rendezvous_cross_hosts_over_tcp) {
+  channel from_server, to_server, from_client;
+  uint64_t port = 0;
+  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
+  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t client = fork_child([&] {
+    CHILD_CHECK(hosts.enter(1));
+    host_client c(address, cluster_key);
+    CHILD_CHECK(c.connected);
+    CHILD_CHECK(c.ep->transport() == "tcp");
+    CHILD_CHECK(c.am_echo(100, 1));
+    CHILD_CHECK(c.am_echo(300 << 10, 2));  // rendezvous AM
+    CHILD_CHECK(c.tag_echo(8, 3));
+    CHILD_CHECK(c.tag_echo(64 << 10, 4));
+    CHILD_CHECK(c.tag_echo(4 << 20, 5));   // rendezvous
+    return 0;
+  });
+  BOOST_TEST(wait_child(client) == 0);
+  const server_report r = stop_server(server, from_server, to_server);
+  BOOST_TEST(r.requests == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_client_with_the_wrong_key_is_rejected_across_hosts) {
+  channel from_server, to_server;
+  uint64_t port = 0;
+  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
+  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t client = fork_child([&] {
+    CHILD_CHECK(hosts.enter(1));
+    host_client c(address, "not the key");
+    CHILD_CHECK(c.started && !c.connected);
+    CHILD_CHECK(c.state.error == status::rejected);
+    host_client good(address, cluster_key);
+    CHILD_CHECK(good.connected);
+    CHILD_CHECK(good.tag_echo(1000, 9));
+    return 0;
+  });
+  BOOST_TEST(wait_child(client) == 0);
+  const server_report r = stop_server(server, from_server, to_server);
+  BOOST_TEST(r.requests == 1u);  // only the good client reached the server
+}
+
+BOOST_AUTO_TEST_CASE(the_server_killed_mid_transfer_fails_the_client_promptly) {
+  channel from_server, to_server, from_client;
+  uint64_t port = 0;
+  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
+  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t client = fork_child([&] {
+    CHILD_CHECK(hosts.enter(1));
+    host_client c(address, cluster_key);
+    CHILD_CHECK(c.connected);
+    const auto data = pattern(1 << 20, 11);
+    std::vector<op> sends;
+    for (int i = 0; i < 64; ++i) sends.push_back(c.ep->tag_send(i, data.data(), data.size()));
+    from_client.send_word(1);  // streaming: kill the server now
+    const auto start = clock_type::now();
+    CHILD_CHECK(spin_until([&] { c.w->progress(); }, [&] { return c.state.errors == 1; }, 20));
+    const double delay = seconds_since(start);
+    int failed = 0;
+    for (op& o : sends) {
+      if (o.req == nullptr) continue;
+      CHILD_CHECK(c.w->request_status(o.req) != status::in_progress);
+      failed += is_error(c.w->request_status(o.req)) ? 1 : 0;
+      c.w->release(o.req);
+    }
+    std::fprintf(stderr, "client: server death noticed after %.3f s (%s), %d sends failed\n",
+                 delay, to_string(c.state.error), failed);
+    CHILD_CHECK(c.state.error == status::connection_reset);
+    CHILD_CHECK(failed > 0);
+    CHILD_CHECK(delay < 5.0);
+    return 0;
+  });
+  uint64_t word = 0;
+  BOOST_REQUIRE(from_client.receive_word(&word));
+  ::kill(server, SIGKILL);
+  BOOST_TEST(wait_child(client) == 0);
+  BOOST_TEST(wait_child(server) == -1);  // killed
+}
+
+BOOST_AUTO_TEST_CASE(the_client_killed_mid_transfer_fails_the_server_endpoint_promptly) {
+  channel from_server, to_server, from_client;
+  uint64_t port = 0;
+  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
+  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t client = fork_child([&] {
+    CHILD_CHECK(hosts.enter(1));
+    host_client c(address, cluster_key);
+    CHILD_CHECK(c.connected);
+    const auto data = pattern(1 << 20, 12);
+    std::vector<op> sends;
+    for (int i = 0; i < 32; ++i) sends.push_back(c.ep->tag_send(i, data.data(), data.size()));
+    for (int i = 0; i < 1000; ++i) c.w->progress();
+    from_client.send_word(1);
+    for (int i = 0; i < 2000; ++i) {  // keep moving data until killed (bounded: 20 s)
+      c.w->progress();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return 1;
+  });
+  uint64_t word = 0;
+  BOOST_REQUIRE(from_client.receive_word(&word));
+  const auto kill_time = clock_type::now();
+  ::kill(client, SIGKILL);
+  BOOST_TEST(wait_child(client) == -1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const server_report r = stop_server(server, from_server, to_server);
+  BOOST_TEST(r.errors == 1u);
+  BOOST_TEST(r.last_error == status::connection_reset);
+  const double delay = std::chrono::duration<double>(r.error_time - kill_time).count();
+  BOOST_TEST_MESSAGE("server noticed the client's death after " << delay << " s");
+  BOOST_TEST(delay >= 0.0);
+  BOOST_TEST(delay < 1.5);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
