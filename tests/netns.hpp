@@ -24,7 +24,9 @@ public:
     subnet_ = std::to_string(::getpid() % 200 + 20);
     names_[0] = "commtest-a-" + id;
     names_[1] = "commtest-b-" + id;
-    const std::string veth_a = "cta" + id, veth_b = "ctb" + id;
+    veth_[0] = "cta" + id;
+    veth_[1] = "ctb" + id;
+    const std::string veth_a = veth_[0], veth_b = veth_[1];
     remove();
     const std::string a = names_[0], b = names_[1];
     ok_ = run("ip netns add " + a) && run("ip netns add " + b) &&
@@ -57,6 +59,11 @@ public:
     return entered;
   }
 
+  /// Takes host `which`'s end of the link down (or up): packets stop flowing, nobody is told.
+  bool set_link(int which, bool up) const {
+    return run("ip -n " + names_[which] + " link set " + veth_[which] + (up ? " up" : " down"));
+  }
+
 private:
   static bool run(const std::string& command) {
     const std::string quiet = command + " >/dev/null 2>&1";
@@ -67,6 +74,7 @@ private:
   }
 
   std::string names_[2];
+  std::string veth_[2];
   std::string subnet_;
   bool ok_ = false;
 };

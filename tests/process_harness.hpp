@@ -104,9 +104,9 @@ inline pid_t fork_child(const std::function<int()>& body) {
   return pid;
 }
 
-/// The child's exit code, or -1 when it had to be killed after 20 s.
-inline int wait_child(pid_t pid) {
-  for (int i = 0; i < 2000; ++i) {
+/// The child's exit code, or -1 when it had to be killed after `ticks` x 10 ms (20 s).
+inline int wait_child(pid_t pid, int ticks = 2000) {
+  for (int i = 0; i < ticks; ++i) {
     int wstatus = 0;
     const pid_t done = ::waitpid(pid, &wstatus, WNOHANG);
     if (done == pid) return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;

@@ -367,4 +367,31 @@ BOOST_AUTO_TEST_CASE(the_client_killed_mid_transfer_fails_the_server_endpoint_pr
   BOOST_TEST(delay < 1.5);
 }
 
+BOOST_AUTO_TEST_CASE(a_silent_peer_is_noticed_by_keepalive) {
+  channel from_server, to_server, from_client;
+  uint64_t port = 0;
+  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
+  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t client = fork_child([&] {
+    CHILD_CHECK(hosts.enter(1));
+    host_client c(address, cluster_key);
+    CHILD_CHECK(c.connected);
+    CHILD_CHECK(c.tag_echo(100, 21));
+    from_client.send_word(1);  // idle now: the link goes down
+    const auto start = clock_type::now();
+    CHILD_CHECK(spin_until([&] { (void)c.w->wait(100); }, [&] { return c.state.errors == 1; }, 40));
+    std::fprintf(stderr, "client: silent server noticed after %.1f s (%s)\n", seconds_since(start),
+                 to_string(c.state.error));
+    CHILD_CHECK(is_error(c.state.error));
+    return 0;
+  });
+  uint64_t word = 0;
+  BOOST_REQUIRE(from_client.receive_word(&word));
+  BOOST_REQUIRE(hosts.set_link(0, false));
+  BOOST_TEST(wait_child(client, 4500) == 0);
+  BOOST_REQUIRE(hosts.set_link(0, true));
+  ::kill(server, SIGKILL);
+  BOOST_TEST(wait_child(server) == -1);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
