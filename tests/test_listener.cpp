@@ -167,6 +167,7 @@ BOOST_AUTO_TEST_CASE(listen_on_port_zero_reports_the_real_port) {
   server srv(config_with({"shm", "tcp"}));
   BOOST_TEST(srv.l->port() != 0);
   BOOST_TEST(srv.l->address() == "127.0.0.1:" + std::to_string(srv.l->port()));
+  BOOST_TEST(srv.w->info().find("listener " + srv.l->address()) != std::string::npos);
   std::unique_ptr<listener> again;
   listener_params lp;
   lp.address = srv.l->address();

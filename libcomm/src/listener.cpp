@@ -159,7 +159,7 @@ public:
     socket_.reset();
     if (w_ != nullptr) {
       auto& all = w_->listeners;
-      all.erase(std::remove(all.begin(), all.end(), this), all.end());
+      all.erase(std::remove(all.begin(), all.end(), static_cast<listener*>(this)), all.end());
     }
     w_ = nullptr;
   }
@@ -290,7 +290,7 @@ unsigned worker_impl::progress_cm() {
 }
 
 void worker_impl::close_cm() {
-  while (!listeners.empty()) listeners.back()->detach();
+  while (!listeners.empty()) static_cast<listener_impl*>(listeners.back())->detach();
   if (cm && epoll_fd >= 0) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, cm->event_fd(), nullptr);
   cm.reset();
 }

@@ -451,6 +451,9 @@ std::string worker::info() const {
       << " zcopy " << w.zcopy_thresh << '\n';
   out << "tag queues: expected " << w.matcher.expected_count() << " unexpected "
       << w.matcher.unexpected_count() << "; protocol errors " << w.protocol_errors << '\n';
+  for (const listener* l : w.listeners) {
+    out << "listener " << l->address() << ": " << l->requests() << " requests\n";
+  }
   for (const detail::endpoint_impl* ep : w.ep_table) {
     if (ep != nullptr) out << ep->info() << '\n';
   }

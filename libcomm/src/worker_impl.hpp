@@ -204,7 +204,7 @@ public:
   std::unique_ptr<tl::cm> cm;               ///< connection manager, opened on first use
   uint8_t cm_skip = 0;                      ///< progress calls to skip while it is idle
   uint8_t cm_backoff = 0;                   ///< current idle backoff
-  std::vector<class listener_impl*> listeners; ///< listeners of this worker
+  std::vector<listener*> listeners;          ///< listeners of this worker (listener_impl)
   /// Opens the connection manager if needed; unsupported when no transport has one.
   status open_cm();
   /// Progresses the connection manager (less often while it is idle).
