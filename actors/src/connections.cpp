@@ -1,0 +1,365 @@
+// Connections between nodes: listening, accepting, dialling, the hello exchange, lookups, and what
+// happens when a connection fails or is closed. Progress thread only, except make_proxy.
+//
+// A connection becomes usable once both hellos are known: the server learns the client's from
+// the connection request and answers with its own in the accept's private data. Two nodes that
+// dial each other at the same time keep both connections; the first one established is the
+// node's ("mapped") connection, which proxies use. Frames are accepted on either.
+#include "node_state.hpp"
+#include "remote_proxy.hpp"
+
+#include <comm/log.hpp>
+
+#include <caf/actor_cast.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/make_actor.hpp>
+#include <caf/sec.hpp>
+
+#include <algorithm>
+
+namespace comm::actors::detail {
+
+namespace {
+
+/// Token that names a peer's remote monitors on a local actor (see down_notifier).
+constexpr size_t down_notifier_token = 0x636f6d6d;
+
+/// Reports a local actor's termination to the peer that monitors it.
+class down_notifier final : public caf::attachable {
+public:
+  down_notifier(node_state* node, std::weak_ptr<peer> to, caf::actor_id aid, const peer* key)
+      : node_(node), to_(std::move(to)), aid_(aid), key_(key) {}
+
+  void actor_exited(const caf::error& reason, caf::execution_unit*) override {
+    node_->report_down(to_, aid_, reason);
+  }
+
+  bool matches(const token& what) override {
+    return what.subtype == down_notifier_token && what.ptr == key_;
+  }
+
+private:
+  node_state* node_;
+  std::weak_ptr<peer> to_;
+  caf::actor_id aid_;
+  const peer* key_;
+};
+
+}  // namespace
+
+// -- listening and accepting ---------------------------------------------------------------------
+
+void node_state::open_listener() {
+  if (params_.listen_address.empty()) return;
+  comm::listener_params lp;
+  lp.address = params_.listen_address;
+  lp.on_request = &node_state::on_conn_request;
+  lp.arg = this;
+  const comm::status st = worker_->listen(lp, &listener_);
+  std::lock_guard<std::mutex> g(mtx_);
+  if (st != comm::status::ok) {
+    COMM_LOG(error, "actors", "cannot listen on %s: %s", params_.listen_address.c_str(),
+             comm::to_string(st));
+    listen_error_ = make_error(st);
+    return;
+  }
+  address_ = listener_->address();
+}
+
+comm::endpoint_params node_state::endpoint_settings() {
+  comm::endpoint_params ep;
+  ep.private_data = hello_;
+  ep.on_error = &node_state::on_ep_error;
+  ep.error_arg = this;
+  ep.on_connect = &node_state::on_ep_connect;
+  ep.connect_arg = this;
+  ep.timeout_ms = static_cast<int>(params_.connect_timeout.count());
+  return ep;
+}
+
+void node_state::on_conn_request(void* arg, comm::conn_request* request) {
+  static_cast<node_state*>(arg)->accept(request);
+}
+
+void node_state::accept(comm::conn_request* request) {
+  comm::conn_request_attr attr;
+  std::optional<node_hello> hello;
+  if (listener_->query(request, &attr) == comm::status::ok) {
+    hello = decode_hello(sys_, attr.private_data.data(), attr.private_data.size());
+  }
+  if (!hello || hello->id == sys_.node()) {
+    COMM_LOG(warn, "actors", "connection request from %s is not from another node: rejected",
+             attr.client_address.c_str());
+    listener_->reject(request);
+    return;
+  }
+  comm::endpoint* ep = nullptr;
+  const comm::status st = worker_->accept(request, endpoint_settings(), &ep);
+  if (st != comm::status::ok) {
+    COMM_LOG(warn, "actors", "cannot accept %s: %s", attr.client_address.c_str(),
+             comm::to_string(st));
+    return;
+  }
+  auto p = std::make_shared<peer>(++serial_, std::string());
+  p->ep = ep;
+  by_ep_[ep] = p;
+  peers_.fetch_add(1, std::memory_order_relaxed);
+  introduce(p, *hello);
+}
+
+// -- dialling ------------------------------------------------------------------------------------
+
+std::shared_ptr<peer> node_state::dial(const std::string& address, comm::status* failure) {
+  comm::endpoint* ep = nullptr;
+  const comm::status st = worker_->connect(address, endpoint_settings(), &ep);
+  if (st != comm::status::ok) {
+    *failure = st;
+    return nullptr;
+  }
+  auto p = std::make_shared<peer>(++serial_, address);
+  p->ep = ep;
+  by_ep_[ep] = p;
+  by_address_[address] = p;
+  peers_.fetch_add(1, std::memory_order_relaxed);
+  return p;
+}
+
+void node_state::on_ep_connect(void* arg, comm::endpoint* ep, const uint8_t* data, size_t length) {
+  auto* self = static_cast<node_state*>(arg);
+  auto p = self->peer_of(ep);
+  if (!p || p->ready) return;  // the server's confirmation: its peer is ready since accept
+  auto hello = decode_hello(self->sys_, data, length);
+  if (!hello) {
+    self->violation(p, "the server's hello is malformed");
+    return;
+  }
+  self->introduce(p, *hello);
+}
+
+void node_state::introduce(const std::shared_ptr<peer>& p, const node_hello& hello) {
+  p->id = hello.id;
+  p->ready = true;
+  if (!hello.address.empty() && !peer_at(hello.address)) {
+    by_address_[hello.address] = p;
+    p->addresses.push_back(hello.address);
+  }
+  {
+    std::lock_guard<std::mutex> g(mtx_);
+    auto [it, added] = by_node_.emplace(hello.id, p);
+    p->mapped = added;
+  }
+  COMM_LOG(debug, "actors", "connection %llu to node %s (%s) established",
+           static_cast<unsigned long long>(p->serial), caf::to_string(hello.id).c_str(),
+           hello.address.c_str());
+  auto waiting = std::move(p->waiting);
+  for (auto& call : waiting) send_lookup(p, call);
+}
+
+std::shared_ptr<peer> node_state::peer_of(comm::endpoint* ep) const {
+  auto it = by_ep_.find(ep);
+  return it == by_ep_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<peer> node_state::peer_at(const std::string& address) const {
+  auto it = by_address_.find(address);
+  if (it == by_address_.end()) return nullptr;
+  auto p = it->second.lock();
+  return p && p->alive.load(std::memory_order_relaxed) ? p : nullptr;
+}
+
+// -- failure and teardown ------------------------------------------------------------------------
+
+void node_state::on_ep_error(void* arg, comm::endpoint* ep, comm::status reason) {
+  auto* self = static_cast<node_state*>(arg);
+  if (auto p = self->peer_of(ep)) self->fail_peer(p, reason);
+}
+
+void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) {
+  if (!p->alive.exchange(false)) return;
+  COMM_LOG(debug, "actors", "connection %llu to node %s ends: %s",
+           static_cast<unsigned long long>(p->serial),
+           p->id ? caf::to_string(p->id).c_str() : "?", comm::to_string(reason));
+  const bool was_ready = p->ready;
+  p->ready = false;
+  by_ep_.erase(p->ep);
+  closing_.push_back(p->ep);
+  peers_.fetch_sub(1, std::memory_order_relaxed);
+  for (const auto& address : p->addresses) {
+    auto it = by_address_.find(address);
+    if (it != by_address_.end() && it->second.lock() == p) by_address_.erase(it);
+  }
+  auto calls = std::move(p->waiting);
+  for (auto& [n, call] : p->asked) calls.push_back(call);
+  p->waiting.clear();
+  p->asked.clear();
+  for (auto& call : calls) {
+    if (was_ready) {
+      retry_lookup(call, reason);
+    } else {
+      call->complete(make_error(reason));
+    }
+  }
+  p->held.clear();
+  fail_requests(*p);
+  release_watched(*p);
+  unmap(p);
+}
+
+void node_state::unmap(const std::shared_ptr<peer>& p) {
+  if (!p->mapped) return;
+  p->mapped = false;
+  std::shared_ptr<peer> successor;
+  for (auto& [ep, other] : by_ep_) {
+    if (other->ready && other->id == p->id) successor = other;
+  }
+  {
+    std::lock_guard<std::mutex> g(mtx_);
+    if (successor) {
+      by_node_[p->id] = successor;
+    } else {
+      by_node_.erase(p->id);
+    }
+  }
+  if (successor) successor->mapped = true;
+  // Its proxies (which send through `p`) die: monitors get down_msg, links exit_msg.
+  proxies_.erase(p->id);
+}
+
+void node_state::fail_requests(peer& p) {
+  for (auto& [key, raw] : p.pending) {
+    auto requester = sys_.registry().get(key.requester);
+    if (!requester) continue;
+    requester->enqueue(nullptr, caf::message_id{raw}.response_id(),
+                       caf::make_message(caf::make_error(caf::sec::request_receiver_down)),
+                       nullptr);
+  }
+  pending_gauge_.fetch_sub(p.pending.size(), std::memory_order_relaxed);
+  p.pending.clear();
+}
+
+void node_state::release_watched(peer& p) {
+  const caf::attachable::token token{down_notifier_token, &p};
+  for (caf::actor_id aid : p.watched) {
+    if (auto ptr = sys_.registry().get(aid)) ptr->get()->detach(token);
+  }
+  watched_gauge_.fetch_sub(p.watched.size(), std::memory_order_relaxed);
+  p.watched.clear();
+}
+
+void node_state::close_endpoints() {
+  auto closing = std::move(closing_);
+  closing_.clear();
+  for (comm::endpoint* ep : closing) {
+    comm::op o = ep->close();
+    if (o.pending()) worker_->release(o.req);
+  }
+}
+
+void node_state::disconnect_now(const std::string& address,
+                                const std::shared_ptr<lookup_call>& done) {
+  auto p = peer_at(address);
+  if (!p) {
+    done->complete(make_error(comm::status::no_elem));
+    return;
+  }
+  std::vector<std::shared_ptr<peer>> same_node;
+  for (auto& [ep, other] : by_ep_) {
+    if (other->ready && other->id == p->id) same_node.push_back(other);
+  }
+  fail_peer(p, comm::status::not_connected);
+  for (auto& other : same_node) fail_peer(other, comm::status::not_connected);
+  done->complete(caf::actor{});
+}
+
+// -- remote monitors -----------------------------------------------------------------------------
+
+void node_state::on_monitor(const std::shared_ptr<peer>& p, caf::actor_id aid) {
+  if (!p->watched.insert(aid).second) return;
+  watched_gauge_.fetch_add(1, std::memory_order_relaxed);
+  auto ptr = sys_.registry().get(aid);
+  if (!ptr) {
+    report_down(p, aid, caf::exit_reason::unknown);
+    return;
+  }
+  // Runs at once when the actor is already gone.
+  ptr->get()->attach(caf::attachable_ptr{new down_notifier(this, p, aid, p.get())});
+}
+
+// -- lookups -------------------------------------------------------------------------------------
+
+void node_state::start_lookup(const std::shared_ptr<lookup_call>& call) {
+  if (call->address == address()) {
+    std::lock_guard<std::mutex> g(mtx_);
+    auto it = names_.find(call->name);
+    call->complete(it != names_.end() ? caf::expected<caf::actor>{it->second}
+                                      : caf::expected<caf::actor>{
+                                            make_error(comm::status::no_elem)});
+    return;
+  }
+  auto p = peer_at(call->address);
+  if (!p) {
+    comm::status failure = comm::status::ok;
+    p = dial(call->address, &failure);
+    if (!p) {
+      call->complete(make_error(failure));
+      return;
+    }
+  }
+  if (p->ready) {
+    send_lookup(p, call);
+  } else {
+    p->waiting.push_back(call);
+  }
+}
+
+void node_state::retry_lookup(const std::shared_ptr<lookup_call>& call, comm::status reason) {
+  if (call->lost_connections++ == 0 && !stopping_.load()) {
+    start_lookup(call);
+  } else {
+    call->complete(make_error(reason));
+  }
+}
+
+void node_state::send_lookup(const std::shared_ptr<peer>& p,
+                             const std::shared_ptr<lookup_call>& call) {
+  outgoing* item = new_frame(p, frame_kind::lookup);
+  item->header.message_id = ++lookups_;
+  item->payload.assign(call->name.begin(), call->name.end());
+  p->asked[item->header.message_id] = call;
+  submit(item);
+}
+
+// -- proxies -------------------------------------------------------------------------------------
+
+caf::strong_actor_ptr node_state::make_proxy(caf::node_id nid, caf::actor_id aid) {
+  if (!nid || aid == caf::invalid_actor_id) return nullptr;
+  std::shared_ptr<peer> p;
+  {
+    std::lock_guard<std::mutex> g(mtx_);
+    auto it = by_node_.find(nid);
+    if (it != by_node_.end()) p = it->second;
+  }
+  if (!p) {
+    // A node this one has no connection to: the handle reads as invalid. Forget the registry's
+    // empty entry for it later (not under the registry's lock).
+    post_task([this, nid] {
+      bool connected = false;
+      {
+        std::lock_guard<std::mutex> g(mtx_);
+        connected = by_node_.count(nid) != 0;
+      }
+      if (!connected) proxies_.erase(nid);
+    });
+    return nullptr;
+  }
+  caf::actor_config cfg;
+  auto proxy = caf::make_actor<remote_proxy, caf::strong_actor_ptr>(aid, nid, &sys_, cfg, this, p);
+  outgoing* item = new_frame(p, frame_kind::monitor);
+  item->header.receiver = aid;
+  post(item);
+  return proxy;
+}
+
+void node_state::set_last_hop(caf::node_id*) {}
+
+}  // namespace comm::actors::detail

@@ -1,0 +1,91 @@
+// Envelope and hello codecs (see frame.hpp).
+#include "frame.hpp"
+
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <cstring>
+
+namespace comm::actors::detail {
+
+namespace {
+
+/// "COMMACT" and protocol version 1.
+constexpr uint64_t hello_magic = 0x434f4d4d41435401ull;
+
+/// The largest frame kind.
+constexpr uint8_t last_kind = static_cast<uint8_t>(frame_kind::lookup_reply);
+
+}  // namespace
+
+const void* envelope_writer::encode(const frame_header& h) {
+  auto f = writer_.fields();
+  f.setKind(static_cast<uint8_t>(h.kind));
+  f.setFlags(h.flags);
+  f.setStatus(h.status);
+  f.setSeq(h.seq);
+  f.setSender(h.sender);
+  f.setReceiver(h.receiver);
+  f.setMessageId(h.message_id);
+  f.setTypeCount(h.type_count);
+  return writer_.bytes();
+}
+
+std::optional<frame_header> decode_envelope(const void* data, size_t length) {
+  // The header arrives wherever the transport put it: copy it to aligned words first.
+  alignas(8) uint8_t words[envelope_writer::size()];
+  if (data == nullptr || length != sizeof(words)) return std::nullopt;
+  std::memcpy(words, data, sizeof(words));
+  auto r = wire::read_header<wire::schema::ActorEnvelope>(words, sizeof(words));
+  if (!r || r->getKind() == 0 || r->getKind() > last_kind) return std::nullopt;
+  frame_header h;
+  h.kind = static_cast<frame_kind>(r->getKind());
+  h.flags = r->getFlags();
+  h.status = r->getStatus();
+  h.seq = r->getSeq();
+  h.sender = r->getSender();
+  h.receiver = r->getReceiver();
+  h.message_id = r->getMessageId();
+  h.type_count = r->getTypeCount();
+  return h;
+}
+
+std::vector<uint8_t> encode_hello(caf::actor_system& sys, const node_hello& hello) {
+  std::vector<char> id;
+  caf::binary_serializer sink{sys, id};
+  if (sink(const_cast<caf::node_id&>(hello.id))) return {};
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<wire::schema::ActorNodeHello>();
+  root.setMagic(hello_magic);
+  root.setNodeId(kj::arrayPtr(reinterpret_cast<const uint8_t*>(id.data()), id.size()));
+  root.setAddress(hello.address);
+  const auto words = capnp::messageToFlatArray(message);
+  const auto bytes = words.asBytes();
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+std::optional<node_hello> decode_hello(caf::actor_system& sys, const uint8_t* data,
+                                       size_t length) {
+  if (data == nullptr || length < 16 || length % sizeof(capnp::word) != 0) return std::nullopt;
+  auto words = kj::heapArray<capnp::word>(length / sizeof(capnp::word));
+  std::memcpy(words.begin(), data, length);
+  std::optional<node_hello> out;
+  std::vector<char> id;
+  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
+    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
+    auto root = reader.getRoot<wire::schema::ActorNodeHello>();
+    if (root.getMagic() != hello_magic) return;
+    auto bytes = root.getNodeId();
+    id.assign(bytes.begin(), bytes.end());
+    out = node_hello{caf::node_id{}, std::string(root.getAddress().cStr())};
+  });
+  if (failure != nullptr || !out) return std::nullopt;
+  caf::binary_deserializer source{sys, id};
+  if (source(out->id) || !out->id) return std::nullopt;
+  return out;
+}
+
+}  // namespace comm::actors::detail

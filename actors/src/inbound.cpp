@@ -1,0 +1,236 @@
+// Frames from other nodes: checked, put in sequence, and handled by kind. Runs inside the
+// worker's progress call on the progress thread; whatever must be sent in return is queued.
+#include "node_state.hpp"
+#include "payload.hpp"
+
+#include <comm/log.hpp>
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_proxy.hpp>
+#include <caf/sec.hpp>
+
+namespace comm::actors::detail {
+
+namespace {
+
+/// How far ahead of the expected frame a peer's frame may be.
+constexpr uint32_t max_hold_distance = 1u << 20;
+
+/// Frames held per connection at most.
+constexpr size_t max_held = 1u << 16;
+
+/// Longest name a lookup may ask for.
+constexpr size_t max_name_length = 4096;
+
+}  // namespace
+
+comm::status node_state::on_frame(void* arg, const void* header, size_t header_length, void* data,
+                                  size_t length, const comm::am_recv_params& params) {
+  auto* self = static_cast<node_state*>(arg);
+  auto p = (params.attr & comm::am_recv_reply_ep) ? self->peer_of(params.reply_ep) : nullptr;
+  if (!p || !p->ready) {
+    COMM_LOG(debug, "actors", "frame from an unknown connection: dropped");
+    return comm::status::ok;
+  }
+  auto h = decode_envelope(header, header_length);
+  if (!h) {
+    self->violation(p, "malformed envelope");
+    return comm::status::ok;
+  }
+  self->receive(p, *h, data, length);
+  return comm::status::ok;
+}
+
+void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
+                         size_t length) {
+  received_.fetch_add(1, std::memory_order_relaxed);
+  bytes_received_.fetch_add(length, std::memory_order_relaxed);
+  if (h.seq != p->recv_seq) {
+    hold(p, h, data, length);
+    return;
+  }
+  dispatch(p, h, data, length);
+  ++p->recv_seq;
+  while (p->alive.load(std::memory_order_relaxed) && !p->held.empty()) {
+    auto it = p->held.find(p->recv_seq);
+    if (it == p->held.end()) break;
+    held_frame next = std::move(it->second);
+    p->held.erase(it);
+    dispatch(p, next.header, next.payload.data(), next.payload.size());
+    ++p->recv_seq;
+  }
+}
+
+void node_state::hold(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
+                      size_t length) {
+  const uint32_t ahead = h.seq - p->recv_seq;
+  if (ahead > max_hold_distance || p->held.size() >= max_held || p->held.count(h.seq) != 0) {
+    violation(p, "frame out of sequence");
+    return;
+  }
+  const auto* bytes = static_cast<const char*>(data);
+  p->held.emplace(h.seq, held_frame{h, std::vector<char>(bytes, bytes + length)});
+}
+
+void node_state::dispatch(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
+                          size_t length) {
+  switch (h.kind) {
+    case frame_kind::message:
+      on_message(p, h, data, length);
+      break;
+    case frame_kind::monitor:
+      on_monitor(p, h.receiver);
+      break;
+    case frame_kind::down:
+      on_down(*p, h, data, length);
+      break;
+    case frame_kind::link:
+    case frame_kind::unlink:
+      on_link(*p, h, h.kind == frame_kind::link);
+      break;
+    case frame_kind::lookup:
+      on_lookup(p, h, data, length);
+      break;
+    case frame_kind::lookup_reply:
+      on_lookup_reply(*p, h);
+      break;
+  }
+}
+
+// -- messages ------------------------------------------------------------------------------------
+
+void node_state::on_message(const std::shared_ptr<peer>& p, const frame_header& h,
+                            const void* data, size_t length) {
+  const caf::message_id mid{h.message_id};
+  if (mid.is_response() && p->pending.erase({h.receiver, mid.request_id().integer_value()})) {
+    pending_gauge_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  const bool sender_inside = h.location() == sender_location::in_payload;
+  message_payload body;
+  if (auto err = read_message_payload(&unit_, data, length, sender_inside,
+                                      (h.flags & flag_stages) != 0, h.type_count, body)) {
+    COMM_LOG(debug, "actors", "message for actor %llu unreadable: %s",
+             static_cast<unsigned long long>(h.receiver), caf::to_string(err).c_str());
+    if (mid.is_request()) reply_error(p, h, err);
+    return;
+  }
+  auto receiver = sys_.registry().get(h.receiver);
+  if (!receiver) {
+    if (mid.is_request()) reply_error(p, h, caf::make_error(caf::sec::request_receiver_down));
+    return;
+  }
+  auto sender = sender_inside ? std::move(body.sender) : sender_of(*p, h);
+  receiver->enqueue(caf::make_mailbox_element(std::move(sender), mid, std::move(body.stages),
+                                              std::move(body.content)),
+                    delivery_unit());
+}
+
+caf::strong_actor_ptr node_state::sender_of(const peer& p, const frame_header& h) {
+  if (h.sender == caf::invalid_actor_id) return nullptr;
+  switch (h.location()) {
+    case sender_location::sending_node:
+      return proxies_.get_or_put(p.id, h.sender);
+    case sender_location::receiving_node:
+      return sys_.registry().get(h.sender);
+    default:
+      return nullptr;
+  }
+}
+
+void node_state::reply_error(const std::shared_ptr<peer>& p, const frame_header& h,
+                             const caf::error& err) {
+  const caf::message_id response = caf::message_id{h.message_id}.response_id();
+  if (h.location() == sender_location::receiving_node) {
+    if (auto requester = sys_.registry().get(h.sender)) {
+      requester->enqueue(nullptr, response, caf::make_message(err), delivery_unit());
+    }
+    return;
+  }
+  if (h.location() != sender_location::sending_node || h.sender == caf::invalid_actor_id) return;
+  outgoing* item = new_frame(p, frame_kind::message);
+  item->header.receiver = h.sender;
+  item->header.message_id = response.integer_value();
+  item->header.type_count = 1;
+  if (write_content_payload(&unit_, caf::make_message(err), item->payload)) {
+    delete item;
+    return;
+  }
+  submit(item);
+}
+
+caf::execution_unit* node_state::delivery_unit() noexcept {
+  return params_.mode == delivery::progress_thread ? &unit_ : nullptr;
+}
+
+// -- down, link, unlink --------------------------------------------------------------------------
+
+void node_state::on_down(const peer& p, const frame_header& h, const void* data, size_t length) {
+  caf::error reason;
+  if (read_reason_payload(&unit_, data, length, reason)) reason = caf::exit_reason::unknown;
+  proxies_.erase(p.id, h.sender, std::move(reason));
+}
+
+void node_state::on_link(const peer& p, const frame_header& h, bool linked) {
+  // A link to an actor that is gone needs nothing: the remote proxy's down frame is under way.
+  auto local = sys_.registry().get(h.receiver);
+  auto remote = proxies_.get_or_put(p.id, h.sender);
+  if (!local || !remote) return;
+  auto* proxy = static_cast<caf::actor_proxy*>(caf::actor_cast<caf::abstract_actor*>(remote));
+  if (linked) {
+    proxy->add_link(local->get());
+  } else {
+    proxy->remove_link(local->get());
+  }
+}
+
+// -- lookups -------------------------------------------------------------------------------------
+
+void node_state::on_lookup(const std::shared_ptr<peer>& p, const frame_header& h,
+                           const void* data, size_t length) {
+  if (length > max_name_length) {
+    violation(p, "lookup name too long");
+    return;
+  }
+  const std::string name(static_cast<const char*>(data), length);
+  caf::actor found;
+  {
+    std::lock_guard<std::mutex> g(mtx_);
+    auto it = names_.find(name);
+    if (it != names_.end()) found = it->second;
+  }
+  outgoing* item = new_frame(p, frame_kind::lookup_reply);
+  item->header.message_id = h.message_id;
+  if (found) {
+    make_reachable(caf::actor_cast<caf::strong_actor_ptr>(found));
+    item->header.receiver = found.id();
+  } else {
+    item->header.status = static_cast<int16_t>(comm::status::no_elem);
+  }
+  submit(item);
+}
+
+void node_state::on_lookup_reply(peer& p, const frame_header& h) {
+  auto it = p.asked.find(h.message_id);
+  if (it == p.asked.end()) return;
+  auto call = std::move(it->second);
+  p.asked.erase(it);
+  if (h.receiver == caf::invalid_actor_id) {
+    const auto st = h.status < 0 ? static_cast<comm::status>(h.status) : comm::status::no_elem;
+    call->complete(make_error(st));
+    return;
+  }
+  auto proxy = proxies_.get_or_put(p.id, h.receiver);
+  if (!proxy) {
+    call->complete(make_error(comm::status::not_connected));
+    return;
+  }
+  call->complete(caf::actor_cast<caf::actor>(proxy));
+}
+
+void node_state::violation(const std::shared_ptr<peer>& p, const char* what) {
+  COMM_LOG(error, "actors", "connection %llu: %s; closed",
+           static_cast<unsigned long long>(p->serial), what);
+  fail_peer(p, comm::status::protocol_error);
+}
+
+}  // namespace comm::actors::detail

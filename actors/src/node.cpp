@@ -1,0 +1,135 @@
+// The public node API, the actor-system module that owns the node, and the "comm" error category.
+//
+// The module is CAF 0.17's reserved network-manager slot, whose class caf::net::middleman CAF
+// only declares (and befriends: it may give the system its node id, which without CAF's own io
+// middleman stays invalid). It starts the node with the system and stops it after every actor is
+// done.
+#include <comm/actors/node.hpp>
+
+#include "node_state.hpp"
+
+#include <caf/actor_system_config.hpp>
+
+namespace caf::net {
+
+/// The module that load() installs: owns the node of one actor system.
+class middleman final : public caf::actor_system::module {
+public:
+  middleman(caf::actor_system& sys, comm::actors::node_params params)
+      : sys_(sys), node_(sys, std::move(params)) {}
+
+  /// Gives the system a node id when no other module did.
+  void init(caf::actor_system_config& cfg) override {
+    if (!sys_.node_) {
+      auto id = caf::node_id::default_data::local(cfg);
+      sys_.node_.swap(id);
+    }
+  }
+
+  void start() override { node_.state_->start(); }
+  void stop() override { node_.state_->stop(); }
+  id_t id() const override { return network_manager; }
+  void* subtype_ptr() override { return this; }
+
+  /// The node.
+  comm::actors::node& get() noexcept { return node_; }
+
+private:
+  caf::actor_system& sys_;
+  comm::actors::node node_;
+};
+
+}  // namespace caf::net
+
+namespace comm::actors {
+
+namespace {
+
+/// Renders errors of error_category: the status's name.
+std::string render_status(uint8_t code, caf::atom_value, const caf::message&) {
+  return std::string("comm::") + comm::to_string(static_cast<comm::status>(-int{code}));
+}
+
+}  // namespace
+
+caf::error make_error(comm::status st) {
+  if (!is_error(st)) return caf::error{};
+  return caf::error{static_cast<uint8_t>(-static_cast<int>(st)), error_category};
+}
+
+comm::status status_of(const caf::error& err) {
+  if (!err || err.category() != error_category) return comm::status::ok;
+  return static_cast<comm::status>(-static_cast<int>(err.code()));
+}
+
+// -- node ----------------------------------------------------------------------------------------
+
+void node::load(caf::actor_system_config& cfg, node_params params) {
+  cfg.add_error_category(error_category, &render_status);
+  cfg.module_factories.push_back(
+      [params = std::move(params)](caf::actor_system& sys) -> caf::actor_system::module* {
+        return new caf::net::middleman(sys, params);
+      });
+}
+
+node* node::get(caf::actor_system& sys) noexcept {
+  if (!sys.has_network_manager()) return nullptr;
+  return &sys.network_manager().get();
+}
+
+node::node(caf::actor_system& sys, node_params params)
+    : state_(std::make_unique<detail::node_state>(sys, std::move(params))) {}
+
+node::~node() = default;
+
+std::string node::address() const { return state_->address(); }
+
+caf::error node::listen_error() const { return state_->listen_error(); }
+
+caf::node_id node::id() const { return state_->system().node(); }
+
+caf::actor_system& node::system() const noexcept { return state_->system(); }
+
+caf::error node::publish(const caf::actor& whom, const std::string& name) {
+  return state_->publish(whom, name);
+}
+
+caf::error node::unpublish(const std::string& name) { return state_->unpublish(name); }
+
+caf::expected<caf::actor> node::lookup(const std::string& address, const std::string& name) {
+  return state_->lookup(address, name, state_->connect_timeout());
+}
+
+caf::expected<caf::actor> node::lookup(const std::string& address, const std::string& name,
+                                       std::chrono::milliseconds timeout) {
+  return state_->lookup(address, name, timeout);
+}
+
+caf::error node::disconnect(const std::string& address) { return state_->disconnect(address); }
+
+node_stats node::stats() const { return state_->stats(); }
+
+// -- blocking calls ------------------------------------------------------------------------------
+
+namespace detail {
+
+void lookup_call::complete(caf::expected<caf::actor> result) {
+  {
+    std::lock_guard<std::mutex> g(mtx_);
+    if (result_) return;
+    result_ = std::move(result);
+  }
+  cv_.notify_all();
+}
+
+caf::expected<caf::actor> lookup_call::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> g(mtx_);
+  if (!cv_.wait_for(g, timeout, [this] { return result_.has_value(); })) {
+    return make_error(comm::status::timed_out);
+  }
+  return *result_;
+}
+
+}  // namespace detail
+
+}  // namespace comm::actors

@@ -1,0 +1,303 @@
+// The node's lifecycle, its progress thread, and the public API's entry points (see
+// node_state.hpp for the threading rules).
+#include "node_state.hpp"
+
+#include <comm/log.hpp>
+
+#include <caf/actor_cast.hpp>
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+namespace comm::actors::detail {
+
+namespace {
+
+/// Longest sleep on the event fds: the worker is progressed at least this often.
+constexpr int max_sleep_ms = 10;
+
+/// Numbers the nodes of this process (see node_state::generation_).
+std::atomic<uint64_t> node_generations{0};
+
+/// Pins the calling thread to `cpus` (no-op when empty).
+void pin(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) CPU_SET(cpu, &set);
+  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) {
+    COMM_LOG(warn, "actors", "cannot pin the progress thread; it runs unpinned");
+  }
+}
+
+}  // namespace
+
+node_state::node_state(caf::actor_system& sys, node_params params)
+    : sys_(sys),
+      params_(std::move(params)),
+      proxies_(sys, *this),
+      serializer_unit_(&sys),
+      unit_(sys),
+      generation_(++node_generations),
+      proxies_alive_(std::make_shared<std::atomic<size_t>>(0)) {
+  unit_.proxy_registry_ptr(&proxies_);
+}
+
+node_state::~node_state() noexcept {
+  stop();
+  outbox::delete_all(queue_head_);
+}
+
+// -- lifecycle -----------------------------------------------------------------------------------
+
+void node_state::start() {
+  context_ = std::make_unique<comm::context>(params_.transport);
+  comm::worker_params wp;
+  wp.name = "caf-node:" + std::to_string(::getpid());
+  worker_ = comm::worker::create(*context_, wp);
+  worker_->set_am_handler(frame_am_id, &node_state::on_frame, this, comm::am_flag_whole_msg);
+  open_listener();
+  hello_ = encode_hello(sys_, node_hello{sys_.node(), address()});
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  for (int fd : {wake_fd_, worker_->event_fd()}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+void node_state::stop() {
+  if (!thread_.joinable()) return;
+  stopping_.store(true, std::memory_order_seq_cst);
+  sleeping_.store(true);
+  wake();
+  thread_.join();
+  proxies_.clear();
+  {
+    std::lock_guard<std::mutex> g(mtx_);
+    names_.clear();
+    by_node_.clear();
+  }
+  ::close(wake_fd_);
+  ::close(epoll_fd_);
+  wake_fd_ = epoll_fd_ = -1;
+}
+
+// -- the progress thread -------------------------------------------------------------------------
+
+void node_state::run() {
+  thread_id_ = std::this_thread::get_id();
+  pin(params_.cpus);
+  auto last_event = std::chrono::steady_clock::now();
+  while (!stopping_.load(std::memory_order_acquire)) {
+    if (turn() != 0) {
+      last_event = std::chrono::steady_clock::now();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() - last_event >= params_.spin_time) {
+      sleep();
+      last_event = std::chrono::steady_clock::now();
+    }
+  }
+  shut_down();
+}
+
+bool node_state::on_progress_thread() const noexcept {
+  return std::this_thread::get_id() == thread_id_;
+}
+
+size_t node_state::turn() {
+  size_t n = drain();
+  in_callback_ = true;
+  n += worker_->progress();
+  in_callback_ = false;
+  close_endpoints();
+  n += drain();
+  n += unit_.run();
+  return n;
+}
+
+void node_state::sleep() {
+  sleeping_.store(true, std::memory_order_seq_cst);
+  if (!outbox_.empty() || !unit_.idle() || stopping_.load() ||
+      worker_->arm() != comm::status::ok) {
+    sleeping_.store(false, std::memory_order_relaxed);
+    return;
+  }
+  epoll_event events[2];
+  ::epoll_wait(epoll_fd_, events, 2, max_sleep_ms);
+  sleeping_.store(false, std::memory_order_relaxed);
+  uint64_t count = 0;
+  [[maybe_unused]] ssize_t n = ::read(wake_fd_, &count, sizeof(count));
+}
+
+void node_state::wake() {
+  if (sleeping_.exchange(false, std::memory_order_seq_cst)) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+  }
+}
+
+void node_state::shut_down() {
+  drain();
+  std::vector<std::shared_ptr<peer>> all;
+  for (auto& [ep, p] : by_ep_) all.push_back(p);
+  for (auto& p : all) fail_peer(p, comm::status::not_connected);
+  close_endpoints();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (std::chrono::steady_clock::now() < until && worker_->progress() != 0) {
+  }
+  listener_.reset();
+  unit_.hand_over();
+  outbox::delete_all(outbox_.take_all());
+  worker_.reset();
+  context_.reset();
+}
+
+// -- handing work to the progress thread ---------------------------------------------------------
+
+void node_state::submit(outgoing* item) {
+  if (!on_progress_thread()) {
+    outbox_.push(item);
+    wake();
+    return;
+  }
+  enqueue_local(item);
+  if (!in_callback_ && !draining_) drain();
+}
+
+void node_state::post(outgoing* item) {
+  if (on_progress_thread()) {
+    enqueue_local(item);
+  } else {
+    outbox_.push(item);
+    wake();
+  }
+}
+
+void node_state::post_task(std::function<void()> task) {
+  auto* item = new outgoing;
+  item->task = std::move(task);
+  post(item);
+}
+
+void node_state::enqueue_local(outgoing* item) {
+  // What other threads queued earlier goes first: an actor that sent from a CAF worker and now
+  // runs here must see its frames leave in order.
+  for (outgoing* list = outbox_.take_all(); list != nullptr;) {
+    outgoing* next = list->next;
+    list->next = nullptr;
+    (queue_tail_ ? queue_tail_->next : queue_head_) = list;
+    queue_tail_ = list;
+    list = next;
+  }
+  if (item == nullptr) return;
+  item->next = nullptr;
+  (queue_tail_ ? queue_tail_->next : queue_head_) = item;
+  queue_tail_ = item;
+}
+
+size_t node_state::drain() {
+  enqueue_local(nullptr);
+  if (draining_) return 0;
+  draining_ = true;
+  size_t n = 0;
+  while (queue_head_ != nullptr) {
+    outgoing* item = queue_head_;
+    queue_head_ = item->next;
+    if (queue_head_ == nullptr) queue_tail_ = nullptr;
+    handle(item);
+    ++n;
+  }
+  draining_ = false;
+  return n;
+}
+
+void node_state::handle(outgoing* item) {
+  if (item->task) {
+    item->task();
+    delete item;
+    return;
+  }
+  transmit(item);
+}
+
+// -- public API ----------------------------------------------------------------------------------
+
+std::string node_state::address() const {
+  std::lock_guard<std::mutex> g(mtx_);
+  return address_;
+}
+
+caf::error node_state::listen_error() const {
+  std::lock_guard<std::mutex> g(mtx_);
+  return listen_error_;
+}
+
+caf::error node_state::publish(const caf::actor& whom, const std::string& name) {
+  if (!whom || name.empty()) return make_error(comm::status::invalid_param);
+  {
+    std::lock_guard<std::mutex> g(mtx_);
+    auto [it, added] = names_.emplace(name, whom);
+    if (!added && it->second != whom) return make_error(comm::status::already_exists);
+  }
+  sys_.registry().put(whom.id(), whom);
+  // The name goes when its actor does.
+  auto* self = this;
+  auto weak = caf::actor_cast<caf::actor_addr>(whom);
+  whom->attach_functor([self, name, weak] {
+    std::lock_guard<std::mutex> g(self->mtx_);
+    auto it = self->names_.find(name);
+    if (it != self->names_.end() && it->second.address() == weak) self->names_.erase(it);
+  });
+  return caf::error{};
+}
+
+caf::error node_state::unpublish(const std::string& name) {
+  std::lock_guard<std::mutex> g(mtx_);
+  return names_.erase(name) != 0 ? caf::error{} : make_error(comm::status::no_elem);
+}
+
+caf::expected<caf::actor> node_state::lookup(const std::string& address, const std::string& name,
+                                             std::chrono::milliseconds timeout) {
+  if (address.empty() || name.empty()) return make_error(comm::status::invalid_param);
+  if (on_progress_thread()) return make_error(comm::status::busy);
+  if (!thread_.joinable() || stopping_.load()) return make_error(comm::status::not_connected);
+  auto call = std::make_shared<lookup_call>(address, name);
+  post_task([this, call] { start_lookup(call); });
+  return call->wait(timeout);
+}
+
+caf::error node_state::disconnect(const std::string& address) {
+  if (on_progress_thread()) return make_error(comm::status::busy);
+  if (!thread_.joinable() || stopping_.load()) return make_error(comm::status::no_elem);
+  auto done = std::make_shared<lookup_call>(address, std::string());
+  post_task([this, address, done] { disconnect_now(address, done); });
+  auto result = done->wait(params_.connect_timeout);
+  return result ? caf::error{} : std::move(result.error());
+}
+
+node_stats node_state::stats() const {
+  node_stats s;
+  {
+    std::lock_guard<std::mutex> g(mtx_);
+    s.published = names_.size();
+  }
+  s.peers = peers_.load(std::memory_order_relaxed);
+  s.proxies = proxies_alive_->load(std::memory_order_relaxed);
+  s.pending_requests = pending_gauge_.load(std::memory_order_relaxed);
+  s.remote_monitors = watched_gauge_.load(std::memory_order_relaxed);
+  s.messages_sent = sent_.load(std::memory_order_relaxed);
+  s.messages_received = received_.load(std::memory_order_relaxed);
+  s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+  s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace comm::actors::detail

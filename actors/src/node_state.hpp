@@ -1,0 +1,227 @@
+// The node's internals: the libcomm context, worker and listener, the connections to other nodes,
+// the proxies of their actors, the names this node publishes, and the progress thread that drives
+// it all.
+//
+// Threads. Everything that touches libcomm runs on the progress thread (the worker is
+// single-threaded). Other threads hand it frames and tasks through the outbox and wake it when it
+// sleeps. A proxy serialises a message on the sending actor's thread; the progress thread assigns
+// the frame its sequence number and sends it. Frames arriving from a peer are handled in sequence
+// order inside the worker's progress call; actors they make ready run on the progress thread
+// right after it (delivery::progress_thread) or go to CAF's scheduler (delivery::scheduler).
+// Nothing is sent from inside a libcomm callback: frames made there wait in the progress queue.
+#pragma once
+
+#include "frame.hpp"
+#include "outbox.hpp"
+#include "peer.hpp"
+#include "progress_unit.hpp"
+
+#include <comm/actors/node.hpp>
+#include <comm/context.hpp>
+#include <comm/worker.hpp>
+
+#include <caf/proxy_registry.hpp>
+#include <caf/scoped_execution_unit.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace comm::actors::detail {
+
+/// State and behaviour of a node (see the file comment).
+class node_state final : public caf::proxy_registry::backend {
+public:
+  /// A node of `sys`; nothing runs until start().
+  node_state(caf::actor_system& sys, node_params params);
+  ~node_state() noexcept override;
+  node_state(const node_state&) = delete;
+  node_state& operator=(const node_state&) = delete;
+
+  // -- lifecycle (the module) --------------------------------------------------------------------
+
+  /// Creates the libcomm context, worker and listener and starts the progress thread.
+  void start();
+
+  /// Closes every connection, stops the progress thread and releases proxies and names (after
+  /// every actor of the system is done).
+  void stop();
+
+  // -- the public API (comm::actors::node) -------------------------------------------------------
+
+  /// See node::address.
+  std::string address() const;
+  /// See node::listen_error.
+  caf::error listen_error() const;
+  /// The actor system.
+  caf::actor_system& system() const noexcept { return sys_; }
+  /// See node::publish.
+  caf::error publish(const caf::actor& whom, const std::string& name);
+  /// See node::unpublish.
+  caf::error unpublish(const std::string& name);
+  /// See node::lookup.
+  caf::expected<caf::actor> lookup(const std::string& address, const std::string& name,
+                                   std::chrono::milliseconds timeout);
+  /// See node::disconnect.
+  caf::error disconnect(const std::string& address);
+  /// See node::stats.
+  node_stats stats() const;
+  /// The timeout node::lookup uses by default.
+  std::chrono::milliseconds connect_timeout() const noexcept { return params_.connect_timeout; }
+
+  // -- caf::proxy_registry::backend --------------------------------------------------------------
+
+  /// Makes the proxy of actor `aid` on node `nid` (with the registry's lock held) and asks that
+  /// node to report the actor's termination. Null when no connection leads to `nid`.
+  caf::strong_actor_ptr make_proxy(caf::node_id nid, caf::actor_id aid) override;
+
+  /// Nothing: messages are never routed through intermediate nodes.
+  void set_last_hop(caf::node_id*) override;
+
+  // -- used by proxies and remote monitors (any thread) ------------------------------------------
+
+  /// Sends `what` to actor `receiver` through `to`. Bounces a request whose content cannot be
+  /// serialised with the serialiser's error.
+  void forward(const std::shared_ptr<peer>& to, caf::actor_id receiver, caf::mailbox_element& what,
+               caf::execution_unit* ctx);
+
+  /// Tells `to` that local actor `local` linked itself to (or unlinked from) its actor `remote`.
+  /// Safe with actor locks held: the frame is only queued.
+  void announce_link(const std::shared_ptr<peer>& to, bool linked, caf::strong_actor_ptr local,
+                     caf::actor_id remote);
+
+  /// Tells `to` (if still connected) that local actor `aid` terminated for `reason`.
+  void report_down(const std::weak_ptr<peer>& to, caf::actor_id aid, const caf::error& reason);
+
+  /// The count of this node's proxies alive, which proxies keep up to date (and alive: a user
+  /// may drop a proxy handle after the node is gone).
+  std::shared_ptr<std::atomic<size_t>> proxy_counter() const { return proxies_alive_; }
+
+private:
+  // -- progress thread (node_state.cpp) ----------------------------------------------------------
+
+  void run();
+  bool on_progress_thread() const noexcept;
+  size_t turn();
+  void sleep();
+  void wake();
+  void shut_down();
+  void submit(outgoing* item);
+  void post(outgoing* item);
+  void post_task(std::function<void()> task);
+  void enqueue_local(outgoing* item);
+  size_t drain();
+  void handle(outgoing* item);
+
+  // -- connections (connections.cpp) -------------------------------------------------------------
+
+  void open_listener();
+  static void on_conn_request(void* arg, comm::conn_request* request);
+  static void on_ep_connect(void* arg, comm::endpoint* ep, const uint8_t* data, size_t length);
+  static void on_ep_error(void* arg, comm::endpoint* ep, comm::status reason);
+  comm::endpoint_params endpoint_settings();
+  void accept(comm::conn_request* request);
+  std::shared_ptr<peer> dial(const std::string& address, comm::status* failure);
+  void introduce(const std::shared_ptr<peer>& p, const node_hello& hello);
+  std::shared_ptr<peer> peer_of(comm::endpoint* ep) const;
+  std::shared_ptr<peer> peer_at(const std::string& address) const;
+  void fail_peer(const std::shared_ptr<peer>& p, comm::status reason);
+  void unmap(const std::shared_ptr<peer>& p);
+  void fail_requests(peer& p);
+  void release_watched(peer& p);
+  void close_endpoints();
+  void start_lookup(const std::shared_ptr<lookup_call>& call);
+  void retry_lookup(const std::shared_ptr<lookup_call>& call, comm::status reason);
+  void send_lookup(const std::shared_ptr<peer>& p, const std::shared_ptr<lookup_call>& call);
+  void disconnect_now(const std::string& address, const std::shared_ptr<lookup_call>& done);
+
+  // -- frames in (inbound.cpp) -------------------------------------------------------------------
+
+  static comm::status on_frame(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const comm::am_recv_params& params);
+  void receive(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
+               size_t length);
+  void hold(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
+            size_t length);
+  void dispatch(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
+                size_t length);
+  void on_message(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
+                  size_t length);
+  caf::strong_actor_ptr sender_of(const peer& p, const frame_header& h);
+  void on_monitor(const std::shared_ptr<peer>& p, caf::actor_id aid);
+  void on_down(const peer& p, const frame_header& h, const void* data, size_t length);
+  void on_link(const peer& p, const frame_header& h, bool linked);
+  void on_lookup(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
+                 size_t length);
+  void on_lookup_reply(peer& p, const frame_header& h);
+  void reply_error(const std::shared_ptr<peer>& p, const frame_header& h, const caf::error& err);
+  void violation(const std::shared_ptr<peer>& p, const char* what);
+  caf::execution_unit* delivery_unit() noexcept;
+
+  // -- frames out (outbound.cpp) -----------------------------------------------------------------
+
+  void transmit(outgoing* item);
+  static void on_sent(comm::request* req, comm::status st, void* user_data);
+  void track_request(peer& p, const frame_header& h);
+  void bounce(const outgoing& item);
+  void make_reachable(const caf::strong_actor_ptr& local);
+  void make_sender_reachable(const caf::strong_actor_ptr& sender);
+  outgoing* new_frame(const std::shared_ptr<peer>& to, frame_kind kind);
+
+  // -- members -----------------------------------------------------------------------------------
+
+  caf::actor_system& sys_;
+  const node_params params_;
+  caf::proxy_registry proxies_;
+  caf::scoped_execution_unit serializer_unit_;  ///< context of serialisers on any thread
+  progress_unit unit_;                          ///< the progress thread as an execution unit
+  envelope_writer envelope_;                    ///< progress thread's envelope encoder
+
+  std::unique_ptr<comm::context> context_;
+  std::unique_ptr<comm::worker> worker_;
+  std::unique_ptr<comm::listener> listener_;
+  std::vector<uint8_t> hello_;                  ///< this node's hello (private data)
+
+  std::thread thread_;
+  std::thread::id thread_id_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> sleeping_{false};
+  int wake_fd_ = -1;
+  int epoll_fd_ = -1;
+  outbox outbox_;
+  outgoing* queue_head_ = nullptr;              ///< progress thread's FIFO of items to handle
+  outgoing* queue_tail_ = nullptr;
+  bool draining_ = false;                       ///< inside drain()
+  bool in_callback_ = false;                    ///< inside the worker's progress call
+  std::vector<comm::endpoint*> closing_;        ///< endpoints to close after the progress call
+
+  mutable std::mutex mtx_;                      ///< guards what other threads read below
+  std::string address_;
+  caf::error listen_error_;
+  std::unordered_map<std::string, caf::actor> names_;
+  std::unordered_map<caf::node_id, std::shared_ptr<peer>> by_node_;  ///< the mapped connections
+
+  std::unordered_map<comm::endpoint*, std::shared_ptr<peer>> by_ep_;  ///< progress thread
+  std::unordered_map<std::string, std::weak_ptr<peer>> by_address_;   ///< progress thread
+  uint64_t serial_ = 0;
+  uint64_t lookups_ = 0;
+  const uint64_t generation_;                   ///< unique per node of the process
+
+  std::shared_ptr<std::atomic<size_t>> proxies_alive_;
+  std::atomic<size_t> peers_{0};
+  std::atomic<size_t> pending_gauge_{0};
+  std::atomic<size_t> watched_gauge_{0};
+  std::atomic<uint64_t> sent_{0};
+  std::atomic<uint64_t> received_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+};
+
+}  // namespace comm::actors::detail

@@ -1,0 +1,190 @@
+// Frames to other nodes: made on any thread (a proxy serialises on its sender's thread), sent on
+// the progress thread, which numbers them and keeps the requests they carry until answered.
+#include "node_state.hpp"
+#include "payload.hpp"
+
+#include <comm/log.hpp>
+
+#include <caf/actor_cast.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/sec.hpp>
+
+#include <atomic>
+
+namespace comm::actors::detail {
+
+namespace {
+
+/// Actors a thread recently made reachable through one node (actor ids are never reused).
+struct reachable_cache {
+  uint64_t generation = 0;
+  caf::actor_id ids[8] = {};
+  unsigned next = 0;
+};
+
+thread_local reachable_cache recently_reachable;
+
+}  // namespace
+
+outgoing* node_state::new_frame(const std::shared_ptr<peer>& to, frame_kind kind) {
+  auto* item = new outgoing;
+  item->to = to;
+  item->header.kind = kind;
+  return item;
+}
+
+// -- made on any thread --------------------------------------------------------------------------
+
+void node_state::forward(const std::shared_ptr<peer>& to, caf::actor_id receiver,
+                         caf::mailbox_element& what, caf::execution_unit* ctx) {
+  outgoing* item = new_frame(to, frame_kind::message);
+  frame_header& h = item->header;
+  h.receiver = receiver;
+  h.message_id = what.mid.integer_value();
+  h.type_count = static_cast<uint16_t>(what.content().size());
+  sender_location where = sender_location::none;
+  if (what.sender) {
+    const caf::node_id& home = what.sender->node();
+    h.sender = what.sender->id();
+    if (home == sys_.node()) {
+      where = sender_location::sending_node;
+      make_sender_reachable(what.sender);
+    } else {
+      where = home == to->id ? sender_location::receiving_node : sender_location::in_payload;
+    }
+  }
+  h.set_location(where);
+  if (!what.stages.empty()) h.flags |= flag_stages;
+  caf::error err = what.content().size() > UINT16_MAX
+                       ? caf::make_error(caf::sec::invalid_argument, "message too long")
+                       : write_message_payload(&serializer_unit_, what,
+                                               where == sender_location::in_payload,
+                                               !what.stages.empty(), item->payload);
+  if (err) {
+    COMM_LOG(warn, "actors", "cannot send to actor %llu: %s",
+             static_cast<unsigned long long>(receiver), caf::to_string(err).c_str());
+    if (what.mid.is_request() && what.sender) {
+      what.sender->enqueue(nullptr, what.mid.response_id(), caf::make_message(std::move(err)),
+                           ctx);
+    }
+    delete item;
+    return;
+  }
+  submit(item);
+}
+
+void node_state::announce_link(const std::shared_ptr<peer>& to, bool linked,
+                               caf::strong_actor_ptr local, caf::actor_id remote) {
+  outgoing* item = new_frame(to, linked ? frame_kind::link : frame_kind::unlink);
+  item->header.set_location(sender_location::sending_node);
+  item->header.sender = local->id();
+  item->header.receiver = remote;
+  item->local = std::move(local);
+  post(item);
+}
+
+void node_state::report_down(const std::weak_ptr<peer>& to, caf::actor_id aid,
+                             const caf::error& reason) {
+  auto p = to.lock();
+  if (!p || !p->alive.load(std::memory_order_relaxed)) return;
+  outgoing* item = new_frame(p, frame_kind::down);
+  item->header.sender = aid;
+  if (write_reason_payload(&serializer_unit_, reason, item->payload)) {
+    item->payload.clear();
+    (void)write_reason_payload(&serializer_unit_, caf::exit_reason::unknown, item->payload);
+  }
+  post(item);
+}
+
+void node_state::make_sender_reachable(const caf::strong_actor_ptr& sender) {
+  reachable_cache& cache = recently_reachable;
+  if (cache.generation != generation_) cache = reachable_cache{generation_};
+  for (caf::actor_id id : cache.ids) {
+    if (id == sender->id()) return;
+  }
+  make_reachable(sender);
+  cache.ids[cache.next++ % std::size(cache.ids)] = sender->id();
+}
+
+void node_state::make_reachable(const caf::strong_actor_ptr& local) {
+  sys_.registry().put(local->id(), local);
+}
+
+// -- sent on the progress thread -----------------------------------------------------------------
+
+void node_state::transmit(outgoing* item) {
+  peer& p = *item->to;
+  if (!p.alive.load(std::memory_order_relaxed) || !p.ready) {
+    bounce(*item);
+    delete item;
+    return;
+  }
+  frame_header& h = item->header;
+  if (item->local) make_reachable(item->local);
+  h.seq = p.send_seq++;
+  if (h.kind == frame_kind::message) track_request(p, h);
+  if (h.kind == frame_kind::down && p.watched.erase(h.sender) != 0) {
+    watched_gauge_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  comm::request_params rp;
+  rp.flags = comm::request_reply_endpoint;
+  rp.send_cb = &node_state::on_sent;
+  rp.user_data = item;
+  const size_t bytes = item->payload.size();
+  comm::op o = p.ep->am_send(frame_am_id, envelope_.encode(h), envelope_writer::size(),
+                             item->payload.data(), bytes, rp);
+  sent_.fetch_add(1, std::memory_order_relaxed);
+  bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+  if (o.pending()) {
+    worker_->release(o.req);  // on_sent deletes the item
+    return;
+  }
+  if (o.failed()) {
+    COMM_LOG(debug, "actors", "send on connection %llu failed: %s",
+             static_cast<unsigned long long>(p.serial), comm::to_string(o.st));
+    bounce(*item);
+  }
+  delete item;
+}
+
+void node_state::on_sent(comm::request*, comm::status, void* user_data) {
+  delete static_cast<outgoing*>(user_data);
+}
+
+void node_state::track_request(peer& p, const frame_header& h) {
+  const caf::message_id mid{h.message_id};
+  if (h.location() != sender_location::sending_node || !mid.is_request()) return;
+  if (p.pending.emplace(request_key{h.sender, mid.request_id().integer_value()}, h.message_id)
+          .second) {
+    pending_gauge_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void node_state::bounce(const outgoing& item) {
+  const frame_header& h = item.header;
+  peer& p = *item.to;
+  if (h.kind == frame_kind::lookup) {
+    auto it = p.asked.find(h.message_id);
+    if (it != p.asked.end()) {
+      auto call = std::move(it->second);
+      p.asked.erase(it);
+      retry_lookup(call, comm::status::not_connected);
+    }
+    return;
+  }
+  const caf::message_id mid{h.message_id};
+  if (h.kind != frame_kind::message || h.location() != sender_location::sending_node ||
+      !mid.is_request()) {
+    return;
+  }
+  if (p.pending.erase({h.sender, mid.request_id().integer_value()}) != 0) {
+    pending_gauge_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  if (auto requester = sys_.registry().get(h.sender)) {
+    requester->enqueue(nullptr, mid.response_id(),
+                       caf::make_message(caf::make_error(caf::sec::request_receiver_down)),
+                       nullptr);
+  }
+}
+
+}  // namespace comm::actors::detail

@@ -1,0 +1,76 @@
+// What other threads hand to the node's progress thread: frames to send and tasks to run, in a
+// lock-free multi-producer queue the progress thread empties in one step.
+#pragma once
+
+#include "frame.hpp"
+
+#include <caf/actor_control_block.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace comm::actors::detail {
+
+struct peer;
+
+/// One frame to send (with `to` set) or one task to run on the progress thread.
+struct outgoing {
+  outgoing* next = nullptr;            ///< the queue's link
+  std::shared_ptr<peer> to;            ///< the connection the frame goes to
+  frame_header header;                 ///< its envelope (seq is set when it is sent)
+  std::vector<char> payload;           ///< its payload
+  caf::strong_actor_ptr local;         ///< link/unlink: the local actor, made reachable first
+  std::function<void()> task;          ///< set: run this instead of sending
+};
+
+/// A multi-producer, single-consumer queue of outgoing items. push is lock-free; the consumer
+/// takes everything at once, in the order it was pushed per producer.
+class outbox {
+public:
+  outbox() = default;
+  outbox(const outbox&) = delete;
+  outbox& operator=(const outbox&) = delete;
+  ~outbox() { delete_all(take_all()); }
+
+  /// Appends `item` (any thread). Sequentially consistent, so that a consumer that announced it
+  /// will sleep either sees the item or is seen sleeping.
+  void push(outgoing* item) noexcept {
+    outgoing* head = head_.load(std::memory_order_relaxed);
+    do {
+      item->next = head;
+    } while (!head_.compare_exchange_weak(head, item, std::memory_order_seq_cst,
+                                          std::memory_order_relaxed));
+  }
+
+  /// True when nothing waits.
+  bool empty() const noexcept { return head_.load(std::memory_order_seq_cst) == nullptr; }
+
+  /// Takes every waiting item, oldest first (consumer only).
+  outgoing* take_all() noexcept {
+    outgoing* head = head_.exchange(nullptr, std::memory_order_acquire);
+    outgoing* fifo = nullptr;
+    while (head != nullptr) {
+      outgoing* next = head->next;
+      head->next = fifo;
+      fifo = head;
+      head = next;
+    }
+    return fifo;
+  }
+
+  /// Deletes a list of items.
+  static void delete_all(outgoing* list) noexcept {
+    while (list != nullptr) {
+      outgoing* next = list->next;
+      delete list;
+      list = next;
+    }
+  }
+
+private:
+  std::atomic<outgoing*> head_{nullptr};
+};
+
+}  // namespace comm::actors::detail
