@@ -181,22 +181,61 @@ struct RndvRefuse {         # the sender no longer has the rendezvous send a Rnd
 # -- tcp transport --------------------------------------------------------------------------------
 
 struct TcpHello {           # the first bytes of every tcp connection, from the connecting interface
-  magic      @0 :UInt64;    # "COMMTCP" + version byte, see transports/tcp/tcp_wire.hpp
+  magic      @0 :UInt64;    # "COMMTCP\0", see transports/tcp/tcp_wire.hpp
   version    @1 :UInt16;
   srcPort    @2 :UInt16;    # the connecting interface's listening port (host byte order)
   srcAddress @3 :UInt32;    # its IPv4 address (network byte order)
   srcIfaceId @4 :UInt64;    # its random interface id
   dstIfaceId @5 :UInt64;    # the interface the connection is meant for (from its address)
+  window     @6 :UInt32;    # frames the connecting interface accepts undelivered (its fifo_size)
+  nonce0     @7 :UInt64;    # the connector's fresh challenge to the acceptor (used with a key)
+  nonce1     @8 :UInt64;
 }
 
-struct TcpFrame {           # every message on a tcp connection: this header, then `length` bytes
+struct TcpChallenge {       # the first bytes from the accepting interface, sent right after accept
+  magic   @0 :UInt64;       # "COMMTCPC"
+  version @1 :UInt16;
+  keyed   @2 :Bool;         # the acceptor admits only connectors that prove the key (and proves it)
+  ifaceId @3 :UInt64;       # the accepting interface's id
+  nonce0  @4 :UInt64;       # its fresh challenge to the connector
+  nonce1  @5 :UInt64;
+}
+
+struct TcpProof {           # connector to a keyed acceptor, after its challenge: HMAC-SHA256
+  magic  @0 :UInt64;        # "COMMTCPP"
+  proof0 @1 :UInt64;        # of the key over the acceptor's nonce and the connector's
+  proof1 @2 :UInt64;
+  proof2 @3 :UInt64;
+  proof3 @4 :UInt64;
+}
+
+enum TcpOutcome {
+  accepted  @0;             # frames flow on this connection from now on
+  duplicate @1;             # both connected at once: the acceptor's own connection is kept instead
+  refused   @2;             # authentication failed
+}
+
+struct TcpWelcome {         # acceptor to connector: the outcome of the handshake
+  magic   @0 :UInt64;       # "COMMTCPW"
+  outcome @1 :TcpOutcome;
+  proof0  @2 :UInt64;       # with a key: the acceptor's HMAC over the connector's nonce and its own
+  proof1  @3 :UInt64;
+  proof2  @4 :UInt64;
+  proof3  @5 :UInt64;
+}
+
+enum TcpFrameKind {
+  message @0;               # an active message for the handler of amId
+  ack     @1;               # nothing but `delivered` (length 0)
+  bye     @2;               # the sender has no endpoints left here and sends no more messages
+}
+
+struct TcpFrame {           # every record after the handshake, both ways: this header, `length` bytes
   amId         @0 :UInt8;   # transport active-message id (< am_id_count)
   length       @1 :UInt32;  # protocol header + payload; 0-7 zero bytes follow to a multiple of 8
   ackRequested @2 :Bool;    # a zcopy waits for it: the receiver acknowledges it without delay
-}
-
-struct TcpAck {             # receiver to sender, on the same connection: frames delivered so far,
-  delivered @0 :UInt64;     # which completes zcopy frames and returns send credits (the window)
+  kind         @3 :TcpFrameKind;
+  delivered    @4 :UInt64;  # messages of the other direction delivered so far (a piggybacked ack)
 }
 
 # -- connection manager (client-server handshake on a socket) -------------------------------------

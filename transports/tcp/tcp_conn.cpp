@@ -1,35 +1,424 @@
 #include "tcp/tcp_conn.hpp"
 
+#include "tcp/tcp_ep.hpp"
 #include "tcp/tcp_iface.hpp"
 
 #include <comm/log.hpp>
 
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 namespace comm::tl::tcp {
 namespace {
 
 constexpr const char* log_name = "tcp";
+constexpr uint32_t base_events = EPOLLIN | EPOLLRDHUP;
+/// Bytes of the handshake records one side writes (hello + proof, or challenge + welcome).
+constexpr size_t handshake_out_size = 256;
+static_assert(hello_size + proof_record_size <= handshake_out_size);
+static_assert(challenge_size + welcome_size <= handshake_out_size);
+/// A handshake must be over by then; a connector told "duplicate" waits as long for the peer's.
+constexpr uint64_t handshake_timeout_ns = 10'000'000'000;
+/// The roles in the proofs (base/auth.hpp): each side proves the key against the other's nonce.
+constexpr std::string_view connector_role = "comm tcp connector";
+constexpr std::string_view acceptor_role = "comm tcp acceptor";
+const uint64_t zero_padding = 0;
+
+bool would_block(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
 
 }  // namespace
+
+// -- construction ---------------------------------------------------------------------------------
+
+tcp_conn::tcp_conn(tcp_iface& owner, int fd, bool connected, uint32_t peer_ip,
+                   const iface_addr& peer, uint64_t now_ns)
+    : owner_(owner),
+      fd_(fd),
+      role_(role::connector),
+      phase_(connected ? phase::handshake : phase::connecting),
+      started_ns_(now_ns),
+      peer_ip_(peer_ip),
+      peer_port_(peer.port),
+      peer_id_(peer.iface_id),
+      listen_ip_(peer_ip),
+      listen_port_(peer.port),
+      window_(peer.window),
+      own_nonce_(auth::make_nonce()),
+      hs_out_(handshake_out_size),
+      tx_(send_buffer_size + control_room),
+      in_(receive_buffer_size),
+      target_{poll_target::kind::connection, this} {
+  owner_.writer().hello(owner_.port(), owner_.ipv4(), owner_.id(), peer_id_, owner_.window(),
+                        own_nonce_.data(), hs_out_.reserve(hello_size));
+  hs_out_.commit(hello_size);
+  out_watched_ = true;  // the connect, or the hello to write
+  if (!owner_.watch(fd_, base_events | EPOLLOUT, &target_)) {
+    phase_ = phase::finished;  // create_ep discards us
+    return;
+  }
+  if (phase_ == phase::handshake) write_queued();
+}
 
 tcp_conn::tcp_conn(tcp_iface& owner, int fd, uint32_t peer_ip, uint16_t peer_port,
                    uint64_t now_ns)
     : owner_(owner),
       fd_(fd),
-      in_(receive_buffer_size),
+      role_(role::acceptor),
+      phase_(phase::handshake),
+      started_ns_(now_ns),
       peer_ip_(peer_ip),
       peer_port_(peer_port),
-      accepted_ns_(now_ns),
-      target_{poll_target::kind::connection, this} {}
+      own_nonce_(auth::make_nonce()),
+      keyed_(!owner.auth_key().empty()),
+      hs_out_(handshake_out_size),
+      tx_(send_buffer_size + control_room),
+      in_(receive_buffer_size),
+      target_{poll_target::kind::connection, this} {
+  owner_.writer().challenge(owner_.id(), keyed_, own_nonce_.data(),
+                            hs_out_.reserve(challenge_size));
+  hs_out_.commit(challenge_size);
+  if (!owner_.watch(fd_, base_events, &target_)) {
+    phase_ = phase::finished;  // the interface discards us
+    return;
+  }
+  write_queued();  // the challenge goes right after accept
+}
 
 tcp_conn::~tcp_conn() {
   if (large_) owner_.give_frame_buffer(std::move(large_), large_capacity_);
-  ::close(fd_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// -- endpoints ------------------------------------------------------------------------------------
+
+template <class F>
+void tcp_conn::for_each_ep(F&& f) {
+  ++iterating_;
+  for (size_t i = 0; i < eps_.size(); ++i) {
+    if (eps_[i] != nullptr) f(eps_[i]);
+  }
+  if (--iterating_ == 0 && holes_ != 0) {
+    eps_.erase(std::remove(eps_.begin(), eps_.end(), nullptr), eps_.end());
+    holes_ = 0;
+  }
+}
+
+void tcp_conn::attach(tcp_ep* ep) {
+  eps_.push_back(ep);
+  had_eps_ = true;
+}
+
+void tcp_conn::detach(tcp_ep* ep) {
+  if (zcopy_queued_ && zop_owner_ == ep) own_zcopy_rest();
+  auto it = std::find(eps_.begin(), eps_.end(), ep);
+  if (it == eps_.end()) return;
+  if (iterating_ != 0) {
+    *it = nullptr;
+    ++holes_;
+  } else {
+    eps_.erase(it);
+  }
+  if (endpoints() == 0) maybe_bye();
+}
+
+void tcp_conn::own_zcopy_rest() {
+  size_t bytes = 0;
+  for (size_t i = zop_.first; i < zop_.count; ++i) bytes += zop_.vec[i].iov_len;
+  auto copy = std::make_unique<uint8_t[]>(bytes);
+  size_t offset = 0;
+  for (size_t i = zop_.first; i < zop_.count; ++i) {
+    std::memcpy(copy.get() + offset, zop_.vec[i].iov_base, zop_.vec[i].iov_len);
+    offset += zop_.vec[i].iov_len;
+  }
+  zop_.vec[0] = {copy.get(), bytes};
+  zop_.first = 0;
+  zop_.count = 1;
+  zop_copy_ = std::move(copy);
+  zop_owner_ = nullptr;
+}
+
+// -- sending --------------------------------------------------------------------------------------
+
+size_t tcp_conn::put_header(am_id id, size_t length, bool ack, uint8_t* dest) {
+  ack_sent_ = delivered_;
+  ack_urgent_ = false;
+  return owner_.writer().frame(frame_kind::message, id, length, ack, delivered_, dest);
+}
+
+void tcp_conn::commit_message(uint8_t* frame, size_t length) {
+  std::memset(frame + frame_header_size + length, 0, pad8(length) - length);
+  tx_.commit(frame_size(length));
+  ++frames_sent_;
+  ++owner_.counters().messages_sent;
+  if (!out_watched_ && phase_ == phase::open) write_queued();  // else EPOLLOUT comes first
+}
+
+uint64_t tcp_conn::queue_zcopy(tcp_ep* by, am_id id, const void* header, size_t header_length,
+                               const iov* entries, size_t count, size_t total) {
+  const size_t length = header_length + total;
+  const size_t offset = put_header(id, length, true, zop_.head);
+  if (header_length != 0) std::memcpy(zop_.head + offset, header, header_length);
+  zop_.count = 0;
+  zop_.first = 0;
+  zop_.vec[zop_.count++] = {zop_.head, offset + header_length};
+  for (size_t i = 0; i < count; ++i) {
+    if (entries[i].length == 0) continue;
+    zop_.vec[zop_.count++] = {const_cast<void*>(entries[i].buffer), entries[i].length};
+  }
+  if (const size_t pad = pad8(length) - length; pad != 0) {
+    zop_.vec[zop_.count++] = {const_cast<uint64_t*>(&zero_padding), pad};
+  }
+  zcopy_queued_ = true;
+  zop_owner_ = by;
+  ++frames_sent_;
+  ++owner_.counters().messages_sent;
+  const uint64_t number = frames_sent_;
+  if (!out_watched_ && phase_ == phase::open) write_queued();
+  return number;
+}
+
+void tcp_conn::write_queued() {
+  if (fd_ < 0 || phase_ == phase::connecting || phase_ == phase::finished) return;
+  iovec vec[max_iov + 4];
+  size_t n = 0;
+  if (!hs_out_.empty()) vec[n++] = {hs_out_.data(), hs_out_.size()};
+  if (phase_ == phase::open) {
+    if (!tx_.empty()) vec[n++] = {tx_.data(), tx_.size()};
+    if (zcopy_queued_) {
+      for (size_t i = zop_.first; i < zop_.count; ++i) vec[n++] = zop_.vec[i];
+    }
+  }
+  if (n != 0) {
+    ssize_t sent;
+    if (n == 1) {
+      sent = ::send(fd_, vec[0].iov_base, vec[0].iov_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } else {
+      msghdr message{};
+      message.msg_iov = vec;
+      message.msg_iovlen = n;
+      sent = ::sendmsg(fd_, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    if (sent < 0 && !would_block(errno)) {
+      fail(status::connection_reset, "send", errno);
+      return;
+    }
+    if (sent > 0) {
+      owner_.counters().bytes_sent += static_cast<size_t>(sent);
+      consume_written(static_cast<size_t>(sent));
+    }
+    if (!hs_out_.empty() || (phase_ == phase::open && (!tx_.empty() || zcopy_queued_))) {
+      ++owner_.counters().would_block;
+    }
+  }
+  update_interest();
+}
+
+void tcp_conn::consume_written(size_t sent) {
+  const size_t from_handshake = std::min(sent, hs_out_.size());
+  hs_out_.consume(from_handshake);
+  sent -= from_handshake;
+  const size_t from_buffer = std::min(sent, tx_.size());
+  tx_.consume(from_buffer);
+  sent -= from_buffer;
+  if (!zcopy_queued_ || sent == 0) return;
+  while (sent != 0 && zop_.first < zop_.count) {
+    iovec& entry = zop_.vec[zop_.first];
+    if (sent >= entry.iov_len) {
+      sent -= entry.iov_len;
+      ++zop_.first;
+    } else {
+      entry.iov_base = static_cast<uint8_t*>(entry.iov_base) + sent;
+      entry.iov_len -= sent;
+      sent = 0;
+    }
+  }
+  if (zop_.first == zop_.count) {  // now it waits for its ack
+    zcopy_queued_ = false;
+    zop_owner_ = nullptr;
+    zop_copy_.reset();
+  }
+}
+
+void tcp_conn::update_interest() {
+  if (fd_ < 0 || phase_ == phase::finished) return;
+  const bool want = phase_ == phase::connecting || !hs_out_.empty() ||
+                    (phase_ == phase::open && (!tx_.empty() || zcopy_queued_));
+  if (want == out_watched_) return;
+  out_watched_ = want;
+  owner_.rewatch(fd_, base_events | (want ? uint32_t{EPOLLOUT} : 0u), &target_);
+}
+
+bool tcp_conn::ack_due() const {
+  const uint64_t unacked = delivered_ - ack_sent_;
+  return unacked != 0 && (ack_urgent_ || unacked >= owner_.window() / 2);
+}
+
+void tcp_conn::send_ack_if_due() {
+  // Never behind a half-written zcopy frame: the ack would land inside it.
+  if (!ack_due() || zcopy_queued_) return;
+  uint8_t* dest = tx_.reserve(frame_header_size);
+  if (dest == nullptr) return;  // the records in the buffer will carry it
+  owner_.writer().frame(frame_kind::ack, 0, 0, false, delivered_, dest);
+  tx_.commit(frame_header_size);
+  ack_sent_ = delivered_;
+  ack_urgent_ = false;
+  ++owner_.counters().acks_sent;
+  if (!out_watched_) write_queued();
+}
+
+void tcp_conn::maybe_bye() {
+  if (bye_sent_ || phase_ != phase::open || endpoints() != 0) return;
+  if (!had_eps_ && !bye_received_) return;  // the peer may still open endpoints on it
+  if (zcopy_queued_ || !tx_.fits(frame_header_size)) return;  // after every message
+  uint8_t* dest = tx_.reserve(frame_header_size);
+  owner_.writer().frame(frame_kind::bye, 0, 0, false, delivered_, dest);
+  tx_.commit(frame_header_size);
+  ack_sent_ = delivered_;
+  ack_urgent_ = false;
+  bye_sent_ = true;
+  owner_.unmap(this);  // new endpoints to the peer open a new connection
+  COMM_LOG(debug, log_name, "connection %s: no endpoints left, bye", describe().c_str());
+  if (!out_watched_) write_queued();
+}
+
+byte_queue tcp_conn::leftovers() {
+  size_t bytes = hs_out_.size() + tx_.size();
+  if (zcopy_queued_) {
+    for (size_t i = zop_.first; i < zop_.count; ++i) bytes += zop_.vec[i].iov_len;
+  }
+  if (bytes == 0) return {};
+  byte_queue out(bytes);
+  uint8_t* dest = out.reserve(bytes);
+  std::memcpy(dest, hs_out_.data(), hs_out_.size());
+  size_t offset = hs_out_.size();
+  std::memcpy(dest + offset, tx_.data(), tx_.size());
+  offset += tx_.size();
+  if (zcopy_queued_) {
+    for (size_t i = zop_.first; i < zop_.count; ++i) {
+      std::memcpy(dest + offset, zop_.vec[i].iov_base, zop_.vec[i].iov_len);
+      offset += zop_.vec[i].iov_len;
+    }
+  }
+  out.commit(bytes);
+  return out;
+}
+
+void tcp_conn::close_gracefully() {
+  COMM_LOG(debug, log_name, "connection %s: both sides said bye, closing", describe().c_str());
+  owner_.unwatch(fd_, &target_);
+  owner_.linger(fd_, leftovers());
+  fd_ = -1;
+  finish();
+}
+
+// -- progress -------------------------------------------------------------------------------------
+
+unsigned tcp_conn::on_events(uint32_t events) {
+  if (phase_ == phase::finished || fd_ < 0) return 0;
+  if (phase_ == phase::connecting) {
+    if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == 0) return 0;
+    finish_connect();
+    if (phase_ != phase::handshake) return 0;
+    events |= EPOLLOUT;
+  }
+  unsigned delivered = 0;
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+    delivered = on_readable();
+    if (phase_ == phase::finished || fd_ < 0) return delivered;
+  }
+  if (events & EPOLLOUT) write_queued();
+  return delivered;
+}
+
+void tcp_conn::finish_connect() {
+  const int error = socket_error(fd_);
+  if (error != 0) {
+    fail(status_of_errno(error, true), "connect", error);
+    return;
+  }
+  phase_ = phase::handshake;
+  write_queued();
+}
+
+unsigned tcp_conn::after_io() {
+  unsigned events = 0;
+  if (phase_ == phase::finished) return 0;
+  if (acks_advanced_) {
+    acks_advanced_ = false;
+    for_each_ep([&](tcp_ep* ep) { events += ep->complete_delivered(peer_delivered_); });
+    if (phase_ == phase::finished) return events;
+  }
+  if (phase_ == phase::open) {
+    send_ack_if_due();
+    maybe_bye();
+    if (bye_sent_ && bye_received_ && phase_ == phase::open) {
+      close_gracefully();
+      return events;
+    }
+  }
+  if (endpoints() != 0) for_each_ep([&](tcp_ep* ep) { events += ep->after_progress(); });
+  return events;
+}
+
+void tcp_conn::finish() {
+  phase_ = phase::finished;
+  owner_.reap(this);
+}
+
+void tcp_conn::fail(status reason, const char* why, int error) {
+  if (phase_ == phase::finished) return;
+  if (why != nullptr) {
+    COMM_LOG(info, log_name, "connection %s failed: %s%s%s", describe().c_str(), why,
+             error != 0 ? ": " : "", error != 0 ? std::strerror(error) : "");
+  }
+  phase_ = phase::finished;
+  owner_.unmap(this);
+  zcopy_queued_ = false;
+  zop_owner_ = nullptr;
+  for_each_ep([&](tcp_ep* ep) { ep->conn_failed(reason); });
+  if (iterating_ != 0) {
+    for (tcp_ep*& ep : eps_) {
+      if (ep != nullptr) {
+        ep = nullptr;
+        ++holes_;
+      }
+    }
+  } else {
+    eps_.clear();
+    holes_ = 0;
+  }
+  owner_.reap(this);
+}
+
+bool tcp_conn::check_deadline(uint64_t now_ns) {
+  if (phase_ == phase::connecting || phase_ == phase::handshake) {
+    if (now_ns - started_ns_ <= handshake_timeout_ns) return false;
+    if (role_ == role::connector) {
+      fail(status::unreachable, "no handshake within 10 s", 0);
+      return true;
+    }
+    if (hello_done_ && keyed_) {
+      ++owner_.counters().auth_failures;
+      COMM_LOG(warn, log_name, "connection %s closed: no proof of the key within 10 s",
+               describe().c_str());
+    } else {
+      ++owner_.counters().malformed;
+      COMM_LOG(warn, log_name, "connection %s closed: no hello within 10 s", describe().c_str());
+    }
+    finish();
+    return true;
+  }
+  if (phase_ == phase::awaiting && now_ns > deadline_ns_) {
+    fail(status::unreachable, "the peer's own connection did not come within 10 s", 0);
+    return true;
+  }
+  return false;
 }
 
 // -- reading --------------------------------------------------------------------------------------
@@ -38,20 +427,16 @@ unsigned tcp_conn::on_readable() {
   unsigned delivered = 0;
   if (!in_.empty()) {
     delivered = deliver_buffered();  // leftovers first, so the buffer has room
-    if (closing_ || has_frames()) return delivered;
+    if (phase_ == phase::finished || fd_ < 0 || has_frames()) return delivered;
   }
   if (large_total_ != 0) {
-    if (read_large()) {
-      finish_large();
-      ++delivered;
-    }
+    if (read_large()) delivered += finish_large();
     return delivered;
   }
   if (!read_small()) return delivered;
   delivered += deliver_buffered();
-  if (large_total_ != 0 && read_large()) {  // a large frame began: its bytes are likely there
-    finish_large();
-    ++delivered;
+  if (large_total_ != 0 && fd_ >= 0 && read_large()) {  // a large frame began: its bytes are likely there
+    delivered += finish_large();
   }
   return delivered;
 }
@@ -60,7 +445,9 @@ bool tcp_conn::read_small() {
   // Room for the rest of a known incomplete frame, else for a good batch of small ones.
   size_t need = in_.capacity() / 4;
   parsed_frame f;
-  if (hello_done_ && parse_frame_header(in_.data(), in_.size(), &f) == parse_result::frame) {
+  if (phase_ == phase::open &&
+      parse_frame_header(in_.data(), in_.size(), &f) == parse_result::frame &&
+      f.total > in_.size()) {
     need = f.total - in_.size();
   }
   const size_t room = in_.tail_room(need);
@@ -84,26 +471,41 @@ bool tcp_conn::account(ssize_t got) {
     owner_.counters().bytes_received += static_cast<size_t>(got);
     return true;
   }
-  if (got == 0) {
-    const bool partial = !in_.empty() || large_total_ != 0;
-    COMM_LOG(debug, log_name, "connection from %s closed%s", describe().c_str(),
-             partial ? " in the middle of a frame" : "");
-    closing_ = true;
+  if (got < 0 && would_block(errno)) return false;
+  const int error = got < 0 ? errno : 0;
+  const char* why = error == 0 ? "the peer closed the connection" : "receive";
+  const bool partial = !in_.empty() || large_total_ != 0;
+  if (role_ == role::acceptor && phase_ == phase::handshake) {
+    if (hello_done_ && keyed_) {
+      ++owner_.counters().auth_failures;
+      COMM_LOG(warn, log_name, "connection %s closed without proving the key",
+               describe().c_str());
+    } else {
+      COMM_LOG(debug, log_name, "connection %s closed during the handshake", describe().c_str());
+    }
+    finish();
     return false;
   }
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
-  COMM_LOG(info, log_name, "connection from %s: receive: %s", describe().c_str(),
-           std::strerror(errno));
-  closing_ = true;
+  if (phase_ == phase::open && endpoints() == 0) {
+    // Nobody here sends on it: the peer went away (or closed after our bye); nothing fails.
+    COMM_LOG(debug, log_name, "connection %s: %s%s", describe().c_str(), why,
+             partial ? " in the middle of a frame" : "");
+    finish();
+    return false;
+  }
+  fail(status::connection_reset, why, error);
   return false;
 }
 
-// -- frames ---------------------------------------------------------------------------------------
-
 unsigned tcp_conn::deliver_buffered() {
   unsigned delivered = 0;
-  while (delivered < frames_per_call && !closing_) {
-    if (!hello_done_ && !take_hello()) break;
+  unsigned records = 0;
+  while (records < frames_per_call && phase_ != phase::finished && fd_ >= 0) {
+    ++records;
+    if (phase_ != phase::open) {
+      if (!take_handshake_record()) break;
+      continue;
+    }
     parsed_frame f;
     const parse_result r = parse_frame_header(in_.data(), in_.size(), &f);
     if (r == parse_result::garbage) {
@@ -115,32 +517,54 @@ unsigned tcp_conn::deliver_buffered() {
       if (f.total > in_.capacity() / 2) start_large(f);
       break;
     }
-    deliver(f, in_.data());
+    delivered += take_frame(f, in_.data());
     in_.consume(f.total);
-    ++delivered;
   }
   return delivered;
 }
 
 bool tcp_conn::has_frames() const {
-  if (closing_ || in_.empty()) return false;
-  if (!hello_done_) return in_.size() >= hello_size;
+  if (phase_ == phase::finished || fd_ < 0 || in_.empty() || large_total_ != 0) return false;
+  if (phase_ != phase::open) {
+    size_t bytes = 0;
+    return record_extent(in_.data(), in_.size(), &bytes) != parse_result::incomplete;
+  }
   parsed_frame f;
   const parse_result r = parse_frame_header(in_.data(), in_.size(), &f);
-  return r == parse_result::garbage || (r == parse_result::frame && f.total <= in_.size());
+  return r == parse_result::garbage ||
+         (r == parse_result::frame && (f.total <= in_.size() || f.total > in_.capacity() / 2));
 }
 
-bool tcp_conn::take_hello() {
-  size_t consumed = 0;
-  const char* problem = nullptr;
-  const parse_result r = parse_hello(in_.data(), in_.size(), owner_.id(), &consumed,
-                                     &sender_port_, &sender_ip_, &problem);
-  if (r == parse_result::garbage) garbage(problem);
-  if (r != parse_result::frame) return false;
-  in_.consume(consumed);
-  hello_done_ = true;
-  COMM_LOG(debug, log_name, "connection from %s", describe().c_str());
-  return true;
+unsigned tcp_conn::take_frame(const parsed_frame& frame, uint8_t* start) {
+  if (frame.delivered != peer_delivered_) {
+    if (frame.delivered < peer_delivered_ || frame.delivered > frames_sent_) {
+      garbage("a bad acknowledgement");
+      return 0;
+    }
+    peer_delivered_ = frame.delivered;
+    acks_advanced_ = true;
+  }
+  switch (frame.kind) {
+    case frame_kind::message:
+      if (bye_received_) {
+        garbage("a message after bye");
+        return 0;
+      }
+      ++delivered_;
+      ack_urgent_ = ack_urgent_ || frame.ack;
+      owner_.deliver(frame.id, start + frame.header_bytes, frame.length);
+      return 1;
+    case frame_kind::ack:
+      return 0;
+    case frame_kind::bye:
+      if (bye_received_) {
+        garbage("a second bye");
+        return 0;
+      }
+      bye_received_ = true;
+      return 0;
+  }
+  return 0;
 }
 
 void tcp_conn::start_large(const parsed_frame& frame) {
@@ -152,61 +576,252 @@ void tcp_conn::start_large(const parsed_frame& frame) {
   in_.clear();
 }
 
-void tcp_conn::finish_large() {
-  deliver(large_frame_, reinterpret_cast<uint8_t*>(large_.get()));
+unsigned tcp_conn::finish_large() {
   large_total_ = 0;
-  owner_.give_frame_buffer(std::move(large_), large_capacity_);
+  const unsigned delivered = take_frame(large_frame_, reinterpret_cast<uint8_t*>(large_.get()));
+  if (large_) owner_.give_frame_buffer(std::move(large_), large_capacity_);
   large_capacity_ = 0;
-}
-
-void tcp_conn::deliver(const parsed_frame& frame, uint8_t* start) {
-  ++delivered_;
-  ack_urgent_ = ack_urgent_ || frame.ack;
-  owner_.deliver(frame.id, start + frame.header_bytes, frame.length);
-}
-
-bool tcp_conn::ack_due() const {
-  const uint64_t unacked = delivered_ - acks_written_;
-  return unacked != 0 && (ack_urgent_ || unacked >= owner_.window() / 2);
-}
-
-// -- acknowledgements -----------------------------------------------------------------------------
-
-bool tcp_conn::flush_acks() {
-  if (acks_broken_) return false;
-  if (ack_unsent_ == 0) {
-    if (!ack_due()) return false;
-    owner_.write_ack(delivered_, ack_out_);
-    acks_written_ = delivered_;
-    ack_urgent_ = false;
-    ack_unsent_ = ack_size;
-  }
-  const ssize_t sent =
-      ::send(fd_, ack_out_ + ack_size - ack_unsent_, ack_unsent_, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (sent > 0) {
-    ack_unsent_ -= static_cast<size_t>(sent);
-  } else if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-    // The sender stopped reading (it is gone or closing): what it sent is still delivered.
-    COMM_LOG(debug, log_name, "connection from %s: acknowledgement: %s", describe().c_str(),
-             std::strerror(errno));
-    acks_broken_ = true;
-    ack_unsent_ = 0;
-    return false;
-  }
-  if (ack_unsent_ == 0 && ack_due()) return flush_acks();
-  return ack_unsent_ != 0;
+  return delivered;
 }
 
 void tcp_conn::garbage(const char* why) {
   ++owner_.counters().malformed;
-  COMM_LOG(error, log_name, "connection from %s closed: %s", describe().c_str(), why);
-  closing_ = true;
+  COMM_LOG(error, log_name, "connection %s closed: %s", describe().c_str(), why);
+  if (endpoints() == 0) {
+    finish();
+  } else {
+    fail(status::protocol_error, nullptr, 0);
+  }
+}
+
+// -- handshake ------------------------------------------------------------------------------------
+
+bool tcp_conn::take_handshake_record() {
+  if (role_ == role::acceptor) return hello_done_ ? take_proof() : take_hello();
+  return hello_done_ ? take_welcome() : take_challenge();
+}
+
+bool tcp_conn::take_hello() {
+  size_t consumed = 0;
+  parsed_hello hello;
+  const char* problem = nullptr;
+  const parse_result r =
+      parse_hello(in_.data(), in_.size(), owner_.id(), &consumed, &hello, &problem);
+  if (r == parse_result::garbage) garbage(problem);
+  if (r != parse_result::frame) return false;
+  in_.consume(consumed);
+  hello_done_ = true;
+  peer_id_ = hello.src_iface_id;
+  listen_ip_ = hello.src_ipv4;
+  listen_port_ = hello.src_port;
+  window_ = hello.window;
+  std::memcpy(peer_nonce_, hello.nonce, sizeof(peer_nonce_));
+  COMM_LOG(debug, log_name, "connection %s: hello", describe().c_str());
+  if (!keyed_) decide();
+  return phase_ != phase::finished;
+}
+
+bool tcp_conn::take_proof() {
+  size_t consumed = 0;
+  uint8_t proof[auth::proof_size];
+  const char* problem = nullptr;
+  const parse_result r = parse_proof(in_.data(), in_.size(), &consumed, proof, &problem);
+  if (r == parse_result::incomplete) return false;
+  ++owner_.counters().auth_checks;
+  if (r == parse_result::garbage) {
+    ++owner_.counters().auth_failures;
+    COMM_LOG(warn, log_name, "connection %s refused: %s instead of a proof of the key",
+             describe().c_str(), problem);
+    refuse(outcome::refused);
+    return false;
+  }
+  in_.consume(consumed);
+  if (!auth::check_proof(owner_.auth_key(), connector_role, own_nonce_.data(), own_nonce_.size(),
+                         peer_nonce_, sizeof(peer_nonce_), proof, sizeof(proof))) {
+    ++owner_.counters().auth_failures;
+    COMM_LOG(warn, log_name, "connection %s refused: wrong proof of the key", describe().c_str());
+    refuse(outcome::refused);
+    return false;
+  }
+  decide();
+  return phase_ != phase::finished;
+}
+
+void tcp_conn::decide() {
+  const tcp_iface::admission a = owner_.admit(this);
+  switch (a.verdict) {
+    case tcp_iface::admission::kind::open:
+      queue_welcome(outcome::accepted);
+      become_open();
+      break;
+    case tcp_iface::admission::kind::duplicate:
+      COMM_LOG(debug, log_name, "connection %s: ours to that interface is kept instead",
+               describe().c_str());
+      refuse(outcome::duplicate);
+      break;
+    case tcp_iface::admission::kind::adopt:
+      queue_welcome(outcome::accepted);
+      a.into->take_socket(*this);
+      break;
+  }
+}
+
+void tcp_conn::queue_welcome(outcome result) {
+  auth::proof proof{};
+  const bool prove = keyed_ && result == outcome::accepted;
+  if (prove) {
+    proof = auth::make_proof(owner_.auth_key(), acceptor_role, peer_nonce_, sizeof(peer_nonce_),
+                             own_nonce_.data(), own_nonce_.size());
+  }
+  owner_.writer().welcome(result, prove ? proof.data() : nullptr, hs_out_.reserve(welcome_size));
+  hs_out_.commit(welcome_size);
+}
+
+void tcp_conn::refuse(outcome result) {
+  queue_welcome(result);
+  owner_.unwatch(fd_, &target_);
+  owner_.linger(fd_, leftovers());  // the welcome still goes, then the socket closes
+  fd_ = -1;
+  in_.clear();
+  finish();
+}
+
+bool tcp_conn::take_challenge() {
+  size_t consumed = 0;
+  uint64_t iface_id = 0;
+  bool keyed = false;
+  uint8_t nonce[auth::nonce_size];
+  const char* problem = nullptr;
+  const parse_result r =
+      parse_challenge(in_.data(), in_.size(), &consumed, &iface_id, &keyed, nonce, &problem);
+  if (r == parse_result::garbage) garbage(problem);
+  if (r != parse_result::frame) return false;
+  in_.consume(consumed);
+  if (iface_id != peer_id_) {
+    // The port belongs to another interface now (ours closed and the port was reused).
+    fail(status::unreachable, "another interface listens there", 0);
+    return false;
+  }
+  hello_done_ = true;
+  std::memcpy(peer_nonce_, nonce, sizeof(peer_nonce_));
+  const bool have_key = !owner_.auth_key().empty();
+  if (keyed && !have_key) {
+    reject_peer("it requires a key and this interface has none");
+    return false;
+  }
+  if (!keyed && have_key) {
+    reject_peer("it does not prove that it holds the key");
+    return false;
+  }
+  keyed_ = keyed;
+  if (keyed_) {
+    const auth::proof proof =
+        auth::make_proof(owner_.auth_key(), connector_role, peer_nonce_, sizeof(peer_nonce_),
+                         own_nonce_.data(), own_nonce_.size());
+    owner_.writer().proof(proof.data(), hs_out_.reserve(proof_record_size));
+    hs_out_.commit(proof_record_size);
+    write_queued();
+  }
+  return phase_ != phase::finished;
+}
+
+bool tcp_conn::take_welcome() {
+  size_t consumed = 0;
+  outcome result = outcome::refused;
+  uint8_t proof[auth::proof_size];
+  const char* problem = nullptr;
+  const parse_result r = parse_welcome(in_.data(), in_.size(), &consumed, &result, proof,
+                                       &problem);
+  if (r == parse_result::garbage) garbage(problem);
+  if (r != parse_result::frame) return false;
+  in_.consume(consumed);
+  switch (result) {
+    case outcome::accepted:
+      if (keyed_) {
+        ++owner_.counters().auth_checks;
+        if (!auth::check_proof(owner_.auth_key(), acceptor_role, own_nonce_.data(),
+                               own_nonce_.size(), peer_nonce_, sizeof(peer_nonce_), proof,
+                               sizeof(proof))) {
+          reject_peer("its proof of the key is wrong");
+          return false;
+        }
+      }
+      become_open();
+      return phase_ != phase::finished;
+    case outcome::duplicate:
+      // Both interfaces connected at once and the peer keeps its own connection: it is on its
+      // way (its hello was sent already). Our messages wait for it.
+      COMM_LOG(debug, log_name, "connection %s: the peer keeps its own connection",
+               describe().c_str());
+      owner_.unwatch(fd_, &target_);
+      ::close(fd_);
+      fd_ = -1;
+      in_.clear();
+      hs_out_.clear();
+      out_watched_ = false;
+      hello_done_ = false;
+      keyed_ = false;
+      phase_ = phase::awaiting;
+      deadline_ns_ = owner_.now_ns() + handshake_timeout_ns;
+      return false;
+    case outcome::refused:
+      ++owner_.counters().auth_failures;
+      COMM_LOG(warn, log_name, "connection %s refused by the peer: authentication failed",
+               describe().c_str());
+      fail(status::rejected, nullptr, 0);
+      return false;
+  }
+  return false;
+}
+
+void tcp_conn::reject_peer(const char* why) {
+  ++owner_.counters().auth_failures;
+  COMM_LOG(warn, log_name, "connection %s refused: %s", describe().c_str(), why);
+  fail(status::rejected, nullptr, 0);
+}
+
+void tcp_conn::become_open() {
+  phase_ = phase::open;
+  COMM_LOG(debug, log_name, "connection %s open", describe().c_str());
+  write_queued();  // the welcome (acceptor) and the messages that waited
+}
+
+void tcp_conn::take_socket(tcp_conn& from) {
+  if (fd_ >= 0) {
+    owner_.unwatch(fd_, &target_);
+    ::close(fd_);
+  }
+  fd_ = from.fd_;
+  from.fd_ = -1;
+  role_ = role::acceptor;
+  peer_ip_ = from.peer_ip_;
+  peer_port_ = from.peer_port_;
+  listen_ip_ = from.listen_ip_;
+  listen_port_ = from.listen_port_;
+  window_ = from.window_;
+  keyed_ = from.keyed_;
+  hello_done_ = true;
+  own_nonce_ = from.own_nonce_;
+  std::memcpy(peer_nonce_, from.peer_nonce_, sizeof(peer_nonce_));
+  std::swap(in_, from.in_);
+  std::swap(hs_out_, from.hs_out_);
+  owner_.retarget(fd_, base_events, &from.target_, &target_);
+  out_watched_ = false;
+  from.finish();
+  become_open();
+  owner_.add_backlog(this);  // frames that came along, flushes and parked requests of ours
 }
 
 std::string tcp_conn::describe() const {
-  std::string text = ipv4_text(peer_ip_) + ":" + std::to_string(peer_port_);
-  if (hello_done_) {
-    text += " (interface " + ipv4_text(sender_ip_) + ":" + std::to_string(sender_port_) + ")";
+  std::string text;
+  if (role_ == role::connector && phase_ != phase::open) {
+    text = "to " + ipv4_text(listen_ip_) + ":" + std::to_string(listen_port_);
+  } else {
+    text = (role_ == role::connector ? "to " : "from ") + ipv4_text(peer_ip_) + ":" +
+           std::to_string(peer_port_);
+    if (role_ == role::acceptor && peer_id_ != 0) {
+      text += " (interface " + ipv4_text(listen_ip_) + ":" + std::to_string(listen_port_) + ")";
+    }
   }
   return text;
 }

@@ -1,112 +1,293 @@
-// An accepted tcp connection: the receiving end of one peer endpoint. It reads into its receive
-// buffer, checks the hello, then cuts complete frames out of the byte stream and hands them to the
-// interface's handlers in place (frames are padded to 8 bytes, so payloads stay 8-byte aligned).
-// A frame too large for the receive buffer is read straight into a frame buffer of its own. A
-// partial frame waits for more bytes; at most frames_per_call frames go per call. Delivered frames
-// are acknowledged with a cumulative TcpAck written back on the connection: at the end of a call
-// that delivered a zcopy frame, else once half of the interface's window was delivered unacked.
+// A tcp connection: one socket that carries messages both ways between two interfaces, shared by
+// every endpoint of either interface towards the other (see tcp_iface.hpp for who keeps which
+// connection and tcp_wire.hpp for the records).
+//
+// Sending: endpoints append frames to the connection's send buffer (short and bcopy, copied) or
+// queue one zcopy frame whose iov the kernel has not taken completely; the order on the wire is the
+// order of the calls. Nothing but handshake records goes out before the handshake is over; frames
+// sent meanwhile wait in the buffer. Every message counts against the peer's window until a
+// `delivered` count coming back covers it.
+//
+// Receiving: the connection reads into its receive buffer, runs the handshake, then cuts complete
+// frames out of the byte stream and hands messages to the interface's handlers in place (frames
+// are padded to 8 bytes, so payloads stay 8-byte aligned). A frame too large for the receive buffer
+// is read straight into a frame buffer of its own. At most frames_per_call frames go per call.
+//
+// Acknowledging: each header we send carries how many messages we delivered; a bare ack goes at
+// the end of a call that delivered a zcopy frame, or once half of our window was delivered
+// unacknowledged, and only when nothing else carried it.
 #pragma once
 
+#include "base/auth.hpp"
 #include "tcp/tcp_buffer.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
 
+#include <comm/transport/transport.hpp>
+
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace comm::tl::tcp {
 
 class tcp_iface;
+class tcp_ep;
 
 /// Bytes of a connection's receive buffer (a frame larger than half of it gets a buffer of its
 /// own).
 inline constexpr size_t receive_buffer_size = 256 * 1024;
 /// Frames delivered per connection per progress() call.
 inline constexpr unsigned frames_per_call = 64;
+/// Bytes of messages a connection buffers beyond what the kernel took: two largest bcopy frames.
+inline constexpr size_t send_buffer_size = 2 * frame_size(max_bcopy);
+/// Room beyond send_buffer_size for the records the connection adds itself (acks, the bye).
+inline constexpr size_t control_room = 16 * frame_header_size;
 
 class tcp_conn {
 public:
-  /// Takes the accepted socket `fd` from `peer_ip`:`peer_port`, accepted at `now_ns`.
+  /// Who opened the socket.
+  enum class role : uint8_t { connector, acceptor };
+
+  /// Where the connection stands.
+  enum class phase : uint8_t {
+    connecting,  ///< connector: the nonblocking connect is under way
+    handshake,   ///< hello, challenge, proof and welcome are being exchanged
+    awaiting,    ///< connector told "duplicate": no socket, the peer's own connection is coming
+    open,        ///< frames go both ways
+    finished,    ///< over (failed, refused, handed on or closed): the interface removes it
+  };
+
+  /// A connection we open to the interface `peer` at `peer_ip` over `fd` (connected, or with its
+  /// connect in progress). Check finished() afterwards: registering the socket may fail.
+  tcp_conn(tcp_iface& owner, int fd, bool connected, uint32_t peer_ip, const iface_addr& peer,
+           uint64_t now_ns);
+  /// A connection accepted from `peer_ip`:`peer_port`; its challenge goes out at once.
   tcp_conn(tcp_iface& owner, int fd, uint32_t peer_ip, uint16_t peer_port, uint64_t now_ns);
   ~tcp_conn();
   tcp_conn(const tcp_conn&) = delete;
   tcp_conn& operator=(const tcp_conn&) = delete;
 
-  /// Reads what the socket has (once) and delivers complete frames; returns the number delivered.
-  /// Afterwards closing() tells whether the connection is over (EOF, error, garbage).
-  unsigned on_readable();
+  // -- sending (tcp_ep) --
 
-  /// Delivers complete frames already in the buffer; returns the number delivered.
+  /// Room for a message frame of `bytes` bytes in the send buffer, or null: the peer's window is
+  /// used up, a zcopy frame is half written, or the buffer is full. commit_message() what is
+  /// written there.
+  uint8_t* reserve_message(size_t bytes) {
+    if (zcopy_queued_ || !window_open() || tx_.size() + bytes > send_buffer_size) [[unlikely]] {
+      return nullptr;
+    }
+    return tx_.reserve(bytes);
+  }
+
+  /// Writes the header of a message frame (`length` bytes follow) at `dest`; returns its size.
+  size_t put_header(am_id id, size_t length, bool ack, uint8_t* dest);
+
+  /// Pads and appends the message frame written at `frame`, and writes when the socket is idle.
+  void commit_message(uint8_t* frame, size_t length);
+
+  /// True when a zcopy frame may be queued now (window open, none half written).
+  bool zcopy_room() const { return !zcopy_queued_ && window_open(); }
+
+  /// Queues a zcopy frame of `by`: header + the iov, `total` bytes of iov in all. Returns the
+  /// number of the frame (what `delivered` must reach for it to be acknowledged).
+  uint64_t queue_zcopy(tcp_ep* by, am_id id, const void* header, size_t header_length,
+                       const iov* entries, size_t count, size_t total);
+
+  /// True when parked requests may run: a largest bcopy frame fits and a zcopy may be queued.
+  bool has_room() const {
+    return zcopy_room() && tx_.size() + frame_size(max_bcopy) <= send_buffer_size;
+  }
+
+  /// True once the handshake is over and the kernel took every byte given to the connection.
+  bool all_written() const {
+    return phase_ == phase::open && tx_.empty() && hs_out_.empty() && !zcopy_queued_;
+  }
+
+  /// Messages of ours the peer said it delivered.
+  uint64_t peer_delivered() const { return peer_delivered_; }
+
+  /// Adds an endpoint that sends on this connection.
+  void attach(tcp_ep* ep);
+  /// Removes an endpoint (destroyed): a half-written zcopy frame of it is copied, so it still goes
+  /// out in full after the caller frees its memory; the last one gone makes us say bye.
+  void detach(tcp_ep* ep);
+
+  // -- events (tcp_iface) --
+
+  /// Handles epoll events (or EPOLLIN for a direct read); returns the number of messages
+  /// delivered. Afterwards finished() tells whether the interface must remove the connection.
+  unsigned on_events(uint32_t events);
+
+  /// Delivers complete frames already in the receive buffer; returns the number delivered.
   unsigned deliver_buffered();
 
-  /// True when complete frames wait in the buffer.
+  /// True when complete frames (or handshake records) wait in the receive buffer.
   bool has_frames() const;
 
-  /// Writes the acknowledgement of the frames delivered so far, if one is due; returns true
-  /// while part of it waits for EPOLLOUT.
-  bool flush_acks();
+  /// After reading or writing: completes the zcopy operations the peer acknowledged, completes
+  /// flushes, dispatches parked requests, sends a bare ack or the bye when due, closes once both
+  /// sides said bye. Returns the number of operations advanced.
+  unsigned after_io();
 
-  /// True once the connection must be closed.
-  bool closing() const { return closing_; }
+  /// Fails the connection: its endpoints fail with `reason` (reported from progress) and the
+  /// interface removes it. `why`/`error` are logged.
+  void fail(status reason, const char* why, int error);
 
-  /// True while the hello has not arrived; `accepted_ns` is when the connection was accepted.
-  bool awaiting_hello() const { return !hello_done_; }
-  uint64_t accepted_ns() const { return accepted_ns_; }
+  /// Takes over the socket of `from`, an accepted connection whose handshake made it this
+  /// connection's (the peer connected to us while our own connect was under way, or after it was
+  /// called a duplicate). Our own socket, if any, is closed; `from` is finished.
+  void take_socket(tcp_conn& from);
+
+  /// Marks the connection as over without failing anything (its socket is gone or handed on);
+  /// the interface removes it.
+  void finish();
+
+  /// Gives up waiting for the peer's connection at `now_ns`: true when the deadline passed
+  /// (handshake or awaiting), after which the connection has failed.
+  bool check_deadline(uint64_t now_ns);
+
+  // -- state --
+
+  phase state() const { return phase_; }
+  bool finished() const { return phase_ == phase::finished; }
+  role side() const { return role_; }
+  /// The peer interface's id (from its address or its hello; 0 before the hello).
+  uint64_t peer_id() const { return peer_id_; }
+  /// Endpoints sending on this connection.
+  size_t endpoints() const { return eps_.size() - holes_; }
+  /// True when the bye went / came.
+  bool bye_sent() const { return bye_sent_; }
+  bool bye_received() const { return bye_received_; }
+  /// True while the connection needs EPOLLOUT (bytes the kernel did not take, or the connect).
+  bool out_watched() const { return out_watched_; }
 
   int fd() const { return fd_; }
   poll_target* target() { return &target_; }
 
-  /// Set by the interface while the connection is on its backlog list / watched for EPOLLOUT.
+  /// Set by the interface while the connection is on its backlog list / in its peer map.
   bool in_backlog = false;
-  bool out_watched = false;
+  bool mapped = false;
   /// Position in the interface's connection list (kept by the interface).
   size_t index = 0;
 
-  /// "ip:port (sender iface ip:port)" for logs and info().
+  /// "ip:port (interface ip:port, state)" for logs and info().
   std::string describe() const;
 
 private:
-  /// Reads into the frame buffer of a large frame; true when it is complete.
+  /// The zcopy frame the kernel has not taken completely: frame header + protocol header, the
+  /// caller's iov, padding.
+  struct zcopy_frame {
+    alignas(8) uint8_t head[frame_header_size + max_hdr];
+    iovec vec[max_iov + 2];
+    size_t count = 0;        ///< entries in vec
+    size_t first = 0;        ///< first entry not written completely
+  };
+
+  bool window_open() const { return frames_sent_ - peer_delivered_ < window_; }
+
+  // reading
+  unsigned on_readable();
   bool read_large();
-  /// Reads into the receive buffer; false when nothing came.
   bool read_small();
-  /// Counts a recv result; false when nothing came (and closing_ on EOF or an error).
   bool account(ssize_t got);
-  /// Consumes the hello; false when it is incomplete or bad.
-  bool take_hello();
-  /// Moves the incomplete `frame` at the head into a frame buffer of its own.
   void start_large(const parsed_frame& frame);
-  /// Delivers the completed large frame and gives its buffer back.
-  void finish_large();
-  /// Marks the connection for closing because of bytes that break the protocol.
+  unsigned finish_large();
+  /// Handles one checked frame at `start`; returns 1 when it was a message.
+  unsigned take_frame(const parsed_frame& frame, uint8_t* start);
   void garbage(const char* why);
-  /// Hands one frame to the interface, counting it for the next acknowledgement.
-  void deliver(const parsed_frame& frame, uint8_t* start);
-  /// True when an acknowledgement should go now.
+
+  // handshake
+  /// Consumes one handshake record; false when it is incomplete or the handshake ended badly.
+  bool take_handshake_record();
+  bool take_hello();
+  bool take_proof();
+  bool take_challenge();
+  bool take_welcome();
+  /// Acceptor: hello (and proof) checked; asks the interface what to do with us.
+  void decide();
+  /// Acceptor: answers with `result` and hands the socket to the interface's lingering list.
+  void refuse(outcome result);
+  /// Connector: the peer does not pass our authentication rules.
+  void reject_peer(const char* why);
+  void queue_welcome(outcome result);
+  void become_open();
+  void finish_connect();
+
+  // writing
+  void write_queued();
+  void consume_written(size_t sent);
+  void update_interest();
+  /// Appends a bare ack when one is due and the buffer has room.
+  void send_ack_if_due();
   bool ack_due() const;
+  /// Says bye when we have no endpoints left here (or the peer said it and we have none).
+  void maybe_bye();
+  /// Hands the socket to the lingering list once both sides said bye.
+  void close_gracefully();
+  /// Bytes still to write: handshake records, the send buffer, the rest of a zcopy frame.
+  byte_queue leftovers();
+  /// Copies the unwritten rest of the queued zcopy frame into memory of our own.
+  void own_zcopy_rest();
+
+  template <class F>
+  void for_each_ep(F&& f);
 
   tcp_iface& owner_;
-  int fd_;
+  int fd_ = -1;
+  role role_;
+  phase phase_;
+  bool out_watched_ = false;
+  const uint64_t started_ns_;    ///< connect started / accepted
+  uint64_t deadline_ns_ = 0;     ///< awaiting: give up then
+
+  // the peer
+  uint32_t peer_ip_ = 0;         ///< the socket's peer (network byte order)
+  uint16_t peer_port_ = 0;
+  uint64_t peer_id_ = 0;
+  uint32_t listen_ip_ = 0;       ///< the peer interface's listener (from its address or hello)
+  uint16_t listen_port_ = 0;
+  uint32_t window_ = default_window;  ///< messages the peer accepts undelivered
+
+  // handshake
+  auth::nonce own_nonce_{};
+  uint8_t peer_nonce_[auth::nonce_size] = {};
+  bool keyed_ = false;           ///< proofs are exchanged on this connection
+  bool hello_done_ = false;      ///< acceptor: the hello arrived / connector: the challenge did
+  byte_queue hs_out_;            ///< handshake records not yet written
+
+  // sending
+  byte_queue tx_;
+  zcopy_frame zop_;
+  bool zcopy_queued_ = false;
+  tcp_ep* zop_owner_ = nullptr;  ///< whose iov zop_ points into (null once copied)
+  std::unique_ptr<uint8_t[]> zop_copy_;
+  uint64_t frames_sent_ = 0;     ///< messages accepted for sending
+  uint64_t peer_delivered_ = 0;  ///< messages the peer said it delivered
+  bool acks_advanced_ = false;   ///< peer_delivered_ grew since after_io() last ran
+
+  // receiving
   byte_queue in_;
   std::unique_ptr<uint64_t[]> large_;   ///< a frame larger than half of the receive buffer
   size_t large_capacity_ = 0;
   size_t large_total_ = 0;              ///< bytes of that frame, 0 when none
   size_t large_filled_ = 0;
   parsed_frame large_frame_;
-  bool hello_done_ = false;
-  bool closing_ = false;
-  uint64_t delivered_ = 0;              ///< frames delivered
-  uint64_t acks_written_ = 0;           ///< the count in the last acknowledgement started
-  bool ack_urgent_ = false;             ///< a zcopy frame was delivered since that ack
-  alignas(8) uint8_t ack_out_[ack_size];
-  size_t ack_unsent_ = 0;               ///< bytes of ack_out_ the kernel has not taken
-  bool acks_broken_ = false;            ///< writing failed: the peer no longer reads
-  const uint32_t peer_ip_;
-  const uint16_t peer_port_;
-  uint32_t sender_ip_ = 0;              ///< from the hello: the sending interface
-  uint16_t sender_port_ = 0;
-  const uint64_t accepted_ns_;
+  uint64_t delivered_ = 0;       ///< messages delivered from the peer
+  uint64_t ack_sent_ = 0;        ///< the largest `delivered` put on the wire
+  bool ack_urgent_ = false;      ///< a zcopy frame was delivered since then
+
+  // endpoints and closing
+  std::vector<tcp_ep*> eps_;
+  size_t holes_ = 0;             ///< null entries left by detach() during for_each_ep
+  int iterating_ = 0;
+  bool had_eps_ = false;
+  bool bye_sent_ = false;
+  bool bye_received_ = false;
+
   poll_target target_;
 };
 

@@ -22,10 +22,11 @@ namespace {
 constexpr const char* log_name = "tcp";
 constexpr int progress_batch = 64;           ///< epoll events per progress() call
 constexpr int accepts_per_call = 16;
-constexpr size_t max_connections = 4096;     ///< accepted connections per interface
+constexpr size_t max_connections = 4096;     ///< connections per interface
 constexpr unsigned housekeeping_mask = 1023; ///< housekeeping every this many progress() calls
-constexpr uint64_t hello_timeout_ns = 10'000'000'000;   ///< a connection must say hello by then
-constexpr uint64_t linger_timeout_ns = 10'000'000'000;  ///< a closed endpoint's bytes go by then
+/// While one connection carries the traffic, epoll is asked every this many + 1 progress() calls.
+constexpr unsigned direct_read_mask = 15;
+constexpr uint64_t linger_timeout_ns = 10'000'000'000;  ///< a closed connection's bytes go by then
 /// A large-frame buffer holds any frame a peer may announce.
 constexpr size_t max_frame_bytes = max_header_bytes + pad8(max_frame_payload);
 
@@ -39,23 +40,39 @@ uint64_t random_nonzero_id() {
   return id;
 }
 
-uint64_t coarse_now_ns() {
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
-
 /// True for the errors accept4 reports about one connection rather than the listener.
 bool transient_accept_error(int error) {
   return error == ECONNABORTED || error == EINTR || error == EPROTO || error == EPERM;
 }
 
+const char* phase_name(tcp_conn::phase p) {
+  switch (p) {
+    case tcp_conn::phase::connecting:
+      return "connecting";
+    case tcp_conn::phase::handshake:
+      return "handshake";
+    case tcp_conn::phase::awaiting:
+      return "awaiting the peer's connection";
+    case tcp_conn::phase::open:
+      return "open";
+    case tcp_conn::phase::finished:
+      return "finished";
+  }
+  return "?";
+}
+
 }  // namespace
+
+uint64_t tcp_iface::now_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
 
 // -- open and close -------------------------------------------------------------------------------
 
 tcp_iface::tcp_iface(const iface_params& params, const ipv4_device& device)
-    : device_(device), iface_id_(random_nonzero_id()) {
+    : device_(device), iface_id_(random_nonzero_id()), auth_key_(params.auth_key) {
   if (params.fifo_size != 0) {
     if (params.fifo_size < min_window || params.fifo_size > max_window) {
       COMM_LOG(error, log_name, "bad parameters: fifo_size %zu (%u..%u frames in flight)",
@@ -133,6 +150,13 @@ void tcp_iface::rewatch(int fd, uint32_t events, poll_target* target) {
   }
 }
 
+void tcp_iface::retarget(int fd, uint32_t events, poll_target* from, poll_target* to) {
+  rewatch(fd, events, to);
+  for (int i = event_cursor_ + 1; i < event_count_; ++i) {
+    if (events_[i].data.ptr == from) events_[i].data.ptr = nullptr;
+  }
+}
+
 void tcp_iface::unwatch(int fd, poll_target* target) {
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   for (int i = event_cursor_ + 1; i < event_count_; ++i) {
@@ -144,9 +168,17 @@ void tcp_iface::unwatch(int fd, poll_target* target) {
 
 unsigned tcp_iface::progress() {
   unsigned events = 0;
+  if (!reaped_.empty()) [[unlikely]] remove_reaped();
   if (!backlog_.empty()) [[unlikely]] events += drain_backlog();
   if (!redispatch_.empty()) [[unlikely]] events += run_redispatch();
-  events += poll_events();
+  if (hot_ != nullptr && (++direct_reads_ & direct_read_mask) != 0 && !hot_->out_watched() &&
+      conns_.size() == 1 && lingering_.empty()) {
+    // The only socket with traffic (besides the listener): one recv instead of epoll_wait and
+    // recv. With others around, epoll sees them all at once (a closing socket's EOF included).
+    events += on_connection(hot_, EPOLLIN);
+  } else {
+    events += poll_events();
+  }
   if ((++progress_calls_ & housekeeping_mask) == 0) [[unlikely]] housekeeping();
   if (!failed_.empty()) [[unlikely]] events += report_failures();
   return events;
@@ -170,8 +202,6 @@ unsigned tcp_iface::dispatch(poll_target* target, uint32_t events) {
   switch (target->what) {
     case poll_target::kind::listener:
       return accept_connections();
-    case poll_target::kind::endpoint:
-      return static_cast<tcp_ep*>(target->object)->on_events(events);
     case poll_target::kind::connection:
       return on_connection(static_cast<tcp_conn*>(target->object), events);
     case poll_target::kind::lingering:
@@ -180,7 +210,48 @@ unsigned tcp_iface::dispatch(poll_target* target, uint32_t events) {
   return 0;
 }
 
-// -- receiving ------------------------------------------------------------------------------------
+unsigned tcp_iface::on_connection(tcp_conn* conn, uint32_t events) {
+  const unsigned delivered = conn->on_events(events);
+  unsigned done = delivered;
+  if (!conn->finished()) {
+    done += conn->after_io();
+    // The connection that delivered last is read directly until epoll is asked again.
+    if (delivered != 0 && conn->state() == tcp_conn::phase::open) hot_ = conn;
+  }
+  settle(conn);  // may remove it
+  return done;
+}
+
+void tcp_iface::settle(tcp_conn* conn) {
+  if (conn->finished()) {
+    close_connection(conn);
+    return;
+  }
+  if (conn->has_frames()) add_backlog(conn);
+}
+
+void tcp_iface::add_backlog(tcp_conn* conn) {
+  if (conn->in_backlog) return;
+  conn->in_backlog = true;
+  backlog_.push_back(conn);
+}
+
+unsigned tcp_iface::drain_backlog() {
+  unsigned done = 0;
+  backlog_work_.swap(backlog_);
+  for (size_t i = 0; i < backlog_work_.size(); ++i) {
+    tcp_conn* conn = backlog_work_[i];
+    if (conn == nullptr) continue;  // closed meanwhile
+    conn->in_backlog = false;
+    done += conn->deliver_buffered();
+    if (!conn->finished()) done += conn->after_io();
+    settle(conn);
+  }
+  backlog_work_.clear();
+  return done;
+}
+
+// -- connections ----------------------------------------------------------------------------------
 
 unsigned tcp_iface::accept_connections() {
   unsigned accepted = 0;
@@ -206,66 +277,93 @@ unsigned tcp_iface::accept_connections() {
       ::close(fd);
       continue;
     }
+    set_nodelay(fd);
     set_keepalive(fd);
-    auto conn = std::make_unique<tcp_conn>(*this, fd, peer.sin_addr.s_addr, ntohs(peer.sin_port),
-                                           coarse_now_ns());
-    if (!watch(fd, EPOLLIN | EPOLLRDHUP, conn->target())) continue;
-    conn->index = conns_.size();
-    conns_.push_back(std::move(conn));
+    auto conn =
+        std::make_unique<tcp_conn>(*this, fd, peer.sin_addr.s_addr, ntohs(peer.sin_port), now_ns());
     ++counters_.accepted;
     ++accepted;
+    add_connection(std::move(conn));
   }
   return accepted;
 }
 
-unsigned tcp_iface::on_connection(tcp_conn* conn, uint32_t events) {
-  const unsigned delivered =
-      (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0 ? conn->on_readable() : 0;
-  settle(conn);
-  return delivered;
+void tcp_iface::add_connection(std::unique_ptr<tcp_conn> conn) {
+  conn->index = conns_.size();
+  tcp_conn* raw = conn.get();
+  conns_.push_back(std::move(conn));
+  if (raw->finished()) reap(raw);  // its socket could not be watched
 }
 
-void tcp_iface::settle(tcp_conn* conn) {
-  if (conn->closing()) {
-    close_connection(conn);
-    return;
+tcp_iface::admission tcp_iface::admit(tcp_conn* conn) {
+  const uint64_t peer = conn->peer_id();
+  if (peer == iface_id_) return {};  // our own connection's other end: kept apart from the map
+  auto it = peers_.find(peer);
+  tcp_conn* mapped = it == peers_.end() ? nullptr : it->second;
+  if (mapped == nullptr) {
+    map(conn);
+    return {};
   }
-  if (conn->has_frames()) add_backlog(conn);
-  const bool ack_waits = conn->flush_acks();
-  if (ack_waits != conn->out_watched) {
-    conn->out_watched = ack_waits;
-    rewatch(conn->fd(), EPOLLIN | EPOLLRDHUP | (ack_waits ? uint32_t{EPOLLOUT} : 0u),
-            conn->target());
+  if (mapped->state() == tcp_conn::phase::open) {
+    // The peer connects again: it said bye on that one (or lost it), or this is a socket it gave
+    // up in a simultaneous connect and is about to close. Either way it is served, but ours stay
+    // on the mapped one (the peer reads it until both said bye); spare() finds this one later.
+    return {};
   }
+  // Our own connect to the peer is under way (or was answered "duplicate"): both connected at
+  // once. The connection of the interface with the smaller id is kept.
+  if (mapped->state() != tcp_conn::phase::awaiting && iface_id_ < peer) {
+    ++counters_.duplicates;
+    return {admission::kind::duplicate, nullptr};
+  }
+  ++counters_.taken_over;
+  return {admission::kind::adopt, mapped};
 }
 
-void tcp_iface::add_backlog(tcp_conn* conn) {
-  if (conn->in_backlog) return;
-  conn->in_backlog = true;
-  backlog_.push_back(conn);
+tcp_conn* tcp_iface::spare(uint64_t peer) const {
+  if (peer == iface_id_) return nullptr;
+  for (const auto& conn : conns_) {
+    if (conn->peer_id() == peer && !conn->mapped && conn->state() == tcp_conn::phase::open &&
+        !conn->bye_sent() && !conn->bye_received()) {
+      return conn.get();
+    }
+  }
+  return nullptr;
 }
 
-unsigned tcp_iface::drain_backlog() {
-  unsigned delivered = 0;
-  backlog_work_.swap(backlog_);
-  for (tcp_conn* conn : backlog_work_) {
-    conn->in_backlog = false;
-    delivered += conn->deliver_buffered();
-    settle(conn);
-  }
-  backlog_work_.clear();
-  return delivered;
+void tcp_iface::map(tcp_conn* conn) {
+  peers_[conn->peer_id()] = conn;
+  conn->mapped = true;
+}
+
+void tcp_iface::unmap(tcp_conn* conn) {
+  if (!conn->mapped) return;
+  conn->mapped = false;
+  auto it = peers_.find(conn->peer_id());
+  if (it != peers_.end() && it->second == conn) peers_.erase(it);
+}
+
+void tcp_iface::reap(tcp_conn* conn) {
+  if (std::find(reaped_.begin(), reaped_.end(), conn) == reaped_.end()) reaped_.push_back(conn);
+}
+
+void tcp_iface::remove_reaped() {
+  while (!reaped_.empty()) close_connection(reaped_.back());
 }
 
 void tcp_iface::close_connection(tcp_conn* conn) {
-  unwatch(conn->fd(), conn->target());
+  if (conn->fd() >= 0) unwatch(conn->fd(), conn->target());
   if (conn->in_backlog) backlog_.erase(std::find(backlog_.begin(), backlog_.end(), conn));
+  std::replace(backlog_work_.begin(), backlog_work_.end(), conn, static_cast<tcp_conn*>(nullptr));
+  reaped_.erase(std::remove(reaped_.begin(), reaped_.end(), conn), reaped_.end());
+  unmap(conn);
+  if (hot_ == conn) hot_ = nullptr;
   const size_t index = conn->index;
   if (index + 1 != conns_.size()) {
     conns_[index] = std::move(conns_.back());
     conns_[index]->index = index;
   }
-  conns_.pop_back();  // closes the socket
+  conns_.pop_back();  // closes the socket, if it still has one
   ++counters_.closed;
 }
 
@@ -296,22 +394,6 @@ void tcp_iface::give_frame_buffer(std::unique_ptr<uint64_t[]> buffer, size_t cap
 }
 
 // -- endpoints ------------------------------------------------------------------------------------
-
-void tcp_iface::write_hello(uint64_t peer_id, void* dest) {
-  auto& hello = hello_writer_.fields();
-  hello.setMagic(hello_magic);
-  hello.setVersion(hello_version);
-  hello.setSrcPort(port_);
-  hello.setSrcAddress(device_.ipv4);
-  hello.setSrcIfaceId(iface_id_);
-  hello.setDstIfaceId(peer_id);
-  hello_writer_.copy_to(dest);
-}
-
-void tcp_iface::write_ack(uint64_t delivered, void* dest) {
-  ack_writer_.fields().setDelivered(delivered);
-  ack_writer_.copy_to(dest);
-}
 
 void tcp_iface::notice_failure(tcp_ep* ep) {
   if (ep->failure_queued) return;
@@ -366,16 +448,15 @@ unsigned tcp_iface::report_failures() {
   return events;
 }
 
-// -- lingering sockets of destroyed endpoints -----------------------------------------------------
+// -- lingering sockets of finished connections ----------------------------------------------------
 
-void tcp_iface::linger(int fd, bool connecting, byte_queue bytes) {
+void tcp_iface::linger(int fd, byte_queue bytes) {
   auto l = std::make_unique<lingering_socket>();
   l->fd = fd;
-  l->connecting = connecting;
   l->bytes = std::move(bytes);
-  l->deadline_ns = coarse_now_ns() + linger_timeout_ns;
+  l->deadline_ns = now_ns() + linger_timeout_ns;
   l->target = {poll_target::kind::lingering, l.get()};
-  if ((!connecting && !linger_write(l.get())) ||
+  if (!linger_write(l.get()) ||
       !watch(fd, EPOLLIN | EPOLLRDHUP | (l->shut ? 0u : uint32_t{EPOLLOUT}), &l->target)) {
     ::close(fd);
     return;
@@ -403,17 +484,12 @@ unsigned tcp_iface::on_lingering(lingering_socket* l, uint32_t events) {
 
 bool tcp_iface::lingering_goes_on(lingering_socket* l, uint32_t events) {
   if (events & EPOLLERR) return false;
-  if (l->connecting) {
-    if ((events & (EPOLLOUT | EPOLLHUP)) == 0) return true;
-    if (socket_error(l->fd) != 0) return false;
-    l->connecting = false;
-  }
   if (!l->shut) {
     if (!linger_write(l)) return false;
     if (l->shut) rewatch(l->fd, EPOLLIN | EPOLLRDHUP, &l->target);
   }
   if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) == 0) return true;
-  // Acknowledgements we no longer need, then the peer's EOF: it has read everything.
+  // Records we no longer need, then the peer's EOF: it has read everything.
   char sink[512];
   for (int round = 0; round < 16; ++round) {
     const ssize_t got = ::recv(l->fd, sink, sizeof(sink), MSG_DONTWAIT);
@@ -435,17 +511,9 @@ void tcp_iface::close_lingering(lingering_socket* l) {
 
 void tcp_iface::housekeeping() {
   if (conns_.empty() && lingering_.empty()) return;
-  const uint64_t now = coarse_now_ns();
-  for (size_t i = conns_.size(); i-- > 0;) {
-    tcp_conn* conn = conns_[i].get();
-    if (conn->awaiting_hello() && now - conn->accepted_ns() > hello_timeout_ns) {
-      ++counters_.malformed;
-      COMM_LOG(warn, log_name, "connection from %s closed: no hello within %llu s",
-               conn->describe().c_str(),
-               static_cast<unsigned long long>(hello_timeout_ns / 1'000'000'000));
-      close_connection(conn);
-    }
-  }
+  const uint64_t now = now_ns();
+  for (size_t i = conns_.size(); i-- > 0;) conns_[i]->check_deadline(now);
+  remove_reaped();
   for (size_t i = lingering_.size(); i-- > 0;) {
     if (now > lingering_[i]->deadline_ns) close_lingering(lingering_[i].get());
   }
@@ -459,7 +527,9 @@ bool tcp_iface::any_parked_ep_ready() const {
 }
 
 status tcp_iface::event_arm() {
-  if (!failed_.empty() || !backlog_.empty() || !redispatch_.empty()) return status::busy;
+  if (!failed_.empty() || !backlog_.empty() || !redispatch_.empty() || !reaped_.empty()) {
+    return status::busy;
+  }
   if (any_parked_ep_ready()) return status::busy;
   epoll_event ready;
   if (::epoll_wait(epoll_fd_, &ready, 1, 0) > 0) return status::busy;
@@ -496,10 +566,25 @@ status tcp_iface::create_ep(const std::vector<uint8_t>& device_address,
   const auto address = iface_addr::unpack(iface_address);
   if (!device || !address) return status::invalid_addr;
   if (!is_reachable(device_address, iface_address)) return status::unreachable;
-  const connect_result c = start_connect(device->ipv4, address->port);
-  if (c.fd < 0) return c.st;
-  auto ep = std::make_unique<tcp_ep>(*this, c.fd, c.connected, device->ipv4, *address);
-  if (ep->failure() != status::ok) return ep->failure();
+  tcp_conn* conn = nullptr;
+  if (auto it = peers_.find(address->iface_id); it != peers_.end()) conn = it->second;
+  if (conn == nullptr && (conn = spare(address->iface_id)) != nullptr) map(conn);
+  if (conn == nullptr) {
+    if (conns_.size() >= max_connections) {
+      COMM_LOG(warn, log_name, "no new connection: %zu connections open", conns_.size());
+      return status::exceeds_limit;
+    }
+    const connect_result c = start_connect(device->ipv4, address->port);
+    if (c.fd < 0) return c.st;
+    auto made = std::make_unique<tcp_conn>(*this, c.fd, c.connected, device->ipv4, *address,
+                                           now_ns());
+    if (made->finished()) return status::io_error;
+    conn = made.get();
+    ++counters_.connected;
+    add_connection(std::move(made));
+    map(conn);
+  }
+  auto ep = std::make_unique<tcp_ep>(*this, *conn, device->ipv4, *address);
   eps_.push_back(ep.get());
   out = std::move(ep);
   return status::ok;
@@ -516,23 +601,37 @@ std::string tcp_iface::info() const {
           std::to_string(attr_.max_bcopy) + ", max_zcopy " + std::to_string(attr_.max_zcopy) +
           " (max_hdr " + std::to_string(attr_.max_hdr) + ", max_iov " +
           std::to_string(attr_.max_iov) + ")\n";
-  text += "tcp: send buffer " + std::to_string(send_buffer_size) + " bytes per endpoint, receive " +
-          "buffer " + std::to_string(receive_buffer_size) + " bytes per connection\n";
+  text += "tcp: send buffer " + std::to_string(send_buffer_size) + " bytes, receive buffer " +
+          std::to_string(receive_buffer_size) + " bytes per connection\n";
   text += "tcp: window " + std::to_string(window_) + " frames undelivered per connection\n";
+  text += std::string("tcp: authentication ") +
+          (auth_key_.empty() ? "off" : "on (HMAC-SHA256 challenge-response)") + "\n";
   text += "tcp: endpoints " + std::to_string(eps_.size()) + " (" + std::to_string(failed) +
-          " failed, " + std::to_string(c.peers_failed) + " failures seen), " +
-          std::to_string(lingering_.size()) + " closing\n";
+          " failed, " + std::to_string(c.peers_failed) + " failures seen)\n";
   for (const tcp_ep* ep : eps_) text += "tcp:   to " + ep->describe() + "\n";
-  text += "tcp: connections " + std::to_string(conns_.size()) + " open, " +
-          std::to_string(c.accepted) + " accepted, " + std::to_string(c.closed) + " closed\n";
+  text += "tcp: connections " + std::to_string(conns_.size()) + " open (" +
+          std::to_string(peers_.size()) + " to peers), " + std::to_string(c.connected) +
+          " connected, " + std::to_string(c.accepted) + " accepted, " + std::to_string(c.closed) +
+          " closed, " + std::to_string(lingering_.size()) + " closing\n";
+  for (const auto& conn : conns_) {
+    text += "tcp:   " + conn->describe() + " " + phase_name(conn->state()) + ", " +
+            std::to_string(conn->endpoints()) + " endpoints" +
+            (conn->mapped ? "" : ", unmapped") + (conn->bye_sent() ? ", bye sent" : "") +
+            (conn->bye_received() ? ", bye received" : "") + "\n";
+  }
   text += "tcp: sent " + std::to_string(c.messages_sent) + " messages, " +
           std::to_string(c.bytes_sent) + " bytes\n";
   text += "tcp: writes the kernel did not take in full " + std::to_string(c.would_block) + "\n";
   text += "tcp: sends refused for lack of resources " + std::to_string(c.no_resource) + "\n";
+  text += "tcp: acknowledgements sent alone " + std::to_string(c.acks_sent) + "\n";
   text += "tcp: received " + std::to_string(c.messages_received) + " messages, " +
           std::to_string(c.bytes_received) + " bytes\n";
   text += "tcp: messages dropped without handler " + std::to_string(c.unhandled) + "\n";
   text += "tcp: malformed connections closed " + std::to_string(c.malformed) + "\n";
+  text += "tcp: proofs of the key checked " + std::to_string(c.auth_checks) + "\n";
+  text += "tcp: authentication refused " + std::to_string(c.auth_failures) + "\n";
+  text += "tcp: simultaneous connects: answered duplicate " + std::to_string(c.duplicates) +
+          ", sockets taken over " + std::to_string(c.taken_over) + "\n";
   return text;
 }
 

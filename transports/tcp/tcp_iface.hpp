@@ -1,41 +1,88 @@
 // The tcp transport (UCX's uct tcp counterpart): active messages over nonblocking TCP sockets.
 //
-// An interface listens on its device's IPv4 address (port 0, the real port is its address). An
-// endpoint connects to a peer interface's listener and sends on that connection; the accepting
-// interface receives on it and writes back only acknowledgements (tcp_wire.hpp has the format).
-// Connections are one-way for messages: two interfaces that talk both ways use two connections.
+// An interface listens on its device's IPv4 address (port 0, the real port is its address). Two
+// interfaces that talk share ONE connection, both ways: every endpoint from A to B and every
+// endpoint from B to A sends on it, and acknowledgements ride on the messages going the other way
+// (tcp_wire.hpp has the records, tcp_conn.hpp the connection, tcp_ep.hpp the endpoint).
 //
-//   am_short  copied into the endpoint's send buffer, written at once (max_short 256);
+//   am_short  copied into the connection's send buffer, written at once (max_short 256);
 //   am_bcopy  packed into the send buffer, written at once (max_bcopy 64 KiB);
 //   am_zcopy  written with sendmsg straight from the caller's iov (max_zcopy 1 MiB, 16 entries),
 //             the rest kept for EPOLLOUT after a partial write; it completes when the peer's
 //             acknowledgement says the frame was delivered (the contract: the peer holds the data).
 // No get/put: the protocol layer uses its software rendezvous, streaming bcopy fragments.
 //
-// Backpressure, all bounded per endpoint: bytes the kernel does not take stay in the send buffer
+// Who keeps which connection. The interface maps peer interface ids to the connection its
+// endpoints use. create_ep reuses the mapped connection or connects (the new one is mapped). An
+// accepted connection names its interface in its hello; once the handshake checked it, the
+// acceptor decides:
+//   - no connection to that peer: the accepted one is mapped;
+//   - our mapped connection to it is open: the peer no longer sends on it (it said bye, or lost
+//     it), or this is a socket it gave up in a simultaneous connect (about to close). The new one
+//     is served but left unmapped; our endpoints stay on the mapped one (the peer reads it until
+//     both sides said bye), and create_ep takes the new one once the old one is gone;
+//   - our own connect to it is still under way (both connected at once): the connection opened by
+//     the interface with the smaller id is kept. If that is ours, the welcome says "duplicate" and
+//     the peer's connect is closed; the peer waits (bounded, 10 s) for ours, whose hello is
+//     already on its way. If it is the peer's, its socket moves into our connection object,
+//     whose own connect is closed. Frames go out only after the welcome, so nothing sent on the
+//     losing socket is lost or reordered: messages wait in the connection's buffer meanwhile;
+//   - a connection of an interface to itself is served by both of its ends (the accepting end is
+//     kept apart from the map).
+//
+// Authentication (iface_params::auth_key). The acceptor sends a challenge with a fresh nonce right
+// after accept, keyed or not:
+//
+//   connector                                   acceptor
+//   TcpHello {ids, window, nonce_c}      ->
+//                                        <-     TcpChallenge {keyed, nonce_a}
+//   TcpProof {P_c}                       ->                              (keyed only)
+//                                        <-     TcpWelcome {outcome, P_a}
+//
+// with P_c = HMAC-SHA256(key, "comm tcp connector" || nonce_a || nonce_c) and
+// P_a = HMAC-SHA256(key, "comm tcp acceptor" || nonce_c || nonce_a) (base/auth.hpp). A keyed
+// acceptor reads nothing past the hello but the proof: a wrong proof, anything else in its place,
+// or no proof within 10 s closes that connection (logged, counted in info(): "authentication
+// refused") before any frame from it is delivered; the connector is told "refused" when it is
+// still there and its endpoints fail with status::rejected. The check is mutual: a keyed connector
+// delivers nothing from an acceptor whose P_a is wrong, and refuses one that is not keyed; a
+// connector without a key refuses a keyed acceptor at once. Either way its endpoints fail
+// (rejected) and the error handler is called; other connections are not affected. Nonces are
+// fresh on both sides, so a recorded handshake cannot be replayed. Without a key, any host that
+// reaches the listener is trusted as the interface it names.
+//
+// Backpressure, all bounded per connection: bytes the kernel does not take stay in the send buffer
 // (send_buffer_size); behind a half-written zcopy, with the send buffer full, or with the peer's
-// window (its fifo_size: frames undelivered) used up, sends answer no_resource and the caller parks
-// on the pending queue, resumed when EPOLLOUT says the socket drained or an acknowledgement returns
-// credits. A slow receiver costs the sender one send buffer per endpoint, nothing per message.
+// window (its fifo_size: messages undelivered) used up, sends answer no_resource and the caller
+// parks on its endpoint's pending queue, resumed when EPOLLOUT says the socket drained or an
+// acknowledgement returns credits. A slow receiver costs the sender one send buffer per peer,
+// nothing per message.
 //
 // Everything is driven by one epoll fd per interface, which is also the event fd (level
-// triggered: it stays readable while a socket has something for progress()). progress() handles at
-// most progress_batch socket events and frames_per_call frames per connection per call.
+// triggered: it stays readable while a socket has something for progress()). While a single
+// connection is all there is (no other connection, no closing socket), progress() reads it
+// directly and asks epoll only every 16th call (for the listener, and EPOLLOUT whenever the
+// connection waits for it), saving a system call per message; otherwise it handles at most
+// progress_batch socket events. At most frames_per_call frames go per connection per call.
 //
-// Peer failure: EOF, a reset or any socket error on an endpoint's connection fails the endpoint:
-// later sends return connection_reset, and progress() completes its outstanding zcopy and flush
-// operations with connection_reset and then calls the error handler, once. A refused connect
-// reports unreachable. Garbage from a peer closes that connection only (logged and counted), and a
-// connection that says no hello within 10 s is dropped. Keepalive with short timers (and
-// TCP_USER_TIMEOUT) notices silent peers within about 11 s.
+// Peer failure: EOF, a reset or any socket error on a connection with endpoints fails them: later
+// sends return connection_reset, and progress() completes their outstanding zcopy and flush
+// operations with connection_reset and then calls the error handler, once per endpoint. A refused
+// connect reports unreachable, a handshake that does not finish within 10 s too. Garbage from a
+// peer closes that connection only (logged and counted; its endpoints fail with protocol_error).
+// Keepalive with short timers (and TCP_USER_TIMEOUT) notices silent peers within about 11 s.
 //
 // Devices: the IPv4 interfaces that are up, non-loopback first; COMM_TCP_DEVICE=<name>[,<name>]
 // restricts and orders them (e.g. COMM_TCP_DEVICE=lo).
 //
 // Lifetime rules as for every transport: completion and pending callbacks must not destroy the
 // endpoint that runs them; the error handler may. Destroying an endpoint drops its in-flight zcopy
-// completions; what it accepted still goes out and its socket is closed gracefully (bounded in
-// time). Endpoints go before their interface. One thread uses an interface and its endpoints.
+// completions; what it accepted still goes out (a half-written zcopy frame is copied first, so the
+// caller may free its memory at once). When the last endpoint on a connection is gone, that side
+// says bye (after its messages) and forgets the connection; once both sides said bye the socket
+// is closed gracefully (what is left is written, then the sending side shut down and the rest read
+// until the peer's EOF, bounded in time). Endpoints go before their interface. One thread uses an
+// interface and its endpoints.
 #pragma once
 
 #include "tcp/tcp_buffer.hpp"
@@ -49,6 +96,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace comm::tl::tcp {
@@ -59,12 +107,11 @@ component& tcp_component();
 class tcp_ep;
 class tcp_conn;
 
-/// The socket of a destroyed endpoint, closed gracefully: what its send buffer holds is written,
-/// then its sending side is shut down, and acknowledgements are read (and dropped) until the peer
-/// closes too. Closing at once would make the kernel reset the connection and drop queued data.
+/// A socket whose connection is over, closed gracefully: what it still holds is written, then its
+/// sending side is shut down, and whatever comes is read (and dropped) until the peer closes too.
+/// Closing at once would make the kernel reset the connection and drop queued data.
 struct lingering_socket {
   int fd = -1;
-  bool connecting = false;   ///< its connect has not finished yet
   bool shut = false;         ///< everything was written and the sending side shut down
   byte_queue bytes;          ///< what is left to write
   uint64_t deadline_ns = 0;  ///< closed then, whatever is left
@@ -77,17 +124,23 @@ struct tcp_counters {
   uint64_t bytes_sent = 0;        ///< bytes handed to the kernel, framing included
   uint64_t would_block = 0;       ///< writes the kernel did not take in full
   uint64_t no_resource = 0;       ///< sends refused with no_resource
+  uint64_t acks_sent = 0;         ///< acknowledgements that went alone (not on a message)
   uint64_t messages_received = 0;
   uint64_t bytes_received = 0;    ///< bytes read from sockets
   uint64_t unhandled = 0;         ///< messages for an am id without handler
   uint64_t malformed = 0;         ///< connections closed for bytes that are not our protocol
+  uint64_t auth_checks = 0;       ///< proofs of the key checked
+  uint64_t auth_failures = 0;     ///< connections closed because authentication failed
+  uint64_t duplicates = 0;        ///< simultaneous connects answered "duplicate"
+  uint64_t taken_over = 0;        ///< accepted sockets that replaced our own connect
   uint64_t accepted = 0;          ///< connections accepted
-  uint64_t closed = 0;            ///< accepted connections closed
+  uint64_t connected = 0;         ///< connections opened
+  uint64_t closed = 0;            ///< connections closed
   uint64_t peers_failed = 0;      ///< endpoints failed
 };
 
-/// A tcp interface: a data listener on one device, the connections it accepted and the endpoints
-/// opened from it.
+/// A tcp interface: a data listener on one device, its connections to peer interfaces and the
+/// endpoints opened from it.
 class tcp_iface final : public iface {
 public:
   /// Opens an interface on `device`; the constructor leaves `open_status()` set.
@@ -120,8 +173,25 @@ public:
   bool watch(int fd, uint32_t events, poll_target* target);
   /// Changes the events of a watched `fd`.
   void rewatch(int fd, uint32_t events, poll_target* target);
+  /// Points the registration of `fd` at `to` instead of `from` (whose fetched events are dropped).
+  void retarget(int fd, uint32_t events, poll_target* from, poll_target* to);
   /// Removes `fd` from the epoll set; events already fetched for `target` are dropped.
   void unwatch(int fd, poll_target* target);
+
+  /// What the acceptor does with a connection whose handshake checked out (see the header).
+  struct admission {
+    enum class kind { open, duplicate, adopt };
+    kind verdict = kind::open;
+    tcp_conn* into = nullptr;  ///< adopt: the connection that takes the socket over
+  };
+  /// Decides about the accepted `conn` from the interface it named; maps it when it opens.
+  admission admit(tcp_conn* conn);
+  /// Forgets `conn` as the connection to its peer (it said bye or failed).
+  void unmap(tcp_conn* conn);
+  /// Removes `conn` (finished) at the next safe point.
+  void reap(tcp_conn* conn);
+  /// Puts `conn` (complete frames left over) on the list progress() drains first.
+  void add_backlog(tcp_conn* conn);
 
   /// Queues `ep` (its connection failed) for progress() to fail and report.
   void notice_failure(tcp_ep* ep);
@@ -129,33 +199,34 @@ public:
   void redispatch(tcp_ep* ep);
   /// Forgets `ep` (destroyed).
   void forget(tcp_ep* ep);
-  /// Takes over the socket of a destroyed endpoint until `bytes` are written.
-  void linger(int fd, bool connecting, byte_queue bytes);
+  /// Takes over `fd` (unwatched) until `bytes` are written and the peer closed.
+  void linger(int fd, byte_queue bytes);
 
   /// Calls the handler of `id` with a received message (8-byte aligned).
   void deliver(am_id id, void* data, size_t length);
-  /// Puts `conn` (complete frames left over) on the list progress() drains first.
-  void add_backlog(tcp_conn* conn);
 
   /// A receive buffer for a frame of `bytes` bytes (the spare one when it is large enough).
   std::unique_ptr<uint64_t[]> take_frame_buffer(size_t bytes, size_t* capacity);
   /// Returns a frame buffer of `capacity` bytes for reuse.
   void give_frame_buffer(std::unique_ptr<uint64_t[]> buffer, size_t capacity);
 
-  /// The frame header writer every endpoint of this interface uses (one thread).
-  wire::header_writer<wire::schema::TcpFrame>& frame_writer() { return frame_writer_; }
-  /// Writes the hello for a connection to the interface `peer_id` at `dest` (hello_size bytes).
-  void write_hello(uint64_t peer_id, void* dest);
-  /// Writes an acknowledgement of `delivered` zcopy frames at `dest` (ack_size bytes).
-  void write_ack(uint64_t delivered, void* dest);
+  /// The record builders every connection of this interface uses (one thread).
+  record_writer& writer() { return writer_; }
 
   tcp_counters& counters() { return counters_; }
 
   /// The random id of this interface (in its address; hellos must name it).
   uint64_t id() const { return iface_id_; }
-
-  /// Frames a sender may have undelivered on one connection to this interface.
+  /// The listening port (host byte order) and address (network byte order).
+  uint16_t port() const { return port_; }
+  uint32_t ipv4() const { return device_.ipv4; }
+  /// Messages a peer may have undelivered on its connection to this interface.
   uint32_t window() const { return window_; }
+  /// The cluster secret; empty when connections are not authenticated.
+  const std::string& auth_key() const { return auth_key_; }
+
+  /// CLOCK_MONOTONIC_COARSE in nanoseconds.
+  static uint64_t now_ns();
 
 private:
   struct handler {
@@ -168,9 +239,14 @@ private:
   unsigned dispatch(poll_target* target, uint32_t events);
   unsigned accept_connections();
   unsigned on_connection(tcp_conn* conn, uint32_t events);
-  /// After `conn` delivered: closes it when it is over, else queues its leftover frames.
+  /// After `conn` was handled: removes it when it is over, else queues its leftover frames.
   void settle(tcp_conn* conn);
+  void add_connection(std::unique_ptr<tcp_conn> conn);
   void close_connection(tcp_conn* conn);
+  void map(tcp_conn* conn);
+  /// An open connection from `peer` accepted while another one was mapped, usable now; or null.
+  tcp_conn* spare(uint64_t peer) const;
+  void remove_reaped();
   unsigned drain_backlog();
   unsigned run_redispatch();
   unsigned on_lingering(lingering_socket* l, uint32_t events);
@@ -190,6 +266,7 @@ private:
   uint16_t port_ = 0;
   uint64_t iface_id_ = 0;
   uint32_t window_ = default_window;
+  std::string auth_key_;
   int epoll_fd_ = -1;
   int listen_fd_ = -1;
   poll_target listener_target_;
@@ -202,20 +279,23 @@ private:
   epoll_event events_[64];
   int event_count_ = 0;
   int event_cursor_ = 0;
+  /// The connection that delivered last: progress() reads it directly between epoll calls.
+  tcp_conn* hot_ = nullptr;
+  unsigned direct_reads_ = 0;
 
   std::vector<tcp_ep*> eps_;                       ///< every endpoint of this interface
   std::vector<tcp_ep*> failed_;                    ///< failed endpoints not yet reported
   std::vector<tcp_ep*> redispatch_;                ///< endpoints whose parked requests may go
-  std::vector<std::unique_ptr<tcp_conn>> conns_;   ///< accepted connections
+  std::vector<std::unique_ptr<tcp_conn>> conns_;   ///< every connection, both roles
+  std::unordered_map<uint64_t, tcp_conn*> peers_;  ///< peer interface id -> its connection
+  std::vector<tcp_conn*> reaped_;                  ///< finished connections to remove
   std::vector<tcp_conn*> backlog_;                 ///< connections with complete frames left
   std::vector<tcp_conn*> backlog_work_;            ///< the backlog being drained
   std::vector<std::unique_ptr<lingering_socket>> lingering_;
   std::unique_ptr<uint64_t[]> spare_frame_;        ///< a large-frame buffer kept for reuse
   size_t spare_capacity_ = 0;
 
-  wire::header_writer<wire::schema::TcpFrame> frame_writer_;
-  wire::header_writer<wire::schema::TcpHello> hello_writer_;
-  wire::header_writer<wire::schema::TcpAck> ack_writer_;
+  record_writer writer_;
   unsigned progress_calls_ = 0;
   uint64_t accept_failures_ = 0;
   tcp_counters counters_;

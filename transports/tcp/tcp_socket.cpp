@@ -127,8 +127,7 @@ connect_result start_connect(uint32_t ipv4, uint16_t port) {
     out.st = status::io_error;
     return out;
   }
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  set_nodelay(fd);
   set_keepalive(fd);
   const sockaddr_in address = socket_address(ipv4, port);
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0) {
@@ -149,6 +148,11 @@ int socket_error(int fd) {
   socklen_t length = sizeof(error);
   if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) return errno;
   return error;
+}
+
+void set_nodelay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 void set_keepalive(int fd) {

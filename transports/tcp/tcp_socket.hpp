@@ -13,9 +13,9 @@ namespace comm::tl::tcp {
 /// What an epoll registration points at. Embedded in every object with a socket in an
 /// interface's epoll set.
 struct poll_target {
-  enum class kind : uint8_t { listener, endpoint, connection, lingering };
+  enum class kind : uint8_t { listener, connection, lingering };
   kind what = kind::listener;
-  void* object = nullptr;  ///< the tcp_iface, tcp_ep, tcp_conn or lingering_socket
+  void* object = nullptr;  ///< the tcp_iface, tcp_conn or lingering_socket
 };
 
 /// An IPv4 interface that is up.
@@ -49,6 +49,9 @@ connect_result start_connect(uint32_t ipv4, uint16_t port);
 
 /// The pending error of a socket whose connect finished (SO_ERROR), 0 when it connected.
 int socket_error(int fd);
+
+/// Sets TCP_NODELAY (every record goes at once; there is no small-write batching to wait for).
+void set_nodelay(int fd);
 
 /// Sets SO_KEEPALIVE with short timers and TCP_USER_TIMEOUT, so a silent peer is noticed within
 /// about keepalive_seconds().

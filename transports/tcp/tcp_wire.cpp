@@ -4,6 +4,8 @@
 
 #include <arpa/inet.h>
 
+#include <initializer_list>
+
 namespace comm::tl::tcp {
 namespace {
 
@@ -80,6 +82,55 @@ std::optional<iface_addr> iface_addr::unpack(const std::vector<uint8_t>& bytes) 
 
 // -- parsing --------------------------------------------------------------------------------------
 
+namespace {
+
+/// Reads a checked record of type `Struct` at `data`: garbage (with `*problem` set to `what`),
+/// incomplete, or a record of `*consumed` bytes in `*out`.
+template <class Struct>
+parse_result read_record(const uint8_t* data, size_t available, const char* what,
+                         size_t* consumed, typename Struct::Reader* out, const char** problem) {
+  size_t bytes = 0;
+  const parse_result extent = check_extent<Struct>(data, available, &bytes);
+  if (extent == parse_result::incomplete) return extent;
+  if (extent == parse_result::garbage) {
+    *problem = what;
+    return extent;
+  }
+  const auto record = wire::read_header<Struct>(data, available);
+  if (!record) {
+    *problem = what;
+    return parse_result::garbage;
+  }
+  *consumed = bytes;
+  *out = *record;
+  return parse_result::frame;
+}
+
+void words_to_bytes(std::initializer_list<uint64_t> words, uint8_t* out) {
+  for (uint64_t word : words) {
+    std::memcpy(out, &word, sizeof(word));
+    out += sizeof(word);
+  }
+}
+
+}  // namespace
+
+parse_result record_extent(const uint8_t* data, size_t available, size_t* bytes) {
+  if (available < sizeof(uint64_t)) return parse_result::incomplete;
+  *bytes = header_extent(data);
+  if (*bytes == 0) return parse_result::garbage;
+  return available < *bytes ? parse_result::incomplete : parse_result::frame;
+}
+
+static_assert(static_cast<int>(frame_kind::ack) ==
+              static_cast<int>(wire::schema::TcpFrameKind::ACK));
+static_assert(static_cast<int>(frame_kind::bye) ==
+              static_cast<int>(wire::schema::TcpFrameKind::BYE));
+static_assert(static_cast<int>(outcome::duplicate) ==
+              static_cast<int>(wire::schema::TcpOutcome::DUPLICATE));
+static_assert(static_cast<int>(outcome::refused) ==
+              static_cast<int>(wire::schema::TcpOutcome::REFUSED));
+
 parse_result parse_frame_header(const uint8_t* data, size_t available, parsed_frame* out) {
   size_t bytes = 0;
   const parse_result extent = check_extent<wire::schema::TcpFrame>(data, available, &bytes);
@@ -94,59 +145,189 @@ parse_result parse_frame_header(const uint8_t* data, size_t available, parsed_fr
   }
   const uint8_t id = header->getAmId();
   const uint32_t length = header->getLength();
-  if (id >= am_id_count) {
-    out->problem = "unknown am id";
-    return parse_result::garbage;
-  }
-  if (length > max_frame_payload) {
-    out->problem = "frame length beyond max_zcopy";
+  const auto kind = header->getKind();
+  if (kind == wire::schema::TcpFrameKind::MESSAGE) {
+    if (id >= am_id_count) {
+      out->problem = "unknown am id";
+      return parse_result::garbage;
+    }
+    if (length > max_frame_payload) {
+      out->problem = "frame length beyond max_zcopy";
+      return parse_result::garbage;
+    }
+    out->kind = frame_kind::message;
+  } else if (kind == wire::schema::TcpFrameKind::ACK || kind == wire::schema::TcpFrameKind::BYE) {
+    if (length != 0) {
+      out->problem = "a control frame with a payload";
+      return parse_result::garbage;
+    }
+    out->kind = kind == wire::schema::TcpFrameKind::ACK ? frame_kind::ack : frame_kind::bye;
+  } else {
+    out->problem = "unknown frame kind";
     return parse_result::garbage;
   }
   out->id = id;
   out->ack = header->getAckRequested();
+  out->delivered = header->getDelivered();
   out->header_bytes = bytes;
   out->length = length;
   out->total = bytes + pad8(length);
   return parse_result::frame;
 }
 
-parse_result parse_ack(const uint8_t* data, size_t available, size_t* consumed,
-                       uint64_t* delivered) {
-  size_t bytes = 0;
-  const parse_result extent = check_extent<wire::schema::TcpAck>(data, available, &bytes);
-  if (extent != parse_result::frame) return extent;
-  const auto ack = wire::read_header<wire::schema::TcpAck>(data, available);
-  if (!ack) return parse_result::garbage;
-  *consumed = bytes;
-  *delivered = ack->getDelivered();
-  return parse_result::frame;
-}
-
 parse_result parse_hello(const uint8_t* data, size_t available, uint64_t own_id, size_t* consumed,
-                         uint16_t* peer_port, uint32_t* peer_ipv4, const char** problem) {
-  size_t bytes = 0;
-  const parse_result extent = check_extent<wire::schema::TcpHello>(data, available, &bytes);
-  if (extent != parse_result::frame) {
-    if (extent == parse_result::garbage) *problem = "not a hello";
-    return extent;
-  }
-  const auto hello = wire::read_header<wire::schema::TcpHello>(data, available);
-  if (!hello || hello->getMagic() != hello_magic) {
+                         parsed_hello* out, const char** problem) {
+  wire::schema::TcpHello::Reader hello;
+  const parse_result r = read_record<wire::schema::TcpHello>(data, available, "not a hello",
+                                                            consumed, &hello, problem);
+  if (r != parse_result::frame) return r;
+  if (hello.getMagic() != hello_magic) {
     *problem = "not a hello";
     return parse_result::garbage;
   }
-  if (hello->getVersion() != hello_version) {
+  if (hello.getVersion() != hello_version) {
     *problem = "unsupported protocol version";
     return parse_result::garbage;
   }
-  if (hello->getDstIfaceId() != own_id) {
+  if (hello.getDstIfaceId() != own_id) {
     *problem = "hello for another interface";
     return parse_result::garbage;
   }
-  *consumed = bytes;
-  *peer_port = hello->getSrcPort();
-  *peer_ipv4 = hello->getSrcAddress();
+  const uint32_t window = hello.getWindow();
+  if (hello.getSrcIfaceId() == 0 || window < min_window || window > max_window) {
+    *problem = "a hello with a bad interface id or window";
+    return parse_result::garbage;
+  }
+  out->src_iface_id = hello.getSrcIfaceId();
+  out->src_ipv4 = hello.getSrcAddress();
+  out->src_port = hello.getSrcPort();
+  out->window = window;
+  words_to_bytes({hello.getNonce0(), hello.getNonce1()}, out->nonce);
   return parse_result::frame;
+}
+
+parse_result parse_challenge(const uint8_t* data, size_t available, size_t* consumed,
+                             uint64_t* iface_id, bool* keyed, uint8_t nonce[16],
+                             const char** problem) {
+  wire::schema::TcpChallenge::Reader challenge;
+  const parse_result r = read_record<wire::schema::TcpChallenge>(
+      data, available, "not a challenge", consumed, &challenge, problem);
+  if (r != parse_result::frame) return r;
+  if (challenge.getMagic() != challenge_magic) {
+    *problem = "not a challenge";
+    return parse_result::garbage;
+  }
+  if (challenge.getVersion() != hello_version) {
+    *problem = "unsupported protocol version";
+    return parse_result::garbage;
+  }
+  *iface_id = challenge.getIfaceId();
+  *keyed = challenge.getKeyed();
+  words_to_bytes({challenge.getNonce0(), challenge.getNonce1()}, nonce);
+  return parse_result::frame;
+}
+
+parse_result parse_proof(const uint8_t* data, size_t available, size_t* consumed,
+                         uint8_t proof[32], const char** problem) {
+  wire::schema::TcpProof::Reader record;
+  const parse_result r = read_record<wire::schema::TcpProof>(data, available, "not a proof",
+                                                            consumed, &record, problem);
+  if (r != parse_result::frame) return r;
+  if (record.getMagic() != proof_magic) {
+    *problem = "not a proof";
+    return parse_result::garbage;
+  }
+  words_to_bytes({record.getProof0(), record.getProof1(), record.getProof2(), record.getProof3()},
+                 proof);
+  return parse_result::frame;
+}
+
+parse_result parse_welcome(const uint8_t* data, size_t available, size_t* consumed,
+                           outcome* result, uint8_t proof[32], const char** problem) {
+  wire::schema::TcpWelcome::Reader welcome;
+  const parse_result r = read_record<wire::schema::TcpWelcome>(
+      data, available, "not a welcome", consumed, &welcome, problem);
+  if (r != parse_result::frame) return r;
+  if (welcome.getMagic() != welcome_magic) {
+    *problem = "not a welcome";
+    return parse_result::garbage;
+  }
+  switch (welcome.getOutcome()) {
+    case wire::schema::TcpOutcome::ACCEPTED:
+      *result = outcome::accepted;
+      break;
+    case wire::schema::TcpOutcome::DUPLICATE:
+      *result = outcome::duplicate;
+      break;
+    case wire::schema::TcpOutcome::REFUSED:
+      *result = outcome::refused;
+      break;
+    default:
+      *problem = "a welcome with an unknown outcome";
+      return parse_result::garbage;
+  }
+  words_to_bytes(
+      {welcome.getProof0(), welcome.getProof1(), welcome.getProof2(), welcome.getProof3()}, proof);
+  return parse_result::frame;
+}
+
+// -- writing --------------------------------------------------------------------------------------
+
+namespace {
+
+uint64_t word_at(const uint8_t* bytes, size_t index) {
+  uint64_t word = 0;
+  if (bytes != nullptr) std::memcpy(&word, bytes + index * sizeof(word), sizeof(word));
+  return word;
+}
+
+}  // namespace
+
+void record_writer::hello(uint16_t src_port, uint32_t src_ipv4, uint64_t src_id, uint64_t dst_id,
+                          uint32_t window, const uint8_t nonce[16], void* dest) {
+  auto& h = hello_.fields();
+  h.setMagic(hello_magic);
+  h.setVersion(hello_version);
+  h.setSrcPort(src_port);
+  h.setSrcAddress(src_ipv4);
+  h.setSrcIfaceId(src_id);
+  h.setDstIfaceId(dst_id);
+  h.setWindow(window);
+  h.setNonce0(word_at(nonce, 0));
+  h.setNonce1(word_at(nonce, 1));
+  hello_.copy_to(dest);
+}
+
+void record_writer::challenge(uint64_t own_id, bool keyed, const uint8_t nonce[16], void* dest) {
+  auto& c = challenge_.fields();
+  c.setMagic(challenge_magic);
+  c.setVersion(hello_version);
+  c.setKeyed(keyed);
+  c.setIfaceId(own_id);
+  c.setNonce0(word_at(nonce, 0));
+  c.setNonce1(word_at(nonce, 1));
+  challenge_.copy_to(dest);
+}
+
+void record_writer::proof(const uint8_t proof[32], void* dest) {
+  auto& p = proof_.fields();
+  p.setMagic(proof_magic);
+  p.setProof0(word_at(proof, 0));
+  p.setProof1(word_at(proof, 1));
+  p.setProof2(word_at(proof, 2));
+  p.setProof3(word_at(proof, 3));
+  proof_.copy_to(dest);
+}
+
+void record_writer::welcome(outcome result, const uint8_t* proof, void* dest) {
+  auto& w = welcome_.fields();
+  w.setMagic(welcome_magic);
+  w.setOutcome(static_cast<wire::schema::TcpOutcome>(result));
+  w.setProof0(word_at(proof, 0));
+  w.setProof1(word_at(proof, 1));
+  w.setProof2(word_at(proof, 2));
+  w.setProof3(word_at(proof, 3));
+  welcome_.copy_to(dest);
 }
 
 }  // namespace comm::tl::tcp
