@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
-# Runs UCX's ucx_perftest (UCX_TLS=shm,self) and libcomm's comm_perftest (COMM_TLS=shm,self)
-# alternately on this machine, servers pinned to core 0 and clients to core 1, and prints the
-# median of each over the rounds with their ratio. Writes the numbers to a .dat file and, when
-# gnuplot is installed, a PNG (latency, tag bandwidth and RMA bandwidth against message size).
+# Runs UCX's ucx_perftest and libcomm's comm_perftest alternately on this machine over the same
+# transport, servers pinned to core 0 and clients to core 1, and prints the median of each over the
+# rounds with their ratio. Writes the numbers to a .dat file and, when gnuplot is installed, a PNG
+# (latency, tag bandwidth and RMA bandwidth against message size).
+#
+# Transports (-t): shm (the default: UCX_TLS=shm,self against COMM_TLS=shm,self) or tcp over
+# loopback (UCX_TLS=tcp UCX_NET_DEVICES=lo against COMM_TLS=tcp COMM_TCP_DEVICE=lo; fewer
+# iterations, as a round trip through the kernel costs tens of times one through shared memory).
 #
 # Tests: tag_lat (8 B .. 1 MiB), tag_bw (8 B .. 4 MiB; 64 KiB and up go by rendezvous), am_lat,
 # put_bw and get (64 KiB, 1 MiB; UCX's ucp_put_bw and ucp_get). Both tools get the same window
 # (ucx_perftest's -O, comm_perftest's -W): ucx_perftest's defaults, 32 for the streaming tests and
 # 1 for get (one get at a time, so get's bandwidth is size / latency of one get).
 #
-#   bench/compare_ucx.sh [-r rounds] [-n iterations] [-q] [-b build-dir] [-o out-dir] [-p port]
+#   bench/compare_ucx.sh [-t shm|tcp] [-r rounds] [-n iterations] [-q] [-f filter] [-b build-dir]
+#                        [-o out-dir] [-p port]
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
 Usage: bench/compare_ucx.sh [options]
+  -t <tl>      transport: shm (default) or tcp (loopback)
   -r <rounds>  rounds of every test, alternating UCX and libcomm (default 3)
   -n <iters>   iterations of every test (default: per test, 2000-10M; 0.2-2 s each)
   -q           quick: 1 round, half the default iterations (about 10 s on an idle machine)
+  -f <regex>   only the tests whose "test size" matches, e.g. 'tag_lat 8$|tag_bw (65536|4194304)'
   -b <dir>     build directory holding bench/comm_perftest (default: build)
-  -o <dir>     where the .dat, .png and logs go (default: <build-dir>/compare)
+  -o <dir>     where the .dat, .png and logs go (default: <build-dir>/compare, or
+               <build-dir>/compare-tcp with -t tcp)
   -p <port>    first bootstrap port; every run uses the next one (default 23000)
   -h           this help
 EOF
@@ -33,8 +41,12 @@ scale=1
 build="$repo/build"
 out=""
 port=23000
-while getopts "r:n:qb:o:p:h" opt; do
+tl=shm
+filter=""
+while getopts "t:r:n:qf:b:o:p:h" opt; do
   case $opt in
+    t) tl=$OPTARG ;;
+    f) filter=$OPTARG ;;
     r) rounds=$OPTARG ;;
     n) iters=$OPTARG ;;
     q) rounds=1; scale=2 ;;
@@ -47,7 +59,12 @@ while getopts "r:n:qb:o:p:h" opt; do
 done
 [[ $rounds =~ ^[1-9][0-9]{0,2}$ ]] || { echo "rounds must be 1..999" >&2; exit 2; }
 [[ -z $iters || $iters =~ ^[1-9][0-9]{0,9}$ ]] || { echo "bad iteration count" >&2; exit 2; }
-out=${out:-$build/compare}
+case $tl in
+  shm) ucx_env=(UCX_TLS=shm,self); comm_env=(COMM_TLS=shm,self); out=${out:-$build/compare} ;;
+  tcp) ucx_env=(UCX_TLS=tcp UCX_NET_DEVICES=lo); comm_env=(COMM_TLS=tcp COMM_TCP_DEVICE=lo)
+       out=${out:-$build/compare-tcp} ;;
+  *) echo "transport must be shm or tcp" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 ours="$build/bench/comm_perftest"
 [[ -x $ours ]] || { echo "no $ours: build first (bash scripts/test.sh or cmake --build)" >&2; exit 1; }
@@ -57,7 +74,7 @@ command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt-get in
 # (each run takes 0.2-2 s on an idle 2-vCPU machine, long enough to ride over short noise; RMA
 # runs are longer for libcomm, whose shm RMA goes through CMA while ucx_perftest's buffers are
 # shared segments the peer maps)
-tests=(
+shm_tests=(
   "tag_lat 8 1000000 tag_lat -"
   "tag_lat 4096 500000 tag_lat -"
   "tag_lat 65536 50000 tag_lat -"
@@ -73,6 +90,24 @@ tests=(
   "get 65536 300000 ucp_get 1"
   "get 1048576 20000 ucp_get 1"
 )
+# Over tcp a ping-pong of 8 bytes takes ~5 us instead of ~0.3, and bandwidth is a few GB/s.
+tcp_tests=(
+  "tag_lat 8 200000 tag_lat -"
+  "tag_lat 4096 100000 tag_lat -"
+  "tag_lat 65536 20000 tag_lat -"
+  "tag_lat 1048576 1000 tag_lat -"
+  "tag_bw 8 2000000 tag_bw 32"
+  "tag_bw 4096 400000 tag_bw 32"
+  "tag_bw 65536 40000 tag_bw 32"
+  "tag_bw 1048576 2000 tag_bw 32"
+  "tag_bw 4194304 500 tag_bw 32"
+  "am_lat 8 200000 ucp_am_lat -"
+  "put_bw 65536 40000 ucp_put_bw 32"
+  "put_bw 1048576 2000 ucp_put_bw 32"
+  "get 65536 20000 ucp_get 1"
+  "get 1048576 2000 ucp_get 1"
+)
+if [[ $tl == tcp ]]; then tests=("${tcp_tests[@]}"); else tests=("${shm_tests[@]}"); fi
 run_timeout=120
 server_pid=""
 
@@ -129,9 +164,10 @@ run_one() {
   local ucx_window=() our_window=()
   if [[ $window != - ]]; then ucx_window=(-O "$window"); our_window=(-W "$window"); fi
   if [[ $lib == ucx ]]; then
-    UCX_TLS=shm,self timeout "$run_timeout" taskset -c 0 ucx_perftest -p "$port" >"$log.server" 2>&1 &
+    env "${ucx_env[@]}" timeout "$run_timeout" taskset -c 0 ucx_perftest -p "$port" \
+      >"$log.server" 2>&1 &
   else
-    COMM_TLS=shm,self timeout "$run_timeout" "$ours" -p "$port" -c 0 >"$log.server" 2>&1 &
+    env "${comm_env[@]}" timeout "$run_timeout" "$ours" -p "$port" -c 0 >"$log.server" 2>&1 &
   fi
   server_pid=$!
   if ! wait_listen "$port"; then
@@ -139,10 +175,10 @@ run_one() {
     cleanup; result=NA; return
   fi
   if [[ $lib == ucx ]]; then
-    UCX_TLS=shm,self timeout "$run_timeout" taskset -c 1 ucx_perftest localhost -p "$port" \
+    env "${ucx_env[@]}" timeout "$run_timeout" taskset -c 1 ucx_perftest localhost -p "$port" \
       -t "$ucx_test" -s "$size" -n "$n" -w "$w" "${ucx_window[@]}" >"$log" 2>&1 || true
   else
-    COMM_TLS=shm,self timeout "$run_timeout" "$ours" localhost -p "$port" -c 1 \
+    env "${comm_env[@]}" timeout "$run_timeout" "$ours" localhost -p "$port" -c 1 \
       -t "$test" -s "$size" -n "$n" -w "$w" "${our_window[@]}" >"$log" 2>&1 || true
   fi
   reap_server
@@ -165,7 +201,8 @@ load1() { cut -d' ' -f1 /proc/loadavg; }
 dat="$out/compare_ucx.dat"
 load_start=$(load1)
 {
-  echo "# libcomm comm_perftest vs UCX ucx_perftest, shm, cores 0/1, median of $rounds round(s)"
+  echo "# libcomm comm_perftest vs UCX ucx_perftest, $tl (${ucx_env[*]} vs ${comm_env[*]}),"
+  echo "# cores 0/1, median of $rounds round(s)"
   echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load average at start $load_start"
   echo "# test size metric ucx ours ratio(ours/ucx)"
 } >"$dat"
@@ -174,6 +211,7 @@ started=$SECONDS
 table=()
 for spec in "${tests[@]}"; do
   read -r test size default_n ucx_test window <<<"$spec"
+  [[ -z $filter || "$test $size" =~ $filter ]] || continue
   n=${iters:-$((default_n / scale))}
   ((n >= 100 || ${#iters} > 0)) || n=100
   ucx_vals=() our_vals=()
@@ -208,7 +246,9 @@ printf '%s\n' "${table[@]}"
 echo
 echo "load average: $load_start at start, $load_end at end; $((SECONDS - started)) s"
 echo "numbers: $dat"
-if command -v gnuplot >/dev/null; then
+if [[ $tl != shm ]]; then
+  echo "plot:    only for shm (plot_compare.gnuplot's titles say shared memory)"
+elif command -v gnuplot >/dev/null; then
   if gnuplot -e "datafile='$dat'; outfile='$out/compare_ucx.png'" "$here/plot_compare.gnuplot" \
        2>"$out/gnuplot.log"; then
     echo "plot:    $out/compare_ucx.png"
