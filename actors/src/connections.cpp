@@ -103,7 +103,7 @@ void node_state::accept(comm::conn_request* request) {
   auto p = std::make_shared<peer>(++serial_, std::string());
   p->ep = ep;
   by_ep_[ep] = p;
-  peers_.fetch_add(1, std::memory_order_relaxed);
+  peers_.add(1);
   introduce(p, *hello);
 }
 
@@ -120,7 +120,7 @@ std::shared_ptr<peer> node_state::dial(const std::string& address, comm::status*
   p->ep = ep;
   by_ep_[ep] = p;
   by_address_[address] = p;
-  peers_.fetch_add(1, std::memory_order_relaxed);
+  peers_.add(1);
   return p;
 }
 
@@ -181,9 +181,10 @@ void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) 
            p->id ? caf::to_string(p->id).c_str() : "?", comm::to_string(reason));
   const bool was_ready = p->ready;
   p->ready = false;
+  if (rx_ep_ == p->ep) rx_ep_ = nullptr;
   by_ep_.erase(p->ep);
   closing_.push_back(p->ep);
-  peers_.fetch_sub(1, std::memory_order_relaxed);
+  peers_.sub(1);
   for (const auto& address : p->addresses) {
     auto it = by_address_.find(address);
     if (it != by_address_.end() && it->second.lock() == p) by_address_.erase(it);
@@ -200,6 +201,8 @@ void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) 
     }
   }
   p->held.clear();
+  p->last_receiver = nullptr;
+  p->last_sender = nullptr;
   fail_requests(*p);
   release_watched(*p);
   unmap(p);
@@ -233,7 +236,7 @@ void node_state::fail_requests(peer& p) {
                        caf::make_message(caf::make_error(caf::sec::request_receiver_down)),
                        nullptr);
   }
-  pending_gauge_.fetch_sub(p.pending.size(), std::memory_order_relaxed);
+  pending_gauge_.sub(p.pending.size());
   p.pending.clear();
 }
 
@@ -242,11 +245,12 @@ void node_state::release_watched(peer& p) {
   for (caf::actor_id aid : p.watched) {
     if (auto ptr = sys_.registry().get(aid)) ptr->get()->detach(token);
   }
-  watched_gauge_.fetch_sub(p.watched.size(), std::memory_order_relaxed);
+  watched_gauge_.sub(p.watched.size());
   p.watched.clear();
 }
 
 void node_state::close_endpoints() {
+  if (closing_.empty()) return;
   auto closing = std::move(closing_);
   closing_.clear();
   for (comm::endpoint* ep : closing) {
@@ -275,7 +279,7 @@ void node_state::disconnect_now(const std::string& address,
 
 void node_state::on_monitor(const std::shared_ptr<peer>& p, caf::actor_id aid) {
   if (!p->watched.insert(aid).second) return;
-  watched_gauge_.fetch_add(1, std::memory_order_relaxed);
+  watched_gauge_.add(1);
   auto ptr = sys_.registry().get(aid);
   if (!ptr) {
     report_down(p, aid, caf::exit_reason::unknown);

@@ -27,7 +27,12 @@ constexpr size_t max_name_length = 4096;
 comm::status node_state::on_frame(void* arg, const void* header, size_t header_length, void* data,
                                   size_t length, const comm::am_recv_params& params) {
   auto* self = static_cast<node_state*>(arg);
-  auto p = (params.attr & comm::am_recv_reply_ep) ? self->peer_of(params.reply_ep) : nullptr;
+  comm::endpoint* ep = (params.attr & comm::am_recv_reply_ep) ? params.reply_ep : nullptr;
+  if (ep != self->rx_ep_ || ep == nullptr) {
+    self->rx_peer_ = ep != nullptr ? self->peer_of(ep) : nullptr;
+    self->rx_ep_ = self->rx_peer_ ? ep : nullptr;
+  }
+  const std::shared_ptr<peer>& p = self->rx_peer_;
   if (!p || !p->ready) {
     COMM_LOG(debug, "actors", "frame from an unknown connection: dropped");
     return comm::status::ok;
@@ -43,8 +48,8 @@ comm::status node_state::on_frame(void* arg, const void* header, size_t header_l
 
 void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
                          size_t length) {
-  received_.fetch_add(1, std::memory_order_relaxed);
-  bytes_received_.fetch_add(length, std::memory_order_relaxed);
+  received_.add(1);
+  bytes_received_.add(length);
   if (h.seq != p->recv_seq) {
     hold(p, h, data, length);
     return;
@@ -103,7 +108,7 @@ void node_state::on_message(const std::shared_ptr<peer>& p, const frame_header& 
                             const void* data, size_t length) {
   const caf::message_id mid{h.message_id};
   if (mid.is_response() && p->pending.erase({h.receiver, mid.request_id().integer_value()})) {
-    pending_gauge_.fetch_sub(1, std::memory_order_relaxed);
+    pending_gauge_.sub(1);
   }
   const bool sender_inside = h.location() == sender_location::in_payload;
   message_payload body;
@@ -114,7 +119,7 @@ void node_state::on_message(const std::shared_ptr<peer>& p, const frame_header& 
     if (mid.is_request()) reply_error(p, h, err);
     return;
   }
-  auto receiver = sys_.registry().get(h.receiver);
+  auto receiver = receiver_of(*p, h.receiver);
   if (!receiver) {
     if (mid.is_request()) reply_error(p, h, caf::make_error(caf::sec::request_receiver_down));
     return;
@@ -125,11 +130,23 @@ void node_state::on_message(const std::shared_ptr<peer>& p, const frame_header& 
                     delivery_unit());
 }
 
-caf::strong_actor_ptr node_state::sender_of(const peer& p, const frame_header& h) {
+caf::strong_actor_ptr node_state::receiver_of(peer& p, caf::actor_id aid) {
+  if (aid != p.last_receiver_id || !p.last_receiver) {
+    p.last_receiver = sys_.registry().get(aid);
+    p.last_receiver_id = aid;
+  }
+  return p.last_receiver;
+}
+
+caf::strong_actor_ptr node_state::sender_of(peer& p, const frame_header& h) {
   if (h.sender == caf::invalid_actor_id) return nullptr;
   switch (h.location()) {
     case sender_location::sending_node:
-      return proxies_.get_or_put(p.id, h.sender);
+      if (h.sender != p.last_sender_id || !p.last_sender) {
+        p.last_sender = proxies_.get_or_put(p.id, h.sender);
+        p.last_sender_id = h.sender;
+      }
+      return p.last_sender;
     case sender_location::receiving_node:
       return sys_.registry().get(h.sender);
     default:

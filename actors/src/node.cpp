@@ -10,6 +10,9 @@
 
 #include <caf/actor_system_config.hpp>
 
+#include <cstdlib>
+#include <string_view>
+
 namespace caf::net {
 
 /// The module that load() installs: owns the node of one actor system.
@@ -51,6 +54,20 @@ std::string render_status(uint8_t code, caf::atom_value, const caf::message&) {
 }
 
 }  // namespace
+
+delivery default_delivery() {
+  const char* value = std::getenv("COMM_ACTORS_DELIVERY");
+  return value != nullptr && std::string_view(value) == "scheduler" ? delivery::scheduler
+                                                                    : delivery::progress_thread;
+}
+
+std::chrono::microseconds default_spin_time() {
+  const char* value = std::getenv("COMM_ACTORS_SPIN_US");
+  char* end = nullptr;
+  const long long us = value != nullptr ? std::strtoll(value, &end, 10) : -1;
+  if (value == nullptr || end == value || *end != '\0' || us < 0) return std::chrono::microseconds(200);
+  return std::chrono::microseconds(us);
+}
 
 caf::error make_error(comm::status st) {
   if (!is_error(st)) return caf::error{};

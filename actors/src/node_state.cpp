@@ -19,6 +19,9 @@ namespace {
 /// Longest sleep on the event fds: the worker is progressed at least this often.
 constexpr int max_sleep_ms = 10;
 
+/// Idle turns between two looks at the clock while spinning.
+constexpr unsigned idle_check = 64;
+
 /// Numbers the nodes of this process (see node_state::generation_).
 std::atomic<uint64_t> node_generations{0};
 
@@ -94,15 +97,19 @@ void node_state::stop() {
 void node_state::run() {
   thread_id_ = std::this_thread::get_id();
   pin(params_.cpus);
-  auto last_event = std::chrono::steady_clock::now();
+  auto idle_since = std::chrono::steady_clock::now();
+  unsigned idle_turns = 0;
   while (!stopping_.load(std::memory_order_acquire)) {
     if (turn() != 0) {
-      last_event = std::chrono::steady_clock::now();
+      idle_turns = 0;
       continue;
     }
-    if (std::chrono::steady_clock::now() - last_event >= params_.spin_time) {
+    // The clock is read once every idle_check turns: spinning must stay cheap.
+    if (idle_turns++ == 0) idle_since = std::chrono::steady_clock::now();
+    if (idle_turns % idle_check == 0 &&
+        std::chrono::steady_clock::now() - idle_since >= params_.spin_time) {
       sleep();
-      last_event = std::chrono::steady_clock::now();
+      idle_turns = 0;
     }
   }
   shut_down();
@@ -113,20 +120,26 @@ bool node_state::on_progress_thread() const noexcept {
 }
 
 size_t node_state::turn() {
-  size_t n = drain();
-  in_callback_ = true;
-  n += worker_->progress();
-  in_callback_ = false;
-  close_endpoints();
-  n += drain();
-  n += unit_.run();
-  return n;
+  size_t n = 0;
+  if (try_acquire()) {
+    n += drain();
+    in_callback_ = true;
+    n += worker_->progress();
+    in_callback_ = false;
+    close_endpoints();
+    n += drain();
+    release();
+  }
+  return n + unit_.run();
 }
 
 void node_state::sleep() {
+  if (!try_acquire()) return;  // another thread is sending: not idle
   sleeping_.store(true, std::memory_order_seq_cst);
-  if (!outbox_.empty() || !unit_.idle() || stopping_.load() ||
-      worker_->arm() != comm::status::ok) {
+  const bool busy = !outbox_.empty() || !unit_.idle() || stopping_.load() ||
+                    worker_->arm() != comm::status::ok;
+  release();
+  if (busy) {
     sleeping_.store(false, std::memory_order_relaxed);
     return;
   }
@@ -145,6 +158,8 @@ void node_state::wake() {
 }
 
 void node_state::shut_down() {
+  // The lock is kept from here on: no other thread touches the worker again.
+  while (!try_acquire()) std::this_thread::yield();
   drain();
   std::vector<std::shared_ptr<peer>> all;
   for (auto& [ep, p] : by_ep_) all.push_back(p);
@@ -160,20 +175,46 @@ void node_state::shut_down() {
   context_.reset();
 }
 
-// -- handing work to the progress thread ---------------------------------------------------------
+// -- the turn lock -------------------------------------------------------------------------------
+
+bool node_state::try_acquire() noexcept {
+  if (busy_.exchange(true, std::memory_order_seq_cst)) return false;
+  holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  return true;
+}
+
+bool node_state::holds_lock() const noexcept {
+  return holder_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+}
+
+void node_state::release() noexcept {
+  for (;;) {
+    holder_.store(std::thread::id{}, std::memory_order_relaxed);
+    busy_.store(false, std::memory_order_seq_cst);
+    // What others queued while this thread held the lock leaves now, unless one of them took
+    // the lock (and drains it) meanwhile.
+    if (outbox_.empty() || !try_acquire()) return;
+    drain();
+  }
+}
+
+// -- handing work over ---------------------------------------------------------------------------
 
 void node_state::submit(outgoing* item) {
-  if (!on_progress_thread()) {
-    outbox_.push(item);
-    wake();
+  if (holds_lock()) {
+    enqueue_local(item);
+    if (!in_callback_ && !draining_) drain();
     return;
   }
-  enqueue_local(item);
-  if (!in_callback_ && !draining_) drain();
+  outbox_.push(item);
+  if (try_acquire()) {
+    drain();
+    release();
+  }
 }
 
 void node_state::post(outgoing* item) {
-  if (on_progress_thread()) {
+  if (holds_lock()) {
     enqueue_local(item);
   } else {
     outbox_.push(item);
@@ -190,7 +231,7 @@ void node_state::post_task(std::function<void()> task) {
 void node_state::enqueue_local(outgoing* item) {
   // What other threads queued earlier goes first: an actor that sent from a CAF worker and now
   // runs here must see its frames leave in order.
-  for (outgoing* list = outbox_.take_all(); list != nullptr;) {
+  for (outgoing* list = outbox_.empty() ? nullptr : outbox_.take_all(); list != nullptr;) {
     outgoing* next = list->next;
     list->next = nullptr;
     (queue_tail_ ? queue_tail_->next : queue_head_) = list;
@@ -289,14 +330,14 @@ node_stats node_state::stats() const {
     std::lock_guard<std::mutex> g(mtx_);
     s.published = names_.size();
   }
-  s.peers = peers_.load(std::memory_order_relaxed);
+  s.peers = peers_.get();
   s.proxies = proxies_alive_->load(std::memory_order_relaxed);
-  s.pending_requests = pending_gauge_.load(std::memory_order_relaxed);
-  s.remote_monitors = watched_gauge_.load(std::memory_order_relaxed);
-  s.messages_sent = sent_.load(std::memory_order_relaxed);
-  s.messages_received = received_.load(std::memory_order_relaxed);
-  s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
-  s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  s.pending_requests = pending_gauge_.get();
+  s.remote_monitors = watched_gauge_.get();
+  s.messages_sent = sent_.get();
+  s.messages_received = received_.get();
+  s.bytes_sent = bytes_sent_.get();
+  s.bytes_received = bytes_received_.get();
   return s;
 }
 

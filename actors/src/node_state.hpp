@@ -2,13 +2,17 @@
 // the proxies of their actors, the names this node publishes, and the progress thread that drives
 // it all.
 //
-// Threads. Everything that touches libcomm runs on the progress thread (the worker is
-// single-threaded). Other threads hand it frames and tasks through the outbox and wake it when it
-// sleeps. A proxy serialises a message on the sending actor's thread; the progress thread assigns
-// the frame its sequence number and sends it. Frames arriving from a peer are handled in sequence
-// order inside the worker's progress call; actors they make ready run on the progress thread
-// right after it (delivery::progress_thread) or go to CAF's scheduler (delivery::scheduler).
-// Nothing is sent from inside a libcomm callback: frames made there wait in the progress queue.
+// Threads. The worker is single-threaded; a "turn lock" (a flag taken with try_acquire, never
+// waited for) says which thread may use it and the connection state below: the progress thread
+// takes it for each progress call, and a thread that sends takes it too when it is free. A proxy
+// serialises a message on the sending actor's thread and, if the lock is free, sends it right
+// there; otherwise it leaves the frame in the outbox, which the lock's holder empties before it
+// lets go, so frames leave in the order they were made. Work that may not run where it is made
+// (under actor locks) is posted to the outbox and the progress thread woken. Frames arriving from
+// a peer are handled in sequence order inside the progress call; actors they make ready run on
+// the progress thread after it (delivery::progress_thread) or go to CAF's scheduler
+// (delivery::scheduler). Nothing is sent from inside a libcomm callback: frames made there wait
+// in the holder's queue.
 #pragma once
 
 #include "frame.hpp"
@@ -35,6 +39,21 @@
 #include <vector>
 
 namespace comm::actors::detail {
+
+/// A counter that only the progress thread changes and any thread reads: plain loads and
+/// stores, no locked instructions on the hot path.
+class gauge {
+public:
+  /// Adds `n`.
+  void add(uint64_t n = 1) noexcept { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  /// Subtracts `n`.
+  void sub(uint64_t n = 1) noexcept { v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
+  /// The value.
+  uint64_t get() const noexcept { return v_.load(std::memory_order_relaxed); }
+
+private:
+  std::atomic<uint64_t> v_{0};
+};
 
 /// State and behaviour of a node (see the file comment).
 class node_state final : public caf::proxy_registry::backend {
@@ -113,6 +132,9 @@ private:
   void sleep();
   void wake();
   void shut_down();
+  bool try_acquire() noexcept;
+  bool holds_lock() const noexcept;
+  void release() noexcept;
   void submit(outgoing* item);
   void post(outgoing* item);
   void post_task(std::function<void()> task);
@@ -154,7 +176,8 @@ private:
                 size_t length);
   void on_message(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
                   size_t length);
-  caf::strong_actor_ptr sender_of(const peer& p, const frame_header& h);
+  caf::strong_actor_ptr sender_of(peer& p, const frame_header& h);
+  caf::strong_actor_ptr receiver_of(peer& p, caf::actor_id aid);
   void on_monitor(const std::shared_ptr<peer>& p, caf::actor_id aid);
   void on_down(const peer& p, const frame_header& h, const void* data, size_t length);
   void on_link(const peer& p, const frame_header& h, bool linked);
@@ -191,6 +214,8 @@ private:
 
   std::thread thread_;
   std::thread::id thread_id_;
+  std::atomic<bool> busy_{false};                ///< the turn lock (see the file comment)
+  std::atomic<std::thread::id> holder_{};       ///< the thread holding it
   std::atomic<bool> stopping_{false};
   std::atomic<bool> sleeping_{false};
   int wake_fd_ = -1;
@@ -209,19 +234,21 @@ private:
   std::unordered_map<caf::node_id, std::shared_ptr<peer>> by_node_;  ///< the mapped connections
 
   std::unordered_map<comm::endpoint*, std::shared_ptr<peer>> by_ep_;  ///< progress thread
+  comm::endpoint* rx_ep_ = nullptr;             ///< endpoint of the last frame received
+  std::shared_ptr<peer> rx_peer_;               ///< its peer (valid while rx_ep_ is set)
   std::unordered_map<std::string, std::weak_ptr<peer>> by_address_;   ///< progress thread
   uint64_t serial_ = 0;
   uint64_t lookups_ = 0;
   const uint64_t generation_;                   ///< unique per node of the process
 
   std::shared_ptr<std::atomic<size_t>> proxies_alive_;
-  std::atomic<size_t> peers_{0};
-  std::atomic<size_t> pending_gauge_{0};
-  std::atomic<size_t> watched_gauge_{0};
-  std::atomic<uint64_t> sent_{0};
-  std::atomic<uint64_t> received_{0};
-  std::atomic<uint64_t> bytes_sent_{0};
-  std::atomic<uint64_t> bytes_received_{0};
+  gauge peers_;
+  gauge pending_gauge_;
+  gauge watched_gauge_;
+  gauge sent_;
+  gauge received_;
+  gauge bytes_sent_;
+  gauge bytes_received_;
 };
 
 }  // namespace comm::actors::detail

@@ -24,6 +24,9 @@ struct reachable_cache {
 
 thread_local reachable_cache recently_reachable;
 
+/// Where a thread serialises payloads before they get a buffer of their own.
+thread_local std::vector<char> scratch;
+
 }  // namespace
 
 outgoing* node_state::new_frame(const std::shared_ptr<peer>& to, frame_kind kind) {
@@ -55,11 +58,13 @@ void node_state::forward(const std::shared_ptr<peer>& to, caf::actor_id receiver
   }
   h.set_location(where);
   if (!what.stages.empty()) h.flags |= flag_stages;
+  scratch.clear();
   caf::error err = what.content().size() > UINT16_MAX
                        ? caf::make_error(caf::sec::invalid_argument, "message too long")
                        : write_message_payload(&serializer_unit_, what,
                                                where == sender_location::in_payload,
-                                               !what.stages.empty(), item->payload);
+                                               !what.stages.empty(), scratch);
+  if (!err) item->payload = buffer_pool::detach(scratch);
   if (err) {
     COMM_LOG(warn, "actors", "cannot send to actor %llu: %s",
              static_cast<unsigned long long>(receiver), caf::to_string(err).c_str());
@@ -124,7 +129,7 @@ void node_state::transmit(outgoing* item) {
   h.seq = p.send_seq++;
   if (h.kind == frame_kind::message) track_request(p, h);
   if (h.kind == frame_kind::down && p.watched.erase(h.sender) != 0) {
-    watched_gauge_.fetch_sub(1, std::memory_order_relaxed);
+    watched_gauge_.sub(1);
   }
   comm::request_params rp;
   rp.flags = comm::request_reply_endpoint;
@@ -133,10 +138,12 @@ void node_state::transmit(outgoing* item) {
   const size_t bytes = item->payload.size();
   comm::op o = p.ep->am_send(frame_am_id, envelope_.encode(h), envelope_writer::size(),
                              item->payload.data(), bytes, rp);
-  sent_.fetch_add(1, std::memory_order_relaxed);
-  bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+  sent_.add(1);
+  bytes_sent_.add(bytes);
   if (o.pending()) {
     worker_->release(o.req);  // on_sent deletes the item
+    // Its completion needs progress: the progress thread may be asleep if this is a sender.
+    if (!on_progress_thread()) wake();
     return;
   }
   if (o.failed()) {
@@ -156,7 +163,7 @@ void node_state::track_request(peer& p, const frame_header& h) {
   if (h.location() != sender_location::sending_node || !mid.is_request()) return;
   if (p.pending.emplace(request_key{h.sender, mid.request_id().integer_value()}, h.message_id)
           .second) {
-    pending_gauge_.fetch_add(1, std::memory_order_relaxed);
+    pending_gauge_.add(1);
   }
 }
 
@@ -178,7 +185,7 @@ void node_state::bounce(const outgoing& item) {
     return;
   }
   if (p.pending.erase({h.sender, mid.request_id().integer_value()}) != 0) {
-    pending_gauge_.fetch_sub(1, std::memory_order_relaxed);
+    pending_gauge_.sub(1);
   }
   if (auto requester = sys_.registry().get(h.sender)) {
     requester->enqueue(nullptr, mid.response_id(),

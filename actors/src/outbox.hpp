@@ -9,11 +9,30 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace comm::actors::detail {
 
 struct peer;
+
+/// Large payload buffers kept for reuse, process-wide: a big message then neither allocates nor
+/// faults in fresh memory (which costs more than copying it).
+class buffer_pool {
+public:
+  /// Buffers at least this large are kept.
+  static constexpr size_t large = 64 * 1024;
+
+  /// An empty buffer, with the capacity of a kept one when there is one.
+  static std::vector<char> take();
+
+  /// Keeps `buffer` (emptied) when it is large and the pool has room, else frees it.
+  static void give(std::vector<char>&& buffer) noexcept;
+
+  /// Moves what a serialiser wrote into `scratch` to a buffer of its own: small payloads are
+  /// copied (scratch keeps its capacity), large ones swapped with a kept buffer.
+  static std::vector<char> detach(std::vector<char>& scratch);
+};
 
 /// One frame to send (with `to` set) or one task to run on the progress thread.
 struct outgoing {
@@ -23,6 +42,11 @@ struct outgoing {
   std::vector<char> payload;           ///< its payload
   caf::strong_actor_ptr local;         ///< link/unlink: the local actor, made reachable first
   std::function<void()> task;          ///< set: run this instead of sending
+
+  outgoing() = default;
+  outgoing(const outgoing&) = delete;
+  outgoing& operator=(const outgoing&) = delete;
+  ~outgoing() { buffer_pool::give(std::move(payload)); }
 };
 
 /// A multi-producer, single-consumer queue of outgoing items. push is lock-free; the consumer
@@ -44,7 +68,7 @@ public:
                                           std::memory_order_relaxed));
   }
 
-  /// True when nothing waits.
+  /// True when nothing waits (sequentially consistent: see push).
   bool empty() const noexcept { return head_.load(std::memory_order_seq_cst) == nullptr; }
 
   /// Takes every waiting item, oldest first (consumer only).

@@ -94,6 +94,13 @@ struct peer {
   std::unordered_set<caf::actor_id> watched;  ///< local actors the peer monitors
   std::vector<std::shared_ptr<lookup_call>> waiting;  ///< lookups waiting for the hello
   std::unordered_map<uint64_t, std::shared_ptr<lookup_call>> asked;  ///< lookups sent, by number
+  /// The local actor the last message from the peer went to, and its id (a dead one is kept
+  /// until replaced: a message to it is bounced as to any terminated actor).
+  caf::actor_id last_receiver_id = 0;
+  caf::strong_actor_ptr last_receiver;
+  /// The proxy of the peer's actor that sent the last message, and its id.
+  caf::actor_id last_sender_id = 0;
+  caf::strong_actor_ptr last_sender;
 };
 
 }  // namespace comm::actors::detail

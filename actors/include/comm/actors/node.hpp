@@ -60,7 +60,15 @@ enum class delivery {
   scheduler,
 };
 
-/// Parameters of a node (node::load).
+/// The delivery mode named by COMM_ACTORS_DELIVERY ("progress" or "scheduler"), else
+/// delivery::progress_thread.
+delivery default_delivery();
+
+/// The spin time named by COMM_ACTORS_SPIN_US (microseconds), else 200 us.
+std::chrono::microseconds default_spin_time();
+
+/// Parameters of a node (node::load). Defaults come from the environment where noted; a field
+/// set in code wins.
 struct node_params {
   /// Address to listen on: "host:port", ":port", port 0 for a free port (see node::address).
   /// Empty: do not listen; the node can still look up actors on others. Without a cluster
@@ -68,11 +76,12 @@ struct node_params {
   std::string listen_address = "127.0.0.1:0";
   /// libcomm configuration: transports (COMM_TLS), thresholds, the cluster secret (auth_key).
   comm::config transport = comm::config::from_environment();
-  /// How arriving messages reach their actors.
-  delivery mode = delivery::progress_thread;
+  /// How arriving messages reach their actors (COMM_ACTORS_DELIVERY).
+  delivery mode = default_delivery();
   /// How long the progress thread keeps polling after its last event before it sleeps on the
-  /// worker's event fd. Longer: lower latency for bursts and ping-pongs, more CPU when idle.
-  std::chrono::microseconds spin_time{200};
+  /// worker's event fd (COMM_ACTORS_SPIN_US). Longer: lower latency for bursts and ping-pongs,
+  /// more CPU when idle.
+  std::chrono::microseconds spin_time = default_spin_time();
   /// Limit on establishing a connection and on the answer to a lookup.
   std::chrono::milliseconds connect_timeout{5000};
   /// Cores the progress thread is pinned to; empty: not pinned.
