@@ -1,0 +1,213 @@
+// The engine's lifecycle and progress loop: tasks from actors, progress, tag matching, and sleep
+// on the worker's event fd plus a wake-up eventfd when idle.
+#include "io_engine.hpp"
+
+#include <comm/log.hpp>
+
+#include <caf/send.hpp>
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+
+namespace comm::actors::io::detail {
+
+namespace {
+
+/// Longest sleep between progress calls even without events, so a missed wake-up costs little.
+constexpr int max_sleep_ms = 100;
+
+}  // namespace
+
+caf::expected<std::shared_ptr<engine>> engine::start(caf::actor_system& sys, worker_config cfg) {
+  auto eng = std::make_shared<engine>(sys, std::move(cfg));
+  if (eng->wake_fd_ < 0) return make_error(status::io_error);
+  if (!eng->worker_) return make_error(status::no_resource);
+  eng->thread_ = std::thread([eng] { eng->run(); });
+  return eng;
+}
+
+engine::engine(caf::actor_system& sys, worker_config cfg) : sys_(sys), cfg_(std::move(cfg)) {
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ctx_ = std::make_unique<comm::context>(cfg_.transport);
+  comm::worker_params wp = cfg_.worker;
+  wp.mode = thread_mode::single;
+  wp.wakeup = true;
+  worker_ = comm::worker::create(*ctx_, wp);
+}
+
+engine::~engine() {
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+  worker_.reset();
+  ctx_.reset();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+// -- any thread ------------------------------------------------------------------------------------
+
+bool engine::post(task t) {
+  {
+    std::lock_guard<std::mutex> guard(mtx_);
+    if (stopping_) return false;
+    tasks_.push_back(std::move(t));
+  }
+  if (sleeping_.load()) wake();
+  return true;
+}
+
+void engine::stop() {
+  {
+    std::lock_guard<std::mutex> guard(mtx_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  wake();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+void engine::wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+}
+
+// -- progress loop ---------------------------------------------------------------------------------
+
+void engine::run() {
+  using clock = std::chrono::steady_clock;
+  auto last_event = clock::now();
+  while (!stopping_.load()) {
+    size_t events = run_tasks();
+    events += worker_->progress();
+    events += match_tags();
+    if (events != 0) {
+      last_event = clock::now();
+    } else if (clock::now() - last_event >= cfg_.spin_time) {
+      sleep();
+      last_event = clock::now();
+    }
+  }
+  shut_down();
+}
+
+size_t engine::run_tasks() {
+  std::vector<task> batch;
+  {
+    std::lock_guard<std::mutex> guard(mtx_);
+    batch.swap(tasks_);
+  }
+  for (task& t : batch) t(*this);
+  return batch.size();
+}
+
+void engine::sleep() {
+  sleeping_.store(true);
+  bool idle = false;
+  {
+    std::lock_guard<std::mutex> guard(mtx_);
+    idle = tasks_.empty() && !stopping_;
+  }
+  if (idle && worker_->arm() == status::ok) {
+    pollfd fds[2] = {{worker_->event_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    (void)::poll(fds, 2, max_sleep_ms);
+  }
+  sleeping_.store(false);
+  uint64_t drained = 0;
+  [[maybe_unused]] ssize_t n = ::read(wake_fd_, &drained, sizeof(drained));
+}
+
+void engine::shut_down() {
+  shutting_down_ = true;
+  std::vector<task> dropped;  // destroyed without the lock: they may hold an actor's last handle
+  {
+    std::lock_guard<std::mutex> guard(mtx_);
+    dropped.swap(tasks_);
+  }
+  dropped.clear();
+  for (auto& [id, slot] : listeners_) caf::anon_send(slot.actor, gone{status::ok});
+  for (auto& [id, slot] : endpoints_) caf::anon_send(slot.actor, gone{status::ok});
+  for (tag_wait& w : waits_) report(w.reply, status::canceled);
+  waits_.clear();
+  close_all_endpoints();
+  listeners_.clear();
+  worker_.reset();
+  flights_.clear();
+  endpoints_.clear();
+  slot_of_.clear();
+  am_routes_.clear();
+  tag_routes_.clear();
+  ctx_.reset();
+}
+
+void engine::close_all_endpoints() {
+  std::vector<comm::op> closing;
+  for (auto& [id, slot] : endpoints_) {
+    if (slot.closing) continue;
+    slot.closing = true;
+    comm::op o = slot.ep->close();
+    if (o.pending()) closing.push_back(o);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + cfg_.close_timeout;
+  for (comm::op& o : closing) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const status st = worker_->wait(o, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (st != status::ok) COMM_LOG(warn, "io", "closing an endpoint at exit: %s", to_string(st));
+  }
+}
+
+// -- helpers ---------------------------------------------------------------------------------------
+
+void engine::report(const notice& n, comm::status st) {
+  op_done done;
+  done.st = st;
+  report(n, std::move(done));
+}
+
+void engine::report(const notice& n, op_done done) {
+  auto to = caf::actor_cast<caf::actor>(n.to);
+  if (!to) return;
+  done.id = n.id;
+  caf::anon_send(to, std::move(done));
+}
+
+engine::flight* engine::new_flight(notice n) {
+  auto f = std::make_unique<flight>();
+  f->owner = this;
+  f->key = next_key_++;
+  f->reply = std::move(n);
+  flight* raw = f.get();
+  flights_.emplace(raw->key, std::move(f));
+  return raw;
+}
+
+void engine::finish(uint64_t key, comm::status st) {
+  auto it = flights_.find(key);
+  if (it == flights_.end()) return;
+  std::unique_ptr<flight> f = std::move(it->second);
+  flights_.erase(it);
+  if (f->endpoint != 0) drop_endpoint(f->endpoint);
+  report(f->reply, st);
+}
+
+void engine::start_send(uint64_t key, comm::op o) {
+  if (o.pending()) {
+    worker_->release(o.req);
+  } else {
+    finish(key, o.st);
+  }
+}
+
+void engine::on_send_done(request*, status st, void* user_data) {
+  auto* f = static_cast<flight*>(user_data);
+  f->owner->finish(f->key, st);
+}
+
+}  // namespace comm::actors::io::detail
