@@ -112,7 +112,7 @@ void node_state::on_message(const std::shared_ptr<peer>& p, const frame_header& 
   }
   const bool sender_inside = h.location() == sender_location::in_payload;
   message_payload body;
-  if (auto err = read_message_payload(&unit_, data, length, sender_inside,
+  if (auto err = read_message_payload(&unit_, reader_, data, length, sender_inside,
                                       (h.flags & flag_stages) != 0, h.type_count, body)) {
     COMM_LOG(debug, "actors", "message for actor %llu unreadable: %s",
              static_cast<unsigned long long>(h.receiver), caf::to_string(err).c_str());
@@ -176,7 +176,8 @@ void node_state::reply_error(const std::shared_ptr<peer>& p, const frame_header&
 }
 
 caf::execution_unit* node_state::delivery_unit() noexcept {
-  return params_.mode == delivery::progress_thread ? &unit_ : nullptr;
+  // A sender that progresses the worker (see send_now) hands what arrives to the scheduler.
+  return params_.mode == delivery::progress_thread && on_progress_thread() ? &unit_ : nullptr;
 }
 
 // -- down, link, unlink --------------------------------------------------------------------------

@@ -96,6 +96,7 @@ void node_state::stop() {
 
 void node_state::run() {
   thread_id_ = std::this_thread::get_id();
+  pthread_setname_np(pthread_self(), "comm.progress");
   pin(params_.cpus);
   auto idle_since = std::chrono::steady_clock::now();
   unsigned idle_turns = 0;
@@ -104,12 +105,15 @@ void node_state::run() {
       idle_turns = 0;
       continue;
     }
-    // The clock is read once every idle_check turns: spinning must stay cheap.
+    // The clock is read once every idle_check turns: spinning must stay cheap. Then the core is
+    // offered to other threads (a sender on the same core), and after spin_time the thread sleeps.
     if (idle_turns++ == 0) idle_since = std::chrono::steady_clock::now();
-    if (idle_turns % idle_check == 0 &&
-        std::chrono::steady_clock::now() - idle_since >= params_.spin_time) {
+    if (idle_turns % idle_check != 0) continue;
+    if (std::chrono::steady_clock::now() - idle_since >= params_.spin_time) {
       sleep();
       idle_turns = 0;
+    } else {
+      std::this_thread::yield();
     }
   }
   shut_down();
@@ -122,15 +126,19 @@ bool node_state::on_progress_thread() const noexcept {
 size_t node_state::turn() {
   size_t n = 0;
   if (try_acquire()) {
-    n += drain();
-    in_callback_ = true;
-    n += worker_->progress();
-    in_callback_ = false;
-    close_endpoints();
-    n += drain();
+    n = progress_locked();
     release();
   }
   return n + unit_.run();
+}
+
+size_t node_state::progress_locked() {
+  size_t n = drain();
+  in_callback_ = true;
+  n += worker_->progress();
+  in_callback_ = false;
+  close_endpoints();
+  return n + drain();
 }
 
 void node_state::sleep() {

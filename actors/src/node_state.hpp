@@ -17,6 +17,7 @@
 
 #include "frame.hpp"
 #include "outbox.hpp"
+#include "payload.hpp"
 #include "peer.hpp"
 #include "progress_unit.hpp"
 
@@ -129,6 +130,7 @@ private:
   void run();
   bool on_progress_thread() const noexcept;
   size_t turn();
+  size_t progress_locked();
   void sleep();
   void wake();
   void shut_down();
@@ -191,12 +193,18 @@ private:
   // -- frames out (outbound.cpp) -----------------------------------------------------------------
 
   void transmit(outgoing* item);
+  bool transmit(peer& p, outgoing& item, bool immediate);
+  bool send_now(const std::shared_ptr<peer>& to, const frame_header& h);
+  frame_header message_header(const peer& to, caf::actor_id receiver,
+                              const caf::mailbox_element& what);
+  void sent_frame(peer& p, const frame_header& h);
   static void on_sent(comm::request* req, comm::status st, void* user_data);
   void track_request(peer& p, const frame_header& h);
-  void bounce(const outgoing& item);
+  void bounce(peer& p, const frame_header& h);
   void make_reachable(const caf::strong_actor_ptr& local);
   void make_sender_reachable(const caf::strong_actor_ptr& sender);
   outgoing* new_frame(const std::shared_ptr<peer>& to, frame_kind kind);
+  content_writer& writer();
 
   // -- members -----------------------------------------------------------------------------------
 
@@ -205,7 +213,8 @@ private:
   caf::proxy_registry proxies_;
   caf::scoped_execution_unit serializer_unit_;  ///< context of serialisers on any thread
   progress_unit unit_;                          ///< the progress thread as an execution unit
-  envelope_writer envelope_;                    ///< progress thread's envelope encoder
+  envelope_writer envelope_;                    ///< the lock holder's envelope encoder
+  content_reader reader_;                       ///< the progress thread's message reader
 
   std::unique_ptr<comm::context> context_;
   std::unique_ptr<comm::worker> worker_;

@@ -27,6 +27,14 @@ thread_local reachable_cache recently_reachable;
 /// Where a thread serialises payloads before they get a buffer of their own.
 thread_local std::vector<char> scratch;
 
+/// A thread's message writer, for the node of one generation at a time.
+struct thread_writer {
+  uint64_t generation = 0;
+  content_writer writer;
+};
+
+thread_local thread_writer writers;
+
 }  // namespace
 
 outgoing* node_state::new_frame(const std::shared_ptr<peer>& to, frame_kind kind) {
@@ -40,8 +48,33 @@ outgoing* node_state::new_frame(const std::shared_ptr<peer>& to, frame_kind kind
 
 void node_state::forward(const std::shared_ptr<peer>& to, caf::actor_id receiver,
                          caf::mailbox_element& what, caf::execution_unit* ctx) {
+  const frame_header h = message_header(*to, receiver, what);
+  scratch.clear();
+  caf::error err = what.content().size() > UINT16_MAX
+                       ? caf::make_error(caf::sec::invalid_argument, "message too long")
+                       : write_message_payload(&serializer_unit_, writer(), what,
+                                               h.location() == sender_location::in_payload,
+                                               (h.flags & flag_stages) != 0, scratch);
+  if (err) {
+    COMM_LOG(warn, "actors", "cannot send to actor %llu: %s",
+             static_cast<unsigned long long>(receiver), caf::to_string(err).c_str());
+    if (what.mid.is_request() && what.sender) {
+      what.sender->enqueue(nullptr, what.mid.response_id(), caf::make_message(std::move(err)),
+                           ctx);
+    }
+    return;
+  }
+  // Small frames leave from here when the worker is free; others queue for whoever holds it.
+  if (scratch.size() < buffer_pool::large && send_now(to, h)) return;
   outgoing* item = new_frame(to, frame_kind::message);
-  frame_header& h = item->header;
+  item->header = h;
+  item->payload = buffer_pool::detach(scratch);
+  submit(item);
+}
+
+frame_header node_state::message_header(const peer& to, caf::actor_id receiver,
+                                        const caf::mailbox_element& what) {
+  frame_header h;
   h.receiver = receiver;
   h.message_id = what.mid.integer_value();
   h.type_count = static_cast<uint16_t>(what.content().size());
@@ -53,29 +86,34 @@ void node_state::forward(const std::shared_ptr<peer>& to, caf::actor_id receiver
       where = sender_location::sending_node;
       make_sender_reachable(what.sender);
     } else {
-      where = home == to->id ? sender_location::receiving_node : sender_location::in_payload;
+      where = home == to.id ? sender_location::receiving_node : sender_location::in_payload;
     }
   }
   h.set_location(where);
   if (!what.stages.empty()) h.flags |= flag_stages;
-  scratch.clear();
-  caf::error err = what.content().size() > UINT16_MAX
-                       ? caf::make_error(caf::sec::invalid_argument, "message too long")
-                       : write_message_payload(&serializer_unit_, what,
-                                               where == sender_location::in_payload,
-                                               !what.stages.empty(), scratch);
-  if (!err) item->payload = buffer_pool::detach(scratch);
-  if (err) {
-    COMM_LOG(warn, "actors", "cannot send to actor %llu: %s",
-             static_cast<unsigned long long>(receiver), caf::to_string(err).c_str());
-    if (what.mid.is_request() && what.sender) {
-      what.sender->enqueue(nullptr, what.mid.response_id(), caf::make_message(std::move(err)),
-                           ctx);
-    }
-    delete item;
-    return;
+  return h;
+}
+
+bool node_state::send_now(const std::shared_ptr<peer>& to, const frame_header& h) {
+  const bool held = holds_lock();
+  if (held ? (in_callback_ || draining_) : !try_acquire()) return false;
+  drain();  // frames queued earlier leave first
+  outgoing frame;
+  frame.header = h;
+  frame.payload.swap(scratch);
+  const bool sent = transmit(*to, frame, true);
+  scratch.swap(frame.payload);
+  if (!sent) {
+    // The connection is full: the frame waits in libcomm's queue, and this thread, which holds
+    // the worker anyway, progresses it to move the queue along.
+    outgoing* item = new_frame(to, frame_kind::message);
+    item->header = h;
+    item->payload = buffer_pool::detach(scratch);
+    transmit(item);
+    if (!held) progress_locked();
   }
-  submit(item);
+  if (!held) release();
+  return true;
 }
 
 void node_state::announce_link(const std::shared_ptr<peer>& to, bool linked,
@@ -101,6 +139,14 @@ void node_state::report_down(const std::weak_ptr<peer>& to, caf::actor_id aid,
   post(item);
 }
 
+content_writer& node_state::writer() {
+  if (writers.generation != generation_) {
+    writers.writer = content_writer{};
+    writers.generation = generation_;
+  }
+  return writers.writer;
+}
+
 void node_state::make_sender_reachable(const caf::strong_actor_ptr& sender) {
   reachable_cache& cache = recently_reachable;
   if (cache.generation != generation_) cache = reachable_cache{generation_};
@@ -118,40 +164,52 @@ void node_state::make_reachable(const caf::strong_actor_ptr& local) {
 // -- sent on the progress thread -----------------------------------------------------------------
 
 void node_state::transmit(outgoing* item) {
-  peer& p = *item->to;
+  transmit(*item->to, *item, false);
+  // A send still in progress owns the item now (on_sent deletes it).
+}
+
+bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
   if (!p.alive.load(std::memory_order_relaxed) || !p.ready) {
-    bounce(*item);
-    delete item;
-    return;
+    bounce(p, item.header);
+    if (!immediate) delete &item;
+    return true;
   }
-  frame_header& h = item->header;
-  if (item->local) make_reachable(item->local);
-  h.seq = p.send_seq++;
-  if (h.kind == frame_kind::message) track_request(p, h);
-  if (h.kind == frame_kind::down && p.watched.erase(h.sender) != 0) {
-    watched_gauge_.sub(1);
-  }
+  frame_header& h = item.header;
+  if (item.local) make_reachable(item.local);
+  h.seq = p.send_seq;
   comm::request_params rp;
-  rp.flags = comm::request_reply_endpoint;
-  rp.send_cb = &node_state::on_sent;
-  rp.user_data = item;
-  const size_t bytes = item->payload.size();
+  rp.flags = comm::request_reply_endpoint | (immediate ? comm::request_force_immediate : 0u);
+  rp.send_cb = immediate ? nullptr : &node_state::on_sent;
+  rp.user_data = immediate ? nullptr : &item;
+  const size_t bytes = item.payload.size();
   comm::op o = p.ep->am_send(frame_am_id, envelope_.encode(h), envelope_writer::size(),
-                             item->payload.data(), bytes, rp);
+                             item.payload.data(), bytes, rp);
+  if (immediate && o.st == comm::status::no_resource) return false;  // nothing was sent
+  ++p.send_seq;
   sent_.add(1);
   bytes_sent_.add(bytes);
+  sent_frame(p, h);
   if (o.pending()) {
-    worker_->release(o.req);  // on_sent deletes the item
+    worker_->release(o.req);
     // Its completion needs progress: the progress thread may be asleep if this is a sender.
     if (!on_progress_thread()) wake();
-    return;
+    return true;
   }
   if (o.failed()) {
     COMM_LOG(debug, "actors", "send on connection %llu failed: %s",
              static_cast<unsigned long long>(p.serial), comm::to_string(o.st));
-    bounce(*item);
+    bounce(p, h);
   }
-  delete item;
+  if (!immediate) delete &item;
+  return true;
+}
+
+void node_state::sent_frame(peer& p, const frame_header& h) {
+  if (h.kind == frame_kind::message) {
+    track_request(p, h);
+  } else if (h.kind == frame_kind::down && p.watched.erase(h.sender) != 0) {
+    watched_gauge_.sub(1);
+  }
 }
 
 void node_state::on_sent(comm::request*, comm::status, void* user_data) {
@@ -167,9 +225,7 @@ void node_state::track_request(peer& p, const frame_header& h) {
   }
 }
 
-void node_state::bounce(const outgoing& item) {
-  const frame_header& h = item.header;
-  peer& p = *item.to;
+void node_state::bounce(peer& p, const frame_header& h) {
   if (h.kind == frame_kind::lookup) {
     auto it = p.asked.find(h.message_id);
     if (it != p.asked.end()) {

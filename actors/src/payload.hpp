@@ -1,17 +1,61 @@
 // Payloads of frames, written and read with CAF's binary serializers: a message's optional sender
-// handle and forwarding stack followed by the CAF message (type names, then values), and the exit
-// reason of a down frame.
+// handle and forwarding stack followed by the CAF message in CAF's own format (a list of type
+// names, then the values), and the exit reason of a down frame.
+//
+// Finding a message's type names costs CAF more than its values: message::save builds the name
+// list per message, and message::load looks every name up among all types by string comparison.
+// content_writer and content_reader produce and read the same bytes but remember the names of the
+// message types they saw, so a stream of messages of one type pays for its names once.
 #pragma once
 
+#include <caf/deserializer.hpp>
 #include <caf/error.hpp>
 #include <caf/execution_unit.hpp>
 #include <caf/mailbox_element.hpp>
 #include <caf/message.hpp>
+#include <caf/serializer.hpp>
 
 #include <cstddef>
+#include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace comm::actors::detail {
+
+/// Writes a CAF message as message::save does, remembering the type names of the last type.
+class content_writer {
+public:
+  /// Writes `x` to `sink`.
+  /// @returns an empty error, or sec::unknown_type for a type the system has no name for
+  caf::error write(caf::serializer& sink, const caf::type_erased_tuple& x);
+
+private:
+  /// Rebuilds names_ for the types of `x`.
+  caf::error name(caf::actor_system& sys, const caf::type_erased_tuple& x);
+
+  std::vector<std::pair<uint16_t, const std::type_info*>> types_;  ///< of the last message
+  std::string names_;  ///< their names, as CAF writes them ("@<>+@atom+@i64")
+};
+
+/// Reads a CAF message as message::load does, remembering a default value of every type per
+/// list of type names seen (up to a bound), to copy instead of looking names up.
+class content_reader {
+public:
+  /// Reads a message from `source` into `out`.
+  /// @returns an empty error, or sec::unknown_type (with the name) for a type this system lacks
+  caf::error read(caf::deserializer& source, caf::message& out);
+
+private:
+  using prototypes = std::vector<caf::type_erased_value_ptr>;
+
+  /// The prototypes of the types named by names_, made and remembered on first use; null when
+  /// a name is unknown (`err` then says which).
+  const prototypes* lookup(caf::actor_system& sys, caf::error& err);
+
+  std::string names_;  ///< the names just read
+  std::unordered_map<std::string, prototypes> known_;
+};
 
 /// What a message frame's payload holds once read.
 struct message_payload {
@@ -24,8 +68,9 @@ struct message_payload {
 /// `with_sender`, its forwarding stack when `with_stages`, then its content. Local actor handles
 /// written here become reachable by id (CAF puts them in the actor registry).
 /// @returns an empty error, or why the content cannot be serialised (sec::unknown_type)
-caf::error write_message_payload(caf::execution_unit* ctx, const caf::mailbox_element& what,
-                                 bool with_sender, bool with_stages, std::vector<char>& buf);
+caf::error write_message_payload(caf::execution_unit* ctx, content_writer& writer,
+                                 const caf::mailbox_element& what, bool with_sender,
+                                 bool with_stages, std::vector<char>& buf);
 
 /// Appends the payload of a message frame whose content is `content` and nothing else.
 caf::error write_content_payload(caf::execution_unit* ctx, const caf::message& content,
@@ -34,9 +79,9 @@ caf::error write_content_payload(caf::execution_unit* ctx, const caf::message& c
 /// Reads a message frame's payload. Remote handles inside become proxies through ctx's proxy
 /// registry. Every byte must be used, and the message must have `type_count` elements.
 /// @returns an empty error, or what is wrong (sec::unknown_type for a type this node lacks)
-caf::error read_message_payload(caf::execution_unit* ctx, const void* data, size_t length,
-                                bool with_sender, bool with_stages, size_t type_count,
-                                message_payload& out);
+caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader,
+                                const void* data, size_t length, bool with_sender,
+                                bool with_stages, size_t type_count, message_payload& out);
 
 /// Appends the payload of a down frame: the exit reason.
 caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reason,
