@@ -465,6 +465,24 @@ BOOST_AUTO_TEST_CASE(closing_an_endpoint_ends_both_endpoint_actors) {
   close_worker(c.server);
 }
 
+BOOST_AUTO_TEST_CASE(a_listener_closes_when_its_owner_terminates) {
+  connection c;
+  c.server = worker(config_with({"shm", "tcp"}), "server");
+  c.client = worker(config_with({"shm", "tcp"}), "client");
+  c.owner = sys.spawn(owner_actor, me(), answer::accept);
+  c.listener = ask<caf::actor>(c.server, listen_atom::value, std::string("127.0.0.1:0"), c.owner);
+  const std::string address = ask<std::string>(c.listener, address_atom::value);
+  self->monitor(c.listener);
+  caf::anon_send_exit(c.owner, caf::exit_reason::user_shutdown);
+  BOOST_TEST(!down_reason(c.listener));
+  caf::error err;
+  self->request(c.client, timeout, connect_atom::value, address, bytes{})
+      .receive([&](caf::actor&, bytes&) {}, [&](caf::error& e) { err = std::move(e); });
+  BOOST_TEST(status_of(err) == status::unreachable);
+  close_worker(c.client);
+  close_worker(c.server);
+}
+
 BOOST_AUTO_TEST_CASE(bad_input_is_answered_with_errors) {
   auto c = connect(config_with({"shm", "tcp"}), config_with({"shm", "tcp"}));
   const bytes huge_header(1 << 20, 1);
@@ -626,6 +644,13 @@ BOOST_AUTO_TEST_CASE(two_processes_exchange_through_worker_actors) {
         .receive([&](tag_atom, uint64_t, bytes& p) { BOOST_TEST(text_of(p) == "bye"); },
                  [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
     BOOST_TEST(comm::test::wait_child(child) == 0);
+    // The child's worker closed its endpoint when it exited: ours ends with not_connected.
+    BOOST_REQUIRE(reply);
+    self->monitor(reply);
+    caf::error reason = caf::make_error(caf::sec::request_timeout);
+    self->receive([&](caf::down_msg& down) { reason = std::move(down.reason); },
+                  caf::after(timeout) >> [] {});
+    BOOST_TEST(status_of(reason) == status::not_connected);
     caf::anon_send_exit(*w, caf::exit_reason::user_shutdown);
   }
 }
