@@ -70,6 +70,8 @@ namespace comm::actors::io {
 
 // -- atoms ---------------------------------------------------------------------------------------
 
+// CAF's own atoms, used here as: close an endpoint, listener or worker; connect to a listener;
+// flush an endpoint; an operation succeeded.
 using caf::close_atom;
 using caf::connect_atom;
 using caf::flush_atom;
