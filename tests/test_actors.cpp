@@ -13,7 +13,7 @@ using namespace comm::test::actors;
 
 namespace {
 
-/// A service node and a client node in this process.
+/// A service node and a client node in this process, delivering with `mode`.
 struct two_nodes {
   caf::actor_system_config service_cfg;
   caf::actor_system_config client_cfg;
@@ -21,9 +21,10 @@ struct two_nodes {
   std::unique_ptr<caf::actor_system> client_sys;
   caf::actor svc;
 
-  two_nodes() {
-    configure(service_cfg, "127.0.0.1:0", false);
-    configure(client_cfg, "127.0.0.1:0", true);
+  explicit two_nodes(comm::actors::delivery mode = comm::actors::delivery::progress_thread) {
+    const node_tweak tweak = [mode](comm::actors::node_params& p) { p.mode = mode; };
+    configure(service_cfg, "127.0.0.1:0", false, tweak);
+    configure(client_cfg, "127.0.0.1:0", true, tweak);
     service_sys = std::make_unique<caf::actor_system>(service_cfg);
     client_sys = std::make_unique<caf::actor_system>(client_cfg);
     svc = start_service(*service_sys);
@@ -96,6 +97,10 @@ BOOST_AUTO_TEST_CASE(remote_actor_exit) {
   BOOST_TEST(check_remote_exit(*client_sys, lookup()) == "");
 }
 
+BOOST_AUTO_TEST_CASE(local_actor_exit_reaches_remote_link) {
+  BOOST_TEST(check_local_exit(*client_sys, lookup()) == "");
+}
+
 BOOST_AUTO_TEST_CASE(unknown_name) {
   BOOST_TEST(check_unknown_name(*client_sys, address()) == "");
 }
@@ -162,6 +167,39 @@ BOOST_AUTO_TEST_CASE(no_growth_over_connect_disconnect_cycles) {
     BOOST_REQUIRE_EQUAL(server.stats().remote_monitors, 0u);
   }
   BOOST_TEST(server.stats().proxies == 0u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+/// Two nodes that hand arriving messages to CAF's scheduler.
+struct two_scheduled_nodes : two_nodes {
+  two_scheduled_nodes() : two_nodes(comm::actors::delivery::scheduler) {}
+};
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(scheduler_delivery, two_scheduled_nodes)
+
+BOOST_AUTO_TEST_CASE(request_response_and_errors) {
+  auto proxy = lookup();
+  BOOST_TEST(check_request(*client_sys, proxy) == "");
+  BOOST_TEST(check_error_response(*client_sys, proxy) == "");
+  BOOST_TEST(check_unknown_type(*client_sys, proxy) == "");
+  BOOST_TEST(check_callback(*client_sys, proxy) == "");
+}
+
+BOOST_AUTO_TEST_CASE(ordering_and_large_payload) {
+  auto proxy = lookup();
+  BOOST_TEST(check_ordering(*client_sys, proxy, 2, 20000) == "");
+  BOOST_TEST(check_echo(*client_sys, proxy, 2 * 1024 * 1024) == "");
+}
+
+BOOST_AUTO_TEST_CASE(exits_both_ways) {
+  auto proxy = lookup();
+  BOOST_TEST(check_remote_exit(*client_sys, proxy) == "");
+  BOOST_TEST(check_local_exit(*client_sys, proxy) == "");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

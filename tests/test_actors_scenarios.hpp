@@ -34,6 +34,8 @@ using hold_atom = caf::atom_constant<caf::atom("hold")>;
 using victim_atom = caf::atom_constant<caf::atom("victim")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using watch_atom = caf::atom_constant<caf::atom("watch")>;
+using exited_atom = caf::atom_constant<caf::atom("exited")>;
 
 /// Name the service is published under.
 inline const std::string service_name = "service";
@@ -60,6 +62,20 @@ struct service_state {
 /// An actor that answers an int with itself, until told to stop.
 inline caf::behavior victim(caf::event_based_actor*) {
   return {[](int32_t x) { return x; }};
+}
+
+/// Links itself to the actor it is told to watch and reports that actor's exit to an observer.
+inline caf::behavior watcher(caf::event_based_actor* self) {
+  return {
+      [self](watch_atom, const caf::actor& who, const caf::actor& observer) {
+        self->set_exit_handler([self, observer](caf::exit_msg& em) {
+          self->send(observer, exited_atom::value, em.reason);
+          self->quit();
+        });
+        self->link_to(who);
+        return caf::unit;
+      },
+  };
 }
 
 /// The service every scenario talks to.
@@ -99,6 +115,9 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
         return rp;
       },
       [self](victim_atom) { return self->spawn(victim); },
+      [self](watch_atom a, const caf::actor& who, const caf::actor& observer) {
+        return self->delegate(self->spawn(watcher), a, who, observer);
+      },
       [self](stop_atom, const caf::actor& v) { self->send_exit(v, caf::exit_reason::user_shutdown); },
       [self](stats_atom) -> caf::result<uint64_t, uint64_t, uint64_t> {
         auto s = comm::actors::node::get(self->home_system())->stats();
@@ -107,13 +126,17 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
   };
 }
 
+/// Adjusts a test node's parameters (delivery mode, transports, cluster secret).
+using node_tweak = std::function<void(comm::actors::node_params&)>;
+
 /// Configures a node for a test: listening on `listen_address`, registering `secret` when
-/// `knows_secret`.
+/// `knows_secret`, with `tweak` applied to its parameters.
 inline void configure(caf::actor_system_config& cfg, const std::string& listen_address,
-                      bool knows_secret) {
+                      bool knows_secret, const node_tweak& tweak = {}) {
   comm::actors::node_params params;
   params.listen_address = listen_address;
   params.connect_timeout = std::chrono::milliseconds(5000);
+  if (tweak) tweak(params);
   comm::actors::node::load(cfg, params);
   if (knows_secret) cfg.add_message_type<secret>("secret");
 }
@@ -292,6 +315,25 @@ inline std::string check_remote_exit(caf::actor_system& sys, const caf::actor& s
   return failure;
 }
 
+/// A local actor's exit reaches a remote actor linked to it (the link made on the remote side).
+inline std::string check_local_exit(caf::actor_system& sys, const caf::actor& svc) {
+  caf::scoped_actor self{sys};
+  auto v = sys.spawn(victim);
+  std::string failure;
+  self->request(svc, std::chrono::seconds(5), watch_atom::value, v,
+                caf::actor_cast<caf::actor>(self))
+      .receive([] {}, [&](caf::error& e) { failure = describe(sys, "watch", e); });
+  if (!failure.empty()) return failure;
+  caf::anon_send_exit(v, caf::exit_reason::user_shutdown);
+  failure = "the remote watcher saw no exit";
+  self->receive(
+      [&](exited_atom, caf::error& reason) {
+        failure = reason == caf::exit_reason::user_shutdown ? "" : "exit " + sys.render(reason);
+      },
+      caf::after(std::chrono::seconds(5)) >> [] {});
+  return failure;
+}
+
 /// Looking up a name nobody published fails with status::no_elem.
 inline std::string check_unknown_name(caf::actor_system& sys, const std::string& address) {
   auto found = node_of(sys).lookup(address, "nobody-here");
@@ -325,9 +367,9 @@ inline uint64_t monotonic_ns() {
 /// Body of a service process: a node listening on `listen_address` that publishes the service,
 /// tells its address on `out`, and serves until anything arrives on `in` (or 60 s passed).
 inline int service_process(const std::string& listen_address, const channel& out,
-                           const channel& in) {
+                           const channel& in, const node_tweak& tweak = {}) {
   caf::actor_system_config cfg;
-  configure(cfg, listen_address, false);
+  configure(cfg, listen_address, false, tweak);
   caf::actor_system sys{cfg};
   auto svc = start_service(sys);
   const std::string address = node_of(sys).address();
@@ -343,11 +385,13 @@ inline int service_process(const std::string& listen_address, const channel& out
 /// empty string on success, else what failed.
 using client_body = std::function<std::string(caf::actor_system&, const std::string&)>;
 
-/// Body of a client process: a node (listening on loopback, knowing `secret`) that runs `body`
-/// against the service node at `address`, printing what failed.
-inline int client_process(const std::string& address, const client_body& body) {
+/// Body of a client process: a node (listening on `listen_address`, knowing `secret`) that runs
+/// `body` against the service node at `address`, printing what failed.
+inline int client_process(const std::string& address, const client_body& body,
+                          const std::string& listen_address = "127.0.0.1:0",
+                          const node_tweak& tweak = {}) {
   caf::actor_system_config cfg;
-  configure(cfg, "127.0.0.1:0", true);
+  configure(cfg, listen_address, true, tweak);
   caf::actor_system sys{cfg};
   const std::string failure = body(sys, address);
   if (!failure.empty()) std::fprintf(stderr, "client: %s\n", failure.c_str());
