@@ -39,7 +39,7 @@ void worker_impl::deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags
     ++ep->counters_.errors;
     COMM_LOG(error, "am", "%s: no handler for active message %u from %s; dropped",
              params.name.c_str(), id, ep->peer_name_.c_str());
-    if (data_is_ours) std::free(data);
+    if (data_is_ours) release_large(data);
     return;
   }
   const am_handler h = *found;
@@ -71,8 +71,41 @@ void worker_impl::deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags
   if (st == status::in_progress) {
     persistent_data[data] = block;
   } else {
-    std::free(block);
+    release_large(block);
   }
+}
+
+uint8_t* worker_impl::take_large(size_t length) {
+  length = std::max<size_t>(length, 1);
+  for (size_t i = 0; i < large_free.size(); ++i) {
+    const large_block b = large_free[i];
+    if (b.capacity < length || b.capacity / 2 > length) continue;
+    large_free.erase(large_free.begin() + static_cast<long>(i));
+    large_free_bytes -= b.capacity;
+    large_out[b.block] = b.capacity;
+    return static_cast<uint8_t*>(b.block);
+  }
+  uint8_t* fresh = aligned_block(params.am_alignment, length);
+  if (fresh != nullptr) large_out[fresh] = length;
+  return fresh;
+}
+
+void worker_impl::release_large(void* block) {
+  constexpr size_t max_blocks = 4;
+  constexpr size_t max_bytes = 64u << 20;
+  auto it = large_out.find(block);
+  if (it == large_out.end()) {
+    std::free(block);
+    return;
+  }
+  const size_t capacity = it->second;
+  large_out.erase(it);
+  if (large_free.size() >= max_blocks || large_free_bytes + capacity > max_bytes) {
+    std::free(block);
+    return;
+  }
+  large_free.push_back({block, capacity});
+  large_free_bytes += capacity;
 }
 
 void worker_impl::on_am_single(const uint8_t* data, size_t length) {

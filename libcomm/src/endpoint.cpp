@@ -211,7 +211,7 @@ void endpoint_impl::fail(status reason) {
   for (request* req : starved) {
     if (req->am_rndv) {
       owner.rndv_recvs.erase(req->rndv_id);
-      std::free(req->iov.empty() ? nullptr : req->iov[0].buffer);
+      owner.release_large(req->iov.empty() ? nullptr : req->iov[0].buffer);
       owner.free_request(req);
     } else {
       owner.complete(req, reason);

@@ -245,13 +245,7 @@ void worker_impl::on_rndv_rts(const uint8_t* data, size_t length) {
   if (is_am) {
     const am_handler* handler = find_am_handler(am_id);
     uint8_t* buffer = nullptr;
-    if (handler != nullptr) {
-      void* block = nullptr;
-      if (posix_memalign(&block, std::max<size_t>(params.am_alignment, 8),
-                         std::max<uint64_t>(total, 1)) == 0) {
-        buffer = static_cast<uint8_t*>(block);
-      }
-    }
+    if (handler != nullptr) buffer = take_large(total);
     request* req = alloc_request(request::kind::tag_recv, request_params{});
     req->am_rndv = true;
     req->am_id = am_id;
@@ -375,7 +369,7 @@ void worker_impl::finish_fetch(request* req) {
     free_request(req);
     if (data == nullptr) return;
     if (outcome != status::ok) {
-      std::free(data);
+      release_large(data);
       return;
     }
     deliver_am(ep, id, flags, header.data(), header.size(), data, length, am_recv_first, 0,
@@ -448,7 +442,7 @@ void worker_impl::on_rndv_refuse(const uint8_t* data, size_t length) {
   req->rndv_id = 0;
   const status st = static_cast<status>(h->getStatus());
   if (req->am_rndv) {
-    std::free(req->iov.empty() ? nullptr : req->iov[0].buffer);
+    release_large(req->iov.empty() ? nullptr : req->iov[0].buffer);
     free_request(req);
     return;
   }

@@ -124,6 +124,7 @@ worker_impl::~worker_impl() noexcept {
   for (auto& tier : unexpected_pool) {
     for (void* block : tier) std::free(block);
   }
+  for (const large_block& b : large_free) std::free(b.block);
   ifaces.clear();
   if (epoll_fd >= 0) close(epoll_fd);
 }
@@ -495,7 +496,7 @@ void worker::am_data_release(void* data) {
     COMM_LOG(error, "worker", "am_data_release(%p): not data held by a handler", data);
     return;
   }
-  std::free(it->second);
+  w.release_large(it->second);
   w.persistent_data.erase(it);
 }
 
