@@ -93,6 +93,16 @@ BOOST_AUTO_TEST_CASE(ordering_per_sender) {
   BOOST_TEST(check_ordering(*client_sys, lookup(), 4, 20000) == "");
 }
 
+BOOST_AUTO_TEST_CASE(small_messages_do_not_overtake_large_ones) {
+  BOOST_TEST(check_mixed_ordering(*client_sys, lookup(), 2000, 100, 1 << 20) == "");
+}
+
+BOOST_AUTO_TEST_CASE(lookup_of_this_node_gives_the_local_actor) {
+  auto found = node_of(*service_sys).lookup(address(), service_name);
+  BOOST_REQUIRE(found);
+  BOOST_TEST((*found == svc));
+}
+
 BOOST_AUTO_TEST_CASE(remote_actor_exit) {
   BOOST_TEST(check_remote_exit(*client_sys, lookup()) == "");
 }

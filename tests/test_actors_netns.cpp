@@ -112,6 +112,9 @@ BOOST_AUTO_TEST_CASE(ordering_and_large_payloads_over_tcp) {
       start_client(hosts, service.address, [](caf::actor_system& sys, const std::string& at) {
         return run_checks(sys, at, {[](caf::actor_system& s, const caf::actor& svc) {
                             std::string failure = check_ordering(s, svc, 4, 50000);
+                            if (failure.empty()) {
+                              failure = check_mixed_ordering(s, svc, 3000, 50, 1 << 20);
+                            }
                             for (size_t size : {size_t{1} << 20, (size_t{8} << 20) + 3}) {
                               if (failure.empty()) failure = check_echo(s, svc, size);
                             }

@@ -86,6 +86,16 @@ BOOST_AUTO_TEST_CASE(ordering_under_load) {
   BOOST_TEST(service.stop() == 0);
 }
 
+BOOST_AUTO_TEST_CASE(small_messages_do_not_overtake_large_ones) {
+  service_child service;
+  BOOST_TEST(run_client(service, [](caf::actor_system& sys, const std::string& address) {
+               return run_checks(sys, address, {[](caf::actor_system& s, const caf::actor& svc) {
+                                   return check_mixed_ordering(s, svc, 5000, 50, 1 << 20);
+                                 }});
+             }) == 0);
+  BOOST_TEST(service.stop() == 0);
+}
+
 BOOST_AUTO_TEST_CASE(large_payloads) {
   service_child service;
   BOOST_TEST(run_client(service, [](caf::actor_system& sys, const std::string& address) {

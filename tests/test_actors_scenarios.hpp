@@ -78,6 +78,17 @@ inline caf::behavior watcher(caf::event_based_actor* self) {
   };
 }
 
+/// Counts a numbered message from the current sender, and whether it came in order.
+inline void count_in_order(caf::stateful_actor<service_state>* self, int32_t i) {
+  const auto from = self->current_sender()
+                        ? caf::actor_cast<caf::actor_addr>(self->current_sender())
+                        : caf::actor_addr{};
+  auto& next = self->state.next[from];
+  if (i != next) ++self->state.disorder[from];
+  next = i + 1;
+  ++self->state.received[from];
+}
+
 /// The service every scenario talks to.
 inline caf::behavior service(caf::stateful_actor<service_state>* self) {
   return {
@@ -86,15 +97,8 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
         return caf::make_error(caf::sec::invalid_argument, "failed on request");
       },
       [](echo_atom, std::vector<char>& data) { return std::move(data); },
-      [self](seq_atom, int32_t i) {
-        const auto from = self->current_sender() ? caf::actor_cast<caf::actor_addr>(
-                                                       self->current_sender())
-                                                 : caf::actor_addr{};
-        auto& next = self->state.next[from];
-        if (i != next) ++self->state.disorder[from];
-        next = i + 1;
-        ++self->state.received[from];
-      },
+      [self](seq_atom, int32_t i) { count_in_order(self, i); },
+      [self](seq_atom, int32_t i, const std::vector<char>&) { count_in_order(self, i); },
       [self](count_atom) -> caf::result<uint64_t, uint64_t> {
         const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
         return {self->state.received[from], self->state.disorder[from]};
@@ -119,9 +123,9 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
         return self->delegate(self->spawn(watcher), a, who, observer);
       },
       [self](stop_atom, const caf::actor& v) { self->send_exit(v, caf::exit_reason::user_shutdown); },
-      [self](stats_atom) -> caf::result<uint64_t, uint64_t, uint64_t> {
+      [self](stats_atom) -> caf::result<uint64_t, uint64_t, uint64_t, uint64_t> {
         auto s = comm::actors::node::get(self->home_system())->stats();
-        return {s.peers, s.proxies, s.remote_monitors};
+        return {s.peers, s.proxies, s.remote_monitors, s.frames_held};
       },
   };
 }
@@ -260,6 +264,47 @@ inline std::string check_ordering(caf::actor_system& sys, const caf::actor& svc,
         [&](caf::error& e) { failure = describe(sys, "count failed", e); },
         caf::after(std::chrono::seconds(60)) >> [&] { failure = "ordering timed out"; });
   }
+  return failure;
+}
+
+/// One sender's small messages do not overtake its large ones (sent by rendezvous, fetched
+/// later): `count` numbered messages, every `every`-th carrying `size` bytes.
+inline std::string check_mixed_ordering(caf::actor_system& sys, const caf::actor& svc,
+                                        int32_t count, int32_t every, size_t size) {
+  caf::scoped_actor self{sys};
+  auto report = caf::actor_cast<caf::actor>(self);
+  sys.spawn([=](caf::event_based_actor* c) {
+    const std::vector<char> blob(size, 'b');
+    for (int32_t i = 0; i < count; ++i) {
+      if (i % every == 0) {
+        c->send(svc, seq_atom::value, i, blob);
+      } else {
+        c->send(svc, seq_atom::value, i);
+      }
+    }
+    c->request(svc, std::chrono::seconds(60), count_atom::value)
+        .then([c, report](uint64_t received, uint64_t disorder) {
+                c->send(report, received, disorder);
+              },
+              [c, report](caf::error& e) { c->send(report, e); });
+  });
+  std::string failure = "mixed ordering timed out";
+  self->receive(
+      [&](uint64_t received, uint64_t disorder) {
+        failure = received == static_cast<uint64_t>(count) && disorder == 0
+                      ? ""
+                      : std::to_string(received) + " received, " + std::to_string(disorder) +
+                            " out of order";
+      },
+      [&](caf::error& e) { failure = describe(sys, "count failed", e); },
+      caf::after(std::chrono::seconds(60)) >> [] {});
+  self->request(svc, std::chrono::seconds(5), stats_atom::value)
+      .receive(
+          [](uint64_t, uint64_t, uint64_t, uint64_t held) {
+            std::printf("mixed ordering: the service node held %llu frames for order\n",
+                        static_cast<unsigned long long>(held));
+          },
+          [](caf::error&) {});
   return failure;
 }
 

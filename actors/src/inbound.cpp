@@ -75,6 +75,7 @@ void node_state::hold(const std::shared_ptr<peer>& p, const frame_header& h, con
   }
   const auto* bytes = static_cast<const char*>(data);
   p->held.emplace(h.seq, held_frame{h, std::vector<char>(bytes, bytes + length)});
+  frames_held_.add(1);
 }
 
 void node_state::dispatch(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,

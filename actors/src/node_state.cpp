@@ -346,6 +346,7 @@ node_stats node_state::stats() const {
   s.messages_received = received_.get();
   s.bytes_sent = bytes_sent_.get();
   s.bytes_received = bytes_received_.get();
+  s.frames_held = frames_held_.get();
   return s;
 }
 

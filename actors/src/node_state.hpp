@@ -200,6 +200,7 @@ private:
   void sent_frame(peer& p, const frame_header& h);
   static void on_sent(comm::request* req, comm::status st, void* user_data);
   void track_request(peer& p, const frame_header& h);
+  void prune_requests(peer& p);
   void bounce(peer& p, const frame_header& h);
   void make_reachable(const caf::strong_actor_ptr& local);
   void make_sender_reachable(const caf::strong_actor_ptr& sender);
@@ -258,6 +259,7 @@ private:
   gauge received_;
   gauge bytes_sent_;
   gauge bytes_received_;
+  gauge frames_held_;
 };
 
 }  // namespace comm::actors::detail

@@ -9,6 +9,7 @@
 #include <caf/exit_reason.hpp>
 #include <caf/sec.hpp>
 
+#include <algorithm>
 #include <atomic>
 
 namespace comm::actors::detail {
@@ -174,9 +175,10 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
     if (!immediate) delete &item;
     return true;
   }
-  frame_header& h = item.header;
   if (item.local) make_reachable(item.local);
-  h.seq = p.send_seq;
+  item.header.seq = p.send_seq;
+  // A copy: libcomm may complete the send, and on_sent delete the item, inside am_send.
+  const frame_header h = item.header;
   comm::request_params rp;
   rp.flags = comm::request_reply_endpoint | (immediate ? comm::request_force_immediate : 0u);
   rp.send_cb = immediate ? nullptr : &node_state::on_sent;
@@ -190,7 +192,7 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
   bytes_sent_.add(bytes);
   sent_frame(p, h);
   if (o.pending()) {
-    worker_->release(o.req);
+    worker_->release(o.req);  // the item is on_sent's now (maybe gone already)
     // Its completion needs progress: the progress thread may be asleep if this is a sender.
     if (!on_progress_thread()) wake();
     return true;
@@ -223,6 +225,21 @@ void node_state::track_request(peer& p, const frame_header& h) {
           .second) {
     pending_gauge_.add(1);
   }
+  if (p.pending.size() >= p.prune_at) prune_requests(p);
+}
+
+void node_state::prune_requests(peer& p) {
+  // Requests whose requester is gone can never be answered to anyone: forget them. (Requests a
+  // remote actor never answers stay until their connection ends.)
+  for (auto it = p.pending.begin(); it != p.pending.end();) {
+    if (sys_.registry().get(it->first.requester)) {
+      ++it;
+    } else {
+      it = p.pending.erase(it);
+      pending_gauge_.sub(1);
+    }
+  }
+  p.prune_at = std::max(peer::first_prune, 2 * p.pending.size());
 }
 
 void node_state::bounce(peer& p, const frame_header& h) {

@@ -91,6 +91,9 @@ struct peer {
   std::map<uint32_t, held_frame> held;  ///< frames that arrived early, by number
   /// Requests local actors sent to the peer's actors, waiting for a response: their message id.
   std::unordered_map<request_key, uint64_t, request_key_hash> pending;
+  /// Pending requests above which those of terminated requesters are forgotten.
+  static constexpr size_t first_prune = 4096;
+  size_t prune_at = first_prune;
   std::unordered_set<caf::actor_id> watched;  ///< local actors the peer monitors
   std::vector<std::shared_ptr<lookup_call>> waiting;  ///< lookups waiting for the hello
   std::unordered_map<uint64_t, std::shared_ptr<lookup_call>> asked;  ///< lookups sent, by number

@@ -99,6 +99,7 @@ struct node_stats {
   uint64_t messages_received = 0;///< frames received from other nodes
   uint64_t bytes_sent = 0;       ///< payload bytes of those sent
   uint64_t bytes_received = 0;   ///< payload bytes of those received
+  uint64_t frames_held = 0;      ///< frames that arrived before an earlier one (kept for order)
 };
 
 /// The CAF error category of libcomm statuses (errors made by make_error(comm::status)).
