@@ -181,6 +181,17 @@ void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) 
            p->id ? caf::to_string(p->id).c_str() : "?", comm::to_string(reason));
   const bool was_ready = p->ready;
   p->ready = false;
+  forget(p);
+  fail_lookups(*p, was_ready, reason);
+  p->held.clear();
+  p->last_receiver = nullptr;
+  p->last_sender = nullptr;
+  fail_requests(*p);
+  release_watched(*p);
+  unmap(p);
+}
+
+void node_state::forget(const std::shared_ptr<peer>& p) {
   if (rx_ep_ == p->ep) rx_ep_ = nullptr;
   by_ep_.erase(p->ep);
   closing_.push_back(p->ep);
@@ -189,23 +200,21 @@ void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) 
     auto it = by_address_.find(address);
     if (it != by_address_.end() && it->second.lock() == p) by_address_.erase(it);
   }
-  auto calls = std::move(p->waiting);
-  for (auto& [n, call] : p->asked) calls.push_back(call);
-  p->waiting.clear();
-  p->asked.clear();
+}
+
+void node_state::fail_lookups(peer& p, bool was_ready, comm::status reason) {
+  auto calls = std::move(p.waiting);
+  for (auto& [n, call] : p.asked) calls.push_back(call);
+  p.waiting.clear();
+  p.asked.clear();
   for (auto& call : calls) {
+    // A connection that worked and broke may be a node that restarted: dial once more.
     if (was_ready) {
       retry_lookup(call, reason);
     } else {
       call->complete(make_error(reason));
     }
   }
-  p->held.clear();
-  p->last_receiver = nullptr;
-  p->last_sender = nullptr;
-  fail_requests(*p);
-  release_watched(*p);
-  unmap(p);
 }
 
 void node_state::unmap(const std::shared_ptr<peer>& p) {

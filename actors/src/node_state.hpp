@@ -157,6 +157,8 @@ private:
   std::shared_ptr<peer> peer_of(comm::endpoint* ep) const;
   std::shared_ptr<peer> peer_at(const std::string& address) const;
   void fail_peer(const std::shared_ptr<peer>& p, comm::status reason);
+  void forget(const std::shared_ptr<peer>& p);
+  void fail_lookups(peer& p, bool was_ready, comm::status reason);
   void unmap(const std::shared_ptr<peer>& p);
   void fail_requests(peer& p);
   void release_watched(peer& p);
