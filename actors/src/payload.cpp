@@ -9,6 +9,7 @@
 #include <caf/uniform_type_info_map.hpp>
 
 #include <algorithm>
+#include <exception>
 
 namespace comm::actors::detail {
 
@@ -135,6 +136,18 @@ caf::error write_content_payload(caf::execution_unit* ctx, const caf::message& c
 caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader,
                                 const void* data, size_t length, bool with_sender,
                                 bool with_stages, size_t type_count, message_payload& out) {
+  // CAF sizes containers from lengths on the wire: a forged one may throw (bad_alloc), which
+  // must not cross libcomm's callback.
+  try {
+    return read_parts(ctx, reader, data, length, with_sender, with_stages, type_count, out);
+  } catch (const std::exception& e) {
+    return caf::make_error(caf::sec::invalid_argument, e.what());
+  }
+}
+
+caf::error read_parts(caf::execution_unit* ctx, content_reader& reader, const void* data,
+                      size_t length, bool with_sender, bool with_stages, size_t type_count,
+                      message_payload& out) {
   caf::binary_deserializer source{ctx, static_cast<const char*>(data), length};
   if (with_sender) {
     if (auto err = source(out.sender)) return err;
@@ -159,7 +172,11 @@ caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reas
 caf::error read_reason_payload(caf::execution_unit* ctx, const void* data, size_t length,
                                caf::error& reason) {
   caf::binary_deserializer source{ctx, static_cast<const char*>(data), length};
-  if (auto err = source(reason)) return err;
+  try {
+    if (auto err = source(reason)) return err;
+  } catch (const std::exception& e) {
+    return caf::make_error(caf::sec::invalid_argument, e.what());
+  }
   if (source.remaining() != 0) {
     return caf::make_error(caf::sec::invalid_argument, "malformed down payload");
   }

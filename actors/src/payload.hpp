@@ -83,6 +83,11 @@ caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader
                                 const void* data, size_t length, bool with_sender,
                                 bool with_stages, size_t type_count, message_payload& out);
 
+/// read_message_payload without its guard against exceptions.
+caf::error read_parts(caf::execution_unit* ctx, content_reader& reader, const void* data,
+                      size_t length, bool with_sender, bool with_stages, size_t type_count,
+                      message_payload& out);
+
 /// Appends the payload of a down frame: the exit reason.
 caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reason,
                                 std::vector<char>& buf);
