@@ -408,6 +408,25 @@ BOOST_AUTO_TEST_CASE(disconnect_from_either_side_tells_the_other) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_server_closing_before_the_client_confirmed_still_tells_the_client) {
+  for (int progress_first = 0; progress_first < 2; ++progress_first) {
+    server srv(config_with({"shm", "tcp"}));
+    client cli(config_with({"shm", "tcp"}));
+    ep_events ce, se;
+    endpoint* cep = nullptr;
+    endpoint* sep = nullptr;
+    BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
+    BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); }));
+    BOOST_REQUIRE_EQUAL(srv.w->accept(srv.requests.front(), params_for(se), &sep), status::ok);
+    // The client may or may not have the server's answer when the server closes.
+    for (int i = 0; i < 50 * progress_first; ++i) cli.w->progress(), srv.w->progress();
+    BOOST_TEST(!sep->close().failed());
+    BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return ce.errors == 1; }));
+    BOOST_TEST((ce.error == status::not_connected || ce.error == status::connection_reset));
+    if (progress_first == 0) BOOST_TEST(se.connects == 0);  // closed while still in wireup
+  }
+}
+
 BOOST_AUTO_TEST_CASE(five_hundred_clients_connect_exchange_and_disconnect_without_leaks) {
   server srv(config_with({"shm", "tcp"}));
   client cli(config_with({"shm", "tcp"}));

@@ -285,7 +285,12 @@ op endpoint::flush(const request_params& params) {
 op endpoint::close(const request_params& params) {
   endpoint_impl& ep = impl(*this);
   worker_impl::guard g(ep.owner);
-  if (ep.state == endpoint_impl::phase::wireup) ep.fail(status::canceled);
+  if (ep.state == endpoint_impl::phase::wireup) {
+    // A server endpoint accepted but not yet confirmed already knows the client's endpoint:
+    // tell it, or the client (which may have its answer already) would never learn.
+    if (ep.lane && ep.remote_id != 0) (void)detail::send_close_notice(&ep);
+    ep.fail(status::canceled);
+  }
   if (ep.state == endpoint_impl::phase::failed) {
     ep.owner.destroy_ep(&ep);
     return ep.owner.immediate(params, status::ok);

@@ -101,7 +101,10 @@ worker_impl::~worker_impl() noexcept {
   for (endpoint_impl* ep : ep_table) {
     if (ep == nullptr) continue;
     // Best effort: tell the peer at once rather than leaving it to notice our exit.
-    if (ep->state == endpoint_impl::phase::connected) (void)send_close_notice(ep);
+    const bool peer_knows_us = ep->state == endpoint_impl::phase::connected ||
+                               (ep->state == endpoint_impl::phase::wireup && ep->lane &&
+                                ep->remote_id != 0);
+    if (peer_knows_us) (void)send_close_notice(ep);
     ep->fail(status::canceled);
   }
   std::vector<tag_expected*> posted;
