@@ -1,5 +1,6 @@
 // Frames from other nodes: checked, put in sequence, and handled by kind. Runs inside the
-// worker's progress call on the progress thread; whatever must be sent in return is queued.
+// worker's progress call, on the thread holding the turn lock (the progress thread, or a sender
+// moving a full connection along); whatever must be sent in return is queued.
 #include "node_state.hpp"
 #include "payload.hpp"
 

@@ -1,5 +1,6 @@
-// Frames to other nodes: made on any thread (a proxy serialises on its sender's thread), sent on
-// the progress thread, which numbers them and keeps the requests they carry until answered.
+// Frames to other nodes: made on any thread (a proxy serialises on its sender's thread), sent by
+// whichever thread holds the turn lock, which numbers them and keeps the requests they carry until
+// answered.
 #include "node_state.hpp"
 #include "payload.hpp"
 
