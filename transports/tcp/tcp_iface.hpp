@@ -6,7 +6,7 @@
 // (tcp_wire.hpp has the records, tcp_conn.hpp the connection, tcp_ep.hpp the endpoint).
 //
 //   am_short  copied into the connection's send buffer, written at once (max_short 256);
-//   am_bcopy  packed into the send buffer, written at once (max_bcopy 64 KiB);
+//   am_bcopy  packed into the send buffer, written at once (max_bcopy 256 KiB);
 //   am_zcopy  written with sendmsg straight from the caller's iov (max_zcopy 1 MiB, 16 entries),
 //             the rest kept for EPOLLOUT after a partial write; it completes when the peer's
 //             acknowledgement says the frame was delivered (the contract: the peer holds the data).
