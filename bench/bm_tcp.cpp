@@ -1,7 +1,9 @@
 // Micro-benchmarks of the tcp transport on loopback, two interfaces in one process: a ping-pong of
-// 8-byte am_short (a round trip through the kernel, both ends progressed by one thread), and
-// streams of bcopy and zcopy messages (send what the window and socket take, progress both ends).
-// COMM_TCP_DEVICE picks the device (lo by default here).
+// 8-byte am_short (a round trip through the kernel, both ends progressed by one thread; both
+// directions share one connection), streams of bcopy and zcopy messages (send what the window and
+// socket take, progress both ends), and the life of a connection (connect, handshake with or
+// without the key, one message, both sides' bye and close). COMM_TCP_DEVICE picks the device (lo
+// by default here).
 #include <comm/transport/transport.hpp>
 
 #include <benchmark/benchmark.h>
@@ -9,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace {
@@ -23,10 +26,11 @@ tl::component& tcp() {
 }
 
 /// Opens a tcp interface on lo (or COMM_TCP_DEVICE), aborting on failure.
-std::unique_ptr<tl::iface> open_iface() {
+std::unique_ptr<tl::iface> open_iface(const std::string& auth_key = "") {
   tl::iface_params params;
   const char* device = std::getenv("COMM_TCP_DEVICE");
   params.device = device != nullptr ? device : "lo";
+  params.auth_key = auth_key;
   std::unique_ptr<tl::iface> iface;
   if (tcp().open(params, iface) != status::ok) std::abort();
   return iface;
@@ -131,6 +135,48 @@ void bm_zcopy_stream(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(sent * data.size()));
 }
 BENCHMARK(bm_zcopy_stream)->Arg(65536)->Arg(1 << 20);
+
+/// The number after `label` in `iface`'s info(), or -1.
+long info_number(const tl::iface& iface, const std::string& label) {
+  const std::string text = iface.info();
+  const size_t at = text.find(label);
+  return at == std::string::npos ? -1 : std::strtol(text.c_str() + at + label.size(), nullptr, 10);
+}
+
+/// Connect, handshake (range(0): with the key), one 8-byte message delivered, endpoint destroyed,
+/// both sides say bye and close: what a short-lived peer costs.
+void bm_connection_lifetime(benchmark::State& state) {
+  const std::string key = state.range(0) != 0 ? "cluster secret" : "";
+  auto a = open_iface(key);
+  auto b = open_iface(key);
+  uint64_t at_b = 0;
+  b->set_am_handler(1, &pair::count, &at_b);
+  const uint64_t value = 7;
+  for (auto _ : state) {
+    std::unique_ptr<tl::ep> ep;
+    if (a->create_ep(b->device_address(), b->iface_address(), ep) != status::ok ||
+        ep->am_short(1, &value, sizeof(value), nullptr, 0) != status::ok) {
+      std::abort();
+    }
+    const uint64_t target = at_b + 1;
+    for (uint64_t spin = 0; at_b < target; ++spin) {
+      if (spin > 100'000'000) std::abort();
+      a->progress();
+      b->progress();
+    }
+    ep.reset();
+    // info() builds text: look at it only now and then.
+    for (uint64_t spin = 0; (spin & 63) != 0 || info_number(*a, "connections ") != 0 ||
+                            info_number(*b, "connections ") != 0;
+         ++spin) {
+      if (spin > 100'000'000) std::abort();
+      a->progress();
+      b->progress();
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(bm_connection_lifetime)->Arg(0)->Arg(1);
 
 }  // namespace
 
