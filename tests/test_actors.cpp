@@ -121,6 +121,19 @@ BOOST_AUTO_TEST_CASE(unreachable_node) {
   BOOST_TEST((comm::actors::status_of(found.error()) == comm::status::unreachable));
 }
 
+BOOST_AUTO_TEST_CASE(listening_on_a_busy_address_fails_cleanly) {
+  caf::actor_system_config cfg;
+  configure(cfg, address(), false);
+  caf::actor_system sys{cfg};
+  auto& n = node_of(sys);
+  BOOST_TEST((comm::actors::status_of(n.listen_error()) == comm::status::busy));
+  BOOST_TEST(n.address().empty());
+  // It can still reach others.
+  auto found = n.lookup(address(), service_name);
+  BOOST_REQUIRE(found);
+  BOOST_TEST(check_request(sys, *found) == "");
+}
+
 BOOST_AUTO_TEST_CASE(publish_rules) {
   auto& n = node_of(*service_sys);
   BOOST_TEST((comm::actors::status_of(n.publish(caf::actor{}, "x")) == comm::status::invalid_param));
