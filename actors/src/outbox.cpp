@@ -22,7 +22,7 @@ std::vector<char> buffer_pool::take() {
 }
 
 void buffer_pool::give(std::vector<char>&& buffer) noexcept {
-  if (buffer.capacity() < large) return;
+  if (buffer.capacity() < large || buffer.capacity() > max_kept) return;
   buffer.clear();
   std::lock_guard<std::mutex> g(pool_mtx);
   if (pool.size() < pooled_buffers) pool.push_back(std::move(buffer));
@@ -32,6 +32,7 @@ std::vector<char> buffer_pool::detach(std::vector<char>& scratch) {
   if (scratch.size() < large) return std::vector<char>(scratch.begin(), scratch.end());
   std::vector<char> out = take();
   out.swap(scratch);
+  if (scratch.capacity() > max_kept) std::vector<char>().swap(scratch);
   return out;
 }
 

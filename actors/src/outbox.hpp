@@ -20,8 +20,11 @@ struct peer;
 /// faults in fresh memory (which costs more than copying it).
 class buffer_pool {
 public:
-  /// Buffers at least this large are kept.
+  /// Buffers at least this large are kept...
   static constexpr size_t large = 64 * 1024;
+
+  /// ...and at most this large (larger ones, and a scratch buffer grown larger, are freed).
+  static constexpr size_t max_kept = 16 * 1024 * 1024;
 
   /// An empty buffer, with the capacity of a kept one when there is one.
   static std::vector<char> take();
