@@ -26,6 +26,10 @@ using endpoint_error_callback = void (*)(void* arg, endpoint* ep, status reason)
 
 /// An endpoint (ucp_ep): create it with worker::connect, close it with close(). Owned by its
 /// worker; a pointer stays valid until close() completes or the worker is destroyed.
+///
+/// A request's callback may run before the call that started it returns (the operation finished
+/// inside it, e.g. a send whose peer acknowledged at once): whatever the callback frees must not
+/// be used after the call.
 class endpoint {
 public:
   // -- tagged messages ---------------------------------------------------------------------------
