@@ -368,6 +368,7 @@ unsigned tcp_conn::after_io() {
 
 void tcp_conn::finish() {
   phase_ = phase::finished;
+  owner_.unmap(this);  // no endpoint may attach to it any more
   owner_.reap(this);
 }
 
