@@ -248,6 +248,8 @@ echo "load average: $load_start at start, $load_end at end; $((SECONDS - started
 echo "numbers: $dat"
 if [[ $tl != shm ]]; then
   echo "plot:    only for shm (plot_compare.gnuplot's titles say shared memory)"
+elif [[ -n $filter ]]; then
+  echo "plot:    only for a run of every test (-f picked some)"
 elif command -v gnuplot >/dev/null; then
   if gnuplot -e "datafile='$dat'; outfile='$out/compare_ucx.png'" "$here/plot_compare.gnuplot" \
        2>"$out/gnuplot.log"; then
