@@ -81,6 +81,21 @@ bool decode_endpoint_data(const uint8_t* data, size_t length, endpoint_data* out
   return failure == nullptr && out->src_ep != 0;
 }
 
+/// Gives `ep` the callbacks of `params`.
+void apply_callbacks(endpoint_impl* ep, const endpoint_params& params) {
+  ep->error_cb = params.on_error;
+  ep->error_arg = params.error_arg;
+  ep->on_connect = params.on_connect;
+  ep->connect_arg = params.connect_arg;
+}
+
+/// Ties `ep` to the handshake `conn` the connection manager runs for it, and polls soon.
+void bind_handshake(worker_impl& w, endpoint_impl* ep, tl::cm_conn* conn) {
+  conn->user_data = ep;
+  ep->cm_conn = conn;
+  w.cm_skip = 0;
+}
+
 /// epoll data of the connection manager's fd in the worker's event set.
 constexpr uint64_t cm_event_tag = ~uint64_t{0};
 
@@ -329,10 +344,7 @@ status worker::connect(const std::string& address, const endpoint_params& params
   endpoint_impl* ep = nullptr;
   st = w.new_ep(false, &ep);
   if (st != status::ok) return st;
-  ep->error_cb = params.on_error;
-  ep->error_arg = params.error_arg;
-  ep->on_connect = params.on_connect;
-  ep->connect_arg = params.connect_arg;
+  detail::apply_callbacks(ep, params);
   ep->peer_name_ = address;
   const auto data = detail::encode_endpoint_data(ep->id, w.packed_address(), params.private_data);
   tl::cm_conn* conn = nullptr;
@@ -341,9 +353,7 @@ status worker::connect(const std::string& address, const endpoint_params& params
     w.destroy_ep(ep);
     return st;
   }
-  conn->user_data = ep;
-  ep->cm_conn = conn;
-  w.cm_skip = 0;
+  detail::bind_handshake(w, ep, conn);
   *out = ep;
   return status::ok;
 }
@@ -365,10 +375,7 @@ status worker::accept(conn_request* request, const endpoint_params& params, endp
     return st;
   }
   ep->remote_id = owned->client_ep;
-  ep->error_cb = params.on_error;
-  ep->error_arg = params.error_arg;
-  ep->on_connect = params.on_connect;
-  ep->connect_arg = params.connect_arg;
+  detail::apply_callbacks(ep, params);
   const auto data = detail::encode_endpoint_data(ep->id, w.packed_address(), params.private_data);
   tl::cm_conn* conn = nullptr;
   st = w.cm->accept(std::move(owned->conn), data.data(), data.size(), params.timeout_ms, &conn);
@@ -376,9 +383,7 @@ status worker::accept(conn_request* request, const endpoint_params& params, endp
     w.destroy_ep(ep);
     return st;
   }
-  conn->user_data = ep;
-  ep->cm_conn = conn;
-  w.cm_skip = 0;
+  detail::bind_handshake(w, ep, conn);
   *out = ep;
   return status::ok;
 }

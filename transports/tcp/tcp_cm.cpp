@@ -1,5 +1,6 @@
 // The tcp connection manager: listeners, the handshake state machine, timeouts (see tcp_cm.hpp).
 #include "tcp/tcp_cm.hpp"
+#include "tcp/tcp_socket.hpp"
 
 #include "base/auth.hpp"
 
@@ -275,7 +276,7 @@ public:
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&where), sizeof(where)) != 0 &&
         errno != EINPROGRESS) {
       // Reported from progress(), like every other outcome.
-      conn->failure = connect_failure(errno);
+      conn->failure = status_of_errno(errno, true);
       arm_timer_now();
     }
     watch(fd, conn.get(), EPOLLIN | EPOLLOUT);
@@ -354,19 +355,6 @@ private:
     } else if (!is_loopback(where)) {
       COMM_LOG(warn, log_name, "listening on %s without an auth key: anyone who reaches it may "
                "connect", address_text(where).c_str());
-    }
-  }
-
-  static status connect_failure(int error) {
-    switch (error) {
-      case ECONNREFUSED:
-      case ENETUNREACH:
-      case EHOSTUNREACH:
-      case ETIMEDOUT:
-      case EADDRNOTAVAIL:
-        return status::unreachable;
-      default:
-        return status::connection_reset;
     }
   }
 
@@ -452,7 +440,7 @@ private:
       socklen_t length = sizeof(error);
       ::getsockopt(conn->fd_, SOL_SOCKET, SO_ERROR, &error, &length);
       if (error != 0) {
-        fail(conn, connect_failure(error));
+        fail(conn, status_of_errno(error, true));
         return;
       }
       send_hello(conn);
