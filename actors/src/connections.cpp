@@ -127,12 +127,7 @@ std::shared_ptr<peer> node_state::dial(const std::string& address, comm::status*
 void node_state::on_ep_connect(void* arg, comm::endpoint* ep, const uint8_t* data, size_t length) {
   auto* self = static_cast<node_state*>(arg);
   auto p = self->peer_of(ep);
-  if (!p) {
-    self->close_confirmed(ep);
-    return;
-  }
-  p->confirmed = true;
-  if (p->ready) return;  // the server's confirmation: its peer is ready since accept
+  if (!p || p->ready) return;  // the server's confirmation: its peer is ready since accept
   auto hello = decode_hello(self->sys_, data, length);
   if (!hello) {
     self->violation(p, "the server's hello is malformed");
@@ -176,15 +171,7 @@ std::shared_ptr<peer> node_state::peer_at(const std::string& address) const {
 
 void node_state::on_ep_error(void* arg, comm::endpoint* ep, comm::status reason) {
   auto* self = static_cast<node_state*>(arg);
-  if (auto p = self->peer_of(ep)) {
-    self->fail_peer(p, reason);
-  } else {
-    self->close_confirmed(ep);  // one whose confirmation will not come now
-  }
-}
-
-void node_state::close_confirmed(comm::endpoint* ep) {
-  if (unconfirmed_.erase(ep) != 0) closing_.push_back(ep);
+  if (auto p = self->peer_of(ep)) self->fail_peer(p, reason);
 }
 
 void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) {
@@ -207,13 +194,9 @@ void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) 
 void node_state::forget(const std::shared_ptr<peer>& p) {
   if (rx_ep_ == p->ep) rx_ep_ = nullptr;
   by_ep_.erase(p->ep);
-  // An accepted connection closed before its client confirmed would not tell the client: it is
-  // closed once the confirmation (or a failure) arrives.
-  if (p->confirmed) {
-    closing_.push_back(p->ep);
-  } else {
-    unconfirmed_.insert(p->ep);
-  }
+  // Closing tells the peer, also when an accepted client has not confirmed yet (libcomm sends
+  // the close notice from the wireup phase).
+  closing_.push_back(p->ep);
   peers_.sub(1);
   for (const auto& address : p->addresses) {
     auto it = by_address_.find(address);

@@ -172,8 +172,6 @@ void node_state::shut_down() {
   std::vector<std::shared_ptr<peer>> all;
   for (auto& [ep, p] : by_ep_) all.push_back(p);
   for (auto& p : all) fail_peer(p, comm::status::not_connected);
-  closing_.insert(closing_.end(), unconfirmed_.begin(), unconfirmed_.end());
-  unconfirmed_.clear();
   close_endpoints();
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
   while (std::chrono::steady_clock::now() < until && worker_->progress() != 0) {

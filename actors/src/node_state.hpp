@@ -37,7 +37,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace comm::actors::detail {
@@ -164,7 +163,6 @@ private:
   void fail_requests(peer& p);
   void release_watched(peer& p);
   void close_endpoints();
-  void close_confirmed(comm::endpoint* ep);
   void start_lookup(const std::shared_ptr<lookup_call>& call);
   void retry_lookup(const std::shared_ptr<lookup_call>& call, comm::status reason);
   void send_lookup(const std::shared_ptr<peer>& p, const std::shared_ptr<lookup_call>& call);
@@ -240,7 +238,6 @@ private:
   bool draining_ = false;                       ///< inside drain()
   bool in_callback_ = false;                    ///< inside the worker's progress call
   std::vector<comm::endpoint*> closing_;        ///< endpoints to close after the progress call
-  std::unordered_set<comm::endpoint*> unconfirmed_;  ///< to close once their client confirmed
 
   mutable std::mutex mtx_;                      ///< guards what other threads read below
   std::string address_;

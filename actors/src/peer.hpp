@@ -84,7 +84,6 @@ struct peer {
 
   comm::endpoint* ep = nullptr; ///< the connection's endpoint
   bool ready = false;           ///< the hello arrived: frames may flow
-  bool confirmed = false;       ///< both sides know the connection is established
   bool mapped = false;          ///< the node's connection for `id` (proxies use it)
   std::vector<std::string> addresses;  ///< addresses the peer is known by
   uint32_t send_seq = 0;        ///< number of the next frame sent
