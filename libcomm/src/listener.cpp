@@ -290,15 +290,10 @@ status worker_impl::open_cm() {
   return status::unsupported;
 }
 
-unsigned worker_impl::progress_cm() {
-  if (!cm || !cm->active()) return 0;
-  if (cm_skip != 0) {
-    --cm_skip;
-    return 0;
-  }
+unsigned worker_impl::poll_cm() {
   // Polled less often while idle: its progress is a system call, and a listener that waits for
-  // clients must not tax the shared-memory path.
-  const unsigned n = cm->progress();
+  // clients must not tax the shared-memory path. Listening or connecting resets the backoff.
+  const unsigned n = cm->active() ? cm->progress() : 0;
   cm_backoff = n != 0 ? 0 : static_cast<uint8_t>(std::min(2 * cm_backoff + 1, 255));
   cm_skip = cm_backoff;
   return n;

@@ -221,8 +221,18 @@ public:
   std::vector<listener*> listeners;          ///< listeners of this worker (listener_impl)
   /// Opens the connection manager if needed; unsupported when no transport has one.
   status open_cm();
-  /// Progresses the connection manager (less often while it is idle).
-  unsigned progress_cm();
+  /// Progresses the connection manager, less often while it is idle: on the hot path this is a
+  /// test and a decrement.
+  unsigned progress_cm() {
+    if (!cm) return 0;
+    if (cm_skip != 0) {
+      --cm_skip;
+      return 0;
+    }
+    return poll_cm();
+  }
+  /// One connection manager poll; sets the idle backoff.
+  unsigned poll_cm();
   /// Closes listeners and the connection manager (worker teardown).
   void close_cm();
 
