@@ -37,40 +37,11 @@ struct hosts_fixture {
   netns_pair hosts;
 };
 
-/// A service node in host 0.
-struct remote_service {
-  channel from;
-  channel to;
-  pid_t pid = -1;
-  std::string address;
-
-  /// Starts it listening on host 0's address, port `port` (0: any).
-  remote_service(const netns_pair& hosts, const std::string& port = "0") {
-    pid = fork_child([&] {
-      CHILD_CHECK(hosts.enter(0));
-      return service_process(hosts.address(0) + ":" + port, from, to, on_host(cluster_key));
-    });
-    address = receive_string(from);
-  }
-
-  /// Stops it and returns its exit code.
-  int stop() {
-    to.send(bytes_of("stop"));
-    const int rc = wait_child(pid);
-    pid = -1;
-    return rc;
-  }
-
-  /// Kills it with SIGKILL.
-  void kill() {
-    ::kill(pid, SIGKILL);
-    wait_child(pid);
-    pid = -1;
-  }
-
-  ~remote_service() {
-    if (pid > 0) kill();
-  }
+/// A service node in host 0, listening on host 0's address, port `port` (0: any).
+struct remote_service : service_child {
+  explicit remote_service(const netns_pair& hosts, const std::string& port = "0")
+      : service_child(hosts.address(0) + ":" + port, on_host(cluster_key),
+                      [&hosts] { return hosts.enter(0); }) {}
 };
 
 /// Starts a client node in host 1 (knowing `key`) that runs `body` against `address`.

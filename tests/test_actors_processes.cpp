@@ -16,40 +16,6 @@ using comm::test::wait_child;
 
 namespace {
 
-/// A service node in a child process.
-struct service_child {
-  channel from;  ///< what the service tells the parent (its address)
-  channel to;    ///< anything sent here stops it
-  pid_t pid = -1;
-  std::string address;
-
-  /// Starts a service node listening on `listen_address`.
-  explicit service_child(const std::string& listen_address = "127.0.0.1:0") {
-    pid = fork_child([&] { return service_process(listen_address, from, to); });
-    address = receive_string(from);
-  }
-
-  /// Stops it and returns its exit code.
-  int stop() {
-    to.send(bytes_of("stop"));
-    const int rc = wait_child(pid);
-    pid = -1;
-    return rc;
-  }
-
-  /// Kills it with SIGKILL.
-  void kill() {
-    ::kill(pid, SIGKILL);
-    wait_child(pid);
-    pid = -1;
-  }
-
-  ~service_child() {
-    if (pid > 0) kill();
-  }
-};
-
-/// Runs `body` in a client child against `service` and returns the child's exit code.
 int run_client(const service_child& service, const client_body& body) {
   const std::string address = service.address;
   return wait_child(fork_child([&] { return client_process(address, body); }));

@@ -10,6 +10,8 @@
 
 #include <caf/all.hpp>
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -425,6 +427,45 @@ inline int service_process(const std::string& listen_address, const channel& out
   caf::anon_send_exit(svc, caf::exit_reason::user_shutdown);
   return 0;
 }
+
+/// A service node in a forked child process (service_process), stopped or killed by the parent.
+struct service_child {
+  channel from;  ///< what the service tells the parent (its address)
+  channel to;    ///< anything sent here stops it
+  pid_t pid = -1;
+  std::string address;
+
+  /// Starts a service node listening on `listen_address`; `enter`, when given, runs first in the
+  /// child (e.g. to move into a network namespace) and must return true.
+  explicit service_child(const std::string& listen_address = "127.0.0.1:0",
+                         const node_tweak& tweak = {},
+                         const std::function<bool()>& enter = {}) {
+    pid = fork_child([&] {
+      if (enter && !enter()) return 3;
+      return service_process(listen_address, from, to, tweak);
+    });
+    address = receive_string(from);
+  }
+
+  /// Stops it and returns its exit code.
+  int stop() {
+    to.send(bytes_of("stop"));
+    const int rc = wait_child(pid);
+    pid = -1;
+    return rc;
+  }
+
+  /// Kills it with SIGKILL.
+  void kill() {
+    ::kill(pid, SIGKILL);
+    wait_child(pid);
+    pid = -1;
+  }
+
+  ~service_child() {
+    if (pid > 0) kill();
+  }
+};
 
 /// A client's test body: given its actor system and the service node's address, returns an
 /// empty string on success, else what failed.
