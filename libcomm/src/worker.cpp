@@ -503,6 +503,16 @@ void worker::am_data_release(void* data) {
   w.persistent_data.erase(it);
 }
 
+bool worker::am_data_detach(void* data) {
+  worker_impl& w = impl(*this);
+  worker_impl::guard g(w);
+  auto it = w.persistent_data.find(data);
+  if (it == w.persistent_data.end()) return false;
+  w.large_out.erase(it->second);
+  w.persistent_data.erase(it);
+  return true;
+}
+
 // -- tag matching --------------------------------------------------------------------------------
 
 op worker::tag_recv(void* buffer, size_t length, tag_t tag, tag_t mask,

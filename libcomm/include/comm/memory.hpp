@@ -7,7 +7,18 @@
 
 #include <comm/types.hpp>
 
+#include <cstddef>
+
 namespace comm {
+
+/// Allocates `length` bytes, page aligned, that peers on this host can reach without a system
+/// call: a rendezvous or RMA over shm whose remote buffer lies in such a block is a plain copy
+/// through a shared mapping instead of cross-memory attach. Thread-safe; null without memory.
+void* mem_alloc(size_t length) noexcept;
+
+/// Frees a block of mem_alloc, or data taken over with worker::am_data_detach. Thread-safe, and
+/// valid after every context and worker is gone. Null is ignored.
+void mem_free(void* block) noexcept;
 
 /// A registered memory region (ucp_mem_h): created by worker::mem_map, released by
 /// worker::mem_unmap. Registrations of the same range share transport state (a registration

@@ -133,6 +133,10 @@ public:
   status set_am_handler(uint16_t id, am_callback cb, void* arg, unsigned flags = 0);
   /// Releases data a handler kept by returning in_progress.
   void am_data_release(void* data);
+  /// Takes data a handler kept by returning in_progress away from the worker: neither
+  /// am_data_release nor the worker's destruction frees it any more; comm::mem_free does, from
+  /// any thread. False (and nothing changes) for data the worker does not hold.
+  bool am_data_detach(void* data);
 
   // -- tag matching ------------------------------------------------------------------------------
 
