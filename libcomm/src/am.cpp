@@ -65,14 +65,19 @@ void worker_impl::deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags
     if (length != 0) std::memcpy(block, data, length);
     data = block;
   }
-  if (block != nullptr) p.attr |= am_recv_data_persistent;
-  status st = h.cb(h.arg, header, header_length, data, length, p);
-  if (block == nullptr) return;
-  if (st == status::in_progress) {
-    persistent_data[data] = block;
-  } else {
-    release_large(block);
+  if (block == nullptr) {
+    h.cb(h.arg, header, header_length, data, length, p);
+    return;
   }
+  // Held before the call, so that the handler may detach it (worker::am_data_detach) inside.
+  p.attr |= am_recv_data_persistent;
+  persistent_data[data] = block;
+  status st = h.cb(h.arg, header, header_length, data, length, p);
+  if (st == status::in_progress) return;
+  auto held = persistent_data.find(data);
+  if (held == persistent_data.end()) return;  // detached by the handler
+  persistent_data.erase(held);
+  release_large(block);
 }
 
 uint8_t* worker_impl::take_large(size_t length) {
