@@ -31,6 +31,7 @@ const void* envelope_writer::encode(const frame_header& h) {
   f.setReceiver(h.receiver);
   f.setMessageId(h.message_id);
   f.setTypeCount(h.type_count);
+  f.setAttached(h.attached);
   return writer_.bytes();
 }
 
@@ -50,6 +51,7 @@ std::optional<frame_header> decode_envelope(const void* data, size_t length) {
   h.receiver = r->getReceiver();
   h.message_id = r->getMessageId();
   h.type_count = r->getTypeCount();
+  h.attached = r->getAttached();
   return h;
 }
 

@@ -53,6 +53,7 @@ struct frame_header {
   uint64_t receiver = 0;
   uint64_t message_id = 0;
   uint16_t type_count = 0;
+  uint64_t attached = 0;  ///< bytes of attachments at the end of the frame's data
 
   /// Where the sender lives.
   sender_location location() const noexcept {

@@ -38,52 +38,86 @@ comm::status node_state::on_frame(void* arg, const void* header, size_t header_l
     COMM_LOG(debug, "actors", "frame from an unknown connection: dropped");
     return comm::status::ok;
   }
-  auto h = decode_envelope(header, header_length);
-  if (!h) {
+  auto h = header_length >= envelope_writer::size()
+               ? decode_envelope(header, envelope_writer::size())
+               : std::nullopt;
+  frame_parts parts;
+  if (!h || !self->split_frame(*h, header, header_length, data, length,
+                               (params.attr & comm::am_recv_data_persistent) != 0, parts)) {
     self->violation(p, "malformed envelope");
     return comm::status::ok;
   }
-  self->receive(p, *h, data, length);
-  return comm::status::ok;
+  self->receive(p, *h, parts);
+  return comm::status::ok;  // data this frame kept is detached from the worker by now
 }
 
-void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
-                         size_t length) {
+bool node_state::split_frame(const frame_header& h, const void* header, size_t header_length,
+                             void* data, size_t length, bool persistent, frame_parts& out) {
+  const size_t inline_length = header_length - envelope_writer::size();
+  if (h.attached == 0) {
+    out.payload = data;
+    out.length = length;
+    return inline_length == 0;
+  }
+  if (h.kind != frame_kind::message) return false;
+  comm::worker* owner = persistent ? worker_.get() : nullptr;
+  auto* bytes = static_cast<const char*>(data);
+  if (inline_length != 0) {
+    // The payload came in the AM header; the data holds the attachments only.
+    if (h.attached != length) return false;
+    out.payload = static_cast<const char*>(header) + envelope_writer::size();
+    out.length = inline_length;
+    out.attached = attachment_source(bytes, length, owner, data);
+    return true;
+  }
+  if (h.attached > length) return false;
+  out.payload = bytes;
+  out.length = length - h.attached;
+  out.attached = attachment_source(bytes + out.length, h.attached, owner, data);
+  return true;
+}
+
+void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h,
+                         frame_parts& parts) {
   received_.add(1);
-  bytes_received_.add(length);
+  bytes_received_.add(parts.length + h.attached);
   if (h.seq != p->recv_seq) {
-    hold(p, h, data, length);
+    hold(p, h, parts);
     return;
   }
-  dispatch(p, h, data, length);
+  dispatch(p, h, parts);
   ++p->recv_seq;
   while (p->alive.load(std::memory_order_relaxed) && !p->held.empty()) {
     auto it = p->held.find(p->recv_seq);
     if (it == p->held.end()) break;
     held_frame next = std::move(it->second);
     p->held.erase(it);
-    dispatch(p, next.header, next.payload.data(), next.payload.size());
+    frame_parts kept{next.payload.data(), next.payload.size(), std::move(next.attached)};
+    dispatch(p, next.header, kept);
     ++p->recv_seq;
   }
 }
 
-void node_state::hold(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
-                      size_t length) {
+void node_state::hold(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts) {
   const uint32_t ahead = h.seq - p->recv_seq;
   if (ahead > max_hold_distance || p->held.size() >= max_held || p->held.count(h.seq) != 0) {
     violation(p, "frame out of sequence");
     return;
   }
-  const auto* bytes = static_cast<const char*>(data);
-  p->held.emplace(h.seq, held_frame{h, std::vector<char>(bytes, bytes + length)});
+  const auto* bytes = static_cast<const char*>(parts.payload);
+  parts.attached.own();
+  p->held.emplace(h.seq, held_frame{h, std::vector<char>(bytes, bytes + parts.length),
+                                    std::move(parts.attached)});
   frames_held_.add(1);
 }
 
-void node_state::dispatch(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
-                          size_t length) {
+void node_state::dispatch(const std::shared_ptr<peer>& p, const frame_header& h,
+                          frame_parts& parts) {
+  const void* data = parts.payload;
+  const size_t length = parts.length;
   switch (h.kind) {
     case frame_kind::message:
-      on_message(p, h, data, length);
+      on_message(p, h, parts);
       break;
     case frame_kind::monitor:
       on_monitor(p, h.receiver);
@@ -107,15 +141,16 @@ void node_state::dispatch(const std::shared_ptr<peer>& p, const frame_header& h,
 // -- messages ------------------------------------------------------------------------------------
 
 void node_state::on_message(const std::shared_ptr<peer>& p, const frame_header& h,
-                            const void* data, size_t length) {
+                            frame_parts& parts) {
   const caf::message_id mid{h.message_id};
   if (mid.is_response() && p->pending.erase({h.receiver, mid.request_id().integer_value()})) {
     pending_gauge_.sub(1);
   }
   const bool sender_inside = h.location() == sender_location::in_payload;
   message_payload body;
-  if (auto err = read_message_payload(&unit_, reader_, data, length, sender_inside,
-                                      (h.flags & flag_stages) != 0, h.type_count, body)) {
+  if (auto err = read_message_payload(&unit_, reader_, parts.payload, parts.length,
+                                      parts.attached, sender_inside, (h.flags & flag_stages) != 0,
+                                      h.type_count, body)) {
     COMM_LOG(debug, "actors", "message for actor %llu unreadable: %s",
              static_cast<unsigned long long>(h.receiver), caf::to_string(err).c_str());
     if (mid.is_request()) reply_error(p, h, err);

@@ -83,6 +83,7 @@ comm::status status_of(const caf::error& err) {
 
 void node::load(caf::actor_system_config& cfg, node_params params) {
   cfg.add_error_category(error_category, &render_status);
+  cfg.add_message_type<blob>(blob_type_name);
   cfg.module_factories.push_back(
       [params = std::move(params)](caf::actor_system& sys) -> caf::actor_system::module* {
         return new caf::net::middleman(sys, params);

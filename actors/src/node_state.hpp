@@ -172,14 +172,12 @@ private:
 
   static comm::status on_frame(void* arg, const void* header, size_t header_length, void* data,
                                size_t length, const comm::am_recv_params& params);
-  void receive(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
-               size_t length);
-  void hold(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
-            size_t length);
-  void dispatch(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
-                size_t length);
-  void on_message(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
-                  size_t length);
+  bool split_frame(const frame_header& h, const void* header, size_t header_length, void* data,
+                   size_t length, bool persistent, frame_parts& out);
+  void receive(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
+  void hold(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
+  void dispatch(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
+  void on_message(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
   caf::strong_actor_ptr sender_of(peer& p, const frame_header& h);
   caf::strong_actor_ptr receiver_of(peer& p, caf::actor_id aid);
   void on_monitor(const std::shared_ptr<peer>& p, caf::actor_id aid);
@@ -196,6 +194,8 @@ private:
 
   void transmit(outgoing* item);
   bool transmit(peer& p, outgoing& item, bool immediate);
+  void lay_out_attached(outgoing& item, const void*& head, size_t& head_length,
+                        const void*& data, size_t& length);
   bool send_now(const std::shared_ptr<peer>& to, const frame_header& h);
   frame_header message_header(const peer& to, caf::actor_id receiver,
                               const caf::mailbox_element& what);
@@ -217,6 +217,7 @@ private:
   caf::scoped_execution_unit serializer_unit_;  ///< context of serialisers on any thread
   progress_unit unit_;                          ///< the progress thread as an execution unit
   envelope_writer envelope_;                    ///< the lock holder's envelope encoder
+  std::vector<char> joined_;                    ///< the lock holder's envelope-and-payload header
   content_reader reader_;                       ///< the progress thread's message reader
 
   std::unique_ptr<comm::context> context_;

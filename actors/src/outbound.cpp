@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 namespace comm::actors::detail {
 
@@ -50,13 +51,14 @@ outgoing* node_state::new_frame(const std::shared_ptr<peer>& to, frame_kind kind
 
 void node_state::forward(const std::shared_ptr<peer>& to, caf::actor_id receiver,
                          caf::mailbox_element& what, caf::execution_unit* ctx) {
-  const frame_header h = message_header(*to, receiver, what);
+  frame_header h = message_header(*to, receiver, what);
   scratch.clear();
+  attachment_list attached;
   caf::error err = what.content().size() > UINT16_MAX
                        ? caf::make_error(caf::sec::invalid_argument, "message too long")
                        : write_message_payload(&serializer_unit_, writer(), what,
                                                h.location() == sender_location::in_payload,
-                                               (h.flags & flag_stages) != 0, scratch);
+                                               (h.flags & flag_stages) != 0, scratch, attached);
   if (err) {
     COMM_LOG(warn, "actors", "cannot send to actor %llu: %s",
              static_cast<unsigned long long>(receiver), caf::to_string(err).c_str());
@@ -67,10 +69,12 @@ void node_state::forward(const std::shared_ptr<peer>& to, caf::actor_id receiver
     return;
   }
   // Small frames leave from here when the worker is free; others queue for whoever holds it.
-  if (scratch.size() < buffer_pool::large && send_now(to, h)) return;
+  if (attached.empty() && scratch.size() < buffer_pool::large && send_now(to, h)) return;
+  h.attached = attached.bytes;
   outgoing* item = new_frame(to, frame_kind::message);
   item->header = h;
   item->payload = buffer_pool::detach(scratch);
+  item->attached = std::move(attached);
   submit(item);
 }
 
@@ -184,9 +188,12 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
   rp.flags = comm::request_reply_endpoint | (immediate ? comm::request_force_immediate : 0u);
   rp.send_cb = immediate ? nullptr : &node_state::on_sent;
   rp.user_data = immediate ? nullptr : &item;
-  const size_t bytes = item.payload.size();
-  comm::op o = p.ep->am_send(frame_am_id, envelope_.encode(h), envelope_writer::size(),
-                             item.payload.data(), bytes, rp);
+  const void* head = envelope_.encode(h);
+  size_t head_length = envelope_writer::size();
+  const void* data = item.payload.data();
+  size_t bytes = item.payload.size();
+  if (h.attached != 0) lay_out_attached(item, head, head_length, data, bytes);
+  comm::op o = p.ep->am_send(frame_am_id, head, head_length, data, bytes, rp);
   if (immediate && o.st == comm::status::no_resource) return false;  // nothing was sent
   ++p.send_seq;
   sent_.add(1);
@@ -205,6 +212,34 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
   }
   if (!immediate) delete &item;
   return true;
+}
+
+void node_state::lay_out_attached(outgoing& item, const void*& head, size_t& head_length,
+                                  const void*& data, size_t& length) {
+  attachment_list& a = item.attached;
+  if (a.runs.size() == 1 && head_length + item.payload.size() <= worker_->max_am_header()) {
+    // The usual case: the payload rides in the AM header, the run is the AM's data as it is.
+    const auto* envelope = static_cast<const char*>(head);
+    joined_.assign(envelope, envelope + head_length);
+    joined_.insert(joined_.end(), item.payload.begin(), item.payload.end());
+    head = joined_.data();
+    head_length = joined_.size();
+    data = a.runs.front().data();
+    length = a.runs.front().size();
+    return;
+  }
+  // Several runs, or a payload too long for a header: one buffer of payload and runs.
+  blob all(item.payload.size() + a.bytes);
+  char* out = all.mutable_data();
+  std::memcpy(out, item.payload.data(), item.payload.size());
+  out += item.payload.size();
+  for (const blob& run : a.runs) {
+    std::memcpy(out, run.data(), run.size());
+    out += run.size();
+  }
+  a.runs.assign(1, all);
+  data = all.data();
+  length = all.size();
 }
 
 void node_state::sent_frame(peer& p, const frame_header& h) {

@@ -2,6 +2,7 @@
 // lock-free multi-producer queue the progress thread empties in one step.
 #pragma once
 
+#include "attachments.hpp"
 #include "frame.hpp"
 
 #include <caf/actor_control_block.hpp>
@@ -43,6 +44,7 @@ struct outgoing {
   std::shared_ptr<peer> to;            ///< the connection the frame goes to
   frame_header header;                 ///< its envelope (seq is set when it is sent)
   std::vector<char> payload;           ///< its payload
+  attachment_list attached;            ///< a message's attachments, kept until it is sent
   caf::strong_actor_ptr local;         ///< link/unlink: the local actor, made reachable first
   std::function<void()> task;          ///< set: run this instead of sending
 

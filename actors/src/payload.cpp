@@ -114,8 +114,9 @@ const content_reader::prototypes* content_reader::lookup(caf::actor_system& sys,
 
 caf::error write_message_payload(caf::execution_unit* ctx, content_writer& writer,
                                  const caf::mailbox_element& what, bool with_sender,
-                                 bool with_stages, std::vector<char>& buf) {
-  caf::binary_serializer sink{ctx, buf};
+                                 bool with_stages, std::vector<char>& buf,
+                                 attachment_list& attached) {
+  frame_serializer sink{ctx, buf, attached};
   if (with_sender) {
     caf::strong_actor_ptr sender = what.sender;
     if (auto err = sink(sender)) return err;
@@ -134,21 +135,23 @@ caf::error write_content_payload(caf::execution_unit* ctx, const caf::message& c
 }
 
 caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader,
-                                const void* data, size_t length, bool with_sender,
-                                bool with_stages, size_t type_count, message_payload& out) {
+                                const void* data, size_t length, attachment_source& attached,
+                                bool with_sender, bool with_stages, size_t type_count,
+                                message_payload& out) {
   // CAF sizes containers from lengths on the wire: a forged one may throw (bad_alloc), which
   // must not cross libcomm's callback.
   try {
-    return read_parts(ctx, reader, data, length, with_sender, with_stages, type_count, out);
+    return read_parts(ctx, reader, data, length, attached, with_sender, with_stages, type_count,
+                      out);
   } catch (const std::exception& e) {
     return caf::make_error(caf::sec::invalid_argument, e.what());
   }
 }
 
 caf::error read_parts(caf::execution_unit* ctx, content_reader& reader, const void* data,
-                      size_t length, bool with_sender, bool with_stages, size_t type_count,
-                      message_payload& out) {
-  caf::binary_deserializer source{ctx, static_cast<const char*>(data), length};
+                      size_t length, attachment_source& attached, bool with_sender,
+                      bool with_stages, size_t type_count, message_payload& out) {
+  frame_deserializer source{ctx, data, length, attached};
   if (with_sender) {
     if (auto err = source(out.sender)) return err;
   }
@@ -156,7 +159,7 @@ caf::error read_parts(caf::execution_unit* ctx, content_reader& reader, const vo
     if (auto err = source(out.stages)) return err;
   }
   if (auto err = reader.read(source, out.content)) return err;
-  if (source.remaining() != 0 || out.content.size() != type_count) {
+  if (source.remaining() != 0 || attached.remaining() != 0 || out.content.size() != type_count) {
     return caf::make_error(caf::sec::invalid_argument, "malformed message payload");
   }
   return caf::error{};

@@ -8,6 +8,8 @@
 // message types they saw, so a stream of messages of one type pays for its names once.
 #pragma once
 
+#include "attachments.hpp"
+
 #include <caf/deserializer.hpp>
 #include <caf/error.hpp>
 #include <caf/execution_unit.hpp>
@@ -65,28 +67,32 @@ struct message_payload {
 };
 
 /// Appends the payload of a message frame for `what` to `buf`: its sender's handle when
-/// `with_sender`, its forwarding stack when `with_stages`, then its content. Local actor handles
-/// written here become reachable by id (CAF puts them in the actor registry).
+/// `with_sender`, its forwarding stack when `with_stages`, then its content; large raw runs go to
+/// `attached` (see attachments.hpp). Local actor handles written here become reachable by id (CAF
+/// puts them in the actor registry).
 /// @returns an empty error, or why the content cannot be serialised (sec::unknown_type)
 caf::error write_message_payload(caf::execution_unit* ctx, content_writer& writer,
                                  const caf::mailbox_element& what, bool with_sender,
-                                 bool with_stages, std::vector<char>& buf);
+                                 bool with_stages, std::vector<char>& buf,
+                                 attachment_list& attached);
 
 /// Appends the payload of a message frame whose content is `content` and nothing else.
 caf::error write_content_payload(caf::execution_unit* ctx, const caf::message& content,
                                  std::vector<char>& buf);
 
-/// Reads a message frame's payload. Remote handles inside become proxies through ctx's proxy
-/// registry. Every byte must be used, and the message must have `type_count` elements.
+/// Reads a message frame's payload, taking its large runs from `attached`. Remote handles inside
+/// become proxies through ctx's proxy registry. Every byte, attachments included, must be used,
+/// and the message must have `type_count` elements.
 /// @returns an empty error, or what is wrong (sec::unknown_type for a type this node lacks)
 caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader,
-                                const void* data, size_t length, bool with_sender,
-                                bool with_stages, size_t type_count, message_payload& out);
+                                const void* data, size_t length, attachment_source& attached,
+                                bool with_sender, bool with_stages, size_t type_count,
+                                message_payload& out);
 
 /// read_message_payload without its guard against exceptions.
 caf::error read_parts(caf::execution_unit* ctx, content_reader& reader, const void* data,
-                      size_t length, bool with_sender, bool with_stages, size_t type_count,
-                      message_payload& out);
+                      size_t length, attachment_source& attached, bool with_sender,
+                      bool with_stages, size_t type_count, message_payload& out);
 
 /// Appends the payload of a down frame: the exit reason.
 caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reason,

@@ -1,6 +1,7 @@
 // A connection to another node, and the blocking lookups that wait on one.
 #pragma once
 
+#include "attachments.hpp"
 #include "frame.hpp"
 
 #include <comm/endpoint.hpp>
@@ -68,6 +69,14 @@ struct request_key_hash {
 struct held_frame {
   frame_header header;
   std::vector<char> payload;
+  attachment_source attached;  ///< its attachments, owned (see attachment_source::own)
+};
+
+/// A received frame's payload and attachments, as on_frame found them.
+struct frame_parts {
+  const void* payload = nullptr;
+  size_t length = 0;
+  attachment_source attached;
 };
 
 /// One connection to another node. Shared by the node's maps, its proxies and queued frames; the

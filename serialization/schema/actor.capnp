@@ -22,6 +22,10 @@ struct ActorEnvelope {
   messageId @6 :UInt64;   # CAF message id, raw (message); the lookup's number (lookup, lookupReply)
   typeCount @7 :UInt16;   # message: number of elements of the CAF message in the payload, whose
                           # type names lead it (CAF's own message format)
+  attached  @8 :UInt64;   # message: bytes of attachments (the message's large raw runs, in the
+                          # order it reads them) at the end of the AM's data; 0: none. With
+                          # attachments the payload may follow the envelope in the AM header,
+                          # then the AM's data holds the attachments only
 }
 
 # Payloads: message: [sender handle] [forwarding stack] CAF message (caf::binary_serializer);

@@ -25,6 +25,7 @@
 // answered with an error (sec::unknown_type for a request), never a crash.
 #pragma once
 
+#include <comm/actors/blob.hpp>
 #include <comm/config.hpp>
 #include <comm/status.hpp>
 

@@ -1,0 +1,227 @@
+// Blobs, and the node's serialiser and deserialiser that carry large runs as attachments (see
+// attachments.hpp).
+#include "attachments.hpp"
+
+#include <comm/memory.hpp>
+
+#include <caf/sec.hpp>
+
+#include <cstring>
+#include <new>
+
+namespace comm::actors {
+
+namespace {
+
+/// The longest blob a deserialiser reads inline (attachments are bounded by the frame).
+constexpr size_t max_inline_blob = size_t{1} << 30;
+
+/// An owner of `size` fresh bytes: host-shareable memory for large ones.
+std::shared_ptr<const void> allocate(size_t size) {
+  if (size >= detail::attach_threshold) {
+    void* block = comm::mem_alloc(size);
+    if (block == nullptr) throw std::bad_alloc{};
+    return std::shared_ptr<const void>(block, [](const void* p) {
+      comm::mem_free(const_cast<void*>(p));
+    });
+  }
+  return std::shared_ptr<const void>(new char[size], [](const void* p) {
+    delete[] static_cast<const char*>(p);
+  });
+}
+
+}  // namespace
+
+// -- blob ----------------------------------------------------------------------------------------
+
+blob::blob(size_t size) {
+  if (size == 0) return;
+  owner_ = allocate(size);
+  data_ = static_cast<const char*>(owner_.get());
+  size_ = size;
+}
+
+blob::blob(const void* data, size_t size) : blob(size) {
+  if (size != 0) std::memcpy(const_cast<char*>(data_), data, size);
+}
+
+blob blob::adopt(void* block, size_t size) {
+  std::shared_ptr<const void> owner(block, [](const void* p) {
+    comm::mem_free(const_cast<void*>(p));
+  });
+  return share(std::move(owner), static_cast<const char*>(block), size);
+}
+
+blob blob::share(std::shared_ptr<const void> owner, const char* data, size_t size) noexcept {
+  blob x;
+  if (size == 0) return x;
+  x.owner_ = std::move(owner);
+  x.data_ = data;
+  x.size_ = size;
+  return x;
+}
+
+char* blob::mutable_data() noexcept {
+  return owner_.use_count() == 1 ? const_cast<char*>(data_) : nullptr;
+}
+
+namespace detail {
+
+caf::error save_blob(caf::serializer& sink, const blob& x) {
+  size_t size = x.size();
+  if (auto err = sink.begin_sequence(size)) return err;
+  auto* frame = dynamic_cast<frame_serializer*>(&sink);
+  if (frame != nullptr && size >= attach_threshold) {
+    frame->attach(x);
+  } else if (size != 0) {
+    if (auto err = sink.apply_raw(size, const_cast<char*>(x.data()))) return err;
+  }
+  return sink.end_sequence();
+}
+
+caf::error load_blob(caf::deserializer& source, blob& x) {
+  size_t size = 0;
+  if (auto err = source.begin_sequence(size)) return err;
+  auto* frame = dynamic_cast<frame_deserializer*>(&source);
+  if (frame != nullptr && frame->attachments().has(size)) {
+    x = frame->attachments().take(size);
+    return source.end_sequence();
+  }
+  if (frame != nullptr && size > frame->remaining()) return caf::sec::end_of_stream;
+  if (size > max_inline_blob) return caf::sec::invalid_argument;
+  blob read(size);
+  if (size != 0) {
+    if (auto err = source.apply_raw(size, read.mutable_data())) return err;
+  }
+  x = std::move(read);
+  return source.end_sequence();
+}
+
+// -- frame_serializer ----------------------------------------------------------------------------
+
+caf::error frame_serializer::begin_object(uint16_t& nr, std::string& name) {
+  return inner_.begin_object(nr, name);
+}
+
+caf::error frame_serializer::end_object() { return inner_.end_object(); }
+
+caf::error frame_serializer::begin_sequence(size_t& size) { return inner_.begin_sequence(size); }
+
+caf::error frame_serializer::end_sequence() { return inner_.end_sequence(); }
+
+caf::error frame_serializer::apply_raw(size_t num_bytes, void* data) {
+  if (num_bytes < attach_threshold) return inner_.apply_raw(num_bytes, data);
+  out_.add(blob(data, num_bytes));
+  return caf::error{};
+}
+
+caf::error frame_serializer::apply_impl(int8_t& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(uint8_t& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(int16_t& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(uint16_t& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(int32_t& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(uint32_t& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(int64_t& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(uint64_t& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(float& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(double& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(long double& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(std::u16string& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(std::u32string& x) { return inner_(x); }
+
+caf::error frame_serializer::apply_impl(std::string& x) {
+  // As CAF's binary serialiser writes a string, through this serialiser's apply_raw.
+  size_t size = x.size();
+  if (auto err = begin_sequence(size)) return err;
+  if (size != 0) {
+    if (auto err = apply_raw(size, x.data())) return err;
+  }
+  return end_sequence();
+}
+
+// -- attachment_source ---------------------------------------------------------------------------
+
+const std::shared_ptr<const void>& attachment_source::owner() {
+  if (!owner_ && worker_ != nullptr) {
+    if (worker_->am_data_detach(am_data_)) {
+      owner_ = std::shared_ptr<const void>(am_data_, [](const void* p) {
+        comm::mem_free(const_cast<void*>(p));
+      });
+    }
+    worker_ = nullptr;
+  }
+  return owner_;
+}
+
+blob attachment_source::take(size_t size) {
+  const char* at = data_ + used_;
+  used_ += size;
+  if (const auto& o = owner()) return blob::share(o, at, size);
+  return blob(at, size);
+}
+
+void attachment_source::copy(size_t size, void* dest) {
+  std::memcpy(dest, data_ + used_, size);
+  used_ += size;
+}
+
+void attachment_source::own() {
+  if (owner() || length_ == 0) return;
+  blob copy(data_, length_);
+  owner_ = copy.owner();
+  data_ = copy.data();
+}
+
+// -- frame_deserializer --------------------------------------------------------------------------
+
+caf::error frame_deserializer::begin_object(uint16_t& nr, std::string& name) {
+  return inner_.begin_object(nr, name);
+}
+
+caf::error frame_deserializer::end_object() { return inner_.end_object(); }
+
+caf::error frame_deserializer::begin_sequence(size_t& size) {
+  return inner_.begin_sequence(size);
+}
+
+caf::error frame_deserializer::end_sequence() { return inner_.end_sequence(); }
+
+caf::error frame_deserializer::apply_raw(size_t num_bytes, void* data) {
+  if (!from_.has(num_bytes)) return inner_.apply_raw(num_bytes, data);
+  from_.copy(num_bytes, data);
+  return caf::error{};
+}
+
+caf::error frame_deserializer::apply_impl(int8_t& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(uint8_t& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(int16_t& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(uint16_t& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(int32_t& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(uint32_t& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(int64_t& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(uint64_t& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(float& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(double& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(long double& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(std::u16string& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(std::u32string& x) { return inner_(x); }
+
+caf::error frame_deserializer::apply_impl(std::string& x) {
+  size_t size = 0;
+  if (auto err = begin_sequence(size)) return err;
+  if (from_.has(size)) {
+    x.resize(size);
+    from_.copy(size, x.data());
+  } else {
+    if (size > inner_.remaining()) return caf::sec::end_of_stream;
+    x.resize(size);
+    if (size != 0) {
+      if (auto err = inner_.apply_raw(size, x.data())) return err;
+    }
+  }
+  return end_sequence();
+}
+
+}  // namespace detail
+
+}  // namespace comm::actors

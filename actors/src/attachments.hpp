@@ -1,0 +1,167 @@
+// Attachments: the large byte runs of a message, carried beside its serialised payload instead of
+// inside it.
+//
+// The node's serialiser and deserialiser are CAF's binary ones plus one rule: a raw run of at least
+// attach_threshold bytes (a large std::vector<char>, std::string or blob) is not written into the
+// payload; it becomes the frame's next attachment, and the reader takes its next attachment where
+// the same run is read. Both sides see the same sequence of runs, so the payload only keeps their
+// lengths. A blob is attached by reference (no copy on the sender) and read by taking over the
+// received buffer (no copy on the receiver); other runs are copied once on each side, into
+// host-shareable memory on the sender.
+#pragma once
+
+#include <comm/actors/blob.hpp>
+#include <comm/worker.hpp>
+
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/deserializer.hpp>
+#include <caf/serializer.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace comm::actors::detail {
+
+/// Raw runs at least this long travel as attachments.
+inline constexpr size_t attach_threshold = 32 * 1024;
+
+/// The attachments of one outgoing frame, in the order the reader will take them.
+struct attachment_list {
+  std::vector<blob> runs;  ///< each run, owning (or sharing) its bytes
+  size_t bytes = 0;        ///< their total length
+
+  /// Appends `run`.
+  void add(blob run) {
+    bytes += run.size();
+    runs.push_back(std::move(run));
+  }
+
+  /// True without attachments.
+  bool empty() const noexcept { return runs.empty(); }
+};
+
+/// CAF's binary serialiser, moving raw runs of attach_threshold bytes or more to `out`.
+class frame_serializer final : public caf::serializer {
+public:
+  /// Appends to `buf`; attachments go to `out`.
+  frame_serializer(caf::execution_unit* ctx, std::vector<char>& buf, attachment_list& out)
+      : caf::serializer(ctx), inner_(ctx, buf), out_(out) {}
+
+  /// Attaches the bytes of `x` by reference (the caller wrote its length).
+  void attach(const blob& x) { out_.add(x); }
+
+  caf::error begin_object(uint16_t& nr, std::string& name) override;
+  caf::error end_object() override;
+  caf::error begin_sequence(size_t& size) override;
+  caf::error end_sequence() override;
+  caf::error apply_raw(size_t num_bytes, void* data) override;
+
+protected:
+  caf::error apply_impl(int8_t& x) override;
+  caf::error apply_impl(uint8_t& x) override;
+  caf::error apply_impl(int16_t& x) override;
+  caf::error apply_impl(uint16_t& x) override;
+  caf::error apply_impl(int32_t& x) override;
+  caf::error apply_impl(uint32_t& x) override;
+  caf::error apply_impl(int64_t& x) override;
+  caf::error apply_impl(uint64_t& x) override;
+  caf::error apply_impl(float& x) override;
+  caf::error apply_impl(double& x) override;
+  caf::error apply_impl(long double& x) override;
+  caf::error apply_impl(std::string& x) override;
+  caf::error apply_impl(std::u16string& x) override;
+  caf::error apply_impl(std::u32string& x) override;
+
+private:
+  caf::binary_serializer inner_;
+  attachment_list& out_;
+};
+
+/// Where a received frame's attachments are: a byte range, and who may take it over.
+class attachment_source {
+public:
+  /// No attachments.
+  attachment_source() = default;
+
+  /// `length` bytes at `data`, owned by `owner` (may be null: then taken runs are copies).
+  attachment_source(const char* data, size_t length, std::shared_ptr<const void> owner)
+      : data_(data), length_(length), owner_(std::move(owner)) {}
+
+  /// `length` bytes at `data`, inside `am_data`, persistent AM data of `worker` when `worker` is
+  /// set: the first run taken by reference detaches it from the worker (comm::mem_free frees it).
+  attachment_source(const char* data, size_t length, comm::worker* worker, void* am_data)
+      : data_(data), length_(length), worker_(worker), am_data_(am_data) {}
+
+  /// Bytes not taken yet.
+  size_t remaining() const noexcept { return length_ - used_; }
+
+  /// True when the next run is `size` bytes or more long (and size is a run's length).
+  bool has(size_t size) const noexcept { return size >= attach_threshold && size <= remaining(); }
+
+  /// The next `size` bytes as a blob: the received buffer itself when it can be taken over.
+  blob take(size_t size);
+
+  /// Copies the next `size` bytes to `dest`.
+  void copy(size_t size, void* dest);
+
+  /// Makes the bytes independent of the worker's receive buffer (detached or copied), for a
+  /// frame kept past the AM callback.
+  void own();
+
+private:
+  /// The owner of the bytes, detaching them from the worker first when needed; null when they
+  /// cannot be taken over.
+  const std::shared_ptr<const void>& owner();
+
+  const char* data_ = nullptr;
+  size_t length_ = 0;
+  size_t used_ = 0;
+  std::shared_ptr<const void> owner_;
+  comm::worker* worker_ = nullptr;
+  void* am_data_ = nullptr;
+};
+
+/// CAF's binary deserialiser, taking raw runs of attach_threshold bytes or more from `from`.
+class frame_deserializer final : public caf::deserializer {
+public:
+  /// Reads the payload `data`/`length`; attachments come from `from`.
+  frame_deserializer(caf::execution_unit* ctx, const void* data, size_t length,
+                     attachment_source& from)
+      : caf::deserializer(ctx), inner_(ctx, static_cast<const char*>(data), length), from_(from) {}
+
+  /// Payload bytes not read yet.
+  size_t remaining() const noexcept { return inner_.remaining(); }
+
+  /// The attachments.
+  attachment_source& attachments() noexcept { return from_; }
+
+  caf::error begin_object(uint16_t& nr, std::string& name) override;
+  caf::error end_object() override;
+  caf::error begin_sequence(size_t& size) override;
+  caf::error end_sequence() override;
+  caf::error apply_raw(size_t num_bytes, void* data) override;
+
+protected:
+  caf::error apply_impl(int8_t& x) override;
+  caf::error apply_impl(uint8_t& x) override;
+  caf::error apply_impl(int16_t& x) override;
+  caf::error apply_impl(uint16_t& x) override;
+  caf::error apply_impl(int32_t& x) override;
+  caf::error apply_impl(uint32_t& x) override;
+  caf::error apply_impl(int64_t& x) override;
+  caf::error apply_impl(uint64_t& x) override;
+  caf::error apply_impl(float& x) override;
+  caf::error apply_impl(double& x) override;
+  caf::error apply_impl(long double& x) override;
+  caf::error apply_impl(std::string& x) override;
+  caf::error apply_impl(std::u16string& x) override;
+  caf::error apply_impl(std::u32string& x) override;
+
+private:
+  caf::binary_deserializer inner_;
+  attachment_source& from_;
+};
+
+}  // namespace comm::actors::detail
