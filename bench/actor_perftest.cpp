@@ -5,7 +5,8 @@
 // with the server in a forked process pinned to core 0 and the client pinned to core 1. Every
 // round runs every mode once; the medians over rounds and their ratios are printed, and the
 // 1 MiB round trip is compared with a plain memcpy of 1 MiB each way. Payloads are
-// std::vector<char>, which CAF serialises as one block.
+// std::vector<char>, which CAF serialises as one block, and for the "blob" column
+// comm::actors::blob, which the node moves without serialising (one copy per hop over shm).
 //
 //   actor_perftest [-r rounds] [-n round trips] [-w one-way messages] [-m modes] [-l]
 //     -m  comma-separated modes (default inproc,caf,comm)
@@ -55,6 +56,9 @@ caf::behavior ponger(caf::event_based_actor* self) {
     [](ping_atom, int64_t i, std::vector<char>& payload) {
       return caf::make_message(pong_atom::value, i, std::move(payload));
     },
+    [](ping_atom, int64_t i, comm::actors::blob& payload) {
+      return caf::make_message(pong_atom::value, i, std::move(payload));
+    },
     [self, received](oneway_atom, int64_t i, int64_t total) {
       ++*received;
       if (i + 1 == total) {
@@ -67,11 +71,12 @@ caf::behavior ponger(caf::event_based_actor* self) {
 }
 
 /// Sends `n` pings one after the other (each after the previous pong) and tells `report`.
-caf::behavior pinger(caf::event_based_actor* self, caf::actor pong, int64_t n,
-                     std::vector<char> payload, caf::actor report) {
+template <class Payload>
+caf::behavior pinger(caf::event_based_actor* self, caf::actor pong, int64_t n, Payload payload,
+                     caf::actor report) {
   self->send(pong, ping_atom::value, int64_t{0}, std::move(payload));
   return {
-    [=](pong_atom, int64_t i, std::vector<char>& p) {
+    [=](pong_atom, int64_t i, Payload& p) {
       if (i + 1 >= n) {
         self->send(report, done_atom::value, i + 1);
         self->quit();
@@ -98,11 +103,13 @@ caf::behavior streamer(caf::event_based_actor* self, caf::actor pong, int64_t n,
 void common_config(caf::actor_system_config& cfg) {
   cfg.set("scheduler.max-threads", 2);
   cfg.set("logger.verbosity", caf::atom("quiet"));
+  cfg.add_message_type<comm::actors::blob>(comm::actors::blob_type_name);
 }
 
 struct results {
   double rtt_us = 0;       ///< 8-byte round trip
   double rtt_large_us = 0; ///< 1 MiB round trip
+  double rtt_blob_us = 0;  ///< 1 MiB round trip as a blob
   double oneway_per_s = 0; ///< 8-byte one-way messages per second
 };
 
@@ -120,7 +127,13 @@ bool measure(caf::actor_system& sys, const caf::actor& pong, int64_t trips, int6
     return ok ? std::chrono::duration<double>(clock_type::now() - start).count() : -1.0;
   };
   auto ping = [&](size_t size, int64_t n) {
-    return run([&] { sys.spawn(pinger, pong, n, std::vector<char>(size, 'x'), self); }, n);
+    return run([&] { sys.spawn(pinger<std::vector<char>>, pong, n, std::vector<char>(size, 'x'),
+                               self); }, n);
+  };
+  auto ping_blob = [&](size_t size, int64_t n) {
+    comm::actors::blob payload(size);
+    std::memset(payload.mutable_data(), 'x', size);
+    return run([&] { sys.spawn(pinger<comm::actors::blob>, pong, n, payload, self); }, n);
   };
   if (!large_only) {
     if (ping(8, std::max<int64_t>(trips / 10, 10)) < 0) return false;  // warm up
@@ -136,6 +149,10 @@ bool measure(caf::actor_system& sys, const caf::actor& pong, int64_t trips, int6
   const double t = ping(large_size, large_trips);
   if (t < 0) return false;
   out->rtt_large_us = t / large_trips * 1e6;
+  if (ping_blob(large_size, 5) < 0) return false;
+  const double tb = ping_blob(large_size, large_trips);
+  if (tb < 0) return false;
+  out->rtt_blob_us = tb / large_trips * 1e6;
   return true;
 }
 
@@ -294,25 +311,28 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "round %d: %s failed\n", r, mode.c_str());
         continue;
       }
-      std::printf("round %d %-6s rtt 8 B %8.2f us   rtt 1 MiB %8.1f us   one-way 8 B %10.0f msg/s\n",
-                  r, mode.c_str(), res.rtt_us, res.rtt_large_us, res.oneway_per_s);
+      std::printf("round %d %-6s rtt 8 B %8.2f us   rtt 1 MiB %8.1f us   blob %8.1f us   "
+                  "one-way 8 B %10.0f msg/s\n",
+                  r, mode.c_str(), res.rtt_us, res.rtt_large_us, res.rtt_blob_us,
+                  res.oneway_per_s);
       std::fflush(stdout);
       all[mode].push_back(res);
     }
   }
-  std::printf("\nmedians over %d rounds\n%-8s %12s %14s %16s\n", rounds, "mode", "rtt 8 B us",
-              "rtt 1 MiB us", "one-way msg/s");
+  std::printf("\nmedians over %d rounds\n%-8s %12s %14s %14s %16s\n", rounds, "mode",
+              "rtt 8 B us", "rtt 1 MiB us", "blob 1 MiB us", "one-way msg/s");
   std::map<std::string, results> med;
   for (const auto& [mode, list] : all) {
-    std::vector<double> a, b, c;
+    std::vector<double> a, b, d, c;
     for (const auto& x : list) {
       a.push_back(x.rtt_us);
       b.push_back(x.rtt_large_us);
+      d.push_back(x.rtt_blob_us);
       c.push_back(x.oneway_per_s);
     }
-    med[mode] = {median(a), median(b), median(c)};
-    std::printf("%-8s %12.2f %14.1f %16.0f\n", mode.c_str(), med[mode].rtt_us,
-                med[mode].rtt_large_us, med[mode].oneway_per_s);
+    med[mode] = {median(a), median(b), median(d), median(c)};
+    std::printf("%-8s %12.2f %14.1f %14.1f %16.0f\n", mode.c_str(), med[mode].rtt_us,
+                med[mode].rtt_large_us, med[mode].rtt_blob_us, med[mode].oneway_per_s);
   }
   const double copy = memcpy_us(large_size);
   std::printf("memcpy 1 MiB: %.1f us (each way: %.1f us per round trip)\n", copy, 2 * copy);
@@ -327,8 +347,9 @@ int main(int argc, char** argv) {
                   med["caf"].rtt_us / c.rtt_us);
     }
     std::printf("comm one-way 8 B: %.2f M msg/s (goal: at least 2)\n", c.oneway_per_s / 1e6);
-    std::printf("comm rtt 1 MiB / (2 x memcpy 1 MiB): %.2f (goal: at most 2)\n",
-                c.rtt_large_us / (2 * copy));
+    std::printf("comm rtt 1 MiB / (2 x memcpy 1 MiB): %.2f as std::vector<char>, %.2f as blob "
+                "(goal: at most 2)\n",
+                c.rtt_large_us / (2 * copy), c.rtt_blob_us / (2 * copy));
   }
   return 0;
 }

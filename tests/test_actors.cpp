@@ -89,6 +89,10 @@ BOOST_AUTO_TEST_CASE(large_payload) {
   BOOST_TEST(check_echo(*client_sys, proxy, 4 * 1024 * 1024 + 3) == "");
 }
 
+BOOST_AUTO_TEST_CASE(blobs_and_large_runs_travel_as_attachments) {
+  BOOST_TEST(check_attachments(*client_sys, lookup()) == "");
+}
+
 BOOST_AUTO_TEST_CASE(ordering_per_sender) {
   BOOST_TEST(check_ordering(*client_sys, lookup(), 4, 20000) == "");
 }

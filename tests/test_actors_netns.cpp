@@ -89,6 +89,7 @@ BOOST_AUTO_TEST_CASE(ordering_and_large_payloads_over_tcp) {
                             for (size_t size : {size_t{1} << 20, (size_t{8} << 20) + 3}) {
                               if (failure.empty()) failure = check_echo(s, svc, size);
                             }
+                            if (failure.empty()) failure = check_attachments(s, svc);
                             return failure;
                           }});
       });

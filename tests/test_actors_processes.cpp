@@ -77,6 +77,14 @@ BOOST_AUTO_TEST_CASE(large_payloads) {
   BOOST_TEST(service.stop() == 0);
 }
 
+BOOST_AUTO_TEST_CASE(blobs_and_large_runs) {
+  service_child service;
+  BOOST_TEST(run_client(service, [](caf::actor_system& sys, const std::string& address) {
+               return run_checks(sys, address, {check_attachments});
+             }) == 0);
+  BOOST_TEST(service.stop() == 0);
+}
+
 BOOST_AUTO_TEST_CASE(remote_actor_exits) {
   service_child service;
   BOOST_TEST(run_client(service, [](caf::actor_system& sys, const std::string& address) {

@@ -38,6 +38,11 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 using exited_atom = caf::atom_constant<caf::atom("exited")>;
+using digest_atom = caf::atom_constant<caf::atom("digest")>;
+using keep_atom = caf::atom_constant<caf::atom("keep")>;
+using kept_atom = caf::atom_constant<caf::atom("kept")>;
+
+using comm::actors::blob;
 
 /// Name the service is published under.
 inline const std::string service_name = "service";
@@ -59,7 +64,23 @@ struct service_state {
   std::map<caf::actor_addr, uint64_t> received;///< seq messages per sender
   std::map<caf::actor_addr, uint64_t> disorder;///< seq messages out of order per sender
   std::vector<caf::typed_response_promise<int32_t>> held;  ///< requests never answered
+  blob kept;                                   ///< the blob of the last keep message
 };
+
+/// FNV-1a of `size` bytes at `data`.
+inline uint64_t digest_of(const char* data, size_t size) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < size; ++i) h = (h ^ static_cast<unsigned char>(data[i])) * 1099511628211ull;
+  return h;
+}
+
+/// A blob of `size` bytes of a pattern that depends on `seed`.
+inline blob patterned_blob(size_t size, unsigned seed) {
+  blob b(size);
+  char* out = b.mutable_data();
+  for (size_t i = 0; i < size; ++i) out[i] = static_cast<char>(i * 131 + (i >> 12) + seed);
+  return b;
+}
 
 /// An actor that answers an int with itself, until told to stop.
 inline caf::behavior victim(caf::event_based_actor*) {
@@ -99,6 +120,18 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
         return caf::make_error(caf::sec::invalid_argument, "failed on request");
       },
       [](echo_atom, std::vector<char>& data) { return std::move(data); },
+      [](echo_atom, blob& data) { return data; },
+      [](echo_atom, blob& a, std::string& b, std::vector<char>& c, blob& d, std::string& e)
+          -> caf::result<blob, std::string, std::vector<char>, blob, std::string> {
+        return {a, b, c, d, e};
+      },
+      [](echo_atom, std::vector<std::string>& many, blob& b)
+          -> caf::result<std::vector<std::string>, blob> {
+        return {many, b};
+      },
+      [](digest_atom, const blob& b) { return digest_of(b.data(), b.size()); },
+      [self](keep_atom, blob& b) { self->state.kept = std::move(b); },
+      [self](kept_atom) { return self->state.kept; },
       [self](seq_atom, int32_t i) { count_in_order(self, i); },
       [self](seq_atom, int32_t i, const std::vector<char>&) { count_in_order(self, i); },
       [self](count_atom) -> caf::result<uint64_t, uint64_t> {
@@ -236,6 +269,58 @@ inline std::string check_echo(caf::actor_system& sys, const caf::actor& svc, siz
                  failure = back == data ? "" : "echo of " + std::to_string(size) + " B differs";
                },
                [&](caf::error& e) { failure = describe(sys, "echo failed", e); });
+  return failure;
+}
+
+/// Blobs, and messages mixing blobs with other large and small runs, go there and back intact;
+/// a blob the service keeps stays intact while other large messages pass.
+inline std::string check_attachments(caf::actor_system& sys, const caf::actor& svc) {
+  caf::scoped_actor self{sys};
+  std::string failure;
+  auto fail = [&](caf::error& e) { failure = describe(sys, "attachment check failed", e); };
+  const auto timeout = std::chrono::seconds(20);
+  for (size_t size : {size_t{0}, size_t{5}, size_t{32767}, size_t{32768}, (size_t{1} << 20) + 3,
+                      size_t{8} << 20}) {
+    const blob sent = patterned_blob(size, 1);
+    self->request(svc, timeout, echo_atom::value, sent)
+        .receive([&](const blob& back) {
+                   if (back != sent) failure = "blob of " + std::to_string(size) + " B differs";
+                 },
+                 fail);
+    self->request(svc, timeout, digest_atom::value, sent)
+        .receive([&](uint64_t d) {
+                   if (d != digest_of(sent.data(), size)) failure = "digest differs";
+                 },
+                 fail);
+    if (!failure.empty()) return failure;
+  }
+  const blob a = patterned_blob(40 * 1024, 2), d = patterned_blob(1 << 20, 3);
+  const std::string b(100 * 1024, 'b'), e = "tail";
+  const std::vector<char> c(64 * 1024, 'c');
+  self->request(svc, timeout, echo_atom::value, a, b, c, d, e)
+      .receive(
+          [&](const blob& a2, const std::string& b2, const std::vector<char>& c2, const blob& d2,
+              const std::string& e2) {
+            if (a2 != a || b2 != b || c2 != c || d2 != d || e2 != e) failure = "mixed runs differ";
+          },
+          fail);
+  // A payload too long to travel in the AM header beside its blob.
+  const std::vector<std::string> many(2000, std::string(60, 'm'));
+  self->request(svc, timeout, echo_atom::value, many, a)
+      .receive([&](const std::vector<std::string>& many2, const blob& a2) {
+                 if (many2 != many || a2 != a) failure = "long payload with a blob differs";
+               },
+               fail);
+  if (!failure.empty()) return failure;
+  const blob keep = patterned_blob(1 << 20, 4);
+  self->send(svc, keep_atom::value, keep);
+  for (int i = 0; i < 20 && failure.empty(); ++i) {
+    const blob other = patterned_blob(1 << 20, static_cast<unsigned>(10 + i));
+    self->request(svc, timeout, echo_atom::value, other)
+        .receive([&](const blob& back) { if (back != other) failure = "echo differs"; }, fail);
+  }
+  self->request(svc, timeout, kept_atom::value)
+      .receive([&](const blob& back) { if (back != keep) failure = "kept blob changed"; }, fail);
   return failure;
 }
 
