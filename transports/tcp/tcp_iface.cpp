@@ -26,6 +26,9 @@ constexpr size_t max_connections = 4096;     ///< connections per interface
 constexpr unsigned housekeeping_mask = 1023; ///< housekeeping every this many progress() calls
 /// While one connection carries the traffic, epoll is asked every this many + 1 progress() calls.
 constexpr unsigned direct_read_mask = 15;
+/// Without connections only the listener can have news: epoll is asked every this many + 1
+/// progress() calls (a sleeping worker still wakes on the listener at once).
+constexpr unsigned idle_poll_mask = 63;
 constexpr uint64_t linger_timeout_ns = 10'000'000'000;  ///< a closed connection's bytes go by then
 /// A large-frame buffer holds any frame a peer may announce.
 constexpr size_t max_frame_bytes = max_header_bytes + pad8(max_frame_payload);
@@ -176,7 +179,7 @@ unsigned tcp_iface::progress() {
     // The only socket with traffic (besides the listener): one recv instead of epoll_wait and
     // recv. With others around, epoll sees them all at once (a closing socket's EOF included).
     events += on_connection(hot_, EPOLLIN);
-  } else {
+  } else if (!conns_.empty() || !lingering_.empty() || (progress_calls_ & idle_poll_mask) == 0) {
     events += poll_events();
   }
   if ((++progress_calls_ & housekeeping_mask) == 0) [[unlikely]] housekeeping();
