@@ -1,7 +1,7 @@
 // Bad input from the wire: a plain libcomm worker connects to a node as if it were one and sends
 // frames that are malformed (a short envelope, an unknown kind, frames out of sequence, a
-// payload that is not a CAF message). The node closes the offending connection or answers with an
-// error, and goes on serving everybody else.
+// payload that is not a CAF message, attachments that do not add up). The node closes the
+// offending connection or answers with an error, and goes on serving everybody else.
 #define BOOST_TEST_MODULE actors_wire
 #include <boost/test/unit_test.hpp>
 
@@ -32,16 +32,23 @@ struct forged_state {
   comm::status failure = comm::status::ok;
   int frames = 0;
   int16_t last_kind = 0;
+  uint64_t last_attached = 0;  ///< attachment bytes of the last frame
 };
+
+/// Bytes of an envelope.
+constexpr size_t envelope_size =
+    comm::wire::header_writer<comm::wire::schema::ActorEnvelope>::size();
 
 comm::status on_frame(void* arg, const void* header, size_t length, void*, size_t,
                       const comm::am_recv_params&) {
   auto* s = static_cast<forged_state*>(arg);
   ++s->frames;
-  alignas(8) std::array<uint8_t, 64> words{};
-  if (length <= words.size()) std::memcpy(words.data(), header, length);
-  auto h = comm::wire::read_header<comm::wire::schema::ActorEnvelope>(words.data(), length);
+  alignas(8) std::array<uint8_t, envelope_size> words{};
+  if (length >= words.size()) std::memcpy(words.data(), header, words.size());
+  auto h = comm::wire::read_header<comm::wire::schema::ActorEnvelope>(words.data(),
+                                                                      words.size());
   s->last_kind = h ? h->getKind() : -1;
+  s->last_attached = h ? h->getAttached() : 0;
   return comm::status::ok;
 }
 
@@ -111,9 +118,28 @@ struct forged_peer {
     if (o.pending()) worker->release(o.req);
   }
 
-  /// Sends a well-formed envelope (next sequence number) with `payload`.
+  /// Sends a well-formed envelope (next sequence number) with `payload`, whose last `attached`
+  /// bytes it declares attachments.
   void send(uint8_t kind, uint64_t receiver, uint64_t message_id, uint16_t types,
-            const std::vector<char>& payload) {
+            const std::vector<char>& payload, uint64_t attached = 0) {
+    fill(kind, receiver, message_id, types, attached);
+    send_raw(envelope.bytes(), envelope.size(), payload);
+  }
+
+  /// Sends an envelope declaring `attachment` as attachments, followed by `payload` in the AM
+  /// header; the attachment is the AM's data.
+  void send_in_header(uint8_t kind, uint64_t receiver, uint64_t message_id, uint16_t types,
+                      const std::vector<char>& payload, const std::vector<char>& attachment) {
+    fill(kind, receiver, message_id, types, attachment.size());
+    std::vector<char> header(envelope_size);
+    std::memcpy(header.data(), envelope.bytes(), envelope_size);
+    header.insert(header.end(), payload.begin(), payload.end());
+    send_raw(header.data(), header.size(), attachment);
+  }
+
+  /// Fills the envelope with the next sequence number.
+  void fill(uint8_t kind, uint64_t receiver, uint64_t message_id, uint16_t types,
+            uint64_t attached) {
     auto f = envelope.fields();
     f.setKind(kind);
     f.setFlags(1);  // the sender lives on the sending node
@@ -123,7 +149,7 @@ struct forged_peer {
     f.setReceiver(receiver);
     f.setMessageId(message_id);
     f.setTypeCount(types);
-    send_raw(envelope.bytes(), envelope.size(), payload);
+    f.setAttached(attached);
   }
 };
 
@@ -199,6 +225,81 @@ BOOST_AUTO_TEST_CASE(garbage_payload_of_a_request_gets_an_error_answer) {
 BOOST_AUTO_TEST_CASE(overlong_lookup_name_closes_the_connection) {
   forged_peer peer(*service_sys, address());
   peer.send(kind_lookup, 0, 1, 0, std::vector<char>(100000, 'n'));
+  BOOST_TEST(peer.progress_until([&] { return peer.state.failure != comm::status::ok; }));
+  BOOST_TEST(still_serves());
+}
+
+namespace {
+
+/// A request id.
+uint64_t request_id() {
+  return caf::make_message_id(caf::message_priority::normal).integer_value() | 1;
+}
+
+/// The payload of the message (echo, blob of `size` bytes) as CAF writes it inline.
+std::vector<char> echo_blob_payload(caf::actor_system& sys, size_t size) {
+  std::vector<char> bytes;
+  caf::binary_serializer sink{sys, bytes};
+  auto msg = caf::make_message(echo_atom::value, patterned_blob(size, 7));
+  BOOST_REQUIRE(!caf::message::save(sink, msg));
+  return bytes;
+}
+
+/// Bytes [from, to) of `v`.
+std::vector<char> slice(const std::vector<char>& v, size_t from, size_t to) {
+  return std::vector<char>(v.begin() + static_cast<long>(from), v.begin() + static_cast<long>(to));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(attachments_in_either_layout_are_read) {
+  forged_peer peer(*service_sys, address());
+  const size_t run = 40 * 1024;
+  const auto whole = echo_blob_payload(*service_sys, run);
+  // The blob's bytes (the message's end) as an attachment after the payload, in the AM's data.
+  peer.send(kind_message, svc.id(), request_id(), 2, whole, run);
+  BOOST_TEST(peer.progress_until([&] { return peer.state.frames == 1; }));
+  BOOST_TEST(peer.state.last_attached == run);  // the echo, not an error
+  // The payload in the AM header, the bytes as the AM's data.
+  peer.send_in_header(kind_message, svc.id(), request_id(), 2,
+                      slice(whole, 0, whole.size() - run), slice(whole, whole.size() - run,
+                                                                 whole.size()));
+  BOOST_TEST(peer.progress_until([&] { return peer.state.frames == 2; }));
+  BOOST_TEST(peer.state.last_kind == kind_message);
+  BOOST_TEST(peer.state.last_attached == run);
+  BOOST_TEST((peer.state.failure == comm::status::ok));
+  BOOST_TEST(still_serves());
+}
+
+BOOST_AUTO_TEST_CASE(unused_attachments_get_an_error_answer) {
+  forged_peer peer(*service_sys, address());
+  auto payload = echo_blob_payload(*service_sys, 5);
+  payload.resize(payload.size() + 50000, 'j');  // 50000 bytes nobody reads
+  peer.send(kind_message, svc.id(), request_id(), 2, payload, 50000);
+  BOOST_TEST(peer.progress_until([&] { return peer.state.frames > 0; }));
+  BOOST_TEST(peer.state.last_kind == kind_message);  // the error response
+  BOOST_TEST(peer.state.last_attached == 0u);
+  BOOST_TEST((peer.state.failure == comm::status::ok));
+  BOOST_TEST(still_serves());
+}
+
+BOOST_AUTO_TEST_CASE(attachments_beyond_the_data_close_the_connection) {
+  forged_peer peer(*service_sys, address());
+  peer.send(kind_message, svc.id(), 0, 1, std::vector<char>(10, 'x'), 1000);
+  BOOST_TEST(peer.progress_until([&] { return peer.state.failure != comm::status::ok; }));
+  BOOST_TEST(still_serves());
+}
+
+BOOST_AUTO_TEST_CASE(attachments_on_a_lookup_close_the_connection) {
+  forged_peer peer(*service_sys, address());
+  peer.send(kind_lookup, 0, 1, 0, std::vector<char>(100, 'n'), 50);
+  BOOST_TEST(peer.progress_until([&] { return peer.state.failure != comm::status::ok; }));
+  BOOST_TEST(still_serves());
+}
+
+BOOST_AUTO_TEST_CASE(payload_in_the_header_without_attachments_closes_the_connection) {
+  forged_peer peer(*service_sys, address());
+  peer.send_in_header(kind_message, svc.id(), 0, 1, std::vector<char>(16, 'p'), {});
   BOOST_TEST(peer.progress_until([&] { return peer.state.failure != comm::status::ok; }));
   BOOST_TEST(still_serves());
 }
