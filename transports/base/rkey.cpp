@@ -11,6 +11,8 @@ namespace {
 struct unpacked_rkey {
   uint32_t magic = 0;
   packed_rkey key;
+  uint8_t extension_length = 0;
+  uint8_t extension[max_rkey_extension] = {};
 };
 
 bool reserved_zero(const packed_rkey& key) {
@@ -41,9 +43,15 @@ status parse_rkey(const void* data, size_t length, uint32_t magic, uint32_t tabl
   return status::ok;
 }
 
-status make_remote_key(const packed_rkey& key, remote_key* out) {
+status make_remote_key(const packed_rkey& key, remote_key* out, const void* extension,
+                       size_t extension_length) {
+  if (extension_length > max_rkey_extension || (extension == nullptr && extension_length != 0)) {
+    return status::invalid_param;
+  }
   auto* unpacked = new (std::nothrow) unpacked_rkey{key.magic, key};
   if (unpacked == nullptr) return status::no_memory;
+  unpacked->extension_length = static_cast<uint8_t>(extension_length);
+  if (extension_length != 0) std::memcpy(unpacked->extension, extension, extension_length);
   out->address = key.base;
   out->length = key.length;
   out->transport = unpacked;
@@ -54,6 +62,15 @@ const packed_rkey* rkey_of(const remote_key& key, uint32_t magic) {
   const auto* unpacked = static_cast<const unpacked_rkey*>(key.transport);
   if (unpacked == nullptr || unpacked->magic != magic) return nullptr;
   return &unpacked->key;
+}
+
+const void* rkey_extension(const remote_key& key, uint32_t magic, size_t* length) {
+  const auto* unpacked = static_cast<const unpacked_rkey*>(key.transport);
+  if (unpacked == nullptr || unpacked->magic != magic || unpacked->extension_length == 0) {
+    return nullptr;
+  }
+  *length = unpacked->extension_length;
+  return unpacked->extension;
 }
 
 void release_rkey(remote_key* key, uint32_t magic) {

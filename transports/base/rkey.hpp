@@ -14,6 +14,10 @@
 //       32    8 base         start of the registered region in the owner's address space
 //       40    8 length       bytes in the region
 //
+// Version 2: a key may be followed by a transport extension (the shm md appends the shared-heap
+// segment its region lies in, shm_heap.hpp: segment_ref); the transport parses and validates it
+// and keeps it with the unpacked key (make_remote_key, rkey_extension).
+//
 // Unpacking checks the size, magic, version, reserved bytes and the plain consistency of the
 // fields (pid > 0, iface id non-zero, 0 < generation <= max_rkey_generation, index inside the
 // table, base + length does not wrap); anything else is status::invalid_param. Whether the key
@@ -29,8 +33,8 @@
 
 namespace comm::tl {
 
-/// Layout version of packed_rkey.
-inline constexpr uint8_t rkey_version = 1;
+/// Layout version of packed_rkey (2: optional transport extension after it).
+inline constexpr uint8_t rkey_version = 2;
 /// Magic of keys packed by the shm memory domain ("shrk").
 inline constexpr uint32_t rkey_magic_shm = 0x6b726873;
 /// Magic of keys packed by the self memory domain ("slrk").
@@ -61,9 +65,18 @@ void append_rkey(const packed_rkey& key, std::vector<uint8_t>& out);
 status parse_rkey(const void* data, size_t length, uint32_t magic, uint32_t table_size,
                   packed_rkey* out);
 
-/// Fills `*out` with a heap copy of `key` tagged with its magic (released by release_rkey).
-/// Returns ok or no_memory.
-status make_remote_key(const packed_rkey& key, remote_key* out);
+/// Largest transport extension an unpacked key keeps.
+inline constexpr size_t max_rkey_extension = 48;
+
+/// Fills `*out` with a heap copy of `key` tagged with its magic (released by release_rkey), and of
+/// the `extension_length` (<= max_rkey_extension) bytes at `extension`. Returns ok, no_memory, or
+/// invalid_param for a longer extension.
+status make_remote_key(const packed_rkey& key, remote_key* out, const void* extension = nullptr,
+                       size_t extension_length = 0);
+
+/// The extension kept with `key` when an md with `magic` unpacked it and gave one, else null;
+/// `*length` is its size.
+const void* rkey_extension(const remote_key& key, uint32_t magic, size_t* length);
 
 /// The key behind `key` when an md with `magic` unpacked it, else null (no key, or another
 /// transport's).

@@ -207,14 +207,15 @@ status shm_ep::rma(const iov* entries, size_t count, uint64_t remote_address,
   const packed_rkey* k = rkey_of(key, rkey_magic_shm);
   size_t total = 0;
   if (k == nullptr || !sum_iov(entries, count, &total)) return status::invalid_param;
-  const status st = checked_rma(*k, entries, count, remote_address, total, write);
+  const status st = checked_rma(*k, key, entries, count, remote_address, total, write);
   owner_.count_rma(write, total, st);
   if (st == status::connection_reset) owner_.peer_failed(this);  // once; a no-op after that
   return st;
 }
 
-status shm_ep::checked_rma(const packed_rkey& key, const iov* entries, size_t count,
-                           uint64_t remote_address, size_t total, bool write) {
+status shm_ep::checked_rma(const packed_rkey& key, const remote_key& unpacked,
+                           const iov* entries, size_t count, uint64_t remote_address, size_t total,
+                           bool write) {
   if (failed_ || failure_noticed) return status::connection_reset;
   if (key.pid != peer_pid_ || key.iface_id != peer_iface_id_) return status::invalid_param;
   const status st = check_access(peer_, key, remote_address, total);
@@ -225,7 +226,31 @@ status shm_ep::checked_rma(const packed_rkey& key, const iov* entries, size_t co
   if (total == 0) return status::ok;
   // A put into a reaped peer's reused pid would write into a stranger: make sure it is alive.
   if (write && !peer_alive()) [[unlikely]] return status::connection_reset;
+  if (segment_ref segment; segment_of(unpacked, &segment)) {
+    const status st = mapped_rma(key, segment, entries, count, remote_address, write);
+    if (st != status::unsupported) return st;
+  }
   return cma_transfer(peer_pid_, entries, count, remote_address, total, write);
+}
+
+status shm_ep::mapped_rma(const packed_rkey& key, const segment_ref& segment, const iov* entries,
+                          size_t count, uint64_t remote_address, bool write) {
+  mapped_segments& mapped = owner_.mapped();
+  uint8_t* base = mapped.map(peer_pid_, pidfd_, segment);
+  if (base == nullptr) return status::unsupported;
+  if (mapped_segments::released(base)) [[unlikely]] {
+    // Freed to the system under a live registration: what CMA's EFAULT reports.
+    mapped.forget(peer_pid_, segment.id);
+    COMM_LOG(debug, "shm", "%s at 0x%llx in pid %d: segment released by its owner",
+             write ? "put" : "get", static_cast<unsigned long long>(remote_address),
+             static_cast<int>(peer_pid_));
+    return status::io_error;
+  }
+  // check_access put the access inside [key.base, key.base + key.length), which rkey_unpack put
+  // inside the segment, whose size the mapping was checked to have.
+  mapped_transfer(entries, count, base + segment.offset + (remote_address - key.base), write);
+  owner_.count_mapped(write);
+  return status::ok;
 }
 
 // -- pending, flush, progress, failure ------------------------------------------------------------

@@ -3,12 +3,14 @@
 // may. Destroying an endpoint drops its in-flight zcopy completions without calling them, and an
 // endpoint must be destroyed before its interface.
 // RMA (get_zcopy/put_zcopy) is synchronous: checked against the peer's region table in its mapped
-// segment, then moved with CMA; it returns ok or an error and never uses `comp` (see shm_md.hpp
+// segment, then moved with memcpy when the key names a shared-heap segment the interface can map
+// (shm_mapped.hpp), else with CMA; it returns ok or an error and never uses `comp` (see shm_md.hpp
 // for the checks and the error mapping).
 #pragma once
 
 #include "base/pending_queue.hpp"
 #include "base/rkey.hpp"
+#include "shm/shm_heap.hpp"
 #include "shm/shm_segment.hpp"
 
 #include <comm/transport/transport.hpp>
@@ -94,8 +96,12 @@ private:
   status rma(const iov* entries, size_t count, uint64_t remote_address, const remote_key& key,
              bool write);
   /// The peer, region and liveness checks of an RMA of `total` bytes, then the transfer.
-  status checked_rma(const packed_rkey& key, const iov* entries, size_t count,
-                     uint64_t remote_address, size_t total, bool write);
+  status checked_rma(const packed_rkey& key, const remote_key& unpacked, const iov* entries,
+                     size_t count, uint64_t remote_address, size_t total, bool write);
+  /// The transfer through the peer's heap segment `segment`, mapped here; unsupported when it
+  /// cannot be mapped (the caller uses CMA).
+  status mapped_rma(const packed_rkey& key, const segment_ref& segment, const iov* entries,
+                    size_t count, uint64_t remote_address, bool write);
   /// False when the peer's pidfd says it exited (checked before a put: its pid could be reused).
   bool peer_alive() const;
 

@@ -33,6 +33,8 @@ constexpr unsigned liveness_call_mask = 255;
 constexpr uint64_t liveness_interval_ns = 2'000'000;
 /// RMA limits: CMA has no size limit of its own (long transfers take several calls).
 constexpr size_t max_rma_bytes = size_t{1} << 40;
+/// Bytes of peers' heap segments an interface keeps mapped for the mapped RMA path.
+constexpr size_t mapped_budget = size_t{256} << 20;
 /// Reads in flight per endpoint we advertise (ours complete synchronously; the bound is for the
 /// protocol layer's flow control).
 constexpr size_t max_outstanding_reads = 16;
@@ -57,7 +59,7 @@ uint64_t coarse_now_ns() {
 
 // -- open and close -------------------------------------------------------------------------------
 
-shm_iface::shm_iface(const iface_params& params) {
+shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
   geometry geo;
   geo.fifo_size = static_cast<uint32_t>(params.fifo_size != 0 ? params.fifo_size : default_fifo_size);
   geo.cell_size = default_cell_size;
@@ -315,6 +317,7 @@ void shm_iface::schedule(shm_ep* ep) {
 
 void shm_iface::forget(shm_ep* ep) {
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->pidfd(), nullptr);
+  mapped_.forget_peer(ep->peer_pid());  // another endpoint to that process maps again on use
   eps_.erase(std::remove(eps_.begin(), eps_.end(), ep), eps_.end());
   failed_.erase(std::remove(failed_.begin(), failed_.end(), ep), failed_.end());
   for (shm_ep*& entry : work_) {
@@ -375,6 +378,7 @@ void shm_iface::notice_failure(shm_ep* ep) {
   if (ep->failure_noticed) return;
   ep->failure_noticed = true;
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->pidfd(), nullptr);  // its pidfd stays readable
+  mapped_.forget_peer(ep->peer_pid());  // do not keep a dead peer's memory alive
   failed_.push_back(ep);
   ++peers_failed_;
   COMM_LOG(info, log_name, "peer pid %d is gone", static_cast<int>(ep->peer_pid()));
@@ -495,6 +499,11 @@ std::string shm_iface::info() const {
   if (md_) text += md_->info();
   text += "shm: rma: " + std::to_string(gets_) + " gets, " + std::to_string(puts_) + " puts, " +
           std::to_string(rma_bytes_) + " bytes, " + std::to_string(rma_errors_) + " errors\n";
+  text += "shm: rma mapped: " + std::to_string(mapped_gets_) + " gets, " +
+          std::to_string(mapped_puts_) + " puts; " + std::to_string(mapped_.count()) +
+          " peer segments mapped (" + std::to_string(mapped_.bytes()) + " bytes), " +
+          std::to_string(mapped_.maps()) + " maps, " + std::to_string(mapped_.failures()) +
+          " map failures\n";
   return text;
 }
 

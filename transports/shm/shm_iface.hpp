@@ -11,9 +11,11 @@
 // with ack_wake) and a pidfd of every peer (so a dead peer wakes us too). Parked requests keep
 // event_arm() busy: room in a peer's FIFO comes without a wakeup.
 // Peer failure: pidfds and the peer segment's `closed` flag, checked every few milliseconds.
-// Memory domain and RMA: shm_md.hpp (a region table in the segment, CMA get/put).
+// Memory domain and RMA: shm_md.hpp (a region table in the segment, CMA get/put, or memcpy through
+// peers' shared-heap segments mapped here: shm_mapped.hpp).
 #pragma once
 
+#include "shm/shm_mapped.hpp"
 #include "shm/shm_md.hpp"
 #include "shm/shm_segment.hpp"
 
@@ -72,6 +74,12 @@ public:
       rma_bytes_ += bytes;
     }
   }
+
+  /// Counts one RMA operation (already counted by count_rma) that took the mapped path.
+  void count_mapped(bool put) { ++(put ? mapped_puts_ : mapped_gets_); }
+
+  /// Peers' shared-heap segments mapped by this interface.
+  mapped_segments& mapped() { return mapped_; }
 
   /// The unbound datagram socket endpoints send wakeups through.
   int wakeup_sender_fd() const { return wakeup_tx_fd_; }
@@ -139,6 +147,9 @@ private:
   uint64_t puts_ = 0;
   uint64_t rma_bytes_ = 0;
   uint64_t rma_errors_ = 0;
+  mapped_segments mapped_;         ///< peers' heap segments, for the mapped RMA path
+  uint64_t mapped_gets_ = 0;
+  uint64_t mapped_puts_ = 0;
 };
 
 }  // namespace comm::tl::shm

@@ -65,6 +65,13 @@ struct iov_cursor {
   }
 };
 
+/// True when `s` can describe a heap segment holding a region of `length` bytes at its offset.
+bool plausible_segment(const segment_ref& s, uint64_t length) {
+  return s.fd >= 0 && s.reserved == 0 && s.inode != 0 && s.id != 0 && s.size % 4096 == 0 &&
+         s.size <= max_heap_segment && s.offset >= heap_header_bytes && s.offset <= s.size &&
+         length <= s.size - s.offset;
+}
+
 }  // namespace
 
 // -- the memory domain ----------------------------------------------------------------------------
@@ -143,17 +150,28 @@ status shm_md::rkey_pack(const mem_handle* handle, std::vector<uint8_t>& out) {
   key.base = reinterpret_cast<uintptr_t>(r->handle.address);
   key.length = r->handle.length;
   append_rkey(key, out);
+  segment_ref segment;
+  if (heap_find(r->handle.address, r->handle.length, &segment)) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&segment);
+    out.insert(out.end(), p, p + sizeof(segment));
+  }
   return status::ok;
 }
 
 status shm_md::rkey_unpack(const void* data, size_t length, remote_key* out) {
   packed_rkey key;
   if (out == nullptr) return status::invalid_param;
-  if (const status st = parse_rkey(data, length, rkey_magic_shm, region_table_size, &key);
+  const bool with_segment = length == sizeof(packed_rkey) + sizeof(segment_ref);
+  const size_t key_length = with_segment ? sizeof(packed_rkey) : length;
+  if (const status st = parse_rkey(data, key_length, rkey_magic_shm, region_table_size, &key);
       st != status::ok) {
     return st;
   }
-  return make_remote_key(key, out);
+  if (!with_segment) return make_remote_key(key, out);
+  segment_ref segment;
+  std::memcpy(&segment, static_cast<const uint8_t*>(data) + sizeof(packed_rkey), sizeof(segment));
+  if (!plausible_segment(segment, key.length)) return status::invalid_param;
+  return make_remote_key(key, out, &segment, sizeof(segment));
 }
 
 void shm_md::rkey_release(remote_key* key) { release_rkey(key, rkey_magic_shm); }
@@ -192,6 +210,28 @@ status check_access(const segment& owner, const packed_rkey& key, uint64_t addre
   if (state.load(std::memory_order_relaxed) != expected) return status::protection_error;
   if (base != key.base || length != key.length) return status::protection_error;
   return check_range(base, length, address, bytes);
+}
+
+bool segment_of(const remote_key& key, segment_ref* out) {
+  size_t length = 0;
+  const void* extension = rkey_extension(key, rkey_magic_shm, &length);
+  if (extension == nullptr || length != sizeof(segment_ref)) return false;
+  std::memcpy(out, extension, sizeof(segment_ref));
+  return true;
+}
+
+void mapped_transfer(const iov* entries, size_t count, uint8_t* remote, bool write) {
+  for (size_t i = 0; i < count; ++i) {
+    const size_t length = entries[i].length;
+    if (length == 0) continue;
+    auto* local = const_cast<void*>(entries[i].buffer);
+    if (write) {
+      std::memcpy(remote, local, length);
+    } else {
+      std::memcpy(local, remote, length);
+    }
+    remote += length;
+  }
 }
 
 status cma_transfer(pid_t pid, const iov* entries, size_t count, uint64_t remote, size_t total,

@@ -28,10 +28,18 @@
 //                     EPERM and other kernel refusals; no_memory for ENOMEM
 // Partial transfers never report ok: a short CMA call is continued, and the call that hits the
 // fault returns the error.
+//
+// Mapped segments: when a registered region lies in this process's shared heap (shm_heap.hpp,
+// comm::mem_alloc), rkey_pack appends the segment's identity (segment_ref, 40 bytes) to the key.
+// A peer that can map that segment (shm_mapped.hpp) moves the bytes with memcpy instead of CMA,
+// after the same region-table check; a segment its owner released gives io_error, as EFAULT does
+// with CMA. On that path a bad local buffer is the caller's fault as with memcpy (CMA would report
+// io_error). Keys without the extension, and segments that cannot be mapped, use CMA.
 #pragma once
 
 #include "base/region_cache.hpp"
 #include "base/rkey.hpp"
+#include "shm/shm_heap.hpp"
 #include "shm/shm_segment.hpp"
 
 #include <comm/transport/transport.hpp>
@@ -84,6 +92,13 @@ private:
 /// owner's segment `owner`. ok, protection_error or length_error (see the mapping above).
 status check_access(const segment& owner, const packed_rkey& key, uint64_t address,
                     uint64_t bytes);
+
+/// True when `key` (unpacked by an shm md) carries a shared-heap segment; copies it to `*out`.
+bool segment_of(const remote_key& key, segment_ref* out);
+
+/// Copies between the local iov (filled, or read, in order) and `remote` in this process (a peer's
+/// segment mapped here): reads from it when `write` is false, writes to it when true.
+void mapped_transfer(const iov* entries, size_t count, uint8_t* remote, bool write);
 
 /// Copies between the local iov (filled, or read, in order) and [remote, remote + total) of
 /// process `pid`: CMA reads when `write` is false, writes when true. `total` is the iov's sum.
