@@ -3,6 +3,7 @@
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
+#include <comm/memory.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -90,7 +91,11 @@ uint8_t* worker_impl::take_large(size_t length) {
     large_out[b.block] = b.capacity;
     return static_cast<uint8_t*>(b.block);
   }
-  uint8_t* fresh = aligned_block(params.am_alignment, length);
+  // Shareable (comm::mem_alloc), so that sending the block on is a mapped copy for a peer on this
+  // host; page aligned, so only an alignment beyond a page needs the plain heap.
+  constexpr size_t page = 4096;
+  uint8_t* fresh = params.am_alignment <= page ? static_cast<uint8_t*>(mem_alloc(length))
+                                               : aligned_block(params.am_alignment, length);
   if (fresh != nullptr) large_out[fresh] = length;
   return fresh;
 }
@@ -100,13 +105,13 @@ void worker_impl::release_large(void* block) {
   constexpr size_t max_bytes = 64u << 20;
   auto it = large_out.find(block);
   if (it == large_out.end()) {
-    std::free(block);
+    mem_free(block);  // persistent or reassembled data: posix_memalign'd, std::free inside
     return;
   }
   const size_t capacity = it->second;
   large_out.erase(it);
   if (large_free.size() >= max_blocks || large_free_bytes + capacity > max_bytes) {
-    std::free(block);
+    mem_free(block);
     return;
   }
   large_free.push_back({block, capacity});

@@ -1,19 +1,12 @@
-// Host-shareable memory blocks (comm::mem_alloc, comm::mem_free).
+// Host-shareable memory blocks (comm::mem_alloc, comm::mem_free): the transports' shared heap.
 #include <comm/memory.hpp>
 
-#include <unistd.h>
-
-#include <cstdlib>
+#include <comm/transport/shared_heap.hpp>
 
 namespace comm {
 
-void* mem_alloc(size_t length) noexcept {
-  void* block = nullptr;
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  if (posix_memalign(&block, page, length == 0 ? 1 : length) != 0) return nullptr;
-  return block;
-}
+void* mem_alloc(size_t length) noexcept { return tl::shared_alloc(length); }
 
-void mem_free(void* block) noexcept { std::free(block); }
+void mem_free(void* block) noexcept { tl::shared_free(block); }
 
 }  // namespace comm

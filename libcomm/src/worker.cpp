@@ -2,6 +2,7 @@
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
+#include <comm/memory.hpp>
 
 #include <sched.h>
 #include <sys/epoll.h>
@@ -123,11 +124,11 @@ worker_impl::~worker_impl() noexcept {
   close_cm();
   for (endpoint_impl* ep : ep_table) delete ep;
   for (endpoint_impl* ep : doomed) delete ep;
-  for (auto& [data, block] : persistent_data) std::free(block);
+  for (auto& [data, block] : persistent_data) mem_free(block);  // either allocator
   for (auto& tier : unexpected_pool) {
     for (void* block : tier) std::free(block);
   }
-  for (const large_block& b : large_free) std::free(b.block);
+  for (const large_block& b : large_free) mem_free(b.block);
   ifaces.clear();
   if (epoll_fd >= 0) close(epoll_fd);
 }

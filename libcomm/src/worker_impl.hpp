@@ -186,8 +186,9 @@ public:
   std::unordered_map<void*, void*> persistent_data;     ///< data given to handlers -> block
 
   std::vector<void*> unexpected_pool[2];    ///< free unexpected-message blocks, per size tier
-  /// Rendezvous AM receive blocks kept for reuse (already faulted in): a 1 MiB block taken fresh
-  /// from the system costs 256 page faults, more than the copy into it.
+  /// Rendezvous AM receive blocks kept for reuse. They come from comm::mem_alloc (shareable, so
+  /// an echo of the block is a mapped copy for its next receiver) and go back with comm::mem_free;
+  /// keeping a few here saves the shared heap's lock.
   struct large_block {
     void* block = nullptr;
     size_t capacity = 0;
@@ -197,8 +198,8 @@ public:
   size_t large_free_bytes = 0;              ///< bytes held by large_free
   /// A block of at least `length` bytes aligned for AM handlers; null without memory.
   uint8_t* take_large(size_t length);
-  /// Returns a block from take_large (kept for reuse within bounds) or frees any other malloc'd
-  /// block.
+  /// Returns a block from take_large (kept for reuse within bounds) or frees any other block
+  /// (comm::mem_free: shared heap or malloc).
   void release_large(void* block);
   std::vector<request*> free_requests;      ///< the request pool
   std::vector<std::unique_ptr<request[]>> request_chunks;
