@@ -3,6 +3,7 @@
 // Server:  comm_perftest [-p port] [-c core]
 // Client:  comm_perftest <server-host> -t <test> -s size -n iters -w warmup
 //                        [-c core] [-p port] [-W window] [-T timeout_s] [-R rank] [-f]
+//                        [-m host|shared]
 //   tests: tag_lat, tag_bw, am_lat, am_bw, put_lat, put_bw, get (UCX's ucp_am_lat, ucp_am_bw,
 //   ucp_put_lat, ucp_put_bw and ucp_get are accepted too)
 //
@@ -19,6 +20,7 @@
 // tag_bw, am_bw and put_bw, 1 (one operation at a time: per-operation latency) for get.
 
 #include <comm/context.hpp>
+#include <comm/memory.hpp>
 #include <comm/worker.hpp>
 
 #include <arpa/inet.h>
@@ -89,6 +91,12 @@ constexpr test_kind all_tests[] = {test_kind::tag_lat, test_kind::tag_bw, test_k
                                    test_kind::am_bw,   test_kind::put_lat, test_kind::put_bw,
                                    test_kind::get};
 
+/// Where the send and receive buffers come from (-m; the client's choice applies to both sides).
+enum class memory_kind : uint32_t {
+  host = 0,    ///< posix_memalign: rendezvous and RMA move them with cross-memory attach
+  shared = 1,  ///< comm::mem_alloc: the peer copies through a mapping of the segment
+};
+
 /// Command-line options of either side.
 struct options {
   std::string server_host;        ///< empty: run as server
@@ -102,6 +110,7 @@ struct options {
   uint32_t timeout_s = 60;        ///< bound on one test run
   double rank = 50.0;             ///< percentile rank shown in the table
   bool final_only = false;        ///< print only the final row
+  memory_kind memory = memory_kind::host;
 };
 
 /// Seconds a client keeps retrying to reach the server.
@@ -195,6 +204,16 @@ uint64_t parse_number(char opt, const char* arg, uint64_t lo, uint64_t hi) {
   return v;
 }
 
+/// Parses the -m argument.
+memory_kind parse_memory(const char* arg) {
+  if (std::strcmp(arg, "host") == 0) return memory_kind::host;
+  if (std::strcmp(arg, "shared") == 0) return memory_kind::shared;
+  fail("-m: '%s' is neither host nor shared", arg);
+}
+
+/// Name of a memory kind, as given with -m.
+const char* memory_name(memory_kind m) { return m == memory_kind::shared ? "shared" : "host"; }
+
 /// Prints the usage text.
 void usage(std::FILE* out) {
   std::fprintf(out,
@@ -212,6 +231,7 @@ void usage(std::FILE* out) {
       "  -T <seconds>  bound on one test (60)\n"
       "  -R <rank>     percentile rank of the latency column (50.0)\n"
       "  -f            print only the final row\n"
+      "  -m <memory>   host (posix_memalign) | shared (comm::mem_alloc) buffers, both sides (host)\n"
       "  -h            show this help\n\n"
       "  Transports and thresholds come from COMM_TLS, COMM_SHORT_THRESH, ... (see README).\n");
 }
@@ -220,7 +240,7 @@ void usage(std::FILE* out) {
 options parse_options(int argc, char** argv) {
   options o;
   int c;
-  while ((c = getopt(argc, argv, "t:s:n:w:c:p:W:O:T:R:fh")) != -1) {
+  while ((c = getopt(argc, argv, "t:s:n:w:c:p:W:O:T:R:m:fh")) != -1) {
     switch (c) {
       case 't': o.test = parse_test(optarg); break;
       case 's': o.size = parse_number('s', optarg, 1, max_size); break;
@@ -235,6 +255,7 @@ options parse_options(int argc, char** argv) {
       case 'T': o.timeout_s = static_cast<uint32_t>(parse_number('T', optarg, 1, 86400)); break;
       case 'R': o.rank = std::strtod(optarg, nullptr); break;
       case 'f': o.final_only = true; break;
+      case 'm': o.memory = parse_memory(optarg); break;
       case 'h': usage(stdout); std::exit(0);
       default: usage(stderr); std::exit(2);
     }
@@ -460,6 +481,8 @@ struct wire_params {
   uint64_t warmup = 0;
   uint32_t window = 0;
   uint32_t timeout_s = 0;
+  uint32_t memory = 0;
+  uint32_t reserved = 0;
 };
 
 /// Copies the test parameters of `o` into their wire form.
@@ -471,6 +494,7 @@ wire_params to_wire(const options& o) {
   p.warmup = o.warmup;
   p.window = o.window;
   p.timeout_s = o.timeout_s;
+  p.memory = static_cast<uint32_t>(o.memory);
   return p;
 }
 
@@ -479,7 +503,8 @@ void apply_wire(const wire_params& p, options& o) {
   if (p.magic != wire_params{}.magic) fail("bootstrap: the client is not comm_perftest");
   if (p.test < 1 || p.test > static_cast<uint32_t>(test_kind::get))
     fail("bootstrap: unknown test %u", p.test);
-  if (p.size == 0 || p.size > max_size || p.iters == 0 || p.window == 0 || p.timeout_s == 0)
+  if (p.size == 0 || p.size > max_size || p.iters == 0 || p.window == 0 || p.timeout_s == 0 ||
+      p.memory > static_cast<uint32_t>(memory_kind::shared))
     fail("bootstrap: bad test parameters");
   o.test = static_cast<test_kind>(p.test);
   o.size = p.size;
@@ -487,6 +512,7 @@ void apply_wire(const wire_params& p, options& o) {
   o.warmup = p.warmup;
   o.window = p.window;
   o.timeout_s = p.timeout_s;
+  o.memory = static_cast<memory_kind>(p.memory);
 }
 
 // -- output ---------------------------------------------------------------------------------------
@@ -519,6 +545,7 @@ void print_banner(const options& o, const comm::endpoint& ep) {
   row("Test:", test_description(o.test));
   row("Transport:", std::string(ep.transport()));
   row("Message size:", std::to_string(o.size));
+  row("Memory:", memory_name(o.memory));
   row("Iterations:", std::to_string(o.iters) + " (+" + std::to_string(o.warmup) + " warm-up)");
   if (!is_pingpong_test(o.test)) row("Window:", std::to_string(o.window));
   std::printf("%s", line);
@@ -616,23 +643,27 @@ constexpr uint16_t am_ack_id = 11;
 constexpr comm::tag_t tag_data = 0xc0ffee01;
 constexpr comm::tag_t tag_ack = 0xc0ffee02;
 
-/// A page-aligned heap buffer (ucx_perftest's buffers are page-aligned too), touched once so
-/// that page faults stay out of the measurement.
+/// A page-aligned buffer (ucx_perftest's buffers are page-aligned too), touched once so that page
+/// faults stay out of the measurement: plain heap memory, or comm::mem_alloc's shared memory.
 class page_buffer {
 public:
   page_buffer() = default;
-  ~page_buffer() { std::free(data_); }
+  ~page_buffer() { comm::mem_free(data_); }
   page_buffer(const page_buffer&) = delete;
   page_buffer& operator=(const page_buffer&) = delete;
 
-  /// Replaces the contents with `size` bytes of `fill`.
-  void assign(size_t size, uint8_t fill) {
-    std::free(data_);
+  /// Replaces the contents with `size` bytes of `fill`, allocated as `memory` says.
+  void assign(size_t size, uint8_t fill, memory_kind memory) {
+    comm::mem_free(data_);  // either kind: mem_free hands plain heap blocks to std::free
     data_ = nullptr;
     size_ = 0;
     void* p = nullptr;
-    if (posix_memalign(&p, 4096, std::max<size_t>(size, 1)) != 0)
-      fail("cannot allocate a %zu-byte buffer", size);
+    if (memory == memory_kind::shared) {
+      p = comm::mem_alloc(size);
+    } else if (posix_memalign(&p, 4096, std::max<size_t>(size, 1)) != 0) {
+      p = nullptr;
+    }
+    if (p == nullptr) fail("cannot allocate a %zu-byte buffer", size);
     data_ = static_cast<uint8_t*>(p);
     size_ = size;
     std::memset(data_, fill, std::max<size_t>(size, 1));
@@ -1034,8 +1065,8 @@ void prepare(session& s, const options& o) {
   };
   check(s.w->set_am_handler(am_data_id, on_am_data, &s, comm::am_flag_whole_msg));
   check(s.w->set_am_handler(am_ack_id, on_am_ack, &s, comm::am_flag_whole_msg));
-  s.send_buf.assign(o.size, 0xa5);
-  s.recv_buf.assign(o.size, 0);
+  s.send_buf.assign(o.size, 0xa5, o.memory);
+  s.recv_buf.assign(o.size, 0, o.memory);
 }
 
 /// Remote-key message of the bootstrap: the sender's registration status, then (when ok) the
