@@ -106,6 +106,13 @@ public:
   /// Copies the next `size` bytes to `dest`.
   void copy(size_t size, void* dest);
 
+  /// The next `size` bytes, in place (valid while this source is).
+  const char* next(size_t size) noexcept {
+    const char* at = data_ + used_;
+    used_ += size;
+    return at;
+  }
+
   /// Makes the bytes independent of the worker's receive buffer (detached or copied), for a
   /// frame kept past the AM callback.
   void own();

@@ -21,6 +21,42 @@ constexpr size_t max_known_lists = 256;
 /// The name list of a message without elements.
 constexpr const char* empty_names = "@<>";
 
+/// True for the types whose large contents are read from their attachments straight into the
+/// message's element: std::vector<char> and std::string.
+bool is_byte_run(caf::rtti_pair rtti) {
+  return rtti.first == caf::type_nr<std::vector<char>>::value ||
+         rtti.first == caf::type_nr<std::string>::value;
+}
+
+/// Reads a std::vector<char> or std::string element into `value`, from its attachment when it
+/// has one (one copy, no zero fill before it).
+caf::error read_byte_run(detail::frame_deserializer& source, caf::type_erased_value& value) {
+  size_t size = 0;
+  if (auto err = source.begin_sequence(size)) return err;
+  const bool attached = source.attachments().has(size);
+  if (!attached && size > source.remaining()) return caf::sec::end_of_stream;
+  const char* from = attached ? source.attachments().next(size) : nullptr;
+  void* x = value.get_mutable();
+  if (value.type().first == caf::type_nr<std::string>::value) {
+    auto& str = *static_cast<std::string*>(x);
+    if (attached) {
+      str.assign(from, size);
+    } else {
+      str.resize(size);
+      if (auto err = source.apply_raw(size, str.data())) return err;
+    }
+  } else {
+    auto& vec = *static_cast<std::vector<char>*>(x);
+    if (attached) {
+      vec.assign(from, from + size);
+    } else {
+      vec.resize(size);
+      if (auto err = source.apply_raw(size, vec.data())) return err;
+    }
+  }
+  return source.end_sequence();
+}
+
 }  // namespace
 
 // -- content_writer ------------------------------------------------------------------------------
@@ -62,7 +98,8 @@ caf::error content_writer::name(caf::actor_system& sys, const caf::type_erased_t
 
 // -- content_reader ------------------------------------------------------------------------------
 
-caf::error content_reader::read(caf::deserializer& source, caf::message& out) {
+caf::error content_reader::read(caf::deserializer& source, caf::message& out,
+                                frame_deserializer* frame) {
   if (source.context() == nullptr) return caf::sec::no_context;
   uint16_t zero = 0;
   if (auto err = source.begin_object(zero, names_)) return err;
@@ -76,9 +113,12 @@ caf::error content_reader::read(caf::deserializer& source, caf::message& out) {
   if (protos == nullptr) return err;
   caf::detail::dynamic_message_data::elements values;
   values.reserve(protos->size());
+  const bool attached = frame != nullptr && frame->attachments().remaining() != 0;
   for (const auto& proto : *protos) {
     values.push_back(proto->copy());
-    if (auto e = values.back()->load(source)) return e;
+    auto e = attached && is_byte_run(proto->type()) ? read_byte_run(*frame, *values.back())
+                                                     : values.back()->load(source);
+    if (e) return e;
   }
   if (auto e = source.end_object()) return e;
   out = caf::message{caf::detail::message_data::cow_ptr{
@@ -158,7 +198,7 @@ caf::error read_parts(caf::execution_unit* ctx, content_reader& reader, const vo
   if (with_stages) {
     if (auto err = source(out.stages)) return err;
   }
-  if (auto err = reader.read(source, out.content)) return err;
+  if (auto err = reader.read(source, out.content, &source)) return err;
   if (source.remaining() != 0 || attached.remaining() != 0 || out.content.size() != type_count) {
     return caf::make_error(caf::sec::invalid_argument, "malformed message payload");
   }

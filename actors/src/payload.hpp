@@ -44,9 +44,11 @@ private:
 /// list of type names seen (up to a bound), to copy instead of looking names up.
 class content_reader {
 public:
-  /// Reads a message from `source` into `out`.
+  /// Reads a message from `source` into `out`. With `frame` (which must be `source`), large
+  /// std::vector<char> and std::string elements are filled from their attachments directly.
   /// @returns an empty error, or sec::unknown_type (with the name) for a type this system lacks
-  caf::error read(caf::deserializer& source, caf::message& out);
+  caf::error read(caf::deserializer& source, caf::message& out,
+                  frame_deserializer* frame = nullptr);
 
 private:
   using prototypes = std::vector<caf::type_erased_value_ptr>;
