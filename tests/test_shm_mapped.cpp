@@ -1,5 +1,6 @@
 // The shared heap (comm::mem_alloc / mem_free) and the mapped-segment path of shm RMA: blocks from
-// several threads, plain heap blocks given to mem_free, data kept by AM handlers and detached,
+// several threads, plain heap blocks given to mem_free, the plain-heap fallback without fds, data
+// kept by AM handlers and detached,
 // get/put through a peer's mapped segment in one process and across fork() (with the iface's
 // "rma mapped" counters showing which path ran), CMA for other buffers, the errors of freed and
 // deregistered regions, forged segment references, fd reuse, fork safety of the heap's caches,
@@ -16,6 +17,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -326,6 +328,28 @@ BOOST_AUTO_TEST_CASE(detached_am_data_is_freed_with_mem_free_after_the_workers_a
   const size_t live_before = tl::shared_heap_snapshot().live_blocks;
   for (auto& [data, length] : k.data) mem_free(data);
   BOOST_TEST(tl::shared_heap_snapshot().live_blocks == live_before - 1);
+}
+
+BOOST_AUTO_TEST_CASE(without_file_descriptors_mem_alloc_falls_back_to_the_plain_heap) {
+  const pid_t child = fork_child([]() -> int {
+    const int lowest_free = ::dup(0);  // every fd below it is open: a limit there leaves none
+    CHILD_CHECK(lowest_free >= 0 && ::close(lowest_free) == 0);
+    const rlimit none_left{static_cast<rlim_t>(lowest_free), static_cast<rlim_t>(lowest_free)};
+    CHILD_CHECK(::setrlimit(RLIMIT_NOFILE, &none_left) == 0);
+    const uint64_t fallbacks = tl::shared_heap_snapshot().fallbacks;
+    for (size_t size : {size_t{100}, size_t{1} << 20}) {
+      auto* p = static_cast<uint8_t*>(mem_alloc(size));
+      CHILD_CHECK(p != nullptr && address_of(p) % page == 0);
+      std::memset(p, 0x77, size);
+      tl::shm::segment_ref ref;
+      CHILD_CHECK(!tl::shm::heap_find(p, size, &ref));
+      mem_free(p);
+    }
+    CHILD_CHECK(tl::shared_heap_snapshot().fallbacks == fallbacks + 2);
+    return 0;
+  });
+  BOOST_REQUIRE(child > 0);
+  BOOST_TEST(wait_child(child) == 0);
 }
 
 // -- the mapped path in one process ----------------------------------------------------------------
