@@ -105,7 +105,7 @@ void worker_impl::release_large(void* block) {
   constexpr size_t max_bytes = 64u << 20;
   auto it = large_out.find(block);
   if (it == large_out.end()) {
-    mem_free(block);  // persistent or reassembled data: posix_memalign'd, std::free inside
+    std::free(block);  // persistent or reassembled data: aligned_block's (no heap lock needed)
     return;
   }
   const size_t capacity = it->second;

@@ -198,8 +198,8 @@ public:
   size_t large_free_bytes = 0;              ///< bytes held by large_free
   /// A block of at least `length` bytes aligned for AM handlers; null without memory.
   uint8_t* take_large(size_t length);
-  /// Returns a block from take_large (kept for reuse within bounds) or frees any other block
-  /// (comm::mem_free: shared heap or malloc).
+  /// Returns a block from take_large (kept for reuse within bounds, else comm::mem_free) or frees
+  /// any other block (aligned_block's, std::free).
   void release_large(void* block);
   std::vector<request*> free_requests;      ///< the request pool
   std::vector<std::unique_ptr<request[]>> request_chunks;
