@@ -8,9 +8,10 @@
 // std::vector<char>, which CAF serialises as one block, and for the "blob" column
 // comm::actors::blob, which the node moves without serialising (one copy per hop over shm).
 //
-//   actor_perftest [-r rounds] [-n round trips] [-w one-way messages] [-m modes] [-l]
+//   actor_perftest [-r rounds] [-n round trips] [-w one-way messages] [-m modes] [-l] [-s]
 //     -m  comma-separated modes (default inproc,caf,comm)
 //     -l  large only: skip the 8-byte tests
+//     -s  small only: skip the 1 MiB tests
 #include <comm/actors/node.hpp>
 
 #include <caf/all.hpp>
@@ -115,7 +116,7 @@ struct results {
 
 /// Runs the client side against `pong` in `sys`.
 bool measure(caf::actor_system& sys, const caf::actor& pong, int64_t trips, int64_t oneway,
-             bool large_only, results* out) {
+             bool large_only, bool small_only, results* out) {
   caf::scoped_actor self{sys};
   auto run = [&](auto&& spawn_it, int64_t expected) {
     const auto start = clock_type::now();
@@ -144,6 +145,7 @@ bool measure(caf::actor_system& sys, const caf::actor& pong, int64_t trips, int6
     if (s < 0) return false;
     out->oneway_per_s = oneway / s;
   }
+  if (small_only) return true;
   const int64_t large_trips = std::max<int64_t>(trips / 100, 20);
   if (ping(large_size, 5) < 0) return false;
   const double t = ping(large_size, large_trips);
@@ -157,13 +159,13 @@ bool measure(caf::actor_system& sys, const caf::actor& pong, int64_t trips, int6
 }
 
 /// In one process: both actors in one system.
-bool run_inproc(int64_t trips, int64_t oneway, bool large_only, results* out) {
+bool run_inproc(int64_t trips, int64_t oneway, bool large_only, bool small_only, results* out) {
   pin_to(1);
   caf::actor_system_config cfg;
   common_config(cfg);
   caf::actor_system sys{cfg};
   auto pong = sys.spawn(ponger);
-  const bool ok = measure(sys, pong, trips, oneway, large_only, out);
+  const bool ok = measure(sys, pong, trips, oneway, large_only, small_only, out);
   caf::anon_send_exit(pong, caf::exit_reason::user_shutdown);
   return ok;
 }
@@ -205,7 +207,7 @@ std::string read_line(int fd) {
 
 /// Two processes: a forked server, this process the client.
 bool run_remote(const std::string& mode, int64_t trips, int64_t oneway, bool large_only,
-                results* out) {
+                bool small_only, results* out) {
   int fds[2];
   if (::pipe(fds) != 0) return false;
   std::fflush(nullptr);
@@ -237,7 +239,7 @@ bool run_remote(const std::string& mode, int64_t trips, int64_t oneway, bool lar
                                                          std::stoi(where.substr(colon + 1))))
                       : comm::actors::node::get(sys)->lookup(where, "pong");
     if (pong) {
-      ok = measure(sys, *pong, trips, oneway, large_only, out);
+      ok = measure(sys, *pong, trips, oneway, large_only, small_only, out);
     } else {
       std::fprintf(stderr, "%s: cannot reach the server at %s: %s\n", mode.c_str(),
                    where.c_str(), sys.render(pong.error()).c_str());
@@ -279,13 +281,15 @@ int main(int argc, char** argv) {
   int64_t trips = 20000;
   int64_t oneway = 200000;
   bool large_only = false;
+  bool small_only = false;
   std::vector<std::string> modes = {"inproc", "caf", "comm"};
-  for (int opt; (opt = ::getopt(argc, argv, "r:n:w:m:lh")) != -1;) {
+  for (int opt; (opt = ::getopt(argc, argv, "r:n:w:m:lsh")) != -1;) {
     switch (opt) {
       case 'r': rounds = std::atoi(optarg); break;
       case 'n': trips = std::atoll(optarg); break;
       case 'w': oneway = std::atoll(optarg); break;
       case 'l': large_only = true; break;
+      case 's': small_only = true; break;
       case 'm': {
         modes.clear();
         std::stringstream list(optarg);
@@ -293,7 +297,7 @@ int main(int argc, char** argv) {
         break;
       }
       default:
-        std::fprintf(stderr, "usage: %s [-r rounds] [-n trips] [-w oneway] [-m modes] [-l]\n",
+        std::fprintf(stderr, "usage: %s [-r rounds] [-n trips] [-w oneway] [-m modes] [-l] [-s]\n",
                      argv[0]);
         return 2;
     }
@@ -305,8 +309,8 @@ int main(int argc, char** argv) {
       // CAF's middleman needs far fewer iterations to take as long.
       const int64_t n = mode == "caf" ? std::max<int64_t>(trips / 20, 50) : trips;
       const int64_t w = mode == "caf" ? std::max<int64_t>(oneway / 10, 1000) : oneway;
-      const bool ok = mode == "inproc" ? run_inproc(n, w, large_only, &res)
-                                       : run_remote(mode, n, w, large_only, &res);
+      const bool ok = mode == "inproc" ? run_inproc(n, w, large_only, small_only, &res)
+                                       : run_remote(mode, n, w, large_only, small_only, &res);
       if (!ok) {
         std::fprintf(stderr, "round %d: %s failed\n", r, mode.c_str());
         continue;
