@@ -29,6 +29,8 @@ Usage: bench/compare_ucx.sh [options]
   -o <dir>     where the .dat, .png and logs go (default: <build-dir>/compare, or
                <build-dir>/compare-tcp with -t tcp)
   -p <port>    first bootstrap port; every run uses the next one (default 23000)
+  -m <alloc>   libcomm's buffers: host (heap, the default) or shared (comm::mem_alloc, the
+               counterpart of ucx_perftest's ucp_mem_map(ALLOCATE) buffers)
   -h           this help
 EOF
 }
@@ -43,7 +45,8 @@ out=""
 port=23000
 tl=shm
 filter=""
-while getopts "t:r:n:qf:b:o:p:h" opt; do
+alloc=host
+while getopts "t:r:n:qf:b:o:p:m:h" opt; do
   case $opt in
     t) tl=$OPTARG ;;
     f) filter=$OPTARG ;;
@@ -53,12 +56,14 @@ while getopts "t:r:n:qf:b:o:p:h" opt; do
     b) build=$(cd "$OPTARG" && pwd) ;;
     o) out=$OPTARG ;;
     p) port=$OPTARG ;;
+    m) alloc=$OPTARG ;;
     h) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
 done
 [[ $rounds =~ ^[1-9][0-9]{0,2}$ ]] || { echo "rounds must be 1..999" >&2; exit 2; }
 [[ -z $iters || $iters =~ ^[1-9][0-9]{0,9}$ ]] || { echo "bad iteration count" >&2; exit 2; }
+[[ $alloc == host || $alloc == shared ]] || { echo "alloc must be host or shared" >&2; exit 2; }
 case $tl in
   shm) ucx_env=(UCX_TLS=shm,self); comm_env=(COMM_TLS=shm,self); out=${out:-$build/compare} ;;
   tcp) ucx_env=(UCX_TLS=tcp UCX_NET_DEVICES=lo); comm_env=(COMM_TLS=tcp COMM_TCP_DEVICE=lo)
@@ -179,7 +184,7 @@ run_one() {
       -t "$ucx_test" -s "$size" -n "$n" -w "$w" "${ucx_window[@]}" >"$log" 2>&1 || true
   else
     env "${comm_env[@]}" timeout "$run_timeout" "$ours" localhost -p "$port" -c 1 \
-      -t "$test" -s "$size" -n "$n" -w "$w" "${our_window[@]}" >"$log" 2>&1 || true
+      -t "$test" -s "$size" -n "$n" -w "$w" -m "$alloc" "${our_window[@]}" >"$log" 2>&1 || true
   fi
   reap_server
   result=$(metric "$test" "$size" "$log")
@@ -202,7 +207,7 @@ dat="$out/compare_ucx.dat"
 load_start=$(load1)
 {
   echo "# libcomm comm_perftest vs UCX ucx_perftest, $tl (${ucx_env[*]} vs ${comm_env[*]}),"
-  echo "# cores 0/1, median of $rounds round(s)"
+  echo "# cores 0/1, median of $rounds round(s), libcomm buffers: $alloc"
   echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load average at start $load_start"
   echo "# test size metric ucx ours ratio(ours/ucx)"
 } >"$dat"
