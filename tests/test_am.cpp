@@ -3,6 +3,8 @@
 #define BOOST_TEST_MODULE am
 #include "fixture.hpp"
 
+#include <comm/memory.hpp>
+
 // These suites test the eager protocols: rendezvous is kept out of their way (see test_rndv).
 using comm::test::eager_only_suite;
 BOOST_TEST_GLOBAL_FIXTURE(eager_only_suite);
@@ -289,6 +291,56 @@ BOOST_DATA_TEST_CASE(data_kept_past_the_callback, each_transport(), tl_name) {
   // Releasing twice or something never kept is reported and ignored.
   int local = 0;
   p.b->am_data_release(&local);
+}
+
+/// What a handler that detaches its persistent data inside the call took.
+struct detached_log {
+  comm::worker* w = nullptr;
+  std::vector<std::pair<void*, size_t>> taken;
+  bool in_progress = false;  ///< return in_progress after detaching (ok otherwise)
+};
+
+status detach_inside(void* arg, const void*, size_t, void* data, size_t length,
+                     const am_recv_params& params) {
+  auto* log = static_cast<detached_log*>(arg);
+  if ((params.attr & am_recv_data_persistent) && log->w->am_data_detach(data)) {
+    log->taken.emplace_back(data, length);
+  }
+  return log->in_progress ? status::in_progress : status::ok;
+}
+
+BOOST_DATA_TEST_CASE(data_detached_inside_the_handler_is_the_users, each_transport(), tl_name) {
+  worker_pair p(tl_name);
+  detached_log log;
+  log.w = p.b.get();
+  BOOST_REQUIRE(p.b->set_am_handler(24, detach_inside, &log, am_flag_whole_msg) == status::ok);
+  const size_t big = 2 * p.attr().max_bcopy + 5;
+  request_params fragmented;
+  fragmented.flags = request_force_bcopy;
+  std::vector<std::vector<uint8_t>> sent;
+  for (int i = 0; i < 4; ++i) {
+    log.in_progress = i % 2 == 1;  // either answer leaves the data to the handler
+    sent.push_back(pattern(big, 40 + i));
+    BOOST_CHECK(p.finish(p.ab->am_send(24, nullptr, 0, sent.back().data(), big, fragmented)) ==
+                status::ok);
+    BOOST_REQUIRE(p.until([&] { return log.taken.size() == sent.size(); }));
+  }
+  BOOST_CHECK(detail::impl(*p.b).persistent_data.empty());
+  // More reassembled traffic: the worker must not reuse what it handed over.
+  am_log noise;
+  BOOST_REQUIRE(p.b->set_am_handler(25, record, &noise, am_flag_whole_msg) == status::ok);
+  for (int i = 0; i < 8; ++i) {
+    const std::vector<uint8_t> other = pattern(big, 90 + i);
+    BOOST_CHECK(p.finish(p.ab->am_send(25, nullptr, 0, other.data(), big, fragmented)) ==
+                status::ok);
+  }
+  BOOST_REQUIRE(p.until([&] { return noise.calls.size() == 8; }));
+  for (size_t i = 0; i < sent.size(); ++i) {
+    BOOST_CHECK_EQUAL(log.taken[i].second, big);
+    BOOST_CHECK(std::memcmp(log.taken[i].first, sent[i].data(), big) == 0);
+  }
+  BOOST_CHECK(!p.b->am_data_detach(log.taken[0].first));  // not the worker's any more
+  for (auto& [data, length] : log.taken) comm::mem_free(data);
 }
 
 BOOST_DATA_TEST_CASE(non_persistent_data_is_not_kept, each_transport(), tl_name) {
