@@ -226,6 +226,7 @@ void worker_impl::destroy_ep(endpoint_impl* ep) {
     drop_unexpected_from(ep, 0, true);
     ep_table[index] = nullptr;
     free_ep_slots.push_back(index);
+    closed_ids[closed_next++ % closed_ids.size()] = ep->id;
     doomed.push_back(ep);
   }
 }

@@ -200,6 +200,12 @@ endpoint_impl* worker_impl::find_ep(uint32_t id) const {
 endpoint_impl* worker_impl::receiving_ep(uint32_t id, const char* what) {
   endpoint_impl* ep = find_ep(id);
   if (ep == nullptr) {
+    if (id != 0 && std::find(closed_ids.begin(), closed_ids.end(), id) != closed_ids.end()) {
+      ++late_messages;
+      COMM_LOG(debug, "worker", "%s: %s (endpoint %u, closed): dropped", params.name.c_str(),
+               what, id);
+      return nullptr;
+    }
     protocol_error(nullptr, what);
     return nullptr;
   }
@@ -455,7 +461,8 @@ std::string worker::info() const {
   out << "thresholds: short " << (w.short_thresh ? std::to_string(w.short_thresh) : "transport max")
       << " zcopy " << w.zcopy_thresh << '\n';
   out << "tag queues: expected " << w.matcher.expected_count() << " unexpected "
-      << w.matcher.unexpected_count() << "; protocol errors " << w.protocol_errors << '\n';
+      << w.matcher.unexpected_count() << "; protocol errors " << w.protocol_errors
+      << "; late messages for closed endpoints " << w.late_messages << '\n';
   for (const listener* l : w.listeners) {
     out << "listener " << l->address() << ": " << l->requests() << " requests\n";
   }

@@ -10,6 +10,7 @@
 #include "request_impl.hpp"
 #include "tag_matcher.hpp"
 
+#include <array>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -213,6 +214,11 @@ public:
   size_t max_am_header_ = 0;                ///< largest AM user header (worker::max_am_header)
   size_t zcopy_thresh = 0;                  ///< eager zcopy from this size
   uint64_t protocol_errors = 0;             ///< malformed messages that named no valid endpoint
+  /// Ids of the endpoints destroyed last: messages still in flight to them are expected after a
+  /// close and dropped quietly (counted in late_messages), not reported as malformed.
+  std::array<uint32_t, 64> closed_ids{};
+  unsigned closed_next = 0;
+  uint64_t late_messages = 0;               ///< messages dropped for a recently closed endpoint
 
   // -- client-server (listener.cpp) -------------------------------------------------------------
   std::unique_ptr<tl::cm_handler> cm_events; ///< receives the connection manager's events
