@@ -494,6 +494,37 @@ BOOST_DATA_TEST_CASE(unknown_endpoint_ids, each_transport(), tl_name) {
   BOOST_CHECK(tag_roundtrip(v.p, 100, 4, true));
 }
 
+BOOST_DATA_TEST_CASE(messages_for_a_just_closed_endpoint_are_dropped_quietly, each_transport(),
+                     tl_name) {
+  victim_pair v(tl_name);
+  int am_calls = 0;
+  BOOST_REQUIRE(v.p.b->set_am_handler(3, count_am, &am_calls) == status::ok);
+  const uint32_t closed = v.dst;
+  BOOST_CHECK(v.p.finish(v.victim->close()) != status::timed_out);
+  v.p.spin(20);
+  const uint64_t errors = protocol_errors(*v.p.b);
+  const uint64_t late = detail::impl(*v.p.b).late_messages;
+  // Messages the peer sent before it learnt of the close: expected, not malformed.
+  feed(*v.p.b, proto_id::am_single, header<wire::schema::ActiveMessage>([&](auto f) {
+         f.setDstEp(closed);
+         f.setAmId(3);
+       }));
+  feed(*v.p.b, proto_id::tag_eager, header<wire::schema::TagEager>([&](auto f) {
+         f.setDstEp(closed);
+         f.setTag(7);
+       }, pattern(8, 1)));
+  BOOST_CHECK_EQUAL(protocol_errors(*v.p.b), errors);
+  BOOST_CHECK_EQUAL(detail::impl(*v.p.b).late_messages, late + 2);
+  BOOST_CHECK_EQUAL(am_calls, 0);
+  BOOST_CHECK(!v.p.b->tag_probe(7, tag_mask_full, nullptr));
+  // An id that never existed is still malformed.
+  feed(*v.p.b, proto_id::am_single, header<wire::schema::ActiveMessage>([&](auto f) {
+         f.setDstEp(12345);
+         f.setAmId(3);
+       }));
+  BOOST_CHECK_EQUAL(protocol_errors(*v.p.b), errors + 1);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(hostile_lengths)
