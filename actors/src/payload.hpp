@@ -6,6 +6,11 @@
 // list per message, and message::load looks every name up among all types by string comparison.
 // content_writer and content_reader produce and read the same bytes but remember the names of the
 // message types they saw, so a stream of messages of one type pays for its names once.
+//
+// Messages made only of "plain" values (CAF's builtin integers, bool, float, double, atoms,
+// std::string and std::vector<char> shorter than attach_threshold) are also written and read
+// directly, byte for byte as CAF's binary serialiser does, without a serialiser's virtual calls
+// and per-value error objects; anything else takes the generic path.
 #pragma once
 
 #include "attachments.hpp"
@@ -32,7 +37,15 @@ public:
   /// @returns an empty error, or sec::unknown_type for a type the system has no name for
   caf::error write(caf::serializer& sink, const caf::type_erased_tuple& x);
 
+  /// Appends `x` to `buf` directly when all its values are plain (see the file comment).
+  /// @returns true when written; false (with `buf` unchanged) when `x` needs write()
+  bool write_plain(caf::actor_system& sys, const caf::type_erased_tuple& x,
+                   std::vector<char>& buf);
+
 private:
+  /// Makes names_ name the types of `x` (rebuilding it when they differ from the last ones).
+  caf::error prepare(caf::actor_system& sys, const caf::type_erased_tuple& x);
+
   /// Rebuilds names_ for the types of `x`.
   caf::error name(caf::actor_system& sys, const caf::type_erased_tuple& x);
 
@@ -50,15 +63,31 @@ public:
   caf::error read(caf::deserializer& source, caf::message& out,
                   frame_deserializer* frame = nullptr);
 
+  /// Reads a message that is all of `data`/`length` directly when all its values are plain
+  /// (see the file comment).
+  /// @returns true when read into `out`; false (with `out` unchanged) when the bytes need read(),
+  ///          which also reports what is wrong with them
+  bool read_plain(caf::actor_system& sys, const char* data, size_t length, caf::message& out);
+
 private:
-  using prototypes = std::vector<caf::type_erased_value_ptr>;
+  /// Default values of the types of one name list.
+  struct prototypes {
+    std::vector<caf::type_erased_value_ptr> values;  ///< one per type, in order
+    bool plain = false;                              ///< all of plain types
+  };
 
   /// The prototypes of the types named by names_, made and remembered on first use; null when
   /// a name is unknown (`err` then says which).
   const prototypes* lookup(caf::actor_system& sys, caf::error& err);
 
+  /// The prototypes of the `length` names at `names`: the last list's without looking further
+  /// when they are the same; null when not known to this system.
+  const prototypes* lookup(caf::actor_system& sys, const char* names, size_t length);
+
   std::string names_;  ///< the names just read
   std::unordered_map<std::string, prototypes> known_;
+  std::string last_names_;           ///< the names of the list read last
+  const prototypes* last_ = nullptr;  ///< its prototypes (an entry of known_), or null
 };
 
 /// What a message frame's payload holds once read.
