@@ -15,15 +15,20 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace comm::tl::tcp {
@@ -40,9 +45,12 @@ constexpr int accepts_per_event = 64;
 constexpr uint16_t protocol_version = 1;
 constexpr const char* server_role = "libcomm-cm-server";
 constexpr const char* client_role = "libcomm-cm-client";
+/// Host names being resolved at once, process-wide (each on a thread of its own).
+constexpr int max_lookups = 64;
 
 /// Where a connection is in the handshake.
 enum class stage : uint8_t {
+  resolving,        ///< client: the host name is being resolved on a thread
   connecting,       ///< client: nonblocking connect under way
   await_challenge,  ///< client: hello sent
   await_reply,      ///< client: request sent
@@ -62,30 +70,107 @@ struct pollable {
 class tcp_cm;
 class tcp_cm_listener;
 
-/// Parses "host:port", ":port", "host" or "" into an IPv4 address; false when it does not parse
-/// or resolve.
-bool parse_address(const std::string& text, sockaddr_in* out) {
-  std::string host = text;
-  std::string port = "0";
+/// Splits "host:port", ":port", "host" or "" into a host ("0.0.0.0" when empty or "*") and a
+/// port (0 when absent); false when the port is not a number up to 65535.
+bool split_address(const std::string& text, std::string* host, uint16_t* port) {
+  *host = text;
+  std::string digits = "0";
   const size_t colon = text.rfind(':');
   if (colon != std::string::npos) {
-    host = text.substr(0, colon);
-    port = text.substr(colon + 1);
+    *host = text.substr(0, colon);
+    digits = text.substr(colon + 1);
   }
-  if (host.empty() || host == "*") host = "0.0.0.0";
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
+  if (host->empty() || *host == "*") *host = "0.0.0.0";
+  if (digits.empty() || digits.size() > 5 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
     return false;
-  const unsigned long number = std::stoul(port);
+  }
+  const unsigned long number = std::stoul(digits);
   if (number > 65535) return false;
+  *port = static_cast<uint16_t>(number);
+  return true;
+}
+
+/// Resolves `host` to an IPv4 address (blocking: a numeric one at once, a name through the
+/// system's resolver); false when it does not resolve.
+bool resolve(const std::string& host, in_addr* out) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return false;
-  *out = *reinterpret_cast<const sockaddr_in*>(found->ai_addr);
-  out->sin_port = htons(static_cast<uint16_t>(number));
+  *out = reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr;
   ::freeaddrinfo(found);
   return true;
+}
+
+/// Parses and resolves "host:port" (see split_address) into an IPv4 address, blocking on a name.
+bool parse_address(const std::string& text, sockaddr_in* out) {
+  std::string host;
+  uint16_t port = 0;
+  if (!split_address(text, &host, &port) || !resolve(host, &out->sin_addr)) return false;
+  out->sin_family = AF_INET;
+  out->sin_port = htons(port);
+  return true;
+}
+
+/// Host names resolving right now, process-wide.
+std::atomic<int> lookups_running{0};
+
+/// A host name resolved on a thread of its own, so that connect never blocks the worker. The
+/// thread and the connection share it; `ready` (an eventfd, watched by the connection manager)
+/// says when `done` is set. The last owner closes `ready`, so the thread never writes to a
+/// descriptor that was closed and reused.
+struct name_lookup {
+  std::mutex mtx;
+  bool done = false;
+  bool resolved = false;
+  in_addr address{};
+  int ready = -1;
+
+  name_lookup() : ready(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~name_lookup() {
+    if (ready >= 0) ::close(ready);
+  }
+  name_lookup(const name_lookup&) = delete;
+  name_lookup& operator=(const name_lookup&) = delete;
+
+  /// Starts resolving `host` on a detached thread; false when no thread could be started.
+  static bool start(const std::shared_ptr<name_lookup>& lookup, std::string host) {
+    if (lookup->ready < 0) return false;
+    if (lookups_running.fetch_add(1) >= max_lookups) {
+      lookups_running.fetch_sub(1);
+      return false;
+    }
+    try {
+      std::thread([lookup, host = std::move(host)] { lookup->run(host); }).detach();
+    } catch (const std::system_error&) {
+      lookups_running.fetch_sub(1);
+      return false;
+    }
+    return true;
+  }
+
+  /// The thread's work: resolve, publish, signal.
+  void run(const std::string& host) {
+    in_addr found{};
+    const bool ok = resolve(host, &found);
+    {
+      std::lock_guard<std::mutex> g(mtx);
+      done = true;
+      resolved = ok;
+      address = found;
+    }
+    const uint64_t one = 1;
+    (void)!::write(ready, &one, sizeof(one));
+    lookups_running.fetch_sub(1);
+  }
+};
+
+/// True when `host` is a dotted IPv4 address (nothing to resolve).
+bool is_numeric(const std::string& host) {
+  in_addr ignored{};
+  return ::inet_pton(AF_INET, host.c_str(), &ignored) == 1;
 }
 
 std::string address_text(const sockaddr_in& address) {
@@ -185,6 +270,7 @@ public:
   size_t tx_done_ = 0;
   clock_type::time_point deadline;
   tcp_cm_listener* listener = nullptr; ///< server: where it was accepted
+  std::shared_ptr<name_lookup> lookup; ///< client, while resolving: the host name's resolution
 };
 
 /// A listening socket.
@@ -264,22 +350,25 @@ public:
 
   status connect(const std::string& address, const uint8_t* data, size_t length, int timeout_ms,
                  cm_conn** out) override {
+    std::string host;
+    uint16_t port = 0;
+    if (!split_address(address, &host, &port) || port == 0) return status::invalid_addr;
     sockaddr_in where{};
-    if (!parse_address(address, &where) || where.sin_port == 0) return status::invalid_addr;
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return status::io_error;
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    auto conn = std::make_unique<socket_conn>(fd, false, where, params_.auth_key);
+    where.sin_family = AF_INET;
+    where.sin_port = htons(port);
+    auto conn = std::make_unique<socket_conn>(-1, false, where, params_.auth_key);
     conn->private_data.assign(data, data + length);
     conn->deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&where), sizeof(where)) != 0 &&
-        errno != EINPROGRESS) {
-      // Reported from progress(), like every other outcome.
-      conn->failure = status_of_errno(errno, true);
-      arm_timer_now();
+    if (is_numeric(host)) {
+      ::inet_pton(AF_INET, host.c_str(), &conn->peer_.sin_addr);
+      if (const status st = start_connect(conn.get()); st != status::ok) return st;
+    } else {
+      // A name: resolved on a thread, the connect starts when it is known (on_lookup).
+      conn->lookup = std::make_shared<name_lookup>();
+      if (!name_lookup::start(conn->lookup, host)) return status::busy;
+      conn->at = stage::resolving;
+      watch(conn->lookup->ready, conn.get(), EPOLLIN);
     }
-    watch(fd, conn.get(), EPOLLIN | EPOLLOUT);
     *out = conn.get();
     conns_.push_back(std::move(conn));
     return status::ok;
@@ -372,9 +461,51 @@ private:
     watch(conn->fd_, conn, EPOLLIN | (conn->wants_write() ? EPOLLOUT : 0u));
   }
 
+  /// Opens the socket of client `conn` (its peer address known) and starts a nonblocking connect.
+  status start_connect(socket_conn* conn) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return status::io_error;
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    conn->fd_ = fd;
+    conn->at = stage::connecting;
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&conn->peer_), sizeof(conn->peer_)) != 0 &&
+        errno != EINPROGRESS) {
+      // Reported from progress(), like every other outcome.
+      conn->failure = status_of_errno(errno, true);
+      arm_timer_now();
+    }
+    watch(fd, conn, EPOLLIN | EPOLLOUT);
+    return status::ok;
+  }
+
+  /// The host name of client `conn` resolved (or did not): connect, or fail it as unreachable.
+  void on_lookup(socket_conn* conn) {
+    bool resolved = false;
+    {
+      std::lock_guard<std::mutex> g(conn->lookup->mtx);
+      if (!conn->lookup->done) return;  // the eventfd is written only after done is set
+      resolved = conn->lookup->resolved;
+      conn->peer_.sin_addr = conn->lookup->address;
+    }
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->lookup->ready, nullptr);
+    conn->lookup.reset();
+    if (!resolved) {
+      COMM_LOG(info, log_name, "cannot resolve the host to connect to: unreachable");
+      fail(conn, status::unreachable);
+      return;
+    }
+    const status st = start_connect(conn);
+    if (st != status::ok) fail(conn, st);
+  }
+
   /// Marks a connection closed; it is released at the end of progress().
   void retire(socket_conn* conn) {
     if (conn->at == stage::dead) return;
+    if (conn->lookup) {
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->lookup->ready, nullptr);
+      conn->lookup.reset();
+    }
     if (conn->fd_ >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->fd_, nullptr);
     conn->answered_ = true;
     conn->close_socket();
@@ -434,6 +565,10 @@ private:
 
   void on_socket(socket_conn* conn, uint32_t events) {
     if (conn->at == stage::dead) return;
+    if (conn->at == stage::resolving) {
+      on_lookup(conn);
+      return;
+    }
     if (conn->at == stage::connecting) {
       if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
       int error = 0;
@@ -664,8 +799,8 @@ private:
           COMM_LOG(debug, log_name, "handshake with %s timed out: dropped",
                    conn->peer_address().c_str());
         }
-        fail(conn, conn->at == stage::connecting ? status::unreachable
-                                                 : status::endpoint_timeout);
+        const bool reaching = conn->at == stage::connecting || conn->at == stage::resolving;
+        fail(conn, reaching ? status::unreachable : status::endpoint_timeout);
         ++n;
       }
     }
