@@ -497,14 +497,15 @@ BOOST_AUTO_TEST_CASE(bad_input_is_answered_with_errors) {
   // An AM nobody routes is dropped at the receiver; the connection keeps working.
   BOOST_TEST(!outcome(c.client_ep, am_send_atom::value, uint16_t{99}, bytes{}, text("nobody")));
   exchange_tags(c, 64);
-  // Addresses that do not parse, nobody listening, a port in use.
+  // Addresses that do not parse or resolve, nobody listening, a port in use.
   auto connect_error = [&](const std::string& address) {
     caf::error err;
     self->request(c.client, timeout, connect_atom::value, address, bytes{})
         .receive([&](caf::actor&, bytes&) {}, [&](caf::error& e) { err = std::move(e); });
     return status_of(err);
   };
-  BOOST_TEST(connect_error("no-such-host.invalid:1") == status::invalid_addr);
+  BOOST_TEST(connect_error("no-such-host.invalid:1") == status::unreachable);
+  BOOST_TEST(connect_error("127.0.0.1:port") == status::invalid_addr);
   BOOST_TEST(connect_error("not an address") == status::invalid_addr);
   const std::string address = ask<std::string>(c.listener, address_atom::value);
   auto busy = worker(config_with({"shm", "tcp"}), "busy");
