@@ -101,13 +101,15 @@ public:
   // -- client-server (comm/listener.hpp) ---------------------------------------------------------
 
   /// Listens on a socket address; each client's request reaches params.on_request during
-  /// progress(). Returns invalid_addr for an address that does not parse, busy when it is in use,
-  /// unsupported without the tcp transport.
+  /// progress(). Returns invalid_addr for an address that does not parse or resolve (a host name
+  /// is resolved here, blocking), busy when it is in use, unsupported without the tcp transport.
   status listen(const listener_params& params, std::unique_ptr<listener>* out);
 
   /// Connects to a listener at "host:port". The endpoint is returned at once; sends wait until
-  /// the server accepts. A refusal fails it with rejected, nobody listening with unreachable, no
-  /// answer within params.timeout_ms with endpoint_timeout (each through params.on_error).
+  /// the server accepts. A host name is resolved on another thread, never blocking the worker.
+  /// A refusal fails the endpoint with rejected, nobody listening or a name that does not resolve
+  /// (within params.timeout_ms) with unreachable, no answer within params.timeout_ms with
+  /// endpoint_timeout (each through params.on_error). invalid_addr: the address does not parse.
   status connect(const std::string& address, const endpoint_params& params, endpoint** out);
 
   /// Accepts a connection request on this worker (any worker of the listener's context); the
