@@ -1,0 +1,146 @@
+// The node's payload codec on its own (actors/src/payload.hpp, attachments.hpp): the direct
+// writer and reader of plain messages produce and accept exactly CAF's binary format, large runs
+// become attachments and come back, and every truncation of a payload is an error, not a crash.
+#define BOOST_TEST_MODULE actors_payload
+#include <boost/test/unit_test.hpp>
+
+#include <comm/actors/blob.hpp>
+
+#include "attachments.hpp"
+#include "payload.hpp"
+
+#include <caf/all.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using namespace comm::actors::detail;
+using comm::actors::blob;
+
+namespace {
+
+using probe_atom = caf::atom_constant<caf::atom("probe")>;
+
+/// An actor system and an execution unit for serialisers.
+struct codec_fixture {
+  codec_fixture() : sys(cfg.add_message_type<blob>(comm::actors::blob_type_name)), ctx(&sys) {}
+
+  /// The payload write_message_payload makes for `msg` (plain messages take the direct writer).
+  std::vector<char> written(const caf::message& msg, attachment_list& attached) {
+    auto elem = caf::make_mailbox_element(nullptr, caf::make_message_id(), {}, msg);
+    std::vector<char> buf;
+    content_writer writer;
+    BOOST_REQUIRE(!write_message_payload(&ctx, writer, *elem, false, false, buf, attached));
+    return buf;
+  }
+
+  /// What CAF's own binary serialiser writes for `msg` (message::save).
+  std::vector<char> written_by_caf(const caf::message& msg) {
+    std::vector<char> buf;
+    caf::binary_serializer sink{&ctx, buf};
+    BOOST_REQUIRE(!caf::message::save(sink, msg));
+    return buf;
+  }
+
+  /// Reads `payload` (with `attached`) back into a message; false when it is not one.
+  bool read(const std::vector<char>& payload, attachment_source attached, size_t count,
+            caf::message& out) {
+    message_payload body;
+    content_reader reader;
+    auto err = read_message_payload(&ctx, reader, payload.data(), payload.size(), attached,
+                                    false, false, count, body);
+    out = body.content;
+    return !err;
+  }
+
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  caf::scoped_execution_unit ctx;
+};
+
+/// A message with one value of every plain type.
+caf::message plain_message() {
+  return caf::make_message(probe_atom::value, int8_t{-3}, uint8_t{250}, int16_t{-1234},
+                           uint16_t{65000}, int32_t{-123456789}, uint32_t{4000000000u},
+                           int64_t{-1234567890123LL}, uint64_t{18000000000000000000ull}, true,
+                           false, 1.5f, -2.25e100, std::string("hello"), std::string(),
+                           std::vector<char>{'a', '\0', 'z'}, std::string(300, 's'));
+}
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(payload, codec_fixture)
+
+BOOST_AUTO_TEST_CASE(plain_messages_are_written_exactly_as_caf_writes_them) {
+  const caf::message msg = plain_message();
+  attachment_list attached;
+  BOOST_TEST(written(msg, attached) == written_by_caf(msg));
+  BOOST_TEST(attached.empty());
+}
+
+BOOST_AUTO_TEST_CASE(what_caf_writes_reads_back_equal) {
+  const caf::message msg = plain_message();
+  caf::message back;
+  BOOST_REQUIRE(read(written_by_caf(msg), {}, msg.size(), back));
+  BOOST_TEST(caf::to_string(back) == caf::to_string(msg));
+  BOOST_TEST(back.get_as<double>(12) == -2.25e100);
+  BOOST_TEST(back.get_as<std::string>(16) == std::string(300, 's'));
+}
+
+BOOST_AUTO_TEST_CASE(large_runs_become_attachments_and_come_back) {
+  const std::vector<char> big(40 * 1024, 'v');
+  const std::string text(50 * 1024, 't');
+  blob b(64 * 1024);
+  std::memset(b.mutable_data(), 'b', b.size());
+  const caf::message msg = caf::make_message(probe_atom::value, big, int32_t{7}, text, b);
+  attachment_list attached;
+  const auto payload = written(msg, attached);
+  BOOST_REQUIRE_EQUAL(attached.runs.size(), 3u);
+  BOOST_TEST(attached.bytes == big.size() + text.size() + b.size());
+  BOOST_TEST(attached.runs[2].data() == b.data());  // a blob is attached by reference
+  BOOST_TEST(payload.size() < 200u);                // only lengths stay in the payload
+  std::vector<char> all;
+  for (const blob& run : attached.runs) all.insert(all.end(), run.data(), run.data() + run.size());
+  auto owner = std::make_shared<std::vector<char>>(std::move(all));
+  caf::message back;
+  BOOST_REQUIRE(read(payload, attachment_source(owner->data(), owner->size(), owner), 5, back));
+  BOOST_TEST(back.get_as<std::vector<char>>(1) == big);
+  BOOST_TEST(back.get_as<std::string>(3) == text);
+  const blob& got = back.get_as<blob>(4);
+  BOOST_TEST((got == b));
+  BOOST_TEST(got.data() == owner->data() + big.size() + text.size());  // taken over, not copied
+}
+
+BOOST_AUTO_TEST_CASE(attachments_that_do_not_add_up_are_errors) {
+  const std::vector<char> big(40 * 1024, 'v');
+  const caf::message msg = caf::make_message(probe_atom::value, big);
+  attachment_list attached;
+  const auto payload = written(msg, attached);
+  std::vector<char> run(attached.runs[0].data(), attached.runs[0].data() + big.size());
+  caf::message back;
+  // Too short for the run the payload names, or with bytes nobody reads.
+  BOOST_TEST(!read(payload, attachment_source(run.data(), run.size() - 1, nullptr), 2, back));
+  run.push_back('x');
+  BOOST_TEST(!read(payload, attachment_source(run.data(), run.size(), nullptr), 2, back));
+  // Without attachments, the payload alone is not a message.
+  BOOST_TEST(!read(payload, {}, 2, back));
+}
+
+BOOST_AUTO_TEST_CASE(every_truncation_and_a_wrong_count_are_errors) {
+  const caf::message msg = plain_message();
+  const auto whole = written_by_caf(msg);
+  caf::message back;
+  for (size_t cut = 0; cut < whole.size(); ++cut) {
+    const std::vector<char> part(whole.begin(), whole.begin() + static_cast<long>(cut));
+    BOOST_TEST_CONTEXT("first " << cut << " bytes") {
+      BOOST_TEST(!read(part, {}, msg.size(), back));
+    }
+  }
+  BOOST_TEST(!read(whole, {}, msg.size() + 1, back));
+  auto longer = whole;
+  longer.push_back('\0');
+  BOOST_TEST(!read(longer, {}, msg.size(), back));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
