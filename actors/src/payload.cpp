@@ -1,5 +1,6 @@
 // Payload serialisation with CAF's binary serializers (see payload.hpp).
 #include "payload.hpp"
+#include "plain_message.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/binary_deserializer.hpp>
@@ -257,6 +258,20 @@ bool plain_cursor::get_value(uint16_t nr, void* x) {
   return true;
 }
 
+/// Reads values of the types of `protos` (plain, at most plain_message_data::capacity of them)
+/// from `in`, which they must use up, into one plain_message_data.
+bool read_values(plain_cursor& in, const std::vector<caf::type_erased_value_ptr>& protos,
+                 caf::message& out) {
+  auto data = caf::make_counted<plain_message_data>();
+  for (const auto& proto : protos) {
+    const uint16_t nr = proto->type().first;
+    if (!in.get_value(nr, data->append(nr))) return false;
+  }
+  if (in.left() != 0) return false;
+  out = caf::message{caf::detail::message_data::cow_ptr{std::move(data)}};
+  return true;
+}
+
 }  // namespace
 
 // -- content_writer ------------------------------------------------------------------------------
@@ -353,6 +368,9 @@ bool content_reader::read_plain(caf::actor_system& sys, const char* data, size_t
   if (!in.get_int(zero) || zero != 0 || !in.get_run(names, names_length)) return false;
   const prototypes* protos = lookup(sys, names, names_length);
   if (protos == nullptr || !protos->plain) return false;
+  if (protos->values.size() <= plain_message_data::capacity) {
+    return read_values(in, protos->values, out);
+  }
   caf::detail::dynamic_message_data::elements values;
   values.reserve(protos->values.size());
   for (const auto& proto : protos->values) {
