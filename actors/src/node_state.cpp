@@ -22,6 +22,9 @@ constexpr int max_sleep_ms = 10;
 /// Idle turns between two looks at the clock while spinning.
 constexpr unsigned idle_check = 64;
 
+/// Shortest time between two offers of the core while spinning: each is a system call.
+constexpr std::chrono::microseconds yield_interval{20};
+
 /// Numbers the nodes of this process (see node_state::generation_).
 std::atomic<uint64_t> node_generations{0};
 
@@ -99,6 +102,7 @@ void node_state::run() {
   pthread_setname_np(pthread_self(), "comm.progress");
   pin(params_.cpus);
   auto idle_since = std::chrono::steady_clock::now();
+  auto yielded = idle_since;
   unsigned idle_turns = 0;
   while (!stopping_.load(std::memory_order_acquire)) {
     if (turn() != 0) {
@@ -106,14 +110,17 @@ void node_state::run() {
       continue;
     }
     // The clock is read once every idle_check turns: spinning must stay cheap. Then the core is
-    // offered to other threads (a sender on the same core), and after spin_time the thread sleeps.
+    // offered to other threads (a sender on the same core) every yield_interval, and after
+    // spin_time the thread sleeps.
     if (idle_turns++ == 0) idle_since = std::chrono::steady_clock::now();
     if (idle_turns % idle_check != 0) continue;
-    if (std::chrono::steady_clock::now() - idle_since >= params_.spin_time) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - idle_since >= params_.spin_time) {
       sleep();
       idle_turns = 0;
-    } else {
+    } else if (now - yielded >= yield_interval) {
       std::this_thread::yield();
+      yielded = now;
     }
   }
   shut_down();
