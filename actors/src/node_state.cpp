@@ -23,7 +23,7 @@ constexpr int max_sleep_ms = 10;
 constexpr unsigned idle_check = 64;
 
 /// Shortest time between two offers of the core while spinning: each is a system call.
-constexpr std::chrono::microseconds yield_interval{20};
+constexpr std::chrono::microseconds yield_interval{100};
 
 /// Numbers the nodes of this process (see node_state::generation_).
 std::atomic<uint64_t> node_generations{0};
