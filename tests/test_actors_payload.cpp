@@ -88,6 +88,32 @@ BOOST_AUTO_TEST_CASE(what_caf_writes_reads_back_equal) {
   BOOST_TEST(back.get_as<std::string>(16) == std::string(300, 's'));
 }
 
+BOOST_AUTO_TEST_CASE(short_plain_messages_read_back_as_caf_would_make_them) {
+  const caf::message msg = caf::make_message(probe_atom::value, int64_t{-5}, std::string("s"),
+                                             std::vector<char>{'x', 'y'});
+  caf::message back;
+  BOOST_REQUIRE(read(written_by_caf(msg), {}, msg.size(), back));
+  BOOST_TEST(back.type_token() == msg.type_token());
+  BOOST_TEST(caf::to_string(back) == caf::to_string(msg));
+  BOOST_TEST((back.match_elements<probe_atom, int64_t, std::string, std::vector<char>>()));
+  BOOST_TEST(written_by_caf(back) == written_by_caf(msg));
+  // Copy on write: changing a shared copy leaves the original alone.
+  caf::message copy = back;
+  copy.get_mutable_as<int64_t>(1) = 42;
+  copy.get_mutable_as<std::string>(2) = "changed";
+  BOOST_TEST(back.get_as<int64_t>(1) == -5);
+  BOOST_TEST(back.get_as<std::string>(2) == "s");
+  BOOST_TEST(copy.get_as<int64_t>(1) == 42);
+  // A handler of the same signature takes it.
+  bool taken = false;
+  caf::message_handler handler{[&](probe_atom, int64_t v, const std::string&,
+                                   const std::vector<char>& bytes) {
+    taken = v == -5 && bytes.size() == 2;
+  }};
+  BOOST_TEST(static_cast<bool>(handler(back)));
+  BOOST_TEST(taken);
+}
+
 BOOST_AUTO_TEST_CASE(large_runs_become_attachments_and_come_back) {
   const std::vector<char> big(40 * 1024, 'v');
   const std::string text(50 * 1024, 't');
