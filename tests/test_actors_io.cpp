@@ -391,6 +391,28 @@ BOOST_AUTO_TEST_CASE(tag_receives_wait_for_their_message_and_routes_take_every_m
   close_worker(c.server);
 }
 
+BOOST_AUTO_TEST_CASE(a_route_gets_its_messages_in_the_order_they_matched_whatever_their_size) {
+  for (const char* tl : {"shm", "tcp"}) {
+    BOOST_TEST_CONTEXT(tl) {
+      auto c = connect(config_with({tl}), config_with({tl}));
+      BOOST_REQUIRE(!outcome(c.server, register_tag_atom::value, uint64_t{0x700}, uint64_t{~0xffull},
+                             me()));
+      constexpr uint64_t count = 60;
+      auto length_of = [](uint64_t i) { return i % 6 == 0 ? size_t{512} << 10 : size_t{8 + i}; };
+      for (uint64_t i = 0; i < count; ++i) {
+        // Every sixth message goes by rendezvous and finishes after the small ones behind it.
+        self->send(c.client_ep, tag_send_atom::value, 0x700 + i,
+                   pattern(length_of(i), static_cast<uint8_t>(i)));
+      }
+      for (uint64_t i = 0; i < count; ++i) {
+        expect_tag(0x700 + i, pattern(length_of(i), static_cast<uint8_t>(i)));
+      }
+      close_worker(c.client);
+      close_worker(c.server);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(an_endpoint_route_wins_over_the_worker_route) {
   auto c = connect(config_with({"shm", "tcp"}), config_with({"shm", "tcp"}));
   auto relay = sys.spawn(relay_actor, me());

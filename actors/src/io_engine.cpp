@@ -139,6 +139,7 @@ void engine::shut_down() {
   listeners_.clear();
   worker_.reset();
   flights_.clear();
+  route_order_.clear();
   endpoints_.clear();
   slot_of_.clear();
   am_routes_.clear();

@@ -157,6 +157,9 @@ private:
     bytes header;
     bytes data;          ///< sent payload, or the receive buffer
     uint64_t endpoint = 0;  ///< close: the slot to drop once closed
+    bool received = false;  ///< route receive: done, waiting for earlier ones to be delivered
+    comm::status outcome = comm::status::ok;  ///< route receive: how it ended
+    tag_t tag = 0;                            ///< route receive: the message's tag
   };
 
   // -- progress loop (io_engine.cpp) ---------------------------------------------------------------
@@ -185,6 +188,8 @@ private:
   size_t match_tags();
   bool receive_matching(const tag_wait& w);
   void finish_receive(uint64_t key, comm::status st, tag_t tag, size_t length);
+  /// Hands `handler` its finished route receives, oldest first, up to the first unfinished one.
+  void deliver_in_order(const caf::actor_addr& handler);
   void deliver_am(am_route& route, const void* header, size_t header_length, const void* data,
                   size_t length, const am_recv_params& params);
 
@@ -221,6 +226,9 @@ private:
   std::deque<tag_wait> waits_;
   std::vector<tag_wait> tag_routes_;
   std::unordered_map<uint64_t, std::unique_ptr<flight>> flights_;
+  /// Per route handler, its receives in the order they matched: a rendezvous receive completing
+  /// after a later eager one still reaches the handler first.
+  std::unordered_map<caf::actor_addr, std::deque<uint64_t>> route_order_;
 };
 
 }  // namespace comm::actors::io::detail

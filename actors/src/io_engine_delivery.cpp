@@ -155,6 +155,7 @@ bool engine::receive_matching(const tag_wait& w) {
   if (!worker_->tag_probe(w.tag, w.mask, &info, &msg)) return false;
   flight* f = new_flight(w.reply);
   f->handler = w.handler;
+  if (f->handler) route_order_[f->handler.address()].push_back(f->key);
   f->data.resize(info.length);
   request_params p;
   p.recv_cb = &engine::on_recv_done;
@@ -177,23 +178,44 @@ void engine::on_recv_done(request*, status st, const tag_recv_info& info, void* 
 void engine::finish_receive(uint64_t key, status st, tag_t tag, size_t length) {
   auto it = flights_.find(key);
   if (it == flights_.end()) return;
+  if (it->second->handler) {
+    flight& routed = *it->second;
+    routed.data.resize(std::min(length, routed.data.size()));
+    routed.received = true;
+    routed.outcome = st;
+    routed.tag = tag;
+    deliver_in_order(routed.handler.address());
+    return;
+  }
   std::unique_ptr<flight> f = std::move(it->second);
   flights_.erase(it);
   f->data.resize(std::min(length, f->data.size()));
-  if (f->handler) {
-    if (st == status::ok) {
-      caf::anon_send(f->handler, tag_atom::value, tag, std::move(f->data));
-    } else {
-      COMM_LOG(warn, "io", "tagged message %#llx for a route: %s", (unsigned long long)tag,
-               to_string(st));
-    }
-    return;
-  }
   op_done done;
   done.st = st;
   done.tag = tag;
   done.data = std::move(f->data);
   report(f->reply, std::move(done));
+}
+
+void engine::deliver_in_order(const caf::actor_addr& handler) {
+  auto order = route_order_.find(handler);
+  if (order == route_order_.end()) return;
+  std::deque<uint64_t>& keys = order->second;
+  while (!keys.empty()) {
+    auto it = flights_.find(keys.front());
+    if (it != flights_.end() && !it->second->received) break;  // an earlier one still arrives
+    keys.pop_front();
+    if (it == flights_.end()) continue;
+    std::unique_ptr<flight> f = std::move(it->second);
+    flights_.erase(it);
+    if (f->outcome == status::ok) {
+      caf::anon_send(f->handler, tag_atom::value, f->tag, std::move(f->data));
+    } else {
+      COMM_LOG(warn, "io", "tagged message %#llx for a route: %s", (unsigned long long)f->tag,
+               to_string(f->outcome));
+    }
+  }
+  if (keys.empty()) route_order_.erase(order);
 }
 
 // -- handlers that terminated, and info ------------------------------------------------------------
