@@ -13,6 +13,7 @@
 #include <caf/all.hpp>
 
 #include <dirent.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -622,7 +623,83 @@ int run_client(const std::string& address) {
   return 0;
 }
 
+/// A child that connects to `address` over `tl`, says hello with AM 3, then waits to be killed.
+int run_victim(const std::string& address, const char* tl) {
+  io_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  worker_config wc;
+  wc.transport = config_with({tl});
+  wc.worker.name = "victim";
+  auto w = spawn_worker(sys, wc);
+  CHILD_CHECK(w);
+  caf::actor ep;
+  self->request(*w, timeout, connect_atom::value, address, text("victim"))
+      .receive([&](caf::actor& e, bytes&) { ep = e; }, [&](caf::error&) {});
+  CHILD_CHECK(ep);
+  bool ok = false;
+  self->request(ep, timeout, am_send_atom::value, uint16_t{3}, bytes{}, text("hello"))
+      .receive([&](ok_atom) { ok = true; }, [&](caf::error&) {});
+  CHILD_CHECK(ok);
+  std::this_thread::sleep_for(std::chrono::seconds(60));  // killed long before
+  return 3;
+}
+
 }  // namespace
+
+BOOST_AUTO_TEST_CASE(a_peer_killed_with_sigkill_ends_its_endpoint_actor) {
+  for (const char* tl : {"shm", "tcp"}) {
+    BOOST_TEST_CONTEXT(tl) {
+      comm::test::channel to_child;
+      const pid_t child = comm::test::fork_child([&] {
+        std::vector<uint8_t> address;
+        if (!to_child.receive(&address)) return 2;
+        return run_victim(std::string(address.begin(), address.end()), tl);
+      });
+      io_config cfg;
+      caf::actor_system sys{cfg};
+      caf::scoped_actor self{sys};
+      worker_config wc;
+      wc.transport = config_with({tl});
+      auto w = spawn_worker(sys, wc);
+      BOOST_REQUIRE(w);
+      auto me = caf::actor_cast<caf::actor>(self);
+      auto owner = sys.spawn(owner_actor, me, answer::accept);
+      caf::actor listener;
+      self->request(*w, timeout, listen_atom::value, std::string("127.0.0.1:0"), owner)
+          .receive([&](caf::actor& l) { listener = l; },
+                   [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
+      self->request(*w, timeout, register_am_atom::value, uint16_t{3}, me)
+          .receive([](ok_atom) {}, [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
+      std::string address;
+      self->request(listener, timeout, address_atom::value)
+          .receive([&](std::string& a) { address = a; },
+                   [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
+      to_child.send(text(address));
+      caf::actor peer_ep;
+      self->receive([&](am_atom, uint16_t, bytes&, bytes&, caf::actor& r) { peer_ep = r; },
+                    caf::after(timeout) >> [] {});
+      BOOST_REQUIRE(peer_ep);
+      self->monitor(peer_ep);
+      ::kill(child, SIGKILL);
+      BOOST_TEST(comm::test::wait_child(child) != 0);
+      caf::error reason = caf::make_error(caf::sec::request_timeout);
+      self->receive([&](caf::down_msg& down) { reason = std::move(down.reason); },
+                    caf::after(timeout) >> [] {});
+      BOOST_TEST_INFO("endpoint actor ended with " << sys.render(reason));
+      BOOST_TEST((status_of(reason) == status::connection_reset ||
+                  status_of(reason) == status::not_connected));
+      // The dead endpoint takes no more work; the worker goes on serving.
+      caf::error late;
+      self->request(peer_ep, timeout, am_send_atom::value, uint16_t{3}, bytes{}, text("x"))
+          .receive([](ok_atom) {}, [&](caf::error& e) { late = std::move(e); });
+      BOOST_TEST((late == caf::sec::request_receiver_down));
+      self->request(*w, timeout, info_atom::value)
+          .receive([](std::string&) {}, [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
+      caf::anon_send_exit(*w, caf::exit_reason::user_shutdown);
+    }
+  }
+}
 
 BOOST_AUTO_TEST_CASE(two_processes_exchange_through_worker_actors) {
   comm::test::channel to_child;
