@@ -6,13 +6,13 @@
 #include <boost/test/unit_test.hpp>
 
 #include "process_harness.hpp"
+#include "test_util.hpp"
 
 #include <comm/actors/io_actors.hpp>
 #include <comm/actors/node.hpp>
 
 #include <caf/all.hpp>
 
-#include <dirent.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -26,9 +26,6 @@ using namespace comm::actors::io;
 using comm::status;
 using comm::actors::status_of;
 
-namespace comm {
-std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
-}  // namespace comm
 
 namespace {
 
@@ -54,15 +51,6 @@ bytes pattern(size_t length, uint8_t seed) {
   return out;
 }
 
-/// Number of open descriptors of this process.
-int open_fds() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (::readdir(d) != nullptr) ++n;
-    ::closedir(d);
-  }
-  return n;
-}
 
 /// How a test owner answers connection requests.
 enum class answer { accept, reject, never };
@@ -546,7 +534,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_answered_with_errors) {
 }
 
 BOOST_AUTO_TEST_CASE(a_worker_exit_releases_its_endpoints_listeners_and_descriptors) {
-  const int before = open_fds();
+  const size_t before = comm::test::open_fds();
   for (int round = 0; round < 3; ++round) {
     auto c = connect(config_with({"shm", "tcp"}), config_with({"shm", "tcp"}));
     exchange_tags(c, 1 << 20);
@@ -573,10 +561,10 @@ BOOST_AUTO_TEST_CASE(a_worker_exit_releases_its_endpoints_listeners_and_descript
     const caf::error err = outcome(c.server_ep, flush_atom::value);
     BOOST_TEST((err == caf::sec::request_receiver_down));
   }
-  int after = open_fds();
+  size_t after = comm::test::open_fds();
   for (int i = 0; i < 100 && after > before; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    after = open_fds();
+    after = comm::test::open_fds();
   }
   BOOST_TEST(after == before);
 }

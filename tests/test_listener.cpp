@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "fixture.hpp"
+#include "test_util.hpp"
 #include "process_harness.hpp"
 
 #include <comm/context.hpp>
@@ -12,7 +13,6 @@
 #include <comm/worker.hpp>
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -28,9 +28,6 @@
 using namespace comm;
 using namespace comm::test;
 
-namespace comm {
-std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
-}  // namespace comm
 
 namespace {
 
@@ -134,15 +131,6 @@ bool tag_exchange(worker& from_worker, endpoint* from, worker& to_worker, size_t
   return ok && (rop.done() || r.st == status::ok) && first_mismatch(got.data(), length, seed) < 0;
 }
 
-/// Number of open descriptors of this process.
-int open_fds() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (::readdir(d) != nullptr) ++n;
-    ::closedir(d);
-  }
-  return n;
-}
 
 /// A connected pair: the server accepted the client's connection.
 struct connected_pair {
@@ -547,8 +535,8 @@ BOOST_AUTO_TEST_CASE(five_hundred_clients_connect_exchange_and_disconnect_withou
     }
   };
   one_round(0);  // warm up pools and lanes
-  const int fds_before = open_fds();
+  const size_t fds_before = comm::test::open_fds();
   for (int round = 1; round < 20; ++round) one_round(round);
-  BOOST_TEST(open_fds() == fds_before);
+  BOOST_TEST(comm::test::open_fds() == fds_before);
   BOOST_TEST(srv.l->requests() == 500u);
 }

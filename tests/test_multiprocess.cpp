@@ -6,6 +6,7 @@
 // descriptor is left open and /dev/shm holds nothing new.
 #define BOOST_TEST_MODULE multiprocess
 #include "fixture.hpp"
+#include "test_util.hpp"
 
 // The kill test parks eager sends behind a stalled peer: rendezvous stays out of its way
 // (test_rndv_processes covers peers dying mid-rendezvous).
@@ -76,16 +77,6 @@ bool recv_blob(int fd, std::vector<uint8_t>* blob) {
   if (!read_all(fd, &n, sizeof(n)) || n > (1u << 20)) return false;
   blob->resize(n);
   return read_all(fd, blob->data(), n);
-}
-
-/// Open file descriptors of this process.
-size_t open_fds() {
-  size_t n = 0;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-    ::closedir(d);
-  }
-  return n - 1;  // the directory stream itself
 }
 
 /// Names in /dev/shm.
@@ -432,7 +423,7 @@ BOOST_DATA_TEST_CASE(tag_and_am_pingpong, boost::unit_test::data::make(interproc
 
 BOOST_DATA_TEST_CASE(peer_killed_mid_stream, boost::unit_test::data::make(interprocess_transports()),
                      tl_name) {
-  const size_t fds_before = open_fds();
+  const size_t fds_before = comm::test::open_fds();
   const std::set<std::string> shm_before = dev_shm();
   constexpr int consumed = 20;
   const auto [pid, sock] = spawn([&](int s) { return stalling_child(tl_name, s, consumed); });
@@ -559,7 +550,7 @@ BOOST_DATA_TEST_CASE(peer_killed_mid_stream, boost::unit_test::data::make(interp
   }
   ::close(sock);
   // Everything the survivor opened is closed again, and nothing is left in /dev/shm.
-  BOOST_CHECK_EQUAL(open_fds(), fds_before);
+  BOOST_CHECK_EQUAL(comm::test::open_fds(), fds_before);
   std::vector<std::string> left;
   for (const std::string& name : dev_shm()) {
     if (!shm_before.count(name)) left.push_back(name);

@@ -9,6 +9,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "fixture.hpp"
+#include "test_util.hpp"
 #include "netns.hpp"
 #include "process_harness.hpp"
 
@@ -247,9 +248,6 @@ server_report stop_server(pid_t pid, channel& from_server, channel& to_server) {
 
 }  // namespace
 
-namespace comm {
-std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
-}  // namespace comm
 
 BOOST_FIXTURE_TEST_SUITE(two_hosts, hosts_fixture)
 

@@ -7,6 +7,7 @@
 // rendezvous between processes, and fd/mapping leaks. Every loop is bounded in count and time.
 #define BOOST_TEST_MODULE shm_mapped
 #include "fixture.hpp"
+#include "test_util.hpp"
 #include "process_harness.hpp"
 
 #include <comm/memory.hpp>
@@ -15,7 +16,6 @@
 #include "../transports/base/rkey.hpp"
 #include "../transports/shm/shm_heap.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -37,10 +37,6 @@ using comm::test::fork_child;
 using comm::test::pattern;
 using comm::test::wait_child;
 
-namespace comm {
-// For Boost.Test's messages.
-std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
-}  // namespace comm
 
 namespace {
 
@@ -169,15 +165,6 @@ long map_failures(const std::string& info) {
 /// CMA and mapped gets together.
 long all_gets(const std::string& info) { return number_after(info, "shm: rma: "); }
 
-size_t count_fds() {
-  size_t n = 0;
-  DIR* dir = ::opendir("/proc/self/fd");
-  while (dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] != '.') ++n;
-  }
-  ::closedir(dir);
-  return n - 1;  // the directory stream itself
-}
 
 size_t count_maps() {
   std::ifstream maps("/proc/self/maps");
@@ -571,7 +558,7 @@ BOOST_AUTO_TEST_CASE(no_fd_or_mapping_leaks_over_many_cycles) {
   std::vector<uint8_t> local(3u << 20);
   push_out_of_the_cache();  // the cache at its steady state
   const tl::shared_heap_stats before = tl::shared_heap_snapshot();
-  const size_t fds_before = count_fds();
+  const size_t fds_before = comm::test::open_fds();
   const size_t maps_before = count_maps();
   const size_t sizes[] = {page, 100 * 1024, size_t{1} << 20, 3u << 20};
   const auto deadline = std::chrono::steady_clock::now() + 30s;
@@ -599,7 +586,7 @@ BOOST_AUTO_TEST_CASE(no_fd_or_mapping_leaks_over_many_cycles) {
   // Every fd and mapping left over is a segment the heap accounts for (its cache and slabs).
   const long extra_segments = static_cast<long>(after.segments) - static_cast<long>(before.segments);
   BOOST_TEST(extra_segments <= 8);
-  BOOST_TEST(static_cast<long>(count_fds()) - static_cast<long>(fds_before) == extra_segments);
+  BOOST_TEST(static_cast<long>(comm::test::open_fds()) - static_cast<long>(fds_before) == extra_segments);
   BOOST_TEST(static_cast<long>(count_maps()) - static_cast<long>(maps_before) <=
              extra_segments + 4);  // + a few of malloc's own
 }

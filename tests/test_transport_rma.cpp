@@ -4,6 +4,7 @@
 // peer killed with SIGKILL, and leaks. Every wait is bounded in iterations and time.
 #define BOOST_TEST_MODULE transport_rma
 #include "process_harness.hpp"
+#include "test_util.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <comm/transport/transport.hpp>
@@ -11,7 +12,6 @@
 #include "../transports/base/rkey.hpp"
 #include "../transports/shm/shm_segment.hpp"
 
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -37,10 +37,6 @@ using comm::test::receive_addresses;
 using comm::test::send_addresses;
 using comm::test::wait_child;
 
-namespace comm {
-// For Boost.Test's messages.
-std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
-}  // namespace comm
 
 namespace {
 
@@ -146,15 +142,6 @@ struct pair_fixture {
   }
 };
 
-size_t count_fds() {
-  size_t n = 0;
-  DIR* dir = ::opendir("/proc/self/fd");
-  while (dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] != '.') ++n;
-  }
-  ::closedir(dir);
-  return n - 1;  // the directory stream itself
-}
 
 /// Calls progress on `iface` until `done()` holds, bounded in rounds and time.
 bool progress_until(tl::iface& iface, const std::function<bool()>& done,
@@ -767,7 +754,7 @@ BOOST_AUTO_TEST_CASE(get_and_put_across_a_forked_child) {
 }
 
 BOOST_AUTO_TEST_CASE(killed_peer_gives_connection_reset_and_the_error_handler) {
-  const size_t fds_before = count_fds();
+  const size_t fds_before = comm::test::open_fds();
   {
     channel to_parent;
     const pid_t child = fork_child([&]() -> int {
@@ -824,7 +811,7 @@ BOOST_AUTO_TEST_CASE(killed_peer_gives_connection_reset_and_the_error_handler) {
     BOOST_TEST(::waitpid(child, &wstatus, 0) == child);
     BOOST_TEST(WIFSIGNALED(wstatus));
   }
-  BOOST_TEST(count_fds() == fds_before);
+  BOOST_TEST(comm::test::open_fds() == fds_before);
 }
 
 BOOST_AUTO_TEST_CASE(a_put_to_a_dead_peer_is_a_connection_reset) {
@@ -859,7 +846,7 @@ BOOST_AUTO_TEST_CASE(a_put_to_a_dead_peer_is_a_connection_reset) {
 }
 
 BOOST_AUTO_TEST_CASE(no_fd_leaks_and_regions_released_on_close) {
-  const size_t fds_before = count_fds();
+  const size_t fds_before = comm::test::open_fds();
   for (const std::string& name : in_process_transports) {
     for (int round = 0; round < 3; ++round) {
       pair_fixture f(name, 1 << 16);
@@ -870,5 +857,5 @@ BOOST_AUTO_TEST_CASE(no_fd_leaks_and_regions_released_on_close) {
       BOOST_TEST(f.b->memory_domain()->mem_reg(got.data(), 100, &leftover) == status::ok);
     }
   }
-  BOOST_TEST(count_fds() == fds_before);
+  BOOST_TEST(comm::test::open_fds() == fds_before);
 }

@@ -3,9 +3,10 @@
 #define BOOST_TEST_MODULE transport_self
 #include <boost/test/unit_test.hpp>
 
+#include "test_util.hpp"
+
 #include <comm/transport/transport.hpp>
 
-#include <dirent.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,10 +21,6 @@
 using namespace comm;
 using namespace std::chrono_literals;
 
-namespace comm {
-// For Boost.Test's messages.
-std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
-}  // namespace comm
 
 namespace {
 
@@ -104,15 +101,6 @@ struct numbered_send : tl::pending_req {
   }
 };
 
-size_t count_fds() {
-  size_t n = 0;
-  DIR* dir = ::opendir("/proc/self/fd");
-  while (dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] != '.') ++n;
-  }
-  ::closedir(dir);
-  return n - 1;
-}
 
 }  // namespace
 
@@ -334,7 +322,7 @@ BOOST_AUTO_TEST_CASE(destroyed_endpoint_drops_its_completions) {
 }
 
 BOOST_AUTO_TEST_CASE(no_fd_leaks) {
-  const size_t before = count_fds();
+  const size_t before = comm::test::open_fds();
   {
     auto a = open_iface();
     auto b = open_iface();
@@ -342,7 +330,7 @@ BOOST_AUTO_TEST_CASE(no_fd_leaks) {
     auto ba = connect(*b, *a);
     const uint64_t value = 1;
     BOOST_TEST(ab->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
-    BOOST_TEST(count_fds() == before + 2);  // one eventfd per interface
+    BOOST_TEST(comm::test::open_fds() == before + 2);  // one eventfd per interface
   }
-  BOOST_TEST(count_fds() == before);
+  BOOST_TEST(comm::test::open_fds() == before);
 }

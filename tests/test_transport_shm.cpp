@@ -3,6 +3,7 @@
 // Every wait is bounded in iterations and time; nothing asserts on timing.
 #define BOOST_TEST_MODULE transport_shm
 #include "process_harness.hpp"
+#include "test_util.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <comm/transport/transport.hpp>
@@ -34,10 +35,6 @@ using comm::test::receive_addresses;
 using comm::test::send_addresses;
 using comm::test::wait_child;
 
-namespace comm {
-// For Boost.Test's messages.
-std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
-}  // namespace comm
 
 namespace {
 
@@ -128,15 +125,6 @@ struct bcopy_source {
   }
 };
 
-size_t count_fds() {
-  size_t n = 0;
-  DIR* dir = ::opendir("/proc/self/fd");
-  while (dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] != '.') ++n;
-  }
-  ::closedir(dir);
-  return n - 1;  // the directory stream itself
-}
 
 /// Open fds and mappings of our memfd segments.
 size_t count_memfds() {
@@ -832,7 +820,7 @@ BOOST_AUTO_TEST_CASE(many_senders_into_one_fifo) {
 }
 
 BOOST_AUTO_TEST_CASE(no_fd_or_memfd_leaks) {
-  const size_t fds_before = count_fds();
+  const size_t fds_before = comm::test::open_fds();
   const size_t memfds_before = count_memfds();
   {
     auto a = open_iface();
@@ -848,11 +836,11 @@ BOOST_AUTO_TEST_CASE(no_fd_or_memfd_leaks) {
     BOOST_TEST(ab->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
     BOOST_TEST(ab->am_zcopy(1, &value, sizeof(value), &entry, 1, &done) == status::in_progress);
     BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return done.calls == 1; }));
-    BOOST_TEST(count_fds() > fds_before);
+    BOOST_TEST(comm::test::open_fds() > fds_before);
     BOOST_TEST(count_memfds() > memfds_before);
     // Eps first, then their interfaces: the order the protocol layer keeps.
   }
-  BOOST_TEST(count_fds() == fds_before);
+  BOOST_TEST(comm::test::open_fds() == fds_before);
   BOOST_TEST(count_memfds() == memfds_before);
 
   // Failed opens leak nothing either.
@@ -860,5 +848,5 @@ BOOST_AUTO_TEST_CASE(no_fd_or_memfd_leaks) {
   params.fifo_size = 3;
   std::unique_ptr<tl::iface> bad;
   BOOST_TEST(shm_component().open(params, bad) == status::invalid_param);
-  BOOST_TEST(count_fds() == fds_before);
+  BOOST_TEST(comm::test::open_fds() == fds_before);
 }

@@ -7,13 +7,13 @@
 // Every wait is bounded in iterations and time; nothing asserts on timing beyond generous bounds.
 #define BOOST_TEST_MODULE transport_tcp
 #include "process_harness.hpp"
+#include "test_util.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <comm/transport/transport.hpp>
 #include <comm/wire/codec.hpp>
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -40,10 +40,6 @@ using comm::test::receive_addresses;
 using comm::test::send_addresses;
 using comm::test::wait_child;
 
-namespace comm {
-// For Boost.Test's messages.
-std::ostream& operator<<(std::ostream& os, status s) { return os << to_string(s); }
-}  // namespace comm
 
 namespace {
 
@@ -162,15 +158,6 @@ struct failure_log {
   void install(tl::iface& iface) { iface.set_error_handler(&handler, this); }
 };
 
-size_t count_fds() {
-  size_t n = 0;
-  DIR* dir = ::opendir("/proc/self/fd");
-  while (dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] != '.') ++n;
-  }
-  ::closedir(dir);
-  return n - 1;  // the directory stream itself
-}
 
 /// Resident set size of this process in KiB.
 size_t rss_kib() {
@@ -1764,7 +1751,7 @@ BOOST_AUTO_TEST_CASE(sleeping_receiver_wakes_on_a_send_from_another_process) {
 // -- leaks ----------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(no_descriptor_leaks) {
-  const size_t before = count_fds();
+  const size_t before = comm::test::open_fds();
   for (int round = 0; round < 3; ++round) {
     auto a = open_iface();
     auto b = open_iface();
@@ -1784,5 +1771,5 @@ BOOST_AUTO_TEST_CASE(no_descriptor_leaks) {
     ab.reset();
     ba.reset();
   }
-  BOOST_TEST(count_fds() == before);
+  BOOST_TEST(comm::test::open_fds() == before);
 }
