@@ -137,8 +137,12 @@ struct connected_pair {
   connected_pair(config server_cfg, config client_cfg)
       : srv(std::move(server_cfg)), cli(std::move(client_cfg)) {}
 
-  bool establish(const std::string& client_data = "hello", const std::string& reply = "welcome") {
-    if (cli.w->connect(srv.address(), params_for(ce, client_data), &cep) != status::ok) return false;
+  /// Connects (to `host`, the server's address when empty) and accepts.
+  bool establish(const std::string& client_data = "hello", const std::string& reply = "welcome",
+                 const std::string& host = {}) {
+    const std::string address =
+        host.empty() ? srv.address() : host + ":" + std::to_string(srv.l->port());
+    if (cli.w->connect(address, params_for(ce, client_data), &cep) != status::ok) return false;
     if (!run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); })) return false;
     conn_request* r = srv.requests.front();
     srv.requests.pop_front();
@@ -154,6 +158,28 @@ struct connected_pair {
   endpoint* sep = nullptr;
   conn_request_attr attr;
 };
+
+/// Makes `name` resolve to 127.0.0.1 in this process only, whatever the machine's /etc/hosts says
+/// (a minimal Debian has none): a private mount namespace in which /etc is an overlay whose upper
+/// layer (a tmpfs mounted on `scratch`, an empty directory) holds a hosts file naming it.
+/// False when that cannot be made (it needs root).
+bool private_host_name(const std::string& name, const std::string& scratch) {
+  if (::unshare(CLONE_NEWNS) != 0 ||
+      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      ::mount("tmpfs", scratch.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    return false;
+  }
+  const std::string upper = scratch + "/upper", work = scratch + "/work";
+  if (::mkdir(upper.c_str(), 0755) != 0 || ::mkdir(work.c_str(), 0755) != 0) return false;
+  std::ifstream system_hosts("/etc/hosts");  // may be missing or empty
+  const std::string kept((std::istreambuf_iterator<char>(system_hosts)),
+                         std::istreambuf_iterator<char>());
+  std::ofstream hosts(upper + "/hosts");
+  hosts << kept << "\n127.0.0.1 " << name << "\n";
+  hosts.close();
+  const std::string options = "lowerdir=/etc,upperdir=" + upper + ",workdir=" + work;
+  return hosts && ::mount("overlay", "/etc", "overlay", 0, options.c_str()) == 0;
+}
 
 }  // namespace
 
@@ -286,52 +312,6 @@ BOOST_AUTO_TEST_CASE(nobody_listening_is_unreachable) {
   (void)cep;
 }
 
-namespace {
-
-/// Makes `name` resolve to 127.0.0.1 in this process only, whatever the machine's /etc/hosts says
-/// (a minimal Debian has none): a private mount namespace in which /etc is an overlay whose upper
-/// layer (a tmpfs mounted on `scratch`, an empty directory) holds a hosts file naming it.
-/// False when that cannot be made (it needs root).
-bool private_host_name(const std::string& name, const std::string& scratch) {
-  if (::unshare(CLONE_NEWNS) != 0 ||
-      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-      ::mount("tmpfs", scratch.c_str(), "tmpfs", 0, "size=1m") != 0) {
-    return false;
-  }
-  const std::string upper = scratch + "/upper", work = scratch + "/work";
-  if (::mkdir(upper.c_str(), 0755) != 0 || ::mkdir(work.c_str(), 0755) != 0) return false;
-  std::ifstream system_hosts("/etc/hosts");  // may be missing or empty
-  const std::string kept((std::istreambuf_iterator<char>(system_hosts)),
-                         std::istreambuf_iterator<char>());
-  std::ofstream hosts(upper + "/hosts");
-  hosts << kept << "\n127.0.0.1 " << name << "\n";
-  hosts.close();
-  const std::string options = "lowerdir=/etc,upperdir=" + upper + ",workdir=" + work;
-  return hosts && ::mount("overlay", "/etc", "overlay", 0, options.c_str()) == 0;
-}
-
-/// A child process's check: a server and a client, the client connecting by host name `name`.
-/// 0 when the connect went through.
-int connect_by_name(const std::string& name) {
-  server srv(config_with({"shm", "tcp"}));
-  client cli(config_with({"shm", "tcp"}));
-  ep_events ce, se;
-  endpoint *cep = nullptr, *sep = nullptr;
-  if (cli.w->connect(name + ":" + std::to_string(srv.l->port()), params_for(ce), &cep) !=
-      status::ok) {
-    return 3;
-  }
-  if (!run(*srv.w, *cli.w, [&] { return srv.requests.size() == 1 || ce.errors == 1; }) ||
-      srv.requests.empty()) {
-    return 4;
-  }
-  if (srv.w->accept(srv.requests.front(), params_for(se), &sep) != status::ok) return 5;
-  if (!run(*srv.w, *cli.w, [&] { return ce.connects == 1 || ce.errors == 1; })) return 6;
-  return ce.connects == 1 ? 0 : 7;
-}
-
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(host_names_are_resolved_off_the_worker_thread) {
   // A name that resolves: the connect goes through. The name is made up for the test (as root;
   // otherwise "localhost" from the machine's /etc/hosts).
@@ -339,20 +319,20 @@ BOOST_AUTO_TEST_CASE(host_names_are_resolved_off_the_worker_thread) {
   BOOST_REQUIRE(::mkdtemp(scratch) != nullptr);
   const pid_t child = comm::test::fork_child([&] {
     const bool own = private_host_name("comm-test-server", scratch);
-    return connect_by_name(own ? "comm-test-server" : "localhost");
+    connected_pair p(config_with({"shm", "tcp"}), config_with({"shm", "tcp"}));
+    return p.establish("hello", "welcome", own ? "comm-test-server" : "localhost") ? 0 : 1;
   });
   BOOST_TEST(comm::test::wait_child(child) == 0);
   ::rmdir(scratch);
   // A name that does not (or not within the timeout): the connect call returns at once, and the
   // endpoint fails with UNREACHABLE later, whatever the resolver does meanwhile.
-  server srv(config_with({"shm", "tcp"}));
   client cli(config_with({"shm", "tcp"}));
   ep_events bad;
   endpoint* bep = nullptr;
   endpoint_params p = params_for(bad);
   p.timeout_ms = 3000;
   BOOST_REQUIRE_EQUAL(cli.w->connect("no-such-host.invalid:7000", p, &bep), status::ok);
-  BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return bad.errors == 1; }));
+  BOOST_REQUIRE(spin_until([&] { cli.w->progress(); }, [&] { return bad.errors == 1; }, 10));
   BOOST_TEST(bad.error == status::unreachable);
   BOOST_TEST(bad.connects == 0);
 }
