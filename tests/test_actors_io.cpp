@@ -611,6 +611,22 @@ int run_client(const std::string& address) {
   return 0;
 }
 
+/// Makes worker `w` listen on loopback (accepting every request) and route AM `id` to `self`.
+/// @returns the listener's address, for a client process
+std::string listen_for_am(caf::scoped_actor& self, const caf::actor& w, uint16_t id) {
+  auto me = caf::actor_cast<caf::actor>(self);
+  auto owner = self->home_system().spawn(owner_actor, me, answer::accept);
+  caf::actor listener;
+  auto fail = [&](caf::error& e) { BOOST_FAIL(self->home_system().render(e)); };
+  self->request(w, timeout, listen_atom::value, std::string("127.0.0.1:0"), owner)
+      .receive([&](caf::actor& l) { listener = l; }, fail);
+  self->request(w, timeout, register_am_atom::value, id, me).receive([](ok_atom) {}, fail);
+  std::string address;
+  self->request(listener, timeout, address_atom::value)
+      .receive([&](std::string& a) { address = a; }, fail);
+  return address;
+}
+
 /// A child that connects to `address` over `tl`, says hello with AM 3, then waits to be killed.
 int run_victim(const std::string& address, const char* tl) {
   io_config cfg;
@@ -651,19 +667,7 @@ BOOST_AUTO_TEST_CASE(a_peer_killed_with_sigkill_ends_its_endpoint_actor) {
       wc.transport = config_with({tl});
       auto w = spawn_worker(sys, wc);
       BOOST_REQUIRE(w);
-      auto me = caf::actor_cast<caf::actor>(self);
-      auto owner = sys.spawn(owner_actor, me, answer::accept);
-      caf::actor listener;
-      self->request(*w, timeout, listen_atom::value, std::string("127.0.0.1:0"), owner)
-          .receive([&](caf::actor& l) { listener = l; },
-                   [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
-      self->request(*w, timeout, register_am_atom::value, uint16_t{3}, me)
-          .receive([](ok_atom) {}, [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
-      std::string address;
-      self->request(listener, timeout, address_atom::value)
-          .receive([&](std::string& a) { address = a; },
-                   [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
-      to_child.send(text(address));
+      to_child.send(text(listen_for_am(self, *w, 3)));
       caf::actor peer_ep;
       self->receive([&](am_atom, uint16_t, bytes&, bytes&, caf::actor& r) { peer_ep = r; },
                     caf::after(timeout) >> [] {});
@@ -704,19 +708,7 @@ BOOST_AUTO_TEST_CASE(two_processes_exchange_through_worker_actors) {
     wc.transport = config_with({"shm", "tcp"});
     auto w = spawn_worker(sys, wc);
     BOOST_REQUIRE(w);
-    auto me = caf::actor_cast<caf::actor>(self);
-    auto owner = sys.spawn(owner_actor, me, answer::accept);
-    caf::actor listener;
-    self->request(*w, timeout, listen_atom::value, std::string("127.0.0.1:0"), owner)
-        .receive([&](caf::actor& l) { listener = l; },
-                 [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
-    self->request(*w, timeout, register_am_atom::value, uint16_t{3}, me)
-        .receive([](ok_atom) {}, [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
-    std::string address;
-    self->request(listener, timeout, address_atom::value)
-        .receive([&](std::string& a) { address = a; },
-                 [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
-    to_child.send(text(address));
+    to_child.send(text(listen_for_am(self, *w, 3)));
     caf::actor reply;
     self->receive(
         [&](am_atom, uint16_t id, bytes&, bytes& p, caf::actor& r) {
