@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -494,6 +495,20 @@ inline uint64_t monotonic_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
                                    .count());
+}
+
+/// The node-killed scenario from the test's side: waits for the client's "ready" on `report`,
+/// runs `kill` (SIGKILL of the service node), and returns the milliseconds from the kill until the
+/// client saw the down message and every failed request (check_node_killed reports the time);
+/// nothing when the client did not report.
+template <class Kill>
+std::optional<double> ms_until_failures_seen(const channel& report, Kill&& kill) {
+  if (receive_string(report) != "ready") return std::nullopt;
+  const uint64_t killed = monotonic_ns();
+  kill();
+  uint64_t seen = 0;
+  if (!report.receive_word(&seen)) return std::nullopt;
+  return static_cast<double>(seen - killed) / 1e6;
 }
 
 /// Body of a service process: a node listening on `listen_address` that publishes the service,
