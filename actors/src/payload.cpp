@@ -258,6 +258,12 @@ bool plain_cursor::get_value(uint16_t nr, void* x) {
   return true;
 }
 
+/// A CAF message of `values`, in CAF's own message data for any number of values.
+caf::message dynamic_message(caf::detail::dynamic_message_data::elements values) {
+  return caf::message{caf::detail::message_data::cow_ptr{
+      caf::make_counted<caf::detail::dynamic_message_data>(std::move(values))}};
+}
+
 /// Reads values of the types of `protos` (plain, at most plain_message_data::capacity of them)
 /// from `in`, which they must use up, into one plain_message_data.
 bool read_values(plain_cursor& in, const std::vector<caf::type_erased_value_ptr>& protos,
@@ -354,8 +360,7 @@ caf::error content_reader::read(caf::deserializer& source, caf::message& out,
     if (e) return e;
   }
   if (auto e = source.end_object()) return e;
-  out = caf::message{caf::detail::message_data::cow_ptr{
-      caf::make_counted<caf::detail::dynamic_message_data>(std::move(values))}};
+  out = dynamic_message(std::move(values));
   return caf::error{};
 }
 
@@ -378,8 +383,7 @@ bool content_reader::read_plain(caf::actor_system& sys, const char* data, size_t
     if (!in.get_value(proto->type().first, values.back()->get_mutable())) return false;
   }
   if (in.left() != 0) return false;
-  out = caf::message{caf::detail::message_data::cow_ptr{
-      caf::make_counted<caf::detail::dynamic_message_data>(std::move(values))}};
+  out = dynamic_message(std::move(values));
   return true;
 }
 
