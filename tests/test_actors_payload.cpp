@@ -8,10 +8,14 @@
 
 #include "attachments.hpp"
 #include "payload.hpp"
+#include "process_harness.hpp"
 
 #include <caf/all.hpp>
 
+#include <sys/resource.h>
+
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -58,6 +62,15 @@ struct codec_fixture {
   caf::actor_system sys;
   caf::scoped_execution_unit ctx;
 };
+
+/// Bytes of this process's address space (VmSize).
+rlim_t address_space_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+  }
+  return 0;
+}
 
 /// A message with one value of every plain type.
 caf::message plain_message() {
@@ -151,6 +164,29 @@ BOOST_AUTO_TEST_CASE(attachments_that_do_not_add_up_are_errors) {
   BOOST_TEST(!read(payload, attachment_source(run.data(), run.size(), nullptr), 2, back));
   // Without attachments, the payload alone is not a message.
   BOOST_TEST(!read(payload, {}, 2, back));
+}
+
+BOOST_AUTO_TEST_CASE(a_huge_blob_length_is_an_error_before_any_allocation) {
+  const caf::message msg = caf::make_message(probe_atom::value, blob("12345"));
+  auto forged = written_by_caf(msg);
+  // The blob's length (one varbyte, 5) becomes 2^28 - 1 with the same five bytes behind it.
+  forged.erase(forged.end() - 6);
+  const char huge[] = {'\xff', '\xff', '\xff', '\x7f'};
+  forged.insert(forged.end() - 5, huge, huge + sizeof(huge));
+  // In a child whose address space has no room for 256 MiB more: allocating for the length
+  // would fail (and throw), refusing it first does not.
+  const pid_t child = comm::test::fork_child([&] {
+    const rlimit room{address_space_bytes() + (64u << 20), RLIM_INFINITY};
+    if (::setrlimit(RLIMIT_AS, &room) != 0) return 2;
+    caf::message back;
+    if (read(forged, {}, msg.size(), back)) return 3;  // the node's reader
+    // CAF's own reader: the blob refuses the length (CAF drops the message without an error).
+    caf::binary_deserializer source{&ctx, forged};
+    (void)source(back);
+    if (back.match_elements<probe_atom, blob>() || source.remaining() != 5) return 4;
+    return 0;
+  });
+  BOOST_TEST(comm::test::wait_child(child) == 0);
 }
 
 BOOST_AUTO_TEST_CASE(every_truncation_and_a_wrong_count_are_errors) {

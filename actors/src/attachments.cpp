@@ -87,7 +87,12 @@ caf::error load_blob(caf::deserializer& source, blob& x) {
     x = frame->attachments().take(size);
     return source.end_sequence();
   }
+  // A length from the wire must fit what is left to read before anything is allocated for it.
   if (frame != nullptr && size > frame->remaining()) return caf::sec::end_of_stream;
+  if (auto* bytes = dynamic_cast<caf::binary_deserializer*>(&source);
+      bytes != nullptr && size > bytes->remaining()) {
+    return caf::sec::end_of_stream;
+  }
   if (size > max_inline_blob) return caf::sec::invalid_argument;
   blob read(size);
   if (size != 0) {
