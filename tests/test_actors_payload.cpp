@@ -26,9 +26,23 @@ namespace {
 
 using probe_atom = caf::atom_constant<caf::atom("probe")>;
 
+/// A user type with a byte vector inside (CAF sizes it before reading its bytes).
+struct packet {
+  std::vector<char> bytes;
+};
+
+/// Serialisation of packet.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, packet& x) {
+  return f(caf::meta::type_name("packet"), x.bytes);
+}
+
 /// An actor system and an execution unit for serialisers.
 struct codec_fixture {
-  codec_fixture() : sys(cfg.add_message_type<blob>(comm::actors::blob_type_name)), ctx(&sys) {}
+  codec_fixture()
+      : sys(cfg.add_message_type<blob>(comm::actors::blob_type_name)
+                .add_message_type<packet>("packet")),
+        ctx(&sys) {}
 
   /// The payload write_message_payload makes for `msg` (plain messages take the direct writer).
   std::vector<char> written(const caf::message& msg, attachment_list& attached) {
@@ -62,6 +76,13 @@ struct codec_fixture {
   caf::actor_system sys;
   caf::scoped_execution_unit ctx;
 };
+
+/// Peak resident memory of this process so far, in KiB.
+long peak_rss_kib() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
 
 /// Bytes of this process's address space (VmSize).
 rlim_t address_space_bytes() {
@@ -185,6 +206,25 @@ BOOST_AUTO_TEST_CASE(a_huge_blob_length_is_an_error_before_any_allocation) {
     (void)source(back);
     if (back.match_elements<probe_atom, blob>() || source.remaining() != 5) return 4;
     return 0;
+  });
+  BOOST_TEST(comm::test::wait_child(child) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_huge_sequence_length_is_an_error_before_any_allocation) {
+  const caf::message msg = caf::make_message(probe_atom::value, packet{{'a', 'b', 'c'}});
+  auto forged = written_by_caf(msg);
+  // The vector's length (one varbyte, 3) becomes 2^28 - 1 with the same three bytes behind it.
+  forged.erase(forged.end() - 4);
+  const char huge[] = {'\xff', '\xff', '\xff', '\x7f'};
+  forged.insert(forged.end() - 3, huge, huge + sizeof(huge));
+  caf::message back;
+  BOOST_REQUIRE(read(written_by_caf(msg), {}, msg.size(), back));  // the genuine one reads
+  // In a child, so that its peak resident memory tells whether 256 MiB were allocated (and
+  // zero-filled) for the length before the missing bytes were noticed.
+  const pid_t child = comm::test::fork_child([&] {
+    const long peak_before = peak_rss_kib();
+    if (read(forged, {}, msg.size(), back)) return 3;
+    return peak_rss_kib() - peak_before < (64 << 10) ? 0 : 4;
   });
   BOOST_TEST(comm::test::wait_child(child) == 0);
 }

@@ -186,7 +186,13 @@ caf::error frame_deserializer::begin_object(uint16_t& nr, std::string& name) {
 caf::error frame_deserializer::end_object() { return inner_.end_object(); }
 
 caf::error frame_deserializer::begin_sequence(size_t& size) {
-  return inner_.begin_sequence(size);
+  if (auto err = inner_.begin_sequence(size)) return err;
+  // Every element takes at least a byte of the frame: a longer sequence is forged, and CAF would
+  // size a byte sequence (resize) before reading it.
+  if (size > inner_.remaining() + from_.remaining()) {
+    return caf::make_error(caf::sec::end_of_stream, "sequence longer than its frame");
+  }
+  return caf::error{};
 }
 
 caf::error frame_deserializer::end_sequence() { return inner_.end_sequence(); }

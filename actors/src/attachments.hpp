@@ -130,7 +130,8 @@ private:
   void* am_data_ = nullptr;
 };
 
-/// CAF's binary deserialiser, taking raw runs of attach_threshold bytes or more from `from`.
+/// CAF's binary deserialiser, taking raw runs of attach_threshold bytes or more from `from`, and
+/// refusing sequences longer than the bytes left to read (payload and attachments).
 class frame_deserializer final : public caf::deserializer {
 public:
   /// Reads the payload `data`/`length`; attachments come from `from`.
