@@ -16,14 +16,20 @@ namespace {
 /// The longest blob a deserialiser reads inline (attachments are bounded by the frame).
 constexpr size_t max_inline_blob = size_t{1} << 30;
 
+/// The owner of `block`, which comm::mem_free releases: a comm::mem_alloc block, or data
+/// detached from a libcomm worker.
+std::shared_ptr<const void> heap_owner(void* block) {
+  return std::shared_ptr<const void>(block, [](const void* p) {
+    comm::mem_free(const_cast<void*>(p));
+  });
+}
+
 /// An owner of `size` fresh bytes: host-shareable memory for large ones.
 std::shared_ptr<const void> allocate(size_t size) {
   if (size >= detail::attach_threshold) {
     void* block = comm::mem_alloc(size);
     if (block == nullptr) throw std::bad_alloc{};
-    return std::shared_ptr<const void>(block, [](const void* p) {
-      comm::mem_free(const_cast<void*>(p));
-    });
+    return heap_owner(block);
   }
   return std::shared_ptr<const void>(new char[size], [](const void* p) {
     delete[] static_cast<const char*>(p);
@@ -46,10 +52,7 @@ blob::blob(const void* data, size_t size) : blob(size) {
 }
 
 blob blob::adopt(void* block, size_t size) {
-  std::shared_ptr<const void> owner(block, [](const void* p) {
-    comm::mem_free(const_cast<void*>(p));
-  });
-  return share(std::move(owner), static_cast<const char*>(block), size);
+  return share(heap_owner(block), static_cast<const char*>(block), size);
 }
 
 blob blob::share(std::shared_ptr<const void> owner, const char* data, size_t size) noexcept {
@@ -148,11 +151,7 @@ caf::error frame_serializer::apply_impl(std::string& x) {
 
 const std::shared_ptr<const void>& attachment_source::owner() {
   if (!owner_ && worker_ != nullptr) {
-    if (worker_->am_data_detach(am_data_)) {
-      owner_ = std::shared_ptr<const void>(am_data_, [](const void* p) {
-        comm::mem_free(const_cast<void*>(p));
-      });
-    }
+    if (worker_->am_data_detach(am_data_)) owner_ = heap_owner(am_data_);
     worker_ = nullptr;
   }
   return owner_;
