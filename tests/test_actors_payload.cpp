@@ -5,6 +5,8 @@
 #include <boost/test/unit_test.hpp>
 
 #include <comm/actors/blob.hpp>
+#include <comm/memory.hpp>
+#include <comm/transport/shared_heap.hpp>
 
 #include "attachments.hpp"
 #include "payload.hpp"
@@ -170,6 +172,23 @@ BOOST_AUTO_TEST_CASE(large_runs_become_attachments_and_come_back) {
   const blob& got = back.get_as<blob>(4);
   BOOST_TEST((got == b));
   BOOST_TEST(got.data() == owner->data() + big.size() + text.size());  // taken over, not copied
+}
+
+BOOST_AUTO_TEST_CASE(an_adopted_block_is_freed_with_the_last_copy) {
+  const size_t live = comm::tl::shared_heap_snapshot().live_blocks;
+  void* block = comm::mem_alloc(64 * 1024);
+  BOOST_REQUIRE(block != nullptr);
+  std::memset(block, 'a', 64 * 1024);
+  {
+    blob first = blob::adopt(block, 64 * 1024);
+    BOOST_TEST(first.data() == static_cast<const char*>(block));
+    BOOST_TEST(first.mutable_data() != nullptr);  // the only copy
+    const blob second = first;
+    BOOST_TEST(first.mutable_data() == nullptr);  // shared now
+    BOOST_TEST(second.view() == std::string(64 * 1024, 'a'));
+    BOOST_TEST(comm::tl::shared_heap_snapshot().live_blocks == live + 1);
+  }
+  BOOST_TEST(comm::tl::shared_heap_snapshot().live_blocks == live);
 }
 
 BOOST_AUTO_TEST_CASE(attachments_that_do_not_add_up_are_errors) {
