@@ -167,11 +167,6 @@ struct name_lookup {
   }
 };
 
-/// True when `host` is a dotted IPv4 address (nothing to resolve).
-bool is_numeric(const std::string& host) {
-  in_addr ignored{};
-  return ::inet_pton(AF_INET, host.c_str(), &ignored) == 1;
-}
 
 std::string address_text(const sockaddr_in& address) {
   char text[INET_ADDRSTRLEN] = {};
@@ -359,8 +354,8 @@ public:
     auto conn = std::make_unique<socket_conn>(-1, false, where, params_.auth_key);
     conn->private_data.assign(data, data + length);
     conn->deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
-    if (is_numeric(host)) {
-      ::inet_pton(AF_INET, host.c_str(), &conn->peer_.sin_addr);
+    if (::inet_pton(AF_INET, host.c_str(), &conn->peer_.sin_addr) == 1) {
+      // A dotted address: nothing to resolve.
       if (const status st = start_connect(conn.get()); st != status::ok) return st;
     } else {
       // A name: resolved on a thread, the connect starts when it is known (on_lookup).
