@@ -159,7 +159,7 @@ BOOST_AUTO_TEST_CASE(large_runs_become_attachments_and_come_back) {
   attachment_list attached;
   const auto payload = written(msg, attached);
   BOOST_REQUIRE_EQUAL(attached.runs.size(), 3u);
-  BOOST_TEST(attached.bytes == big.size() + text.size() + b.size());
+  BOOST_TEST(attached.bytes() == big.size() + text.size() + b.size());
   BOOST_TEST(attached.runs[2].data() == b.data());  // a blob is attached by reference
   BOOST_TEST(payload.size() < 200u);                // only lengths stay in the payload
   std::vector<char> all;

@@ -30,12 +30,15 @@ inline constexpr size_t attach_threshold = 32 * 1024;
 /// The attachments of one outgoing frame, in the order the reader will take them.
 struct attachment_list {
   std::vector<blob> runs;  ///< each run, owning (or sharing) its bytes
-  size_t bytes = 0;        ///< their total length
 
   /// Appends `run`.
-  void add(blob run) {
-    bytes += run.size();
-    runs.push_back(std::move(run));
+  void add(blob run) { runs.push_back(std::move(run)); }
+
+  /// Total length of the runs.
+  size_t bytes() const noexcept {
+    size_t total = 0;
+    for (const blob& run : runs) total += run.size();
+    return total;
   }
 
   /// True without attachments.

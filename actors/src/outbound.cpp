@@ -70,7 +70,7 @@ void node_state::forward(const std::shared_ptr<peer>& to, caf::actor_id receiver
   }
   // Small frames leave from here when the worker is free; others queue for whoever holds it.
   if (attached.empty() && scratch.size() < buffer_pool::large && send_now(to, h)) return;
-  h.attached = attached.bytes;
+  h.attached = attached.bytes();
   outgoing* item = new_frame(to, frame_kind::message);
   item->header = h;
   item->payload = buffer_pool::detach(scratch);
@@ -229,7 +229,7 @@ void node_state::lay_out_attached(outgoing& item, const void*& head, size_t& hea
     return;
   }
   // Several runs, or a payload too long for a header: one buffer of payload and runs.
-  blob all(item.payload.size() + a.bytes);
+  blob all(item.payload.size() + a.bytes());
   char* out = all.mutable_data();
   std::memcpy(out, item.payload.data(), item.payload.size());
   out += item.payload.size();
