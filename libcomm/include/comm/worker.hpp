@@ -109,7 +109,8 @@ public:
   /// the server accepts. A host name is resolved on another thread, never blocking the worker.
   /// A refusal fails the endpoint with rejected, nobody listening or a name that does not resolve
   /// (within params.timeout_ms) with unreachable, no answer within params.timeout_ms with
-  /// endpoint_timeout (each through params.on_error). invalid_addr: the address does not parse.
+  /// endpoint_timeout (each through params.on_error). invalid_addr: the address does not parse;
+  /// busy: 64 host names are being resolved already.
   status connect(const std::string& address, const endpoint_params& params, endpoint** out);
 
   /// Accepts a connection request on this worker (any worker of the listener's context); the
