@@ -466,8 +466,8 @@ BOOST_DATA_TEST_CASE(peer_killed_mid_stream, boost::unit_test::data::make(interp
     op am = parent.ep->am_send(5, nullptr, 0, &v, sizeof(v), send_params(am_tracker));
     BOOST_REQUIRE(!am.failed());
     BOOST_REQUIRE(spin_until([&] { parent.w->progress(); },
-                             [&] {
-                               pollfd pfd{sock, POLLIN, 0};
+                             [&, fd = sock] {
+                               pollfd pfd{fd, POLLIN, 0};
                                return ::poll(&pfd, 1, 0) > 0;
                              },
                              60));

@@ -19,8 +19,6 @@
 
 namespace comm::wire {
 
-namespace schema = ::comm::wire::schema;
-
 /// Size in bytes of a data-only header struct on the wire: its root pointer plus data section.
 template <class Struct>
 constexpr size_t header_size() {
