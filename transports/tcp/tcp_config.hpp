@@ -23,11 +23,11 @@ namespace comm::tl::tcp {
 
 /// One numeric COMM_TCP_* variable: its name, what it means, its default and its limits.
 struct tcp_knob {
-  const char* name;
-  const char* help;
-  unsigned default_value;
-  unsigned min;
-  unsigned max;
+  const char* name;        ///< the environment variable
+  const char* help;        ///< what it means, for warnings and info()
+  unsigned default_value;  ///< when unset, malformed or out of range
+  unsigned min;            ///< smallest value accepted
+  unsigned max;            ///< largest value accepted
 };
 
 /// COMM_TCP_PEER_TIMEOUT (seconds).
