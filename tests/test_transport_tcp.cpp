@@ -1108,15 +1108,19 @@ BOOST_AUTO_TEST_CASE(slow_receiver_bounds_sender_memory_and_everything_arrives_i
   stream_checker got;
   got.stream = &stream;
   receiver->set_am_handler(1, &stream_checker::handler, &got);
-  // Let the connection be accepted before the receiver stops progressing.
+  // A first message: the connection is open (its handshake over) before the receiver stops.
+  recorder opened;
+  opened.install(*receiver, 2);
+  BOOST_TEST(ep->am_short(2, nullptr, 0, nullptr, 0) == status::ok);
   BOOST_TEST(progress_until({sender.get(), receiver.get()},
-                            [&] { return info_number(*receiver, "connections ") == 1; }));
+                            [&] { return opened.messages.size() == 1; }));
   const size_t rss_before = rss_kib();
 
   stream.start();
   BOOST_TEST(stream.error == status::ok);
   // Only the sender progresses: the kernel buffers fill, then everything waits.
   progress_for({sender.get()}, 300ms);
+  BOOST_TEST(info_number(*sender, "writes the kernel did not take in full ") > 0);
   BOOST_TEST(stream.next < count);
   BOOST_TEST(stream.parked == 1);
   BOOST_TEST(!stream.all_completed());  // a partially written zcopy waits for the receiver
