@@ -242,7 +242,13 @@ void run(const uint8_t* data, size_t size) {
   }();
   check_still_working(*a, *b, records);
   for (void* d : kept) a->am_data_release(d);
-  if (r.pending()) a->cancel(r.req, comm::cancel_mode::force);
+  if (r.pending()) {
+    if (a->request_status(r.req) == comm::status::in_progress) {
+      a->cancel(r.req, comm::cancel_mode::force);
+    } else {
+      a->release(r.req);  // a forged message completed it
+    }
+  }
 }
 
 // -- seeds -----------------------------------------------------------------------------------------
