@@ -55,19 +55,16 @@ constexpr auto handshake_bound = std::chrono::seconds(5);
 /// What the connection manager reported during one input.
 struct recorder final : cm_handler {
   void on_request(cm_listener*, std::unique_ptr<cm_conn> conn, const uint8_t*, size_t) override {
-    ++requests;
     handed = std::move(conn);  // answered after progress() returns, never inside the callback
   }
   void on_established(cm_conn*, const uint8_t*, size_t) override { ++ended; }
   void on_failed(cm_conn*, comm::status) override { ++ended; }
 
   void reset() {
-    requests = 0;
     ended = 0;
     handed.reset();
   }
 
-  int requests = 0;
   int ended = 0;
   std::unique_ptr<cm_conn> handed;
 };
