@@ -57,6 +57,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -90,28 +91,48 @@ comm::status echo(void* arg, const void*, size_t, void* data, size_t length,
   return comm::status::ok;
 }
 
+/// The listener server's state: its worker and the endpoints that failed (their peer closed or
+/// died), which it closes as a server must, outside the callback that reported them.
+struct listener_state {
+  std::unique_ptr<comm::worker> w;
+  std::vector<comm::endpoint*> failed;
+};
+
+void on_server_ep_error(void* arg, comm::endpoint* ep, comm::status) {
+  static_cast<listener_state*>(arg)->failed.push_back(ep);
+}
+
 void accept_all(void* arg, comm::conn_request* request) {
-  auto* w = static_cast<comm::worker*>(arg);
+  auto* s = static_cast<listener_state*>(arg);
+  comm::endpoint_params params;
+  params.on_error = on_server_ep_error;
+  params.error_arg = s;
   comm::endpoint* ep = nullptr;
-  (void)w->accept(request, comm::endpoint_params{}, &ep);
+  (void)s->w->accept(request, params, &ep);
 }
 
 /// The listener server: runs until SIGTERM, writes its port to `report`.
 [[noreturn]] void listener_server(int report) {
   comm::context ctx;
-  auto w = comm::worker::create(ctx);
-  w->set_am_handler(echo_request, echo, w.get());
+  listener_state s;
+  s.w = comm::worker::create(ctx);
+  comm::worker& w = *s.w;
+  w.set_am_handler(echo_request, echo, &w);
   comm::listener_params lp;
   lp.address = "127.0.0.1:0";
   lp.on_request = accept_all;
-  lp.arg = w.get();
+  lp.arg = &s;
   std::unique_ptr<comm::listener> l;
-  if (w->listen(lp, &l) != comm::status::ok) std::_Exit(2);
+  if (w.listen(lp, &l) != comm::status::ok) std::_Exit(2);
   const std::string port = std::to_string(l->port()) + "\n";
   (void)!::write(report, port.data(), port.size());
   while (!stopping) {
-    w->progress();
-    (void)w->wait(10);
+    w.progress();
+    for (comm::endpoint* ep : std::exchange(s.failed, {})) {
+      comm::op o = ep->close();
+      if (o.pending()) w.release(o.req);
+    }
+    (void)w.wait(10);
   }
   std::_Exit(0);
 }
