@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -141,16 +142,30 @@ void reset_on_close(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof(now));
 }
 
+/// A connected socket to `port` on loopback. Local ports run short while the machine's other
+/// connections (ours and anyone's) sit in TIME_WAIT: that is retried for a while, anything else
+/// is a failure of the listener.
 int raw_connect(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in to{};
   to.sin_family = AF_INET;
   to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   to.sin_port = htons(port);
-  require(fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0,
-          "cannot connect to the listener");
-  reset_on_close(fd);
-  return fd;
+  const auto deadline = clock_type::now() + handshake_bound;
+  for (;;) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    require(fd >= 0, "cannot make a socket");
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) {
+      reset_on_close(fd);
+      return fd;
+    }
+    const int error = errno;
+    ::close(fd);
+    if (error != EADDRNOTAVAIL || clock_type::now() >= deadline) {
+      std::fprintf(stderr, "fuzz_tcp_cm: connect: %s\n", std::strerror(error));
+      fail("cannot connect to the listener");
+    }
+    ::poll(nullptr, 0, 10);
+  }
 }
 
 /// Sends all of the bytes (blocking) and ends our direction; the peer may have closed already.
