@@ -65,6 +65,7 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
+/// The command line.
 struct options {
   int seconds = 60;
   std::string out = "soak";
@@ -72,8 +73,10 @@ struct options {
   size_t half_open = 1000;
 };
 
+/// Set by SIGTERM (servers) or at the end of the run (this process): every loop ends.
 std::atomic<bool> stopping{false};
 
+/// SIGTERM handler of the servers.
 void on_term(int) { stopping = true; }
 
 // -- servers ---------------------------------------------------------------------------------------
@@ -81,6 +84,7 @@ void on_term(int) { stopping = true; }
 constexpr uint16_t echo_request = 1;
 constexpr uint16_t echo_reply = 2;
 
+/// The listener server's AM handler: sends the data back on the reply endpoint.
 comm::status echo(void* arg, const void*, size_t, void* data, size_t length,
                   const comm::am_recv_params& params) {
   if (!(params.attr & comm::am_recv_reply_ep) || params.reply_ep == nullptr) {
@@ -98,10 +102,12 @@ struct listener_state {
   std::vector<comm::endpoint*> failed;
 };
 
+/// Queues a failed endpoint for closing.
 void on_server_ep_error(void* arg, comm::endpoint* ep, comm::status) {
   static_cast<listener_state*>(arg)->failed.push_back(ep);
 }
 
+/// Accepts every connection request.
 void accept_all(void* arg, comm::conn_request* request) {
   auto* s = static_cast<listener_state*>(arg);
   comm::endpoint_params params;
@@ -179,6 +185,7 @@ pid_t start_server(void (*body)(int), std::string* line) {
   return pid;
 }
 
+/// The port of "ip:port".
 uint16_t port_of(const std::string& address) {
   return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
 }
@@ -217,6 +224,7 @@ struct probe {
 probe comm_rtt, comm_connect, actor_rtt;
 std::atomic<uint64_t> garbage_sent{0}, half_open_made{0}, churned{0}, hostile_frames{0};
 
+/// Open descriptors of process `pid`.
 size_t fd_count(pid_t pid) {
   size_t n = 0;
   const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
@@ -227,6 +235,7 @@ size_t fd_count(pid_t pid) {
   return n;
 }
 
+/// Resident memory of process `pid` in MB, or -1.
 double rss_mb(pid_t pid) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(status, line);) {
@@ -235,10 +244,12 @@ double rss_mb(pid_t pid) {
   return -1;
 }
 
+/// True while child `pid` has not exited.
 bool alive(pid_t pid) { return ::waitpid(pid, nullptr, WNOHANG) == 0; }
 
 // -- raw sockets -----------------------------------------------------------------------------------
 
+/// A plain TCP connection to `port` on loopback, or -1.
 int raw_connect(uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
@@ -255,8 +266,10 @@ int raw_connect(uint16_t port) {
   return fd;
 }
 
+/// True until `end` or the end of the run.
 bool running(clock_type::time_point end) { return !stopping && clock_type::now() < end; }
 
+/// The garbage attack: connect, send random bytes, close.
 void garbage(std::vector<uint16_t> ports, clock_type::time_point end) {
   std::mt19937 rng(1);
   std::vector<uint8_t> bytes(2048);
@@ -272,6 +285,7 @@ void garbage(std::vector<uint16_t> ports, clock_type::time_point end) {
   }
 }
 
+/// The half-open attack: connections that never finish a handshake, the oldest replaced.
 void half_open(std::vector<uint16_t> ports, size_t limit, clock_type::time_point end) {
   std::deque<int> open;
   const uint8_t half_frame[4] = {0x40, 0, 0, 0};  // a length, and never the message
@@ -304,15 +318,18 @@ bool progress_until(comm::worker& w, std::chrono::milliseconds timeout, Done don
   return true;
 }
 
+/// What a client endpoint's callbacks were told.
 struct connection_state {
   bool connected = false;
   bool failed = false;
 };
 
+/// Connect callback of the clients.
 void on_connected(void* arg, comm::endpoint*, const uint8_t*, size_t) {
   static_cast<connection_state*>(arg)->connected = true;
 }
 
+/// Error callback of the clients.
 void on_failed(void* arg, comm::endpoint*, comm::status) {
   static_cast<connection_state*>(arg)->failed = true;
 }
@@ -344,10 +361,12 @@ void close(comm::worker& w, comm::endpoint* ep) {
   w.release(o.req);
 }
 
+/// Whether the echo of the last round trip arrived.
 struct echo_box {
   bool arrived = false;
 };
 
+/// The good client's AM handler for echoes.
 comm::status on_echo(void* arg, const void*, size_t, void*, size_t, const comm::am_recv_params&) {
   static_cast<echo_box*>(arg)->arrived = true;
   return comm::status::ok;
@@ -368,6 +387,7 @@ double round_trip(comm::worker& w, comm::endpoint* ep, echo_box& box) {
   return std::chrono::duration<double, std::micro>(clock_type::now() - start).count();
 }
 
+/// The good libcomm client: a round trip every 50 ms, a new connection every second.
 void good_comm_client(std::string address, clock_type::time_point end) {
   // Declared before the worker: they outlive the endpoints that report to them (a close may time
   // out and report later, and destroying the worker fails what is left).
@@ -404,6 +424,7 @@ void good_comm_client(std::string address, clock_type::time_point end) {
   if (ep != nullptr && !state.failed) close(*w, ep);
 }
 
+/// The churn attack: connect and close, as fast as possible, to both servers.
 void churn(std::vector<std::string> addresses, clock_type::time_point end) {
   connection_state state;  // before the worker: outlives the endpoints that report to it
   comm::context ctx;
@@ -476,6 +497,7 @@ void hostile_node(caf::actor_system& sys, std::string address, clock_type::time_
 
 // -- the actor client ------------------------------------------------------------------------------
 
+/// The good actor client: a request to the echo actor every 50 ms.
 void good_actor_client(caf::actor_system& sys, std::string address, clock_type::time_point end) {
   auto& node = *comm::actors::node::get(sys);
   caf::scoped_actor self{sys};
@@ -507,6 +529,7 @@ void good_actor_client(caf::actor_system& sys, std::string address, clock_type::
 
 // -- main ------------------------------------------------------------------------------------------
 
+/// Reads the command line.
 options parse(int argc, char** argv) {
   options o;
   for (int c; (c = ::getopt(argc, argv, "t:o:a:n:")) != -1;) {
@@ -528,6 +551,7 @@ options parse(int argc, char** argv) {
   return o;
 }
 
+/// Plots dir/soak.dat into dir/soak.png when gnuplot is installed.
 void plot(const options& o) {
   const std::string script = std::string(COMM_SOURCE_DIR) + "/bench/plot_soak.gnuplot";
   const std::string cmd = "gnuplot -e \"dir='" + o.out + "'\" " + script + " 2>/dev/null";
