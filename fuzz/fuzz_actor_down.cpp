@@ -2,6 +2,7 @@
 // (read_reason_payload, actors/src/payload.*). The reason must be read within the payload's bytes:
 // no allocation beyond what they can fill (libFuzzer's -malloc_limit_mb catches one).
 #include "actor_env.hpp"
+#include "check.hpp"
 #include "payload.hpp"
 
 #include "seeds.hpp"
@@ -19,9 +20,9 @@ std::vector<comm::fuzz::seed> make_seeds() {
        {caf::error{caf::exit_reason::normal}, caf::make_error(caf::sec::request_timeout),
         caf::make_error(caf::sec::runtime_error, std::string("gone"), int32_t{7})}) {
     std::vector<char> buf;
-    if (comm::actors::detail::write_reason_payload(&comm::fuzz::env().ctx, reason, buf)) {
-      std::abort();
-    }
+    comm::fuzz::require(!comm::actors::detail::write_reason_payload(&comm::fuzz::env().ctx,
+                                                                     reason, buf),
+                        "cannot write a seed reason");
     seeds.emplace_back(buf.begin(), buf.end());
   }
   return seeds;

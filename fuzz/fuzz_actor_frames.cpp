@@ -11,6 +11,7 @@
 // The node's down-frame reason is fuzzed by fuzz_actor_down.
 #include <comm/actors/blob.hpp>
 
+#include "check.hpp"
 #include "actor_env.hpp"
 #include "attachments.hpp"
 #include "frame.hpp"
@@ -32,18 +33,13 @@
 
 namespace {
 
+using comm::fuzz::fail;
+using comm::fuzz::require;
+
 using namespace comm::actors::detail;
 using comm::fuzz::env;
 
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "fuzz_actor_frames: %s\n", what);
-  std::abort();
-}
-
-void require(bool condition, const char* what) {
-  if (!condition) fail(what);
-}
-
+/// An envelope: what decodes encodes again to the same fields.
 void check_envelope(const uint8_t* data, size_t size) {
   const auto h = decode_envelope(data, size);
   if (!h) return;
@@ -57,6 +53,7 @@ void check_envelope(const uint8_t* data, size_t size) {
           "a re-encoded envelope reads differently");
 }
 
+/// A hello: what decodes encodes again and decodes to the same.
 void check_hello(const uint8_t* data, size_t size) {
   const auto hello = decode_hello(env().sys, data, size);
   if (!hello) return;
@@ -101,6 +98,7 @@ bool holds_infinity(const caf::message& msg) {
   return false;
 }
 
+/// A message payload with attachments (see the file comment for the layout).
 void check_message(const uint8_t* data, size_t size) {
   if (size < 6) return;
   const bool with_sender = data[0] & 1u;

@@ -8,6 +8,7 @@
 //     reader libcomm uses (wire::checked_reader_options), and every field is read.
 #include <comm/wire/codec.hpp>
 
+#include "check.hpp"
 #include "seeds.hpp"
 
 #include "schema/actor.capnp.h"
@@ -27,13 +28,9 @@
 
 namespace {
 
-namespace schema = comm::wire::schema;
+using comm::fuzz::fail;
 
-/// Stops the run: libFuzzer reports it as a crash with this input.
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "fuzz_codec: %s\n", what);
-  std::abort();
-}
+namespace schema = comm::wire::schema;
 
 /// The input after the selector byte, copied to 8-byte aligned words (plus one spare word so a
 /// misaligned view of the same bytes fits).
@@ -108,6 +105,7 @@ void check_checked(const aligned_copy& in) {
 
 // -- seeds -----------------------------------------------------------------------------------------
 
+using comm::fuzz::flat;
 using comm::fuzz::seed;
 
 /// A header of `Struct` with every integer field set to its ordinal + 1 and every bool set.
@@ -128,13 +126,6 @@ seed data_only_seed() {
   return out;
 }
 
-seed flat(capnp::MessageBuilder& message) {
-  auto words = capnp::messageToFlatArray(message);
-  seed out;
-  comm::fuzz::append(out, words.begin(), words.size() * sizeof(capnp::word));
-  return out;
-}
-
 /// An empty record of `Struct` (every pointer null).
 template <class Struct>
 seed empty_seed() {
@@ -143,6 +134,7 @@ seed empty_seed() {
   return flat(message);
 }
 
+/// A worker address with two transports.
 seed worker_address_seed() {
   capnp::MallocMessageBuilder message;
   auto address = message.initRoot<schema::WorkerAddress>();
@@ -158,6 +150,7 @@ seed worker_address_seed() {
   return flat(message);
 }
 
+/// A rendezvous announcement with a key and a header.
 seed rts_seed() {
   capnp::MallocMessageBuilder message;
   auto rts = message.initRoot<schema::RndvRts>();
@@ -170,6 +163,7 @@ seed rts_seed() {
   return flat(message);
 }
 
+/// A connection manager request with private data.
 seed cm_request_seed() {
   capnp::MallocMessageBuilder message;
   auto request = message.initRoot<schema::CmMessage>().initRequest();
@@ -178,6 +172,7 @@ seed cm_request_seed() {
   return flat(message);
 }
 
+/// An actor node's hello.
 seed node_hello_seed() {
   capnp::MallocMessageBuilder message;
   auto hello = message.initRoot<schema::ActorNodeHello>();
@@ -227,6 +222,7 @@ constexpr codec_case cases[] = {
     {check_checked<schema::ActorNodeHello>, node_hello_seed},
 };
 
+/// Seeds: one record of every schema type, after its selector byte.
 std::vector<seed> make_seeds() {
   std::vector<seed> seeds;
   for (size_t i = 0; i < std::size(cases); ++i) {

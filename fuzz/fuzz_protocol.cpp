@@ -18,13 +18,13 @@
 #include <comm/transport/transport.hpp>
 #include <comm/worker.hpp>
 
+#include "check.hpp"
 #include "seeds.hpp"
 #include "worker_impl.hpp"
 
 #include "schema/wire.capnp.h"
 
 #include <capnp/serialize.h>
-#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,14 +41,8 @@
 
 namespace {
 
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "fuzz_protocol: %s\n", what);
-  std::abort();
-}
-
-void require(bool condition, const char* what) {
-  if (!condition) fail(what);
-}
+using comm::fuzz::fail;
+using comm::fuzz::require;
 
 /// Progress rounds any exchange may take (the self transport needs a handful).
 constexpr int max_rounds = 10000;
@@ -57,6 +51,7 @@ constexpr comm::tag_t check_tag = 0x5eed;
 /// The AM id whose handler keeps its data (am_data_release after the input).
 constexpr uint16_t keeping_am = 2;
 
+/// The context of every worker: the self transport only.
 comm::context& the_context() {
   static auto* ctx = [] {
     comm::config cfg;
@@ -66,6 +61,7 @@ comm::context& the_context() {
   return *ctx;
 }
 
+/// The self interface forged messages come from.
 comm::tl::iface& injector() {
   static auto* made = [] {
     std::unique_ptr<comm::tl::iface> out;
@@ -81,22 +77,6 @@ comm::tl::iface& injector() {
   return *made;
 }
 
-/// This process's open descriptors and what each one is.
-std::map<int, std::string> open_fds() {
-  std::map<int, std::string> fds;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (const dirent* e = ::readdir(d)) {
-      if (e->d_name[0] == '.') continue;
-      char target[256] = {};
-      const std::string path = std::string("/proc/self/fd/") + e->d_name;
-      (void)!::readlink(path.c_str(), target, sizeof(target) - 1);
-      fds[std::atoi(e->d_name)] = target;
-    }
-    ::closedir(d);
-  }
-  return fds;
-}
-
 /// Descriptors of the process-wide shared heap (comm::mem_alloc) may outlive a worker: it keeps
 /// its slabs and caches up to 64 freed large segments for reuse. Their number stays bounded.
 constexpr size_t max_heap_fds = 128;
@@ -108,7 +88,7 @@ bool heap_fd(const std::string& target) { return target.rfind("/memfd:comm-heap"
 void check_no_new_fds(const std::map<int, std::string>& before) {
   bool leaked = false;
   size_t heap = 0;
-  for (const auto& [fd, target] : open_fds()) {
+  for (const auto& [fd, target] : comm::fuzz::open_fds()) {
     if (heap_fd(target)) {
       ++heap;
       continue;
@@ -139,6 +119,7 @@ std::unique_ptr<comm::tl::ep> endpoint_to(const std::vector<uint8_t>& address) {
   fail("the worker has no self interface");
 }
 
+/// One progress call on each of `workers` and on the injector.
 void progress(std::initializer_list<comm::worker*> workers) {
   for (comm::worker* w : workers) w->progress();
   injector().progress();
@@ -158,6 +139,7 @@ struct received {
   comm::tag_recv_info info;
 };
 
+/// Receive callback: records what the receive completed with.
 void on_received(comm::request*, comm::status st, const comm::tag_recv_info& info, void* arg) {
   auto* r = static_cast<received*>(arg);
   r->done = true;
@@ -215,6 +197,7 @@ void check_still_working(comm::worker& a, comm::worker& b, size_t records) {
   }
 }
 
+/// AM handler that keeps persistent data (released after the input).
 comm::status keep_data(void* arg, const void*, size_t, void* data, size_t,
                        const comm::am_recv_params& params) {
   auto* kept = static_cast<std::vector<void*>*>(arg);
@@ -223,6 +206,7 @@ comm::status keep_data(void* arg, const void*, size_t, void* data, size_t,
   return comm::status::in_progress;
 }
 
+/// AM handler that takes the message and keeps nothing.
 comm::status drop_data(void*, const void*, size_t, void*, size_t, const comm::am_recv_params&) {
   return comm::status::ok;
 }
@@ -258,6 +242,7 @@ size_t inject(comm::tl::ep& target, const uint8_t* data, size_t size,
   return records;
 }
 
+/// One input: fresh workers, the forged records, the health check.
 void run(const uint8_t* data, size_t size) {
   auto a = comm::worker::create(the_context());
   auto b = comm::worker::create(the_context());
@@ -287,6 +272,7 @@ void run(const uint8_t* data, size_t size) {
 
 // -- seeds -----------------------------------------------------------------------------------------
 
+using comm::fuzz::flat;
 using comm::fuzz::seed;
 namespace wire = comm::wire::schema;
 
@@ -312,13 +298,7 @@ seed header_then(Fill fill, size_t payload) {
   return out;
 }
 
-seed flat(capnp::MessageBuilder& message) {
-  auto words = capnp::messageToFlatArray(message);
-  seed out;
-  comm::fuzz::append(out, words.begin(), words.size() * sizeof(capnp::word));
-  return out;
-}
-
+/// A rendezvous announcement of 100000 bytes for A's posted receive.
 seed rts() {
   capnp::MallocMessageBuilder message;
   auto r = message.initRoot<wire::RndvRts>();
@@ -332,6 +312,7 @@ seed rts() {
   return flat(message);
 }
 
+/// A wireup request carrying a worker address.
 seed wireup_request() {
   capnp::MallocMessageBuilder address;
   auto a = address.initRoot<wire::WorkerAddress>();
@@ -463,7 +444,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   the_context();
   injector();
-  const auto baseline = open_fds();
+  const auto baseline = comm::fuzz::open_fds();
   run(data, size);
   check_no_new_fds(baseline);
   return 0;

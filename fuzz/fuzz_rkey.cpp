@@ -8,6 +8,7 @@
 // wholly inside a region still registered (A or B; never C, never the arena around them), a get
 // returns exactly the region's bytes and a put changes exactly the bytes it names; an access that
 // fails changes nothing.
+#include "check.hpp"
 #include "seeds.hpp"
 
 #include "base/rkey.hpp"
@@ -28,21 +29,15 @@
 
 namespace {
 
+using comm::fuzz::require;
+
 using namespace comm::tl;
-
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "fuzz_rkey: %s\n", what);
-  std::abort();
-}
-
-void require(bool condition, const char* what) {
-  if (!condition) fail(what);
-}
 
 constexpr size_t arena_size = 16384;
 constexpr size_t max_access = 8192;
 constexpr size_t key_count = 3;  // A, B (registered), C (deregistered)
 
+/// A part of the arena.
 struct range {
   size_t offset;  ///< in the arena
   size_t length;
@@ -60,6 +55,7 @@ struct transport_setup {
   std::array<mem_handle*, key_count> handles{};
 };
 
+/// Opens transport `name`, registers the three regions and deregisters C.
 transport_setup open_transport(std::string_view name) {
   transport_setup s;
   for (component* c : all_components()) {
@@ -83,6 +79,7 @@ transport_setup open_transport(std::string_view name) {
   return s;
 }
 
+/// The self and shm setups, made on first use and kept.
 std::array<transport_setup, 2>& setups() {
   static auto* made = new std::array<transport_setup, 2>{open_transport("self"),
                                                          open_transport("shm")};
@@ -125,6 +122,7 @@ size_t split(uint8_t* buffer, size_t length, size_t parts, iov* out) {
   return parts;
 }
 
+/// Makes the access the rest of the input describes with `key` and checks the property.
 void check_access(transport_setup& s, const remote_key& key, FuzzedDataProvider& in) {
   const bool put = in.ConsumeBool();
   const size_t parts = in.ConsumeIntegralInRange<size_t>(1, 4);

@@ -11,6 +11,7 @@
 // seconds of the peer's end of input, and every descriptor it opened must be closed again.
 #include <comm/transport/transport.hpp>
 
+#include "check.hpp"
 #include "seeds.hpp"
 
 #include "schema/wire.capnp.h"
@@ -19,7 +20,6 @@
 #include <capnp/serialize.h>
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -37,18 +37,12 @@
 
 namespace {
 
+using comm::fuzz::fail;
+using comm::fuzz::require;
+
 using namespace comm::tl;
 namespace wire = comm::wire::schema;
 using clock_type = std::chrono::steady_clock;
-
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "fuzz_tcp_cm: %s\n", what);
-  std::abort();
-}
-
-void require(bool condition, const char* what) {
-  if (!condition) fail(what);
-}
 
 /// How long a handshake may take after the peer's last byte (generous: the machine is shared).
 constexpr auto handshake_bound = std::chrono::seconds(5);
@@ -82,6 +76,7 @@ struct setup {
   uint16_t raw_port = 0;
 };
 
+/// The tcp transport.
 component& tcp() {
   for (component* c : all_components()) {
     if (c->name() == "tcp") return *c;
@@ -89,6 +84,7 @@ component& tcp() {
   fail("no tcp transport");
 }
 
+/// A connection manager reporting to `events`, with cluster key `key` (empty: none).
 std::unique_ptr<cm> open_cm(recorder& events, std::string key) {
   cm_params params;
   params.handler = &events;
@@ -98,6 +94,7 @@ std::unique_ptr<cm> open_cm(recorder& events, std::string key) {
   return made;
 }
 
+/// A nonblocking listening socket on loopback; `*port` is its port.
 int raw_listen(uint16_t* port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   sockaddr_in where{};
@@ -112,6 +109,7 @@ int raw_listen(uint16_t* port) {
   return fd;
 }
 
+/// The connection managers and listeners, made on first use and kept.
 setup& the_setup() {
   static setup* s = [] {
     auto* made = new setup;
@@ -124,15 +122,6 @@ setup& the_setup() {
     return made;
   }();
   return *s;
-}
-
-size_t open_fds() {
-  size_t n = 0;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (::readdir(d) != nullptr) ++n;
-    ::closedir(d);
-  }
-  return n;
 }
 
 /// Makes close() reset the connection instead of leaving it in TIME_WAIT: a fuzzing run opens
@@ -201,6 +190,7 @@ void run_until(cm& manager, int fd, Done done) {
   }
 }
 
+/// Plays a client sending the input to a listener, then answers a handed-over request.
 void server_side(setup& s, bool keyed, bool accept, const uint8_t* data, size_t size) {
   cm& manager = keyed ? *s.keyed : *s.plain;
   const int client = raw_connect(keyed ? s.keyed_listener->port() : s.plain_listener->port());
@@ -228,6 +218,7 @@ void server_side(setup& s, bool keyed, bool accept, const uint8_t* data, size_t 
   ::close(client);
 }
 
+/// Plays a server: accepts the connection manager's connect and sends it the input.
 void client_side(setup& s, const uint8_t* data, size_t size) {
   cm_conn* conn = nullptr;
   const uint8_t request[] = {9, 8, 7, 6, 5, 4, 3, 2, 1};
@@ -260,7 +251,7 @@ void client_side(setup& s, const uint8_t* data, size_t size) {
 /// linger up to a second to flush their last reply).
 void settle(setup& s, size_t baseline) {
   const auto deadline = clock_type::now() + handshake_bound;
-  while (open_fds() > baseline) {
+  while (comm::fuzz::open_fds().size() > baseline) {
     require(clock_type::now() < deadline, "descriptors still open after the handshake ended");
     ::poll(nullptr, 0, 1);
     s.plain->progress();
@@ -344,7 +335,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   setup& s = the_setup();
-  const size_t baseline = open_fds();
+  const size_t baseline = comm::fuzz::open_fds().size();
   s.events.reset();
   const uint8_t flags = data[0];
   if (flags & 1u) {

@@ -5,6 +5,7 @@
 // the connection's receive buffer). Whatever a parser accepts must be consistent: the record lies
 // inside the bytes, record_extent agrees on its size, its fields are inside the documented bounds,
 // and a stream of frames is walked the way tcp_conn walks it without running past the input.
+#include "check.hpp"
 #include "seeds.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -18,19 +19,12 @@
 
 namespace {
 
+using comm::fuzz::require;
+
 using namespace comm::tl::tcp;
 
 /// The interface id a hello must name to be accepted (the corpus's hellos name it).
 constexpr uint64_t own_iface_id = 0x1122334455667788ull;
-
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "fuzz_tcp_wire: %s\n", what);
-  std::abort();
-}
-
-void require(bool condition, const char* what) {
-  if (!condition) fail(what);
-}
 
 /// A record the parser accepted: inside the bytes, and of the size record_extent gives it.
 void check_extent(const uint8_t* data, size_t available, parse_result r, size_t consumed,
@@ -64,6 +58,7 @@ void walk_frames(const uint8_t* data, size_t available) {
   }
 }
 
+/// A hello for own_iface_id.
 void check_hello(const uint8_t* data, size_t available) {
   size_t consumed = 0;
   parsed_hello hello;
@@ -75,6 +70,7 @@ void check_hello(const uint8_t* data, size_t available) {
   require(hello.window >= min_window && hello.window <= max_window, "window out of bounds");
 }
 
+/// A challenge.
 void check_challenge(const uint8_t* data, size_t available) {
   size_t consumed = 0;
   uint64_t id = 0;
@@ -85,6 +81,7 @@ void check_challenge(const uint8_t* data, size_t available) {
   check_extent(data, available, r, consumed, problem);
 }
 
+/// A proof record.
 void check_proof(const uint8_t* data, size_t available) {
   size_t consumed = 0;
   uint8_t proof[32];
@@ -93,6 +90,7 @@ void check_proof(const uint8_t* data, size_t available) {
   check_extent(data, available, r, consumed, problem);
 }
 
+/// A welcome: a known outcome.
 void check_welcome(const uint8_t* data, size_t available) {
   size_t consumed = 0;
   outcome result = outcome::refused;
@@ -107,6 +105,7 @@ void check_welcome(const uint8_t* data, size_t available) {
   }
 }
 
+/// Device and interface addresses: what unpacks packs back to the same bytes.
 void check_addresses(const uint8_t* data, size_t available) {
   const std::vector<uint8_t> bytes(data, data + available);
   if (auto device = device_addr::unpack(bytes)) {

@@ -8,6 +8,9 @@
 // LLVMFuzzerInitialize.
 #pragma once
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +26,14 @@ using seed = std::vector<uint8_t>;
 inline void append(seed& out, const void* data, size_t size) {
   const auto* p = static_cast<const uint8_t*>(data);
   out.insert(out.end(), p, p + size);
+}
+
+/// The bytes of a Cap'n Proto message as libcomm puts it on the wire (a flat array).
+inline seed flat(capnp::MessageBuilder& message) {
+  auto words = capnp::messageToFlatArray(message);
+  seed out;
+  append(out, words.begin(), words.size() * sizeof(capnp::word));
+  return out;
 }
 
 /// When COMM_FUZZ_SEEDS names a directory, writes `make()`'s seeds there and exits.
