@@ -151,9 +151,9 @@ struct connected_pair {
     return run(*srv.w, *cli.w, [&] { return ce.connects == 1 && se.connects == 1; });
   }
 
+  ep_events ce, se;  // first: destroying the workers below still reports to them
   server srv;
   client cli;
-  ep_events ce, se;
   endpoint* cep = nullptr;
   endpoint* sep = nullptr;
   conn_request_attr attr;
@@ -277,12 +277,12 @@ BOOST_AUTO_TEST_CASE(sends_issued_before_the_answer_wait_for_it) {
 }
 
 BOOST_AUTO_TEST_CASE(accept_on_another_worker_of_the_context) {
+  ep_events ce, se;  // outlive the workers, whose destruction still reports to them
   server srv(config_with({"shm", "tcp"}));
   worker_params wp;
   wp.name = "second";
   auto second = worker::create(srv.ctx, wp);
   client cli(config_with({"shm", "tcp"}));
-  ep_events ce, se;
   endpoint* cep = nullptr;
   endpoint* sep = nullptr;
   BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
@@ -417,6 +417,7 @@ BOOST_AUTO_TEST_CASE(a_wrong_or_missing_key_is_rejected_before_the_server_sees_a
 }
 
 BOOST_AUTO_TEST_CASE(garbage_and_half_open_sockets_do_not_stop_the_listener) {
+  ep_events ce, se;  // outlive the workers, whose destruction still reports to them
   server srv(config_with({"shm", "tcp"}));
   sockaddr_in to{};
   to.sin_family = AF_INET;
@@ -434,7 +435,6 @@ BOOST_AUTO_TEST_CASE(garbage_and_half_open_sockets_do_not_stop_the_listener) {
   BOOST_REQUIRE(::send(sockets[1], huge, sizeof(huge), 0) > 0);
   // sockets[2] says nothing at all (half open).
   client cli(config_with({"shm", "tcp"}));
-  ep_events ce, se;
   endpoint* cep = nullptr;
   endpoint* sep = nullptr;
   BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
@@ -476,9 +476,9 @@ BOOST_AUTO_TEST_CASE(disconnect_from_either_side_tells_the_other) {
 
 BOOST_AUTO_TEST_CASE(a_server_closing_before_the_client_confirmed_still_tells_the_client) {
   for (int progress_first = 0; progress_first < 2; ++progress_first) {
+    ep_events ce, se;  // outlive the workers, whose destruction still reports to them
     server srv(config_with({"shm", "tcp"}));
     client cli(config_with({"shm", "tcp"}));
-    ep_events ce, se;
     endpoint* cep = nullptr;
     endpoint* sep = nullptr;
     BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);

@@ -622,9 +622,11 @@ status tcp_iface::create_ep(const std::vector<uint8_t>& device_address,
   const auto address = iface_addr::unpack(iface_address);
   if (!device || !address) return status::invalid_addr;
   if (!is_reachable(device_address, iface_address)) return status::unreachable;
+  // iface_addr is packed: its id is read by value, never bound to a reference (misaligned).
+  const uint64_t peer = address->iface_id;
   tcp_conn* conn = nullptr;
-  if (auto it = peers_.find(address->iface_id); it != peers_.end()) conn = it->second;
-  if (conn == nullptr && (conn = spare(address->iface_id)) != nullptr) map(conn);
+  if (auto it = peers_.find(peer); it != peers_.end()) conn = it->second;
+  if (conn == nullptr && (conn = spare(peer)) != nullptr) map(conn);
   if (conn == nullptr) {
     if (conns_.size() >= max_connections) {
       COMM_LOG(warn, log_name, "no new connection: %zu connections open", conns_.size());
