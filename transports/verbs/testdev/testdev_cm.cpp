@@ -473,6 +473,21 @@ int resolve_addr(rdma_cm_id* handle, sockaddr* src_addr, sockaddr* dst_addr, int
   return 0;
 }
 
+/// The path record rdmacm shows after ROUTE_RESOLVED.
+ibv_sa_path_rec path_record(cm_id_obj& id, const port_obj& local, const port_obj& remote) {
+  ibv_sa_path_rec path{};
+  path.sgid = gid_of(source(id));
+  path.dgid = gid_of(destination(id));
+  path.slid = htons(local.attr.lid);
+  path.dlid = htons(remote.attr.lid);
+  path.reversible = 1;
+  path.numb_path = 1;
+  path.pkey = htons(0xffff);
+  path.mtu = std::min(local.attr.active_mtu, remote.attr.active_mtu);
+  path.packet_life_time = 18;
+  return path;
+}
+
 int resolve_route(rdma_cm_id* handle, int) {
   locked_fabric f;
   cm_id_obj* id = f ? find(f->cm_ids, handle) : nullptr;
@@ -483,19 +498,8 @@ int resolve_route(rdma_cm_id* handle, int) {
     post_event(*f, *id, RDMA_CM_EVENT_ROUTE_ERROR, -EHOSTUNREACH);
     return 0;
   }
-  const port_obj* local = port_of(*id->dev, id->pub.port_num);
-  const port_obj* remote = port_of(*target.dev, target.port_num);
-  id->path = std::make_unique<ibv_sa_path_rec>();
-  ibv_sa_path_rec& path = *id->path;
-  path.sgid = gid_of(source(*id));
-  path.dgid = gid_of(destination(*id));
-  path.slid = htons(local->attr.lid);
-  path.dlid = htons(remote->attr.lid);
-  path.reversible = 1;
-  path.numb_path = 1;
-  path.pkey = htons(0xffff);
-  path.mtu = std::min(local->attr.active_mtu, remote->attr.active_mtu);
-  path.packet_life_time = 18;
+  id->path = std::make_unique<ibv_sa_path_rec>(
+      path_record(*id, *port_of(*id->dev, id->pub.port_num), *port_of(*target.dev, target.port_num)));
   id->pub.route.path_rec = id->path.get();
   id->pub.route.num_paths = 1;
   id->state = cm_state::route_resolved;

@@ -76,10 +76,8 @@ void fill_gids(port_obj& port, uint32_t port_num, uint64_t port_guid, uint32_t i
     add_gid(port, port_num, link_local_gid(port_guid), IBV_GID_TYPE_IB, 0);
     return;
   }
-  for (const ibv_gid& gid : {link_local_gid(port_guid)}) {
-    add_gid(port, port_num, gid, IBV_GID_TYPE_ROCE_V1, ifindex);
-    add_gid(port, port_num, gid, IBV_GID_TYPE_ROCE_V2, ifindex);
-  }
+  add_gid(port, port_num, link_local_gid(port_guid), IBV_GID_TYPE_ROCE_V1, ifindex);
+  add_gid(port, port_num, link_local_gid(port_guid), IBV_GID_TYPE_ROCE_V2, ifindex);
   for (const sockaddr_storage& address : port.addresses) {
     add_gid(port, port_num, gid_of(address), IBV_GID_TYPE_ROCE_V1, ifindex);
     add_gid(port, port_num, gid_of(address), IBV_GID_TYPE_ROCE_V2, ifindex);

@@ -7,6 +7,7 @@
 #include <comm/log.hpp>
 
 #include <cerrno>
+#include <cstring>
 
 namespace comm::verbs::testdev::detail {
 namespace {
@@ -212,32 +213,15 @@ int check_capacities(const ibv_qp_init_attr& init, const device_limits& limits) 
 
 }  // namespace
 
-qp_obj* fabric::create_qp(pd_obj& pd, ibv_qp_init_attr& init, int& error) {
-  error = EINVAL;
-  if (init.qp_type != IBV_QPT_RC) {
-    COMM_LOG(debug, log_name, "create_qp: only RC queue pairs are modelled");
-    error = EOPNOTSUPP;
-    return nullptr;
-  }
-  cq_obj* send_cq = find(cqs, init.send_cq);
-  cq_obj* recv_cq = find(cqs, init.recv_cq);
-  srq_obj* srq = init.srq ? find(srqs, init.srq) : nullptr;
-  const bool cqs_ok = send_cq && recv_cq && send_cq->ctx == pd.ctx && recv_cq->ctx == pd.ctx;
-  if (!cqs_ok || (init.srq != nullptr && srq == nullptr)) return nullptr;
-  const device_limits& limits = pd.ctx->dev->limits;
-  error = check_capacities(init, limits);
-  if (error != 0) return nullptr;
-  int on_device = 0;
-  for (const auto& [h, other] : qps) on_device += other->pd->ctx->dev == pd.ctx->dev ? 1 : 0;
-  if (on_device >= limits.max_qp) {
-    error = ENOMEM;
-    return nullptr;
-  }
+namespace {
 
+/// A new QP with the attributes of `init`, in RESET, numbered `qp_num`.
+std::unique_ptr<qp_obj> make_qp(pd_obj& pd, const ibv_qp_init_attr& init, cq_obj& send_cq,
+                                cq_obj& recv_cq, srq_obj* srq, uint32_t qp_num, uint32_t handle) {
   auto qp = std::make_unique<qp_obj>();
   qp->pd = &pd;
-  qp->send_cq = send_cq;
-  qp->recv_cq = recv_cq;
+  qp->send_cq = &send_cq;
+  qp->recv_cq = &recv_cq;
   qp->srq = srq;
   qp->cap = init.cap;
   if (srq != nullptr) qp->cap.max_recv_wr = qp->cap.max_recv_sge = 0;
@@ -250,19 +234,41 @@ qp_obj* fabric::create_qp(pd_obj& pd, ibv_qp_init_attr& init, int& error) {
   pub.send_cq = init.send_cq;
   pub.recv_cq = init.recv_cq;
   pub.srq = init.srq;
-  pub.handle = next_key++;
-  pub.qp_num = next_qp_num++ & 0xffffff;
+  pub.handle = handle;
+  pub.qp_num = qp_num;
   pub.qp_type = IBV_QPT_RC;
   set_state(*qp, IBV_QPS_RESET);
+  return qp;
+}
+
+}  // namespace
+
+qp_obj* fabric::create_qp(pd_obj& pd, ibv_qp_init_attr& init, int& error) {
+  cq_obj* send_cq = find(cqs, init.send_cq);
+  cq_obj* recv_cq = find(cqs, init.recv_cq);
+  srq_obj* srq = init.srq ? find(srqs, init.srq) : nullptr;
+  const bool cqs_ok = send_cq && recv_cq && send_cq->ctx == pd.ctx && recv_cq->ctx == pd.ctx;
+  int on_device = 0;
+  for (const auto& [h, other] : qps) on_device += other->pd->ctx->dev == pd.ctx->dev ? 1 : 0;
+  const device_limits& limits = pd.ctx->dev->limits;
+  error = init.qp_type != IBV_QPT_RC                      ? EOPNOTSUPP
+          : !cqs_ok || (init.srq != nullptr && !srq)      ? EINVAL
+          : check_capacities(init, limits) != 0           ? EINVAL
+          : on_device >= limits.max_qp                    ? ENOMEM
+                                                          : 0;
+  if (error != 0) {
+    COMM_LOG(debug, log_name, "create_qp refused: %s", std::strerror(error));
+    return nullptr;
+  }
+  auto qp = make_qp(pd, init, *send_cq, *recv_cq, srq, next_qp_num++ & 0xffffff, next_key++);
   init.cap = qp->cap;
   ++send_cq->qps;
   ++recv_cq->qps;
   if (srq != nullptr) ++srq->qps;
   ++pd.children;
-  qp_by_num[pub.qp_num] = qp.get();
   qp_obj* created = qp.get();
-  qps[&pub] = std::move(qp);
-  error = 0;
+  qp_by_num[created->pub.qp_num] = created;
+  qps[&created->pub] = std::move(qp);
   return created;
 }
 

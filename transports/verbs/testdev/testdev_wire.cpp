@@ -323,9 +323,6 @@ result execute(fabric& f, qp_obj& qp, send_wqe& wqe, clock::time_point now) {
     qp.injected.reset();
     return failure(status);
   }
-  if (wqe.opcode == IBV_WR_RDMA_READ && qp.attr.max_rd_atomic == 0) {
-    return failure(IBV_WC_LOC_QP_OP_ERR);  // a QP allowed no READs in flight issues none
-  }
   std::vector<span> local;
   if (!local_memory(f, qp, wqe, local)) return failure(IBV_WC_LOC_PROT_ERR);
   if (wqe.length > local_endpoint(qp).port->attr.max_msg_sz) return failure(IBV_WC_LOC_LEN_ERR);
@@ -407,8 +404,9 @@ void execute_queued(fabric& f, qp_obj& qp, clock::time_point now) {
     send_wqe& wqe = qp.sq[qp.executed];
     if (now < wqe.not_before) return;
     if ((wqe.flags & IBV_SEND_FENCE) != 0 && qp.reads_in_flight != 0) return;
-    const bool read = wqe.opcode == IBV_WR_RDMA_READ;
-    if (read && qp.attr.max_rd_atomic != 0 && qp.reads_in_flight >= qp.attr.max_rd_atomic) return;
+    // max_rd_atomic 0 still lets one READ out, as mlx5 does; the responder then decides
+    const unsigned reads_allowed = std::max<unsigned>(1, qp.attr.max_rd_atomic);
+    if (wqe.opcode == IBV_WR_RDMA_READ && qp.reads_in_flight >= reads_allowed) return;
     const result attempt = execute(f, qp, wqe, now);
     if (attempt.what == outcome::blocked) return;
     if (attempt.what == outcome::failed) {
