@@ -1,9 +1,9 @@
-// The verbs test device, through the verbs table only, the way the verbs transport uses it:
-// discovery, memory registration, the RC state machine, SEND/RECV with immediates, gather lists and
-// inline data, ordering, SRQ consumption, RNR, RDMA WRITE/READ with their protection checks, reads
-// in flight, completion channels, CQ overrun, flushes, async events and injected faults.
-// Every wait is bounded; nothing asserts on timing.
-#define BOOST_TEST_MODULE verbs_device
+// The verbs test device (transports/verbs/testdev), through the verbs table only, the way the
+// verbs transport uses it: discovery, memory registration, the RC state machine, SEND/RECV with
+// immediates, gather lists and inline data, ordering, SRQ consumption, RNR, RDMA WRITE/READ with
+// their protection checks, reads in flight, completion channels, CQ overrun, flushes, async events
+// and injected faults. Every wait is bounded; nothing asserts on timing.
+#define BOOST_TEST_MODULE verbs_test_device
 #include <boost/test/unit_test.hpp>
 
 #include "verbs/testdev/testdev.hpp"
@@ -11,9 +11,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <poll.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
 namespace td = comm::verbs::testdev;
@@ -24,16 +24,9 @@ namespace {
 
 const comm::verbs::api& T = td::table();
 
-/// True when `fd` is readable now.
-bool readable(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  return ::poll(&p, 1, 0) == 1;
-}
-
 /// The next async event of `ctx` (waits on its fd, bounded); fails the test when none comes.
 ibv_async_event next_async_event(ibv_context* ctx) {
-  pollfd p{ctx->async_fd, POLLIN, 0};
-  BOOST_REQUIRE_MESSAGE(::poll(&p, 1, 10000) == 1, "no async event");
+  BOOST_REQUIRE_MESSAGE(readable(ctx->async_fd, 10000), "no async event");
   ibv_async_event event{};
   BOOST_REQUIRE_EQUAL(T.get_async_event(ctx, &event), 0);
   return event;
@@ -44,8 +37,9 @@ struct two_devices {
   td::fabric_scope scope;
   ibv_context* c0;
   ibv_context* c1;
-  explicit two_devices(std::vector<td::device_spec> specs = {td::roce_device("testdev0", "10.0.0.1"),
-                                                             td::roce_device("testdev1", "10.0.0.2")})
+  explicit two_devices(
+      std::vector<td::device_spec> specs = {td::roce_device("testdev0", "10.0.0.1"),
+                                            td::roce_device("testdev1", "10.0.0.2")})
       : scope(specs), c0(open_device(T, specs[0].name)), c1(open_device(T, specs[1].name)) {}
   ~two_devices() {
     T.close_device(c0);
@@ -75,9 +69,11 @@ qp_options with(std::function<void(qp_options&)> change) {
 BOOST_AUTO_TEST_SUITE(discovery)
 
 BOOST_AUTO_TEST_CASE(lists_opens_and_queries_devices_and_gids) {
-  td::fabric_scope scope({td::roce_device("testdev0", "10.0.0.1"), td::ib_device("testdev1", "10.1.0.2")});
+  td::fabric_scope scope(
+      {td::roce_device("testdev0", "10.0.0.1"), td::ib_device("testdev1", "10.1.0.2")});
   const comm::verbs::device_probe probe = comm::verbs::probe_devices(T);
-  BOOST_TEST(probe.devices == (std::vector<std::string>{"testdev0", "testdev1"}), tt::per_element());
+  BOOST_TEST(probe.devices == (std::vector<std::string>{"testdev0", "testdev1"}),
+             tt::per_element());
   BOOST_TEST(probe.reason.empty());
   BOOST_TEST(std::string(T.backend) == "verbs test device");
 
@@ -138,7 +134,8 @@ BOOST_AUTO_TEST_CASE(without_a_fabric_there_is_no_device) {
 }
 
 BOOST_AUTO_TEST_CASE(a_loopback_exchange_on_one_device_works_on_roce_and_infiniband) {
-  td::fabric_scope scope({td::roce_device("testdev0", "10.0.0.1"), td::ib_device("testdev1", "10.1.0.1")});
+  td::fabric_scope scope(
+      {td::roce_device("testdev0", "10.0.0.1"), td::ib_device("testdev1", "10.1.0.1")});
   BOOST_TEST(loopback_exchange(T, "testdev0") == "");
   BOOST_TEST(loopback_exchange(T, "testdev1") == "");
   BOOST_TEST(scope.finish() == 0u);
@@ -263,11 +260,13 @@ BOOST_AUTO_TEST_CASE(state_machine_needs_each_transitions_attributes) {
   attr.qp_state = IBV_QPS_INIT;
   attr.port_num = 1;
   BOOST_TEST(T.modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_PORT) == EINVAL);  // missing flags
-  BOOST_TEST(T.modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX |
-                                          IBV_QP_ACCESS_FLAGS | IBV_QP_TIMEOUT) == EINVAL);
+  BOOST_TEST(T.modify_qp(a.qp, &attr,
+                         IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS |
+                             IBV_QP_TIMEOUT) == EINVAL);
   attr.port_num = 2;
-  BOOST_TEST(T.modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX |
-                                          IBV_QP_ACCESS_FLAGS) == EINVAL);  // no port 2
+  BOOST_TEST(T.modify_qp(a.qp, &attr,
+                         IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS) ==
+             EINVAL);  // no port 2
   BOOST_REQUIRE_EQUAL(to_init(T, a), 0);
   BOOST_REQUIRE_EQUAL(to_init(T, b), 0);
   BOOST_TEST(a.qp->state == IBV_QPS_INIT);
@@ -428,7 +427,8 @@ BOOST_AUTO_TEST_CASE(unsignaled_sends_hold_their_slots_until_a_signaled_one_is_p
     o.max_send_wr = 4;
   }));
   for (int i = 0; i < 8; ++i) BOOST_REQUIRE_EQUAL(post_receive(T, p.b, i * 8, 8, i), 0);
-  for (int i = 0; i < 3; ++i) BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, i), 0);
+  for (int i = 0; i < 3; ++i)
+    BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, i), 0);
   BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, 3, IBV_SEND_SIGNALED), 0);
   BOOST_TEST(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, 4) == ENOMEM);
   BOOST_REQUIRE_EQUAL(poll_n(T, p.b.recv_cq, 4).size(), 4u);
@@ -574,10 +574,10 @@ BOOST_AUTO_TEST_SUITE(rdma)
 BOOST_AUTO_TEST_CASE(write_read_and_write_with_immediate_move_the_bytes) {
   connected_pair p;
   fill(p.a.buf.bytes.data(), 300, 1);
-  BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_RDMA_WRITE,
-                           {p.a.buf.sge(0, 100), p.a.buf.sge(100, 200)}, 1, 0,
-                           p.b.buf.addr(4096), p.b.buf.mr->rkey),
-                      0);
+  BOOST_REQUIRE_EQUAL(
+      post(T, p.a.qp, IBV_WR_RDMA_WRITE, {p.a.buf.sge(0, 100), p.a.buf.sge(100, 200)}, 1, 0,
+           p.b.buf.addr(4096), p.b.buf.mr->rkey),
+      0);
   auto sent = poll_n(T, p.a.send_cq, 1);
   BOOST_REQUIRE_EQUAL(sent.size(), 1u);
   BOOST_TEST(sent[0].opcode == IBV_WC_RDMA_WRITE);
@@ -597,10 +597,10 @@ BOOST_AUTO_TEST_CASE(write_read_and_write_with_immediate_move_the_bytes) {
   BOOST_TEST(holds(p.b.buf.bytes.data() + 8192, 50, 1));
 
   fill(p.b.buf.bytes.data() + 20000, 500, 6);
-  BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_RDMA_READ,
-                           {p.a.buf.sge(30000, 200), p.a.buf.sge(31000, 300)}, 3, 0,
-                           p.b.buf.addr(20000), p.b.buf.mr->rkey),
-                      0);
+  BOOST_REQUIRE_EQUAL(
+      post(T, p.a.qp, IBV_WR_RDMA_READ, {p.a.buf.sge(30000, 200), p.a.buf.sge(31000, 300)}, 3, 0,
+           p.b.buf.addr(20000), p.b.buf.mr->rkey),
+      0);
   sent = poll_n(T, p.a.send_cq, 2);
   BOOST_REQUIRE_EQUAL(sent.size(), 2u);
   BOOST_TEST(sent[1].opcode == IBV_WC_RDMA_READ);
@@ -624,7 +624,8 @@ BOOST_AUTO_TEST_CASE(remote_access_errors_fail_both_sides) {
   const bad_access cases[] = {
       {"bad rkey", IBV_WR_RDMA_WRITE, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
       {"one byte past the end", IBV_WR_RDMA_WRITE, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
-      {"MR without remote write", IBV_WR_RDMA_WRITE, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
+      {"MR without remote write", IBV_WR_RDMA_WRITE, IBV_WC_REM_ACCESS_ERR,
+       IBV_EVENT_QP_ACCESS_ERR},
       {"MR in another PD", IBV_WR_RDMA_WRITE, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
       {"stale rkey", IBV_WR_RDMA_WRITE, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
       {"MR without remote read", IBV_WR_RDMA_READ, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
@@ -762,8 +763,8 @@ BOOST_AUTO_TEST_CASE(more_reads_than_the_responder_takes_fail_after_the_earlier_
   {
     held_reads hold;
     for (int i = 0; i < 3; ++i) {
-      BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_RDMA_READ, {p.a.buf.sge(1024 + i * 64, 64)}, i,
-                               0, p.b.buf.addr(0), p.b.buf.mr->rkey),
+      BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_RDMA_READ, {p.a.buf.sge(1024 + i * 64, 64)}, i, 0,
+                               p.b.buf.addr(0), p.b.buf.mr->rkey),
                           0);
     }
     const auto sent = poll_n(T, p.a.send_cq, 3);
@@ -843,9 +844,9 @@ BOOST_AUTO_TEST_CASE(a_message_over_max_msg_sz_is_a_local_length_error) {
   build(T, a, f.c0);
   build(T, b, f.c1);
   BOOST_REQUIRE_EQUAL(connect(T, a, b), 0);
-  BOOST_REQUIRE_EQUAL(post(T, a.qp, IBV_WR_RDMA_WRITE, {a.buf.sge(0, 1025)}, 1, 0, b.buf.addr(),
-                           b.buf.mr->rkey),
-                      0);
+  BOOST_REQUIRE_EQUAL(
+      post(T, a.qp, IBV_WR_RDMA_WRITE, {a.buf.sge(0, 1025)}, 1, 0, b.buf.addr(), b.buf.mr->rkey),
+      0);
   BOOST_TEST(poll_n(T, a.send_cq, 1).at(0).status == IBV_WC_LOC_LEN_ERR);
 }
 
@@ -922,7 +923,8 @@ BOOST_AUTO_TEST_CASE(a_non_blocking_channel_says_eagain_and_a_blocking_one_wakes
 BOOST_AUTO_TEST_CASE(an_overrun_cq_raises_cq_err_and_fails_its_qps) {
   connected_pair p({}, with([](qp_options& o) { o.cqe = 2; }));
   for (int i = 0; i < 3; ++i) BOOST_REQUIRE_EQUAL(post_receive(T, p.b, i * 8, 8, i), 0);
-  for (int i = 0; i < 3; ++i) BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, i), 0);
+  for (int i = 0; i < 3; ++i)
+    BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, i), 0);
   ibv_async_event overrun = next_async_event(p.c1);
   BOOST_TEST(overrun.event_type == IBV_EVENT_CQ_ERR);
   BOOST_TEST(overrun.element.cq == p.b.recv_cq);
@@ -947,10 +949,12 @@ BOOST_AUTO_TEST_CASE(an_overrun_cq_raises_cq_err_and_fails_its_qps) {
 BOOST_AUTO_TEST_CASE(completions_of_a_destroyed_or_reset_qp_leave_its_cq) {
   connected_pair p;
   for (int i = 0; i < 4; ++i) BOOST_REQUIRE_EQUAL(post_receive(T, p.b, i * 8, 8, i), 0);
-  for (int i = 0; i < 2; ++i) BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, i), 0);
+  for (int i = 0; i < 2; ++i)
+    BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, i), 0);
   BOOST_TEST(poll_n(T, p.a.send_cq, 2).size() == 2u);  // completions are there to be polled...
   BOOST_TEST(poll_n(T, p.b.recv_cq, 2).size() == 2u);
-  for (int i = 2; i < 4; ++i) BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, i), 0);
+  for (int i = 2; i < 4; ++i)
+    BOOST_REQUIRE_EQUAL(post(T, p.a.qp, IBV_WR_SEND, {p.a.buf.sge(0, 8)}, i), 0);
   ibv_qp_attr reset{};
   reset.qp_state = IBV_QPS_RESET;
   BOOST_REQUIRE_EQUAL(T.modify_qp(p.a.qp, &reset, IBV_QP_STATE), 0);

@@ -21,36 +21,37 @@ boost::test_tools::assertion_result has_rdma_device(boost::unit_test::test_unit_
 
 /// Every function pointer of the table, by name.
 std::vector<std::pair<const char*, const void*>> members(const comm::verbs::api& t) {
-  const auto p = [](auto f) { return reinterpret_cast<const void*>(f); };
-  return {{"get_device_list", p(t.get_device_list)}, {"free_device_list", p(t.free_device_list)},
-          {"get_device_name", p(t.get_device_name)}, {"open_device", p(t.open_device)},
-          {"close_device", p(t.close_device)}, {"query_device", p(t.query_device)},
-          {"query_port", p(t.query_port)}, {"query_gid", p(t.query_gid)},
-          {"query_gid_ex", p(t.query_gid_ex)}, {"get_async_event", p(t.get_async_event)},
-          {"ack_async_event", p(t.ack_async_event)}, {"alloc_pd", p(t.alloc_pd)},
-          {"dealloc_pd", p(t.dealloc_pd)}, {"reg_mr", p(t.reg_mr)}, {"dereg_mr", p(t.dereg_mr)},
-          {"create_comp_channel", p(t.create_comp_channel)},
-          {"destroy_comp_channel", p(t.destroy_comp_channel)}, {"create_cq", p(t.create_cq)},
-          {"destroy_cq", p(t.destroy_cq)}, {"req_notify_cq", p(t.req_notify_cq)},
-          {"poll_cq", p(t.poll_cq)}, {"get_cq_event", p(t.get_cq_event)},
-          {"ack_cq_events", p(t.ack_cq_events)}, {"create_srq", p(t.create_srq)},
-          {"modify_srq", p(t.modify_srq)}, {"destroy_srq", p(t.destroy_srq)},
-          {"post_srq_recv", p(t.post_srq_recv)}, {"create_qp", p(t.create_qp)},
-          {"modify_qp", p(t.modify_qp)}, {"query_qp", p(t.query_qp)},
-          {"destroy_qp", p(t.destroy_qp)}, {"post_send", p(t.post_send)},
-          {"post_recv", p(t.post_recv)}, {"wc_status_str", p(t.wc_status_str)},
-          {"event_type_str", p(t.event_type_str)}, {"cm_event_str", p(t.cm_event_str)},
-          {"create_event_channel", p(t.create_event_channel)},
-          {"destroy_event_channel", p(t.destroy_event_channel)}, {"create_id", p(t.create_id)},
-          {"destroy_id", p(t.destroy_id)}, {"set_option", p(t.set_option)},
-          {"bind_addr", p(t.bind_addr)}, {"listen", p(t.listen)},
-          {"resolve_addr", p(t.resolve_addr)}, {"resolve_route", p(t.resolve_route)},
-          {"get_src_port", p(t.get_src_port)}, {"get_dst_port", p(t.get_dst_port)},
-          {"create_qp_on_id", p(t.create_qp_on_id)}, {"destroy_qp_on_id", p(t.destroy_qp_on_id)},
-          {"init_qp_attr", p(t.init_qp_attr)}, {"connect", p(t.connect)},
-          {"establish", p(t.establish)}, {"accept", p(t.accept)}, {"reject", p(t.reject)},
-          {"disconnect", p(t.disconnect)}, {"get_cm_event", p(t.get_cm_event)},
-          {"ack_cm_event", p(t.ack_cm_event)}};
+#define COMM_MEMBER(name) {#name, reinterpret_cast<const void*>(t.name)}
+  return {COMM_MEMBER(get_device_list),      COMM_MEMBER(free_device_list),
+          COMM_MEMBER(get_device_name),      COMM_MEMBER(open_device),
+          COMM_MEMBER(close_device),         COMM_MEMBER(query_device),
+          COMM_MEMBER(query_port),           COMM_MEMBER(query_gid),
+          COMM_MEMBER(query_gid_ex),         COMM_MEMBER(get_async_event),
+          COMM_MEMBER(ack_async_event),      COMM_MEMBER(alloc_pd),
+          COMM_MEMBER(dealloc_pd),           COMM_MEMBER(reg_mr),
+          COMM_MEMBER(dereg_mr),             COMM_MEMBER(create_comp_channel),
+          COMM_MEMBER(destroy_comp_channel), COMM_MEMBER(create_cq),
+          COMM_MEMBER(destroy_cq),           COMM_MEMBER(req_notify_cq),
+          COMM_MEMBER(poll_cq),              COMM_MEMBER(get_cq_event),
+          COMM_MEMBER(ack_cq_events),        COMM_MEMBER(create_srq),
+          COMM_MEMBER(modify_srq),           COMM_MEMBER(destroy_srq),
+          COMM_MEMBER(post_srq_recv),        COMM_MEMBER(create_qp),
+          COMM_MEMBER(modify_qp),            COMM_MEMBER(query_qp),
+          COMM_MEMBER(destroy_qp),           COMM_MEMBER(post_send),
+          COMM_MEMBER(post_recv),            COMM_MEMBER(wc_status_str),
+          COMM_MEMBER(event_type_str),       COMM_MEMBER(cm_event_str),
+          COMM_MEMBER(create_event_channel), COMM_MEMBER(destroy_event_channel),
+          COMM_MEMBER(create_id),            COMM_MEMBER(destroy_id),
+          COMM_MEMBER(set_option),           COMM_MEMBER(bind_addr),
+          COMM_MEMBER(listen),               COMM_MEMBER(resolve_addr),
+          COMM_MEMBER(resolve_route),        COMM_MEMBER(get_src_port),
+          COMM_MEMBER(get_dst_port),         COMM_MEMBER(create_qp_on_id),
+          COMM_MEMBER(destroy_qp_on_id),     COMM_MEMBER(init_qp_attr),
+          COMM_MEMBER(connect),              COMM_MEMBER(establish),
+          COMM_MEMBER(accept),               COMM_MEMBER(reject),
+          COMM_MEMBER(disconnect),           COMM_MEMBER(get_cm_event),
+          COMM_MEMBER(ack_cm_event)};
+#undef COMM_MEMBER
 }
 
 }  // namespace
@@ -62,7 +63,8 @@ BOOST_AUTO_TEST_CASE(the_rdma_core_table_is_filled_completely) {
   for (const auto& [name, pointer] : members(R)) {
     BOOST_TEST_CONTEXT(name) { BOOST_TEST(pointer != nullptr); }
   }
-  BOOST_TEST(std::string(R.wc_status_str(IBV_WC_RETRY_EXC_ERR)) == "transport retry counter exceeded");
+  BOOST_TEST(std::string(R.wc_status_str(IBV_WC_RETRY_EXC_ERR)) ==
+             "transport retry counter exceeded");
   BOOST_TEST(std::string(R.cm_event_str(RDMA_CM_EVENT_REJECTED)) == "RDMA_CM_EVENT_REJECTED");
 }
 

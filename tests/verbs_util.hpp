@@ -5,6 +5,8 @@
 
 #include "verbs/verbs_api.hpp"
 
+#include <poll.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +30,12 @@ bool eventually(Done done, std::chrono::milliseconds limit = 10s) {
     if (round > 1000) std::this_thread::sleep_for(50us);
   }
   return false;
+}
+
+/// True when `fd` becomes readable within `timeout_ms` (0: now).
+inline bool readable(int fd, int timeout_ms = 0) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) == 1;
 }
 
 /// Polls `cq` until `n` completions arrived (or the time is up); returns what arrived.
@@ -89,7 +97,9 @@ inline address port_address(const api& t, ibv_context* ctx, uint8_t port_num) {
     ibv_gid_entry e{};
     if (t.query_gid_ex(ctx, port_num, static_cast<uint32_t>(i), &e, 0) != 0) continue;
     const bool v4 = e.gid.raw[10] == 0xff && e.gid.raw[11] == 0xff;
-    int rank = e.gid_type == IBV_GID_TYPE_ROCE_V2 ? (v4 ? 3 : 2) : e.gid_type == IBV_GID_TYPE_ROCE_V1 ? 1 : 0;
+    int rank = e.gid_type == IBV_GID_TYPE_ROCE_V2   ? (v4 ? 3 : 2)
+               : e.gid_type == IBV_GID_TYPE_ROCE_V1 ? 1
+                                                    : 0;
     if (a.port.link_layer == IBV_LINK_LAYER_INFINIBAND) rank = i == 0 ? 3 : -1;
     if (rank > best) {
       best = rank;
@@ -123,7 +133,9 @@ struct buffer {
   std::vector<uint8_t> bytes;
   ibv_mr* mr = nullptr;
   /// Its address as a work request carries it.
-  uint64_t addr(size_t offset = 0) const { return reinterpret_cast<uint64_t>(bytes.data() + offset); }
+  uint64_t addr(size_t offset = 0) const {
+    return reinterpret_cast<uint64_t>(bytes.data() + offset);
+  }
   /// One scatter/gather entry over [offset, offset + length).
   ibv_sge sge(size_t offset, uint32_t length) const {
     return ibv_sge{addr(offset), length, mr ? mr->lkey : 0};
@@ -209,7 +221,8 @@ inline int to_init(const api& t, endpoint& e) {
   a.port_num = e.options.port;
   a.pkey_index = 0;
   a.qp_access_flags = e.options.access;
-  return t.modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS);
+  return t.modify_qp(e.qp, &a,
+                     IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS);
 }
 
 /// INIT to RTR towards `peer`'s QP and port (LID on InfiniBand, GRH with its chosen GID on RoCE).
@@ -328,21 +341,22 @@ inline std::string loopback_exchange(const api& t, const std::string& device) {
     if (problem.empty() && post(t, a.qp, IBV_WR_SEND, {a.buf.sge(0, 4096)}, 1) != 0) {
       problem = "post_send failed";
     }
-    if (problem.empty() && (poll_n(t, b.recv_cq, 1).size() != 1 || !holds(b.buf.bytes.data(), 4096, 1))) {
+    if (problem.empty() &&
+        (poll_n(t, b.recv_cq, 1).size() != 1 || !holds(b.buf.bytes.data(), 4096, 1))) {
       problem = "SEND did not arrive intact";
     }
     fill(a.buf.bytes.data() + 8192, 1000, 2);
-    if (problem.empty() && (post(t, a.qp, IBV_WR_RDMA_WRITE, {a.buf.sge(8192, 1000)}, 2,
-                                 IBV_SEND_SIGNALED, b.buf.addr(16384), b.buf.mr->rkey) != 0 ||
-                            poll_n(t, a.send_cq, 2).size() != 2 ||
-                            !holds(b.buf.bytes.data() + 16384, 1000, 2))) {
+    if (problem.empty() &&
+        (post(t, a.qp, IBV_WR_RDMA_WRITE, {a.buf.sge(8192, 1000)}, 2, IBV_SEND_SIGNALED,
+              b.buf.addr(16384), b.buf.mr->rkey) != 0 ||
+         poll_n(t, a.send_cq, 2).size() != 2 || !holds(b.buf.bytes.data() + 16384, 1000, 2))) {
       problem = "RDMA WRITE did not land intact";
     }
     fill(b.buf.bytes.data() + 32768, 3000, 3);
-    if (problem.empty() && (post(t, a.qp, IBV_WR_RDMA_READ, {a.buf.sge(40000, 3000)}, 3,
-                                 IBV_SEND_SIGNALED, b.buf.addr(32768), b.buf.mr->rkey) != 0 ||
-                            poll_n(t, a.send_cq, 1).size() != 1 ||
-                            !holds(a.buf.bytes.data() + 40000, 3000, 3))) {
+    if (problem.empty() &&
+        (post(t, a.qp, IBV_WR_RDMA_READ, {a.buf.sge(40000, 3000)}, 3, IBV_SEND_SIGNALED,
+              b.buf.addr(32768), b.buf.mr->rkey) != 0 ||
+         poll_n(t, a.send_cq, 1).size() != 1 || !holds(a.buf.bytes.data() + 40000, 3000, 3))) {
       problem = "RDMA READ did not return the remote bytes";
     }
   }

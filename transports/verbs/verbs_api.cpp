@@ -13,8 +13,8 @@ int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) {
   return ibv_query_port(context, port_num, attr);
 }
 
-int query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index,
-                 ibv_gid_entry* entry, uint32_t flags) {
+int query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index, ibv_gid_entry* entry,
+                 uint32_t flags) {
   return ibv_query_gid_ex(context, port_num, gid_index, entry, flags);
 }
 

@@ -74,8 +74,8 @@ struct api {
   /// ibv_destroy_comp_channel: 0 or an errno value.
   int (*destroy_comp_channel)(ibv_comp_channel* channel);
   /// ibv_create_cq: NULL and errno on failure.
-  ibv_cq* (*create_cq)(ibv_context* context, int cqe, void* cq_context,
-                       ibv_comp_channel* channel, int comp_vector);
+  ibv_cq* (*create_cq)(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
+                       int comp_vector);
   /// ibv_destroy_cq: 0 or an errno value.
   int (*destroy_cq)(ibv_cq* cq);
   /// ibv_req_notify_cq: arms the CQ for one event on its channel; 0 or an errno value.
@@ -130,8 +130,7 @@ struct api {
   /// rdma_destroy_event_channel.
   void (*destroy_event_channel)(rdma_event_channel* channel);
   /// rdma_create_id: 0, or -1 and errno.
-  int (*create_id)(rdma_event_channel* channel, rdma_cm_id** id, void* context,
-                   rdma_port_space ps);
+  int (*create_id)(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps);
   /// rdma_destroy_id: 0, or -1 and errno.
   int (*destroy_id)(rdma_cm_id* id);
   /// rdma_set_option (RDMA_OPTION_ID_ACK_TIMEOUT among others): 0, or -1 and errno.

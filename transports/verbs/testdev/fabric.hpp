@@ -121,17 +121,17 @@ struct cm_id_obj;
 
 /// One port: its attributes and GID table.
 struct port_obj {
-  ibv_port_attr attr{};               ///< what query_port reports
-  std::vector<ibv_gid_entry> gids;    ///< the GID table
+  ibv_port_attr attr{};                     ///< what query_port reports
+  std::vector<ibv_gid_entry> gids;          ///< the GID table
   std::vector<sockaddr_storage> addresses;  ///< IP addresses rdmacm resolves to this port
 };
 
 /// One emulated HCA.
 struct device_obj {
-  ibv_device pub{};              ///< handed out by get_device_list
-  device_limits limits;          ///< what it reports and enforces
-  uint64_t guid = 0;             ///< node GUID
-  std::vector<port_obj> ports;   ///< ports[0] is port 1
+  ibv_device pub{};                   ///< handed out by get_device_list
+  device_limits limits;               ///< what it reports and enforces
+  uint64_t guid = 0;                  ///< node GUID
+  std::vector<port_obj> ports;        ///< ports[0] is port 1
   context_obj* cm_context = nullptr;  ///< the context rdmacm ids on this device use
 };
 
@@ -140,9 +140,9 @@ struct context_obj {
   ibv_context pub{};
   device_obj* dev = nullptr;
   event_queue<ibv_async_event> async;  ///< behind pub.async_fd
-  bool dead = false;       ///< its peer is gone: calls fail, destroy releases
-  bool for_rdmacm = false; ///< opened by rdmacm (not the user's to close)
-  size_t children = 0;     ///< PDs, CQs and channels on it
+  bool dead = false;                   ///< its peer is gone: calls fail, destroy releases
+  bool for_rdmacm = false;             ///< opened by rdmacm (not the user's to close)
+  size_t children = 0;                 ///< PDs, CQs and channels on it
 };
 
 /// A protection domain.
@@ -202,9 +202,9 @@ struct srq_obj {
   std::deque<recv_wqe> wqes;
   uint32_t max_wr = 0;
   uint32_t max_sge = 0;
-  uint32_t limit = 0;    ///< armed limit (0: disarmed)
-  uint32_t slots = 0;    ///< posted and not yet freed by a polled completion
-  size_t qps = 0;        ///< QPs attached
+  uint32_t limit = 0;  ///< armed limit (0: disarmed)
+  uint32_t slots = 0;  ///< posted and not yet freed by a polled completion
+  size_t qps = 0;      ///< QPs attached
   event_count async_events;
 };
 
@@ -228,11 +228,11 @@ struct send_wqe {
   uint64_t length = 0;  ///< bytes moved
   stage where = stage::queued;
   ibv_wc_status status = IBV_WC_SUCCESS;
-  unsigned rnr_naks = 0;         ///< RNR answers so far
-  unsigned timeouts = 0;         ///< ACK timeouts so far
-  bool awaiting_answer = false;  ///< sent, nobody answered; a timeout is running
-  clock::time_point not_before{};   ///< next attempt (RNR or ACK timer)
-  clock::time_point response_due{}; ///< an RDMA READ's response
+  unsigned rnr_naks = 0;             ///< RNR answers so far
+  unsigned timeouts = 0;             ///< ACK timeouts so far
+  bool awaiting_answer = false;      ///< sent, nobody answered; a timeout is running
+  clock::time_point not_before{};    ///< next attempt (RNR or ACK timer)
+  clock::time_point response_due{};  ///< an RDMA READ's response
 };
 
 /// A reliable-connected queue pair.
@@ -244,26 +244,27 @@ struct qp_obj {
   srq_obj* srq = nullptr;
   ibv_qp_cap cap{};
   bool sig_all = false;
-  ibv_qp_attr attr{};            ///< current state and every attribute set so far
+  ibv_qp_attr attr{};  ///< current state and every attribute set so far
   std::deque<send_wqe> sq;
-  size_t executed = 0;           ///< sq[0, executed) have executed (or are flushed)
-  uint32_t sq_slots = 0;         ///< posted, not yet freed by a polled completion
-  uint32_t uncovered = 0;        ///< unsignaled sends completed since the last send completion
+  size_t executed = 0;     ///< sq[0, executed) have executed (or are flushed)
+  uint32_t sq_slots = 0;   ///< posted, not yet freed by a polled completion
+  uint32_t uncovered = 0;  ///< unsignaled sends completed since the last send completion
   std::deque<recv_wqe> rq;
   uint32_t rq_slots = 0;
   unsigned reads_in_flight = 0;
   std::optional<ibv_wc_status> injected;  ///< fail_next_send
   clock::time_point wake_at = never;      ///< next retry or response due
   event_count async_events;
-  cm_id_obj* cm_id = nullptr;    ///< the rdmacm id it was created on
+  cm_id_obj* cm_id = nullptr;  ///< the rdmacm id it was created on
 };
 
 /// A delivered or queued rdmacm event with its private data.
 struct cm_event_obj {
   rdma_cm_event pub{};
   std::vector<uint8_t> private_data;
-  cm_id_obj* counted_on = nullptr;  ///< the id whose events it counts as (the listener's for a request)
-  bool delivered = false;           ///< handed out by get_cm_event, not yet acknowledged
+  cm_id_obj* counted_on =
+      nullptr;             ///< the id whose events it counts as (the listener's for a request)
+  bool delivered = false;  ///< handed out by get_cm_event, not yet acknowledged
 };
 
 /// An rdmacm event channel.
@@ -286,8 +287,8 @@ enum class cm_state {
   accepted,          ///< passive: accepted, waiting for the client's establish
   connect_response,  ///< active without a QP on its id: CONNECT_RESPONSE, establish not called
   established,
-  disconnected,      ///< DISCONNECTED delivered or sent
-  failed,            ///< rejected, unreachable, or its peer went away before connecting
+  disconnected,  ///< DISCONNECTED delivered or sent
+  failed,        ///< rejected, unreachable, or its peer went away before connecting
 };
 
 /// An rdmacm id.
@@ -305,12 +306,12 @@ struct cm_id_obj {
   uint8_t initiator_depth = 0;
   uint8_t retry_count = 7;
   uint8_t rnr_retry_count = 7;
-  uint8_t ack_timeout = 19;  ///< the kernel's RoCE default: packet life time 18, plus one
-  uint32_t qp_num = 0;       ///< the QP this side announced
-  uint32_t psn = 0;          ///< its first send PSN
-  bool remote_known = false;       ///< the peer's QP and path below are set
-  uint32_t remote_qp_num = 0;      ///< the QP the peer announced
-  uint32_t remote_psn = 0;         ///< the peer's first send PSN
+  uint8_t ack_timeout = 19;    ///< the kernel's RoCE default: packet life time 18, plus one
+  uint32_t qp_num = 0;         ///< the QP this side announced
+  uint32_t psn = 0;            ///< its first send PSN
+  bool remote_known = false;   ///< the peer's QP and path below are set
+  uint32_t remote_qp_num = 0;  ///< the QP the peer announced
+  uint32_t remote_psn = 0;     ///< the peer's first send PSN
   device_obj* remote_dev = nullptr;
   uint8_t remote_port = 0;
   bool disconnect_seen = false;  ///< DISCONNECTED delivered to it already
@@ -341,7 +342,8 @@ class fabric {
   std::unordered_map<uint32_t, mr_obj*> mr_by_key;
   std::unordered_map<rdma_event_channel*, std::unique_ptr<cm_channel_obj>> cm_channels;
   std::unordered_map<rdma_cm_id*, std::unique_ptr<cm_id_obj>> cm_ids;
-  std::unordered_map<rdma_cm_event*, std::unique_ptr<cm_event_obj>> cm_events;  ///< queued or delivered
+  std::unordered_map<rdma_cm_event*, std::unique_ptr<cm_event_obj>>
+      cm_events;  ///< queued or delivered
 
   std::set<qp_obj*> timed;               ///< QPs with a retry or response due
   std::vector<qp_obj*> overrun_victims;  ///< QPs to fail once the current operation is done
@@ -480,10 +482,13 @@ const void* element_of(const ibv_async_event& event);
 /// Drops queued async events about `element` (as the kernel does when the object goes).
 void drop_async_events(context_obj& ctx, const void* element);
 
-/// The table entries of each part, filled into `table`.
+/// Fills the entries of devices, contexts, PDs, MRs, channels, CQs and SRQs.
 void fill_resources(api& table);
+/// Fills the QP entries (create, modify, query, destroy).
 void fill_qp(api& table);
+/// Fills post_send and post_recv.
 void fill_wire(api& table);
+/// Fills the rdmacm entries.
 void fill_cm(api& table);
 
 }  // namespace comm::verbs::testdev::detail

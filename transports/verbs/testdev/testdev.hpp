@@ -21,22 +21,22 @@ namespace comm::verbs::testdev {
 /// Limits a test device reports in ibv_device_attr (and the inline size it grants a QP). The
 /// defaults are small, so a test can reach them.
 struct device_limits {
-  int max_qp = 256;               ///< queue pairs per device
-  int max_qp_wr = 4096;           ///< send or receive work requests per queue
-  int max_sge = 16;               ///< scatter/gather entries per send or receive
-  int max_sge_rd = 16;            ///< scatter entries of an RDMA READ
-  int max_cq = 256;               ///< completion queues per device
-  int max_cqe = 65536;            ///< entries per completion queue
-  int max_mr = 4096;              ///< memory regions per device
+  int max_qp = 256;                   ///< queue pairs per device
+  int max_qp_wr = 4096;               ///< send or receive work requests per queue
+  int max_sge = 16;                   ///< scatter/gather entries per send or receive
+  int max_sge_rd = 16;                ///< scatter entries of an RDMA READ
+  int max_cq = 256;                   ///< completion queues per device
+  int max_cqe = 65536;                ///< entries per completion queue
+  int max_mr = 4096;                  ///< memory regions per device
   uint64_t max_mr_size = 1ull << 32;  ///< bytes per memory region
-  int max_pd = 64;                ///< protection domains per device
-  int max_qp_rd_atom = 16;        ///< RDMA READs a QP answers at once (max_dest_rd_atomic)
-  int max_qp_init_rd_atom = 16;   ///< RDMA READs a QP has in flight (max_rd_atomic)
-  int max_srq = 64;               ///< shared receive queues per device
-  int max_srq_wr = 16384;         ///< work requests per SRQ
-  int max_srq_sge = 16;           ///< scatter entries per SRQ receive
-  uint32_t max_inline_data = 256; ///< inline bytes a QP may ask for
-  uint32_t max_msg_sz = 1u << 30; ///< largest message (ibv_port_attr::max_msg_sz)
+  int max_pd = 64;                    ///< protection domains per device
+  int max_qp_rd_atom = 16;            ///< RDMA READs a QP answers at once (max_dest_rd_atomic)
+  int max_qp_init_rd_atom = 16;       ///< RDMA READs a QP has in flight (max_rd_atomic)
+  int max_srq = 64;                   ///< shared receive queues per device
+  int max_srq_wr = 16384;             ///< work requests per SRQ
+  int max_srq_sge = 16;               ///< scatter entries per SRQ receive
+  uint32_t max_inline_data = 256;     ///< inline bytes a QP may ask for
+  uint32_t max_msg_sz = 1u << 30;     ///< largest message (ibv_port_attr::max_msg_sz)
 };
 
 /// One port of a test device. An Ethernet (RoCE) port has GIDs derived from its addresses (RoCE v1
@@ -49,9 +49,9 @@ struct port_spec {
 
 /// One verbs test device ("testdev0"...).
 struct device_spec {
-  std::string name = "testdev0";    ///< ibv_get_device_name
-  std::vector<port_spec> ports;     ///< port 1, 2...
-  device_limits limits;             ///< what ibv_query_device reports and enforces
+  std::string name = "testdev0";  ///< ibv_get_device_name
+  std::vector<port_spec> ports;   ///< port 1, 2...
+  device_limits limits;           ///< what ibv_query_device reports and enforces
 };
 
 /// A device with one RoCE port that owns `address` (e.g. "10.0.0.1").
@@ -98,8 +98,8 @@ class fabric_scope {
 
 /// What the fabric did, for tests that check retries happened.
 struct counters {
-  uint64_t rnr_naks = 0;      ///< receiver-not-ready answers to SENDs
-  uint64_t ack_timeouts = 0;  ///< transport timeouts (no answer from the responder)
+  uint64_t rnr_naks = 0;        ///< receiver-not-ready answers to SENDs
+  uint64_t ack_timeouts = 0;    ///< transport timeouts (no answer from the responder)
   uint64_t read_responses = 0;  ///< RDMA READ responses delivered
 };
 

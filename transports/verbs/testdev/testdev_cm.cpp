@@ -255,10 +255,14 @@ int rts_attributes(cm_id_obj& id, ibv_qp_attr& attr, int& mask) {
 /// rdma_init_qp_attr: the attributes that move the id's QP to attr.qp_state.
 int qp_attributes(cm_id_obj& id, ibv_qp_attr& attr, int& mask) {
   switch (attr.qp_state) {
-    case IBV_QPS_INIT: return init_attributes(id, attr, mask);
-    case IBV_QPS_RTR: return rtr_attributes(id, attr, mask);
-    case IBV_QPS_RTS: return rts_attributes(id, attr, mask);
-    default: return EINVAL;
+    case IBV_QPS_INIT:
+      return init_attributes(id, attr, mask);
+    case IBV_QPS_RTR:
+      return rtr_attributes(id, attr, mask);
+    case IBV_QPS_RTS:
+      return rts_attributes(id, attr, mask);
+    default:
+      return EINVAL;
   }
 }
 
@@ -387,8 +391,10 @@ int set_option(rdma_cm_id* handle, int level, int optname, void* optval, size_t 
     }
     case RDMA_OPTION_ID_TOS:
     case RDMA_OPTION_ID_REUSEADDR:
-    case RDMA_OPTION_ID_AFONLY: return 0;
-    default: return fail_minus_one(ENOSYS);
+    case RDMA_OPTION_ID_AFONLY:
+      return 0;
+    default:
+      return fail_minus_one(ENOSYS);
   }
 }
 
@@ -498,8 +504,8 @@ int resolve_route(rdma_cm_id* handle, int) {
     post_event(*f, *id, RDMA_CM_EVENT_ROUTE_ERROR, -EHOSTUNREACH);
     return 0;
   }
-  id->path = std::make_unique<ibv_sa_path_rec>(
-      path_record(*id, *port_of(*id->dev, id->pub.port_num), *port_of(*target.dev, target.port_num)));
+  id->path = std::make_unique<ibv_sa_path_rec>(path_record(
+      *id, *port_of(*id->dev, id->pub.port_num), *port_of(*target.dev, target.port_num)));
   id->pub.route.path_rec = id->path.get();
   id->pub.route.num_paths = 1;
   id->state = cm_state::route_resolved;
@@ -658,8 +664,8 @@ void answer_client(fabric& f, cm_id_obj& server, cm_id_obj& client, const rdma_c
     return;
   }
   client.state = with_qp ? cm_state::established : cm_state::connect_response;
-  cm_event_obj* event = post_event(f, client, with_qp ? RDMA_CM_EVENT_ESTABLISHED
-                                                      : RDMA_CM_EVENT_CONNECT_RESPONSE);
+  cm_event_obj* event =
+      post_event(f, client, with_qp ? RDMA_CM_EVENT_ESTABLISHED : RDMA_CM_EVENT_CONNECT_RESPONSE);
   attach_conn_param(event, client);
   attach_private_data(event, param ? param->private_data : nullptr,
                       param ? param->private_data_len : 0, accept_data_size);
@@ -699,7 +705,8 @@ int accept(rdma_cm_id* handle, rdma_conn_param* param) {
 int establish(rdma_cm_id* handle) {
   locked_fabric f;
   cm_id_obj* client = f ? find(f->cm_ids, handle) : nullptr;
-  if (client == nullptr || client->state != cm_state::connect_response) return fail_minus_one(EINVAL);
+  if (client == nullptr || client->state != cm_state::connect_response)
+    return fail_minus_one(EINVAL);
   if (client->dead) return fail_minus_one(EIO);
   client->state = cm_state::established;
   cm_id_obj* server = client->peer;
@@ -713,7 +720,8 @@ int establish(rdma_cm_id* handle) {
 int reject(rdma_cm_id* handle, const void* private_data, uint8_t private_data_len) {
   locked_fabric f;
   cm_id_obj* server = f ? find(f->cm_ids, handle) : nullptr;
-  if (server == nullptr || server->state != cm_state::request_received) return fail_minus_one(EINVAL);
+  if (server == nullptr || server->state != cm_state::request_received)
+    return fail_minus_one(EINVAL);
   if (server->dead) return fail_minus_one(EIO);
   if (private_data_len > reject_data_size || (private_data_len != 0 && private_data == nullptr)) {
     return fail_minus_one(EINVAL);
@@ -805,7 +813,8 @@ void announce_departure(fabric& f, cm_id_obj& id, bool process_exit) {
     case cm_state::disconnected:
       if (process_exit) disconnected_event(f, *peer);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 

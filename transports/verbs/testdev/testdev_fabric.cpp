@@ -107,8 +107,7 @@ void name_device(ibv_device& pub, const std::string& name, size_t index) {
   }
   std::snprintf(pub.name, sizeof(pub.name), "%s", name.c_str());
   std::snprintf(pub.dev_name, sizeof(pub.dev_name), "uverbs%zu", index);
-  std::snprintf(pub.dev_path, sizeof(pub.dev_path), "/sys/class/infiniband_verbs/uverbs%zu",
-                index);
+  std::snprintf(pub.dev_path, sizeof(pub.dev_path), "/sys/class/infiniband_verbs/uverbs%zu", index);
   std::snprintf(pub.ibdev_path, sizeof(pub.ibdev_path), "/sys/class/infiniband/%s", pub.name);
   pub.node_type = IBV_NODE_CA;
   pub.transport_type = IBV_TRANSPORT_IB;
@@ -192,7 +191,8 @@ void fabric::settle() {
   while (!overrun_victims.empty()) {
     qp_obj* qp = overrun_victims.back();
     overrun_victims.pop_back();
-    if (qp->attr.qp_state == IBV_QPS_ERR || qp->attr.qp_state == IBV_QPS_RESET || dead(*qp)) continue;
+    if (qp->attr.qp_state == IBV_QPS_ERR || qp->attr.qp_state == IBV_QPS_RESET || dead(*qp))
+      continue;
     COMM_LOG(debug, log_name, "QP 0x%x: its CQ overran, QP to error", qp->pub.qp_num);
     raise_async(*qp->pd->ctx, IBV_EVENT_QP_FATAL, qp);
     to_error(*qp);

@@ -203,7 +203,8 @@ namespace {
 int check_capacities(const ibv_qp_init_attr& init, const device_limits& limits) {
   const ibv_qp_cap& cap = init.cap;
   const bool with_rq = init.srq == nullptr;
-  const bool bad = cap.max_send_wr < 1 || cap.max_send_wr > static_cast<uint32_t>(limits.max_qp_wr) ||
+  const bool bad = cap.max_send_wr < 1 ||
+                   cap.max_send_wr > static_cast<uint32_t>(limits.max_qp_wr) ||
                    cap.max_send_sge > static_cast<uint32_t>(limits.max_sge) ||
                    cap.max_inline_data > limits.max_inline_data ||
                    (with_rq && (cap.max_recv_wr > static_cast<uint32_t>(limits.max_qp_wr) ||
@@ -251,11 +252,11 @@ qp_obj* fabric::create_qp(pd_obj& pd, ibv_qp_init_attr& init, int& error) {
   int on_device = 0;
   for (const auto& [h, other] : qps) on_device += other->pd->ctx->dev == pd.ctx->dev ? 1 : 0;
   const device_limits& limits = pd.ctx->dev->limits;
-  error = init.qp_type != IBV_QPT_RC                      ? EOPNOTSUPP
-          : !cqs_ok || (init.srq != nullptr && !srq)      ? EINVAL
-          : check_capacities(init, limits) != 0           ? EINVAL
-          : on_device >= limits.max_qp                    ? ENOMEM
-                                                          : 0;
+  error = init.qp_type != IBV_QPT_RC                 ? EOPNOTSUPP
+          : !cqs_ok || (init.srq != nullptr && !srq) ? EINVAL
+          : check_capacities(init, limits) != 0      ? EINVAL
+          : on_device >= limits.max_qp               ? ENOMEM
+                                                     : 0;
   if (error != 0) {
     COMM_LOG(debug, log_name, "create_qp refused: %s", std::strerror(error));
     return nullptr;

@@ -19,10 +19,16 @@ void fabric::raise_async(context_obj& ctx, ibv_event_type type, void* element) {
   if (ctx.dead) return;
   ibv_async_event event{};
   switch (type) {
-    case IBV_EVENT_CQ_ERR: event.element.cq = &static_cast<cq_obj*>(element)->pub; break;
+    case IBV_EVENT_CQ_ERR:
+      event.element.cq = &static_cast<cq_obj*>(element)->pub;
+      break;
     case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED: event.element.srq = &static_cast<srq_obj*>(element)->pub; break;
-    default: event.element.qp = &static_cast<qp_obj*>(element)->pub; break;
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      event.element.srq = &static_cast<srq_obj*>(element)->pub;
+      break;
+    default:
+      event.element.qp = &static_cast<qp_obj*>(element)->pub;
+      break;
   }
   event.event_type = type;
   ctx.async.push(event);
@@ -69,13 +75,17 @@ context_obj& fabric::rdmacm_context(device_obj& dev) {
 
 const void* element_of(const ibv_async_event& event) {
   switch (event.event_type) {
-    case IBV_EVENT_CQ_ERR: return event.element.cq;
+    case IBV_EVENT_CQ_ERR:
+      return event.element.cq;
     case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED: return event.element.srq;
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      return event.element.srq;
     case IBV_EVENT_PORT_ACTIVE:
     case IBV_EVENT_PORT_ERR:
-    case IBV_EVENT_DEVICE_FATAL: return nullptr;
-    default: return event.element.qp;
+    case IBV_EVENT_DEVICE_FATAL:
+      return nullptr;
+    default:
+      return event.element.qp;
   }
 }
 
@@ -118,7 +128,9 @@ void free_device_list(ibv_device** list) {
   if (f) f->device_lists.erase(list);
 }
 
-const char* get_device_name(ibv_device* device) { return device != nullptr ? device->name : nullptr; }
+const char* get_device_name(ibv_device* device) {
+  return device != nullptr ? device->name : nullptr;
+}
 
 ibv_context* open_device(ibv_device* device) {
   locked_fabric f;
@@ -160,8 +172,8 @@ ibv_device_attr device_attributes(const device_obj& dev) {
   attr.page_size_cap = 0xfffff000;
   attr.max_qp = l.max_qp;
   attr.max_qp_wr = l.max_qp_wr;
-  attr.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT |
-                          IBV_DEVICE_SYS_IMAGE_GUID;
+  attr.device_cap_flags =
+      IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID;
   attr.max_sge = l.max_sge;
   attr.max_sge_rd = l.max_sge_rd;
   attr.max_cq = l.max_cq;
@@ -216,8 +228,8 @@ int query_gid(ibv_context* handle, uint8_t port_num, int index, ibv_gid* gid) {
   return 0;
 }
 
-int query_gid_ex(ibv_context* handle, uint32_t port_num, uint32_t gid_index,
-                 ibv_gid_entry* entry, uint32_t flags) {
+int query_gid_ex(ibv_context* handle, uint32_t port_num, uint32_t gid_index, ibv_gid_entry* entry,
+                 uint32_t flags) {
   locked_fabric f;
   const ibv_gid_entry* found = f ? gid_entry(*f, handle, port_num, gid_index) : nullptr;
   if (found == nullptr || entry == nullptr || flags != 0) return EINVAL;
@@ -272,7 +284,8 @@ ibv_pd* alloc_pd(ibv_context* handle) {
   if (ctx == nullptr) return fail_null<ibv_pd>(EINVAL);
   if (ctx->dead) return fail_null<ibv_pd>(EIO);
   const auto dev_of = [](const pd_obj& pd) { return pd.ctx->dev; };
-  if (count_on(f->pds, dev_of, ctx->dev) >= ctx->dev->limits.max_pd) return fail_null<ibv_pd>(ENOMEM);
+  if (count_on(f->pds, dev_of, ctx->dev) >= ctx->dev->limits.max_pd)
+    return fail_null<ibv_pd>(ENOMEM);
   auto pd = std::make_unique<pd_obj>();
   pd->ctx = ctx;
   pd->pub.context = handle;

@@ -63,12 +63,13 @@ struct span {
 };
 
 /// The MR under `key` in `pd` granting `access` that holds [addr, addr + length), or null.
-const mr_obj* covering_mr(fabric& f, const pd_obj& pd, uint32_t key, uint64_t addr,
-                          uint64_t length, int access) {
+const mr_obj* covering_mr(fabric& f, const pd_obj& pd, uint32_t key, uint64_t addr, uint64_t length,
+                          int access) {
   const mr_obj* mr = f.find_mr(key);
   if (mr == nullptr || mr->pd != &pd || (mr->access & access) != access) return nullptr;
   const auto start = reinterpret_cast<uint64_t>(mr->pub.addr);
-  const bool inside = addr >= start && length <= mr->pub.length && addr - start <= mr->pub.length - length;
+  const bool inside =
+      addr >= start && length <= mr->pub.length && addr - start <= mr->pub.length - length;
   return inside ? mr : nullptr;
 }
 
@@ -124,7 +125,8 @@ struct endpoint {
 
 bool has_gid(const port_obj& port, const ibv_gid& gid, uint32_t type) {
   for (const ibv_gid_entry& entry : port.gids) {
-    if (entry.gid_type == type && std::memcmp(entry.gid.raw, gid.raw, sizeof(gid.raw)) == 0) return true;
+    if (entry.gid_type == type && std::memcmp(entry.gid.raw, gid.raw, sizeof(gid.raw)) == 0)
+      return true;
   }
   return false;
 }
@@ -182,9 +184,9 @@ clock::duration ack_timeout(uint8_t timeout) {
 }
 
 clock::duration rnr_delay(uint8_t min_rnr_timer) {
-  static const int micros[32] = {655360, 10,    20,    30,    40,     60,     80,     120,
-                                 160,    240,   320,   480,   640,    960,    1280,   1920,
-                                 2560,   3840,  5120,  7680,  10240,  15360,  20480,  30720,
+  static const int micros[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                 160,    240,   320,   480,    640,    960,    1280,   1920,
+                                 2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
                                  40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
   return std::chrono::microseconds(micros[min_rnr_timer & 31]);
 }
@@ -260,11 +262,13 @@ result deliver_send(fabric& f, qp_obj& qp, send_wqe& wqe, qp_obj& r,
   const pd_obj& receive_pd = r.srq ? *r.srq->pd : *r.pd;
   std::vector<span> target;
   if (!resolve_local(f, receive_pd, receive.sge, IBV_ACCESS_LOCAL_WRITE, target)) {
-    f.push_cqe(*r.recv_cq, make_wc(receive.wr_id, IBV_WC_LOC_PROT_ERR, r.pub.qp_num), slots, 1, false);
+    f.push_cqe(*r.recv_cq, make_wc(receive.wr_id, IBV_WC_LOC_PROT_ERR, r.pub.qp_num), slots, 1,
+               false);
     return failure(IBV_WC_REM_OP_ERR, &r);
   }
   if (wqe.length > capacity(target)) {
-    f.push_cqe(*r.recv_cq, make_wc(receive.wr_id, IBV_WC_LOC_LEN_ERR, r.pub.qp_num), slots, 1, false);
+    f.push_cqe(*r.recv_cq, make_wc(receive.wr_id, IBV_WC_LOC_LEN_ERR, r.pub.qp_num), slots, 1,
+               false);
     return failure(IBV_WC_REM_INV_REQ_ERR, &r);
   }
   copy_spans(source, target, wqe.length);
@@ -280,8 +284,9 @@ result deliver_write(fabric& f, qp_obj& qp, send_wqe& wqe, qp_obj& r,
   const bool with_imm = wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
   if (with_imm && receives_of(r).empty()) return receiver_not_ready(f, qp, wqe, r, now);
   span target{};
-  const bool allowed = wqe.length == 0 || resolve_remote(f, *r.pd, wqe.remote_addr, wqe.rkey,
-                                                         wqe.length, IBV_ACCESS_REMOTE_WRITE, target);
+  const bool allowed =
+      wqe.length == 0 || resolve_remote(f, *r.pd, wqe.remote_addr, wqe.rkey, wqe.length,
+                                        IBV_ACCESS_REMOTE_WRITE, target);
   if (!allowed) return failure(IBV_WC_REM_ACCESS_ERR, &r, IBV_EVENT_QP_ACCESS_ERR);
   if (wqe.length != 0) copy_spans(source, {target}, wqe.length);
   if (with_imm) complete_receive(f, r, qp, wqe, take_receive(f, r), IBV_WC_RECV_RDMA_WITH_IMM);
@@ -294,8 +299,9 @@ result issue_read(fabric& f, qp_obj& qp, send_wqe& wqe, qp_obj& r, clock::time_p
     return failure(IBV_WC_REM_INV_REQ_ERR, &r, IBV_EVENT_QP_REQ_ERR);
   }
   span source{};
-  const bool allowed = wqe.length == 0 || resolve_remote(f, *r.pd, wqe.remote_addr, wqe.rkey,
-                                                         wqe.length, IBV_ACCESS_REMOTE_READ, source);
+  const bool allowed =
+      wqe.length == 0 || resolve_remote(f, *r.pd, wqe.remote_addr, wqe.rkey, wqe.length,
+                                        IBV_ACCESS_REMOTE_READ, source);
   if (!allowed) return failure(IBV_WC_REM_ACCESS_ERR, &r, IBV_EVENT_QP_ACCESS_ERR);
   ++qp.reads_in_flight;
   wqe.where = stage::read_in_flight;
@@ -330,10 +336,13 @@ result execute(fabric& f, qp_obj& qp, send_wqe& wqe, clock::time_point now) {
   if (r == nullptr) return no_answer(qp, wqe, now, wqe.not_before);
   switch (wqe.opcode) {
     case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM: return deliver_send(f, qp, wqe, *r, local, now);
+    case IBV_WR_SEND_WITH_IMM:
+      return deliver_send(f, qp, wqe, *r, local, now);
     case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return deliver_write(f, qp, wqe, *r, local, now);
-    default: return issue_read(f, qp, wqe, *r, now);
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return deliver_write(f, qp, wqe, *r, local, now);
+    default:
+      return issue_read(f, qp, wqe, *r, now);
   }
 }
 
@@ -343,8 +352,9 @@ result answer_read(fabric& f, qp_obj& qp, send_wqe& wqe, clock::time_point now) 
   qp_obj* r = responder(f, qp);
   if (r == nullptr) return no_answer(qp, wqe, now, wqe.response_due);
   span source{};
-  const bool allowed = wqe.length == 0 || resolve_remote(f, *r->pd, wqe.remote_addr, wqe.rkey,
-                                                         wqe.length, IBV_ACCESS_REMOTE_READ, source);
+  const bool allowed =
+      wqe.length == 0 || resolve_remote(f, *r->pd, wqe.remote_addr, wqe.rkey, wqe.length,
+                                        IBV_ACCESS_REMOTE_READ, source);
   if (!allowed) return failure(IBV_WC_REM_ACCESS_ERR, r, IBV_EVENT_QP_ACCESS_ERR);
   std::vector<span> target;
   if (!resolve_local(f, *qp.pd, wqe.sge, IBV_ACCESS_LOCAL_WRITE, target)) {
@@ -378,7 +388,8 @@ void fail_request(fabric& f, qp_obj& qp, size_t index, result why, clock::time_p
            static_cast<unsigned long long>(wqe.wr_id), ibv_wc_status_str(why.status));
   f.to_error(qp);
   if (why.responder == nullptr) return;
-  if (why.responder_event) f.raise_async(*why.responder->pd->ctx, *why.responder_event, why.responder);
+  if (why.responder_event)
+    f.raise_async(*why.responder->pd->ctx, *why.responder_event, why.responder);
   f.to_error(*why.responder);
 }
 
@@ -441,9 +452,12 @@ void reschedule(fabric& f, qp_obj& qp, clock::time_point now) {
 ibv_wc_opcode completion_opcode(ibv_wr_opcode opcode) {
   switch (opcode) {
     case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
-    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
-    default: return IBV_WC_SEND;
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    default:
+      return IBV_WC_SEND;
   }
 }
 
@@ -487,8 +501,10 @@ int check_send(const qp_obj& qp, const ibv_send_wr& wr) {
     case IBV_WR_SEND_WITH_IMM:
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
-    case IBV_WR_RDMA_READ: break;
-    default: return EINVAL;  // atomics and the rest are not modelled
+    case IBV_WR_RDMA_READ:
+      break;
+    default:
+      return EINVAL;  // atomics and the rest are not modelled
   }
   if (wr.num_sge < 0 || (wr.num_sge > 0 && wr.sg_list == nullptr)) return EINVAL;
   if (static_cast<uint32_t>(wr.num_sge) > qp.cap.max_send_sge) return EINVAL;

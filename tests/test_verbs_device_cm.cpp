@@ -3,7 +3,7 @@
 // establish without a QP on the id, disconnect, the events in order on the channel's fd, the
 // outcomes of a missing listener, a full backlog, a client that gives up and a peer that vanishes.
 // Every wait is bounded; nothing asserts on timing.
-#define BOOST_TEST_MODULE verbs_cm
+#define BOOST_TEST_MODULE verbs_test_device_cm
 #include <boost/test/unit_test.hpp>
 
 #include "verbs/testdev/testdev.hpp"
@@ -11,7 +11,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <poll.h>
 
 #include <atomic>
 #include <thread>
@@ -22,11 +21,6 @@ using namespace comm::test::verbs;
 namespace {
 
 const comm::verbs::api& T = td::table();
-
-bool readable(int fd, int timeout_ms = 0) {
-  pollfd p{fd, POLLIN, 0};
-  return ::poll(&p, 1, timeout_ms) == 1;
-}
 
 sockaddr_storage ip(const char* text, uint16_t port = 0) {
   sockaddr_storage s{};
@@ -144,14 +138,16 @@ struct cm_side {
 /// Two RoCE devices; leaks are checked when the test ends.
 struct fabric_fixture {
   td::fabric_scope scope;
-  explicit fabric_fixture(std::vector<td::device_spec> specs = {td::roce_device("testdev0", "10.0.0.1"),
-                                                                td::roce_device("testdev1", "10.0.0.2")})
+  explicit fabric_fixture(
+      std::vector<td::device_spec> specs = {td::roce_device("testdev0", "10.0.0.1"),
+                                            td::roce_device("testdev1", "10.0.0.2")})
       : scope(specs) {}
   ~fabric_fixture() { BOOST_CHECK_EQUAL(scope.finish(), 0u); }
 };
 
 /// A listener on `address` (port 0: any); returns its port.
-uint16_t listen_on(cm_side& server, rdma_cm_id*& listener, sockaddr_storage address, int backlog = 8) {
+uint16_t listen_on(cm_side& server, rdma_cm_id*& listener, sockaddr_storage address,
+                   int backlog = 8) {
   listener = server.new_id();
   BOOST_REQUIRE_EQUAL(T.bind_addr(listener, sa(address)), 0);
   BOOST_REQUIRE_EQUAL(T.listen(listener, backlog), 0);
@@ -302,7 +298,6 @@ BOOST_AUTO_TEST_CASE(connect_accept_move_data_and_disconnect) {
   BOOST_TEST(server_attr.max_dest_rd_atomic == 2);
   BOOST_TEST(server_attr.max_rd_atomic == 3);
 
-
   fill(cq.buf.bytes.data(), 64, 3);
   BOOST_REQUIRE_EQUAL(receive(sq, 0, 64, 9), 0);
   BOOST_REQUIRE_EQUAL(post(T, cid->qp, IBV_WR_SEND, {cq.buf.sge(0, 64)}, 1), 0);
@@ -325,7 +320,8 @@ BOOST_AUTO_TEST_CASE(connect_accept_move_data_and_disconnect) {
   expect(client.channel, RDMA_CM_EVENT_DISCONNECTED);
   expect(server.channel, RDMA_CM_EVENT_DISCONNECTED);
   BOOST_TEST(qp_attributes(cid->qp).qp_state == IBV_QPS_ERR);
-  BOOST_TEST(qp_attributes(request.id->qp).qp_state == IBV_QPS_RTS);  // until the server disconnects
+  BOOST_TEST(qp_attributes(request.id->qp).qp_state ==
+             IBV_QPS_RTS);  // until the server disconnects
   BOOST_REQUIRE_EQUAL(T.disconnect(request.id), 0);
   BOOST_TEST(qp_attributes(request.id->qp).qp_state == IBV_QPS_ERR);
   BOOST_TEST(!readable(client.channel->fd, 5));  // one DISCONNECTED per side
@@ -425,9 +421,9 @@ BOOST_AUTO_TEST_CASE(private_data_longer_than_the_message_allows_is_refused) {
   const std::string longest_reply(196, 'a');
   ap = params(longest_reply);
   BOOST_REQUIRE_EQUAL(T.accept(request.id, &ap), 0);
-  BOOST_TEST(expect(client.channel, RDMA_CM_EVENT_CONNECT_RESPONSE).data ==
-                 std::vector<uint8_t>(196, 'a'),
-             boost::test_tools::per_element());
+  BOOST_TEST(
+      expect(client.channel, RDMA_CM_EVENT_CONNECT_RESPONSE).data == std::vector<uint8_t>(196, 'a'),
+      boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(without_a_qp_on_the_id_the_client_establishes_itself) {
@@ -558,7 +554,8 @@ BOOST_AUTO_TEST_CASE(the_channel_fd_is_readable_exactly_while_events_wait) {
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_CASE(ipv6_addresses_resolve_listen_and_connect) {
-  fabric_fixture f({td::roce_device("testdev0", "fd00::1"), td::roce_device("testdev1", "fd00::2")});
+  fabric_fixture f(
+      {td::roce_device("testdev0", "fd00::1"), td::roce_device("testdev1", "fd00::2")});
   cm_side server, client;
   rdma_cm_id* listener = nullptr;
   const uint16_t port = listen_on(server, listener, ip("::"));
@@ -652,7 +649,8 @@ BOOST_AUTO_TEST_CASE(a_peer_process_exit_disconnects_and_its_qp_stops_answering)
 BOOST_AUTO_TEST_CASE(a_lost_host_announces_nothing_but_traffic_times_out) {
   connection c(1);
   cm_side late;
-  rdma_cm_id* pending = resolved_client(late, ip("10.0.0.1"), ip("10.0.0.2", ntohs(T.get_src_port(c.listener))));
+  rdma_cm_id* pending =
+      resolved_client(late, ip("10.0.0.1"), ip("10.0.0.2", ntohs(T.get_src_port(c.listener))));
   rdma_conn_param cp = params("");
   BOOST_REQUIRE_EQUAL(T.connect(pending, &cp), 0);
   c.server.ids.push_back(expect(c.server.channel, RDMA_CM_EVENT_CONNECT_REQUEST).id);
