@@ -718,6 +718,7 @@ BOOST_AUTO_TEST_CASE(a_read_beyond_max_rd_atomic_stalls_the_send_queue) {
     BOOST_TEST(sent[i].wr_id == i);
     BOOST_TEST(sent[i].status == IBV_WC_SUCCESS);
   }
+  BOOST_TEST(td::stats().read_responses == 3u);
   BOOST_TEST(poll_n(T, p.b.recv_cq, 1).size() == 1u);
 }
 

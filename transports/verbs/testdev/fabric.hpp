@@ -59,8 +59,6 @@ class event_queue {
 
   /// The descriptor (negative when eventfd failed).
   int fd() const { return fd_; }
-  /// True when no event waits.
-  bool empty() const { return items_.empty(); }
   /// Appends an event; the fd becomes readable.
   void push(T item) {
     items_.push_back(std::move(item));
@@ -82,8 +80,6 @@ class event_queue {
     if (before != 0 && items_.empty()) lower();
     return before - items_.size();
   }
-  /// The events waiting, oldest first.
-  const std::deque<T>& items() const { return items_; }
 
  private:
   void raise() {

@@ -20,8 +20,6 @@ struct transition {
   int optional;
 };
 
-constexpr int any_state = -1;
-
 const transition rc_transitions[] = {
     {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
     {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},

@@ -128,15 +128,24 @@ void free_device_list(ibv_device** list) {
   if (f) f->device_lists.erase(list);
 }
 
+/// The fabric's device behind `device`, or null.
+device_obj* device_of(fabric& f, const ibv_device* device) {
+  for (auto& d : f.devices) {
+    if (&d->pub == device) return d.get();
+  }
+  return nullptr;
+}
+
 const char* get_device_name(ibv_device* device) {
-  return device != nullptr ? device->name : nullptr;
+  locked_fabric f;
+  device_obj* dev = f ? device_of(*f, device) : nullptr;
+  return dev != nullptr ? dev->pub.name : nullptr;
 }
 
 ibv_context* open_device(ibv_device* device) {
   locked_fabric f;
   if (!f) return nullptr;
-  device_obj* dev = nullptr;
-  for (auto& d : f->devices) dev = &d->pub == device ? d.get() : dev;
+  device_obj* dev = device_of(*f, device);
   if (dev == nullptr) return fail_null<ibv_context>(ENODEV);
   auto ctx = std::make_unique<context_obj>();
   if (ctx->async.fd() < 0) return fail_null<ibv_context>(EMFILE);
