@@ -19,6 +19,13 @@
 // The socket only carries this handshake: after the confirm both sides close it and the data goes
 // over the lanes the protocol layer picks from the exchanged private data.
 //
+// Ownership across callbacks: a request handed to cm_handler::on_request leaves the connection
+// manager before the call, so the handler may accept it (here or on another worker), reject it
+// or drop it at once. Other connections stay owned by the connection manager until the outermost
+// progress() returns, so a handler may close them, connect, or progress again. The connection
+// manager (its owner, a worker) must not be destroyed inside its own callbacks: that aborts with a
+// message rather than using freed memory.
+//
 // Limits: a message is at most 72 KiB (private data up to 64 KiB); a server-side handshake that
 // stalls for 10 s is dropped (half-open and silent clients cost nothing after that); at most 4096
 // connections at a time, beyond which new sockets are closed at once. Garbage closes only the
@@ -27,11 +34,49 @@
 
 #include <comm/transport/transport.hpp>
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace comm::tl::tcp {
 
 /// Creates the tcp connection manager.
 status open_tcp_cm(const cm_params& params, std::unique_ptr<cm>& out);
+
+// -- wire format (pure functions, usable on their own) -------------------------------------------
+
+/// One connection manager message, decoded.
+struct cm_message {
+  /// Which message of the handshake it is.
+  enum class kind : uint8_t { hello, challenge, request, reply, confirm };
+  kind type = kind::confirm;
+  uint16_t version = 0;               ///< hello: the protocol version
+  std::vector<uint8_t> nonce;         ///< hello, challenge: the sender's nonce
+  std::vector<uint8_t> proof;         ///< challenge, request: HMAC proof (empty without a key)
+  int16_t status = 0;                 ///< reply: 0 when accepted, else why not
+  std::vector<uint8_t> private_data;  ///< request, reply
+};
+
+/// What the front of a receive buffer holds.
+struct cm_frame {
+  /// Whether a whole frame is there.
+  enum class state : uint8_t { incomplete, complete, invalid };
+  state at = state::incomplete;
+  size_t length = 0;  ///< complete: bytes of the message after the 4-byte length
+};
+
+/// Bytes of a frame's length prefix.
+inline constexpr size_t cm_frame_prefix = 4;
+
+/// Looks for one frame at the front of `data`: its length is 4 bytes little-endian, then the
+/// message. A length of 0, not a multiple of 8, or above `max_length` is invalid.
+cm_frame find_cm_frame(const uint8_t* data, size_t size, size_t max_length);
+
+/// Decodes one message (the bytes after a frame's prefix); false when it is malformed.
+bool parse_cm_message(const uint8_t* data, size_t length, cm_message* out);
+
+/// Encodes `message` as a whole frame (prefix included).
+std::vector<uint8_t> encode_cm_message(const cm_message& message);
 
 }  // namespace comm::tl::tcp
