@@ -1,7 +1,9 @@
 // The tcp connection manager against hostile clients and against callbacks that answer, end or
 // progress things from inside: requests rejected, accepted or dropped inside the request
 // callback, malformed private data, a listener destroyed inside its own callback, nested progress
-// and closes inside connect and error callbacks, a worker destroyed inside its callback.
+// and closes inside connect and error callbacks, a worker destroyed inside its callback; floods of
+// half-open sockets from one source or another, silent sockets closed at the hello deadline, and a
+// server short of descriptors that must neither spin nor keep good clients out.
 //
 // Freed memory is poisoned in this executable (operator delete below, as glibc's MALLOC_PERTURB_
 // does), so a connection used after it was freed reads garbage and crashes in any build, not only
@@ -17,15 +19,19 @@
 #include <arpa/inet.h>
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
 #include <string>
 #include <thread>
@@ -87,12 +93,64 @@ int connect_from(const char* source, uint16_t port) {
   return fd;
 }
 
+/// Opens `count` sockets to `port` from `source` that never say anything, calling `step` after
+/// every `batch` of them (to let an in-process server accept).
+template <class Step>
+std::vector<int> open_silent(const char* source, uint16_t port, int count, int batch, Step&& step) {
+  std::vector<int> fds;
+  for (int i = 0; i < count; ++i) {
+    const int fd = connect_from(source, port);
+    if (fd < 0) break;
+    fds.push_back(fd);
+    if ((i + 1) % batch == 0) step();
+  }
+  return fds;
+}
+
 /// True when the peer closed `fd` (end of file or reset).
 bool closed_by_peer(int fd) {
   char byte;
   const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
   return n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE));
 }
+
+/// How many of `fds` the peer closed.
+size_t count_closed(const std::vector<int>& fds) {
+  size_t n = 0;
+  for (int fd : fds) n += closed_by_peer(fd) ? 1 : 0;
+  return n;
+}
+
+/// Closes and forgets `fds`.
+void close_all(std::vector<int>& fds) {
+  for (int fd : fds) ::close(fd);
+  fds.clear();
+}
+
+/// Raises this process's descriptor limit to at least `wanted` (the hard limit too: the tests run
+/// as root); false when it cannot.
+bool raise_fd_limit(rlim_t wanted) {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0) return false;
+  if (files.rlim_cur >= wanted) return true;
+  files.rlim_cur = wanted;
+  files.rlim_max = std::max(files.rlim_max, wanted);
+  return ::setrlimit(RLIMIT_NOFILE, &files) == 0;
+}
+
+/// Progresses `w` until nothing of it is ready (at most 1000 rounds). Through wait(0), which
+/// polls whatever is ready at once, not after the idle backoff of progress().
+void drain(worker& w) {
+  for (int i = 0; i < 1000 && w.wait(0) != status::timed_out; ++i) {
+  }
+}
+
+/// Sets an environment variable for the lifetime of this object.
+struct scoped_env {
+  scoped_env(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~scoped_env() { ::unsetenv(name_); }
+  const char* name_;
+};
 
 // -- a client speaking the connection manager's protocol by hand ----------------------------------
 
@@ -245,6 +303,97 @@ void accept_into(worker& w, conn_request* r, ep_events& e) {
   BOOST_TEST(w.accept(r, params_for(e), &ep) == status::ok);
 }
 
+// -- a process short of descriptors ---------------------------------------------------------------
+
+/// Nanoseconds the threads of `pid` were runnable (on a CPU or waiting for one), from
+/// /proc/<pid>/task/*/schedstat. On a loaded machine a spinning process gets only a share of a
+/// CPU, but it is runnable all the time; an idle one almost never.
+uint64_t runnable_ns(pid_t pid) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  uint64_t total = 0;
+  DIR* dir = ::opendir(tasks.c_str());
+  if (dir == nullptr) return 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream stat(tasks + "/" + entry->d_name + "/schedstat");
+    uint64_t on_cpu = 0, waiting = 0;
+    if (stat >> on_cpu >> waiting) total += on_cpu + waiting;
+  }
+  ::closedir(dir);
+  return total;
+}
+
+/// Fraction of `seconds` of wall time that `pid` was runnable.
+double runnable_fraction(pid_t pid, double seconds) {
+  const uint64_t before = runnable_ns(pid);
+  const auto start = steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  const double wall = std::chrono::duration<double>(steady_clock::now() - start).count();
+  return static_cast<double>(runnable_ns(pid) - before) / 1e9 / wall;
+}
+
+/// The child of a_server_short_of_descriptors_neither_spins_nor_keeps_good_clients_out: a server
+/// that accepts every request inside its callback and echoes tag 1 back as tag 2 on the newest
+/// endpoint, under a descriptor limit 32 above what it holds after listening. It obeys words from
+/// the parent: 1 takes every free descriptor, 2 gives two back, 3 gives all back, 4 ends.
+int serve_short_of_descriptors(const channel& commands, const channel& replies) {
+  context ctx(config_with({"shm", "tcp"}));
+  worker_params wp;
+  wp.name = "short";
+  auto w = worker::create(ctx, wp);
+  struct state {
+    worker* w;
+    endpoint* newest = nullptr;
+  } s{w.get()};
+  listener_params lp;
+  lp.address = "127.0.0.1:0";
+  lp.arg = &s;
+  lp.on_request = [](void* arg, conn_request* r) {
+    auto* st = static_cast<state*>(arg);
+    endpoint* ep = nullptr;
+    if (st->w->accept(r, endpoint_params{}, &ep) == status::ok) st->newest = ep;
+  };
+  std::unique_ptr<listener> l;
+  CHILD_CHECK(w->listen(lp, &l) == status::ok);
+  rlimit files{};
+  files.rlim_cur = files.rlim_max = open_fds() + 32;
+  CHILD_CHECK(::setrlimit(RLIMIT_NOFILE, &files) == 0);
+  replies.send_word(l->port());
+
+  std::vector<int> hogged;
+  uint8_t buffer[64];
+  recv_tracker received;
+  op recv = w->tag_recv(buffer, sizeof(buffer), 1, tag_mask_full, recv_params(received));
+  const auto deadline = steady_clock::now() + std::chrono::seconds(60);
+  while (steady_clock::now() < deadline) {
+    (void)w->wait(100);
+    if (recv.done() || received.calls == 1) {
+      if (s.newest != nullptr) {
+        op sent = s.newest->tag_send(2, buffer, sizeof(buffer));
+        if (sent.req != nullptr) w->release(sent.req);
+      }
+      if (recv.req != nullptr) w->release(recv.req);
+      received = recv_tracker{};
+      recv = w->tag_recv(buffer, sizeof(buffer), 1, tag_mask_full, recv_params(received));
+    }
+    pollfd pending{commands.fds[0], POLLIN, 0};
+    uint64_t command = 0;
+    if (::poll(&pending, 1, 0) != 1 || !commands.receive_word(&command)) continue;
+    if (command == 1) {
+      for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) hogged.push_back(fd);
+    } else if (command == 2 || command == 3) {
+      for (size_t n = command == 2 ? 2 : hogged.size(); n > 0 && !hogged.empty(); --n) {
+        ::close(hogged.back());
+        hogged.pop_back();
+      }
+    } else {
+      return 0;
+    }
+    replies.send_word(hogged.size());
+  }
+  return 2;
+}
+
 /// Kills the child on the way out, whatever happens in the test.
 struct child_guard {
   ~child_guard() {
@@ -255,6 +404,33 @@ struct child_guard {
   }
   pid_t pid = -1;
 };
+
+/// Connects a client to the echo server on `port` and checks the echo, within the client's
+/// default timeout.
+bool echo_through(uint16_t port, uint32_t seed) {
+  client cli(config_with({"shm", "tcp"}));
+  ep_events ce;
+  endpoint* cep = nullptr;
+  if (cli.w->connect("127.0.0.1:" + std::to_string(port), params_for(ce), &cep) != status::ok) {
+    return false;
+  }
+  if (!spin_until([&] { (void)cli.w->wait(5); }, [&] { return ce.connects || ce.errors; }, 15)) {
+    return false;
+  }
+  BOOST_TEST_INFO("the client was told " << ce.error);
+  BOOST_TEST(ce.connects == 1);
+  if (ce.connects != 1) return false;
+  const auto data = pattern(64, seed);
+  std::vector<uint8_t> got(64);
+  recv_tracker r;
+  op rop = cli.w->tag_recv(got.data(), got.size(), 2, tag_mask_full, recv_params(r));
+  op sop = cep->tag_send(1, data.data(), data.size());
+  const bool echoed = !sop.failed() && spin_until([&] { (void)cli.w->wait(5); },
+                                                  [&] { return rop.done() || r.calls == 1; }, 15);
+  if (rop.req != nullptr) cli.w->release(rop.req);
+  if (sop.req != nullptr) cli.w->release(sop.req);
+  return echoed && first_mismatch(got.data(), got.size(), seed) < 0;
+}
 
 }  // namespace
 
@@ -409,3 +585,116 @@ BOOST_AUTO_TEST_CASE(a_worker_destroyed_inside_its_own_callback_aborts_with_a_me
   BOOST_TEST(std::strstr(text, "destroyed inside one of its own") != nullptr);
 }
 
+// -- half-open floods -----------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(thousands_of_half_open_sockets_do_not_keep_a_good_client_out) {
+  constexpr int flood = 4300;
+  constexpr size_t max_handshakes = 1024;  // the default
+  BOOST_REQUIRE(raise_fd_limit(16384));
+  ep_events se;
+  server srv(config_with({"shm", "tcp"}));
+  const size_t fds_before = open_fds();
+  auto silent = open_silent("127.0.0.1", srv.port, flood, 64, [&] { drain(*srv.w); });
+  BOOST_REQUIRE_EQUAL(silent.size(), size_t{flood});
+  drain(*srv.w);
+  // The server holds at most its limit of handshakes: it closed the oldest beyond it.
+  BOOST_TEST(count_closed(silent) >= flood - max_handshakes);
+  BOOST_TEST(open_fds() <= fds_before + flood + max_handshakes);
+  srv.answer = [&](conn_request* r) { accept_into(*srv.w, r, se); };
+  BOOST_TEST(good_client_gets_through(srv));
+  close_all(silent);
+}
+
+BOOST_AUTO_TEST_CASE(a_flooding_source_sheds_its_own_handshakes_first) {
+  BOOST_REQUIRE(raise_fd_limit(16384));
+  const scoped_env cap("COMM_TCP_CM_MAX_HANDSHAKES", "64");
+  ep_events ce, se;
+  server srv(config_with({"shm", "tcp"}));
+  auto step = [&] { srv.w->progress(); srv.w->progress(); };
+  // 127.0.0.2 floods before and all along the good client's handshake, 64 new sockets per
+  // round: more than the limit every round, so a newest-first client from 127.0.0.1 would be
+  // shed if the oldest handshake of any source went first.
+  auto silent = open_silent("127.0.0.2", srv.port, 512, 64, step);
+  client cli(config_with({"shm", "tcp"}));
+  endpoint* cep = nullptr;
+  srv.answer = [&](conn_request* r) { accept_into(*srv.w, r, se); };
+  BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
+  const bool done = spin_until([&] {
+    auto more = open_silent("127.0.0.2", srv.port, 64, 64, step);
+    silent.insert(silent.end(), more.begin(), more.end());
+    cli.w->progress();
+  }, [&] { return ce.connects == 1 || ce.errors != 0 || silent.size() > 6000; }, 15);
+  BOOST_TEST(done);
+  BOOST_TEST_INFO("the good client was told " << ce.error);
+  BOOST_TEST(ce.connects == 1);
+  if (ce.connects == 1) BOOST_TEST(tag_exchange(*cli.w, cep, *srv.w, 64, 6));
+  drain(*srv.w);
+  BOOST_TEST(count_closed(silent) >= silent.size() - 64);
+  close_all(silent);
+}
+
+BOOST_AUTO_TEST_CASE(a_silent_socket_is_closed_at_the_hello_deadline) {
+  const scoped_env hello("COMM_TCP_CM_HELLO_TIMEOUT", "200");
+  const scoped_env whole("COMM_TCP_CM_HANDSHAKE_TIMEOUT", "3000");
+  server srv(config_with({"shm", "tcp"}));
+  const auto start = steady_clock::now();
+  auto seconds_since_start = [&] {
+    return std::chrono::duration<double>(steady_clock::now() - start).count();
+  };
+  std::vector<int> silent = {connect_from("127.0.0.1", srv.port)};
+  raw_cm_client greeter(srv.port);
+  BOOST_REQUIRE(greeter.send_hello());
+  auto step = [&] { (void)srv.w->wait(10); };
+  BOOST_REQUIRE(spin_until(step, [&] { return closed_by_peer(silent[0]); }, 10));
+  const double silent_closed = seconds_since_start();
+  BOOST_TEST(silent_closed >= 0.15);
+  BOOST_TEST(silent_closed < 2.5);  // not the 3 s handshake deadline
+  BOOST_TEST(!greeter.receive(step).empty());  // its challenge: it is past the hello
+  spin_until(step, [&] { return seconds_since_start() > 1.0; }, 5);
+  BOOST_TEST(!closed_by_peer(greeter.fd));
+  BOOST_REQUIRE(spin_until(step, [&] { return closed_by_peer(greeter.fd); }, 15));
+  BOOST_TEST(seconds_since_start() >= 2.9);
+  close_all(silent);
+}
+
+BOOST_AUTO_TEST_CASE(a_server_short_of_descriptors_neither_spins_nor_keeps_good_clients_out) {
+  BOOST_REQUIRE(raise_fd_limit(8192));
+  channel commands, replies;
+  child_guard child;
+  child.pid = fork_child([&] { return serve_short_of_descriptors(commands, replies); });
+  uint64_t port = 0, hogged = 0;
+  BOOST_REQUIRE(replies.receive_word(&port));
+  auto tell = [&](uint64_t command) {
+    commands.send_word(command);
+    return replies.receive_word(&hogged);
+  };
+  auto settle = [] { std::this_thread::sleep_for(milliseconds(300)); };
+  auto none = [] {};
+  // Every descriptor taken: nothing can be accepted nor shed. Accepting pauses; no spinning.
+  BOOST_REQUIRE(tell(1));
+  BOOST_TEST(hogged > 0u);
+  auto silent = open_silent("127.0.0.1", static_cast<uint16_t>(port), 300, 300, none);
+  settle();
+  BOOST_TEST(runnable_fraction(child.pid, 1.5) < 0.25);
+  // Two descriptors free: handshakes take them, and the oldest are shed for the newer ones.
+  BOOST_REQUIRE(tell(2));
+  BOOST_TEST(spin_until(settle, [&] { return count_closed(silent) >= 250; }, 10));
+  BOOST_TEST(runnable_fraction(child.pid, 1.5) < 0.25);
+  // Descriptors back: a good client gets in and is echoed, within its default timeout.
+  BOOST_REQUIRE(tell(3));
+  BOOST_TEST(echo_through(static_cast<uint16_t>(port), 21));
+  // Flooded with descriptors to spare: the handshake limit (a quarter of the descriptor limit)
+  // holds, the child stays idle, and a good client still gets in.
+  auto more = open_silent("127.0.0.1", static_cast<uint16_t>(port), 300, 300, none);
+  settle();
+  BOOST_TEST(runnable_fraction(child.pid, 1.5) < 0.25);
+  BOOST_TEST(echo_through(static_cast<uint16_t>(port), 22));
+  commands.send_word(4);
+  int wstatus = 0;
+  auto ended = [&] { return ::waitpid(child.pid, &wstatus, WNOHANG) == child.pid; };
+  BOOST_TEST(spin_until(settle, ended, 10));
+  child.pid = -1;
+  BOOST_TEST((WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0));
+  close_all(silent);
+  close_all(more);
+}

@@ -1,4 +1,5 @@
-// The tcp connection manager: listeners, the handshake state machine, timeouts (see tcp_cm.hpp).
+// The tcp connection manager: listeners, the handshake state machine, admission of clients under
+// load, timeouts (see tcp_cm.hpp).
 #include "tcp/tcp_cm.hpp"
 #include "tcp/tcp_socket.hpp"
 
@@ -16,6 +17,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -24,11 +26,14 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace comm::tl::tcp {
@@ -158,16 +163,98 @@ using std::chrono::milliseconds;
 constexpr const char* log_name = "cm";
 /// Largest request or reply: the largest private data (64 KiB) and the message around it.
 constexpr size_t max_message = 72 * 1024;
-constexpr milliseconds server_handshake{10000};
-constexpr size_t max_connections = 4096;
+/// Largest hello, challenge or confirm: a nonce, a proof and the message around them.
+constexpr size_t max_small_message = 256;
 constexpr int accepts_per_event = 64;
+/// How long accepting pauses when the process is out of descriptors and nothing can be shed.
+constexpr milliseconds accept_pause{100};
 /// How long a connection that is closing may take to send its last bytes.
 constexpr std::chrono::seconds closing_linger{1};
+/// Shortest interval between two warnings about shedding or pausing.
+constexpr std::chrono::seconds warning_interval{10};
 constexpr uint16_t protocol_version = 1;
 constexpr const char* server_role = "libcomm-cm-server";
 constexpr const char* client_role = "libcomm-cm-client";
 /// Host names being resolved at once, process-wide (each on a thread of its own).
 constexpr int max_lookups = 64;
+
+// -- limits ---------------------------------------------------------------------------------------
+
+/// The server's limits on unauthenticated handshakes (see tcp_cm.hpp).
+struct cm_limits {
+  size_t max_handshakes = 1024;
+  milliseconds hello_timeout{3000};
+  milliseconds handshake_timeout{10000};
+};
+
+/// Reads a whole number from 1 to `max` from `variable` into `*field`; a malformed value is
+/// reported at level warn and ignored.
+void read_number(const char* variable, uint64_t max, uint64_t* field) {
+  const char* text = std::getenv(variable);
+  if (text == nullptr) return;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (*text < '0' || *text > '9' || *end != '\0' || errno == ERANGE || value == 0 ||
+      value > max) {
+    COMM_LOG(warn, log_name, "%s=%s is not a whole number from 1 to %llu; ignored", variable, text,
+             static_cast<unsigned long long>(max));
+    return;
+  }
+  *field = value;
+}
+
+/// The limits, from the COMM_TCP_CM_* variables where they are set.
+cm_limits limits_from_environment() {
+  constexpr uint64_t an_hour_ms = 3600 * 1000;
+  cm_limits limits;
+  uint64_t handshakes = limits.max_handshakes;
+  uint64_t hello_ms = static_cast<uint64_t>(limits.hello_timeout.count());
+  uint64_t whole_ms = static_cast<uint64_t>(limits.handshake_timeout.count());
+  read_number("COMM_TCP_CM_MAX_HANDSHAKES", uint64_t{1} << 20, &handshakes);
+  read_number("COMM_TCP_CM_HELLO_TIMEOUT", an_hour_ms, &hello_ms);
+  read_number("COMM_TCP_CM_HANDSHAKE_TIMEOUT", an_hour_ms, &whole_ms);
+  limits.max_handshakes = handshakes;
+  limits.handshake_timeout = milliseconds(whole_ms);
+  limits.hello_timeout = milliseconds(std::min(hello_ms, whole_ms));
+  return limits;
+}
+
+/// Unauthenticated handshakes this process may hold now: the configured limit, and at most a
+/// quarter of its descriptor limit.
+size_t handshake_cap(const cm_limits& limits) {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY) {
+    return limits.max_handshakes;
+  }
+  return std::clamp<size_t>(files.rlim_cur / 4, 1, limits.max_handshakes);
+}
+
+/// True for the accept(2) errors that mean the process or the system is out of descriptors or
+/// socket memory.
+bool out_of_descriptors(int error) {
+  return error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM;
+}
+
+/// A warning printed at most once per warning_interval, with how often it happened meanwhile.
+class throttled_warning {
+public:
+  /// Counts one occurrence; true when it is time to print, with `*since` the occurrences since
+  /// the last print.
+  bool due(uint64_t* since) {
+    ++count_;
+    const auto now = clock_type::now();
+    if (now < next_) return false;
+    *since = count_;
+    count_ = 0;
+    next_ = now + warning_interval;
+    return true;
+  }
+
+private:
+  uint64_t count_ = 0;
+  clock_type::time_point next_{};
+};
 
 // -- addresses and host names ---------------------------------------------------------------------
 
@@ -184,6 +271,12 @@ enum class stage : uint8_t {
   closing,          ///< last bytes going out, then closed
   dead,             ///< closed, to be released
 };
+
+/// The largest message a connection at stage `at` may receive: only a request or a reply may be
+/// large.
+size_t max_message_in(stage at) {
+  return at == stage::await_request || at == stage::await_reply ? max_message : max_small_message;
+}
 
 /// What an epoll registration points at.
 struct pollable {
@@ -329,6 +422,9 @@ public:
     at = stage::dead;
   }
 
+  /// The peer's IPv4 address (network order): what handshakes are counted by.
+  uint32_t source() const { return peer_.sin_addr.s_addr; }
+
   void close_socket() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -367,10 +463,10 @@ public:
 
   bool wants_write() const { return tx_done_ < tx_.size() || at == stage::connecting; }
 
-  /// Reads what the socket has, up to a whole frame of the largest message; false when the peer
-  /// closed the connection or the socket failed.
+  /// Reads what the socket has, up to a whole frame of the largest message its stage may
+  /// receive; false when the peer closed the connection or the socket failed.
   bool receive() {
-    const size_t limit = cm_frame_prefix + max_message;
+    const size_t limit = cm_frame_prefix + max_message_in(at);
     uint8_t chunk[16384];
     while (rx_.size() < limit) {
       const ssize_t n = ::recv(fd_, chunk, std::min(sizeof(chunk), limit - rx_.size()), 0);
@@ -401,8 +497,11 @@ public:
   std::vector<uint8_t> tx_;
   size_t tx_done_ = 0;
   clock_type::time_point deadline;
+  clock_type::time_point accepted;   ///< server: when it was accepted
   tcp_cm_listener* listener = nullptr; ///< server, until handed over: where it was accepted
   std::shared_ptr<name_lookup> lookup; ///< client, while resolving: the host name's resolution
+  bool in_handshakes = false;          ///< server: counted in the handshake table
+  std::list<socket_conn*>::iterator age_slot; ///< its place there, while counted
 
 private:
   /// Appends received bytes, growing the buffer at most to `limit`.
@@ -411,6 +510,45 @@ private:
     if (needed > rx_.capacity()) rx_.reserve(std::min(limit, std::max(needed, 2 * rx_.capacity())));
     rx_.insert(rx_.end(), data, data + length);
   }
+};
+
+/// The server handshakes not yet past the client's request (unauthenticated), oldest first, with
+/// a count per source address: what a flood of half-open sockets fills, and where handshakes are
+/// shed from when there are too many.
+class handshake_table {
+public:
+  size_t size() const { return by_age_.size(); }
+
+  /// Adds `conn` as the newest.
+  void add(socket_conn* conn) {
+    conn->age_slot = by_age_.insert(by_age_.end(), conn);
+    conn->in_handshakes = true;
+    ++per_source_[conn->source()];
+  }
+
+  /// Removes `conn` if it is counted.
+  void remove(socket_conn* conn) {
+    if (!conn->in_handshakes) return;
+    conn->in_handshakes = false;
+    by_age_.erase(conn->age_slot);
+    auto it = per_source_.find(conn->source());
+    if (--it->second == 0) per_source_.erase(it);
+  }
+
+  /// The handshake to shed: the oldest of the source holding the most (of those tied, the one
+  /// whose oldest is oldest); null when there is none.
+  socket_conn* victim() const {
+    size_t most = 0;
+    for (const auto& [source, count] : per_source_) most = std::max(most, count);
+    for (socket_conn* conn : by_age_) {
+      if (per_source_.at(conn->source()) == most) return conn;
+    }
+    return nullptr;
+  }
+
+private:
+  std::list<socket_conn*> by_age_;
+  std::unordered_map<uint32_t, size_t> per_source_;
 };
 
 class tcp_cm;
@@ -432,6 +570,8 @@ public:
   int fd_;
   sockaddr_in bound_;
   uint64_t requests_ = 0;
+  bool paused = false;                  ///< not accepting until resume_at (out of descriptors)
+  clock_type::time_point resume_at{};
 };
 
 // -- the connection manager -----------------------------------------------------------------------
@@ -446,7 +586,7 @@ enum class outcome : uint8_t {
 /// The connection manager.
 class tcp_cm final : public cm {
 public:
-  explicit tcp_cm(const cm_params& params) : params_(params) {
+  explicit tcp_cm(const cm_params& params) : params_(params), limits_(limits_from_environment()) {
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     epoll_event ev{};
@@ -560,6 +700,7 @@ public:
     const int n = ::epoll_wait(epoll_fd_, events, 32, 0);
     unsigned handled = handle_events(events, n > 0 ? n : 0);
     handled += expire();
+    resume_listeners();
     --depth_;
     if (depth_ == 0) reap();
     arm_timer();
@@ -628,27 +769,81 @@ private:
     watch(conn->fd_, conn, EPOLLIN | (conn->wants_write() ? EPOLLOUT : 0u));
   }
 
+  // -- admission (server) ------------------------------------------------------------------------
+
+
+  /// Accepts what the backlog holds (up to accepts_per_event). Out of descriptors, it sheds a
+  /// handshake to make room, or with none to shed pauses the listener, so that a listening
+  /// socket that stays readable is never polled in a loop.
   void accept_clients(tcp_cm_listener* l) {
+    const size_t cap = handshake_cap(limits_);
     for (int i = 0; i < accepts_per_event; ++i) {
       sockaddr_in peer{};
       socklen_t length = sizeof(peer);
       const int fd = ::accept4(l->fd_, reinterpret_cast<sockaddr*>(&peer), &length,
                                SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;
-      if (conns_.size() >= max_connections) {
-        COMM_LOG(warn, log_name, "too many connections under way: closing one from %s",
-                 address_text(peer).c_str());
-        ::close(fd);
+      if (fd >= 0) {
+        admit(l, fd, peer, cap);
         continue;
       }
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      auto conn = std::make_unique<socket_conn>(fd, true, peer, params_.auth_key);
-      conn->at = stage::await_hello;
-      conn->listener = l;
-      conn->deadline = clock_type::now() + server_handshake;
-      watch(fd, conn.get(), EPOLLIN);
-      conns_.push_back(std::move(conn));
+      const int error = errno;
+      if (error == EAGAIN || error == EWOULDBLOCK) return;
+      if (error == EINTR || error == ECONNABORTED) continue;  // that client gave up: next one
+      if (out_of_descriptors(error) && shed_one("out of descriptors")) continue;
+      pause(l, error);
+      return;
+    }
+  }
+
+  /// Starts the handshake of a socket just accepted, shedding one if there are `cap` already.
+  void admit(tcp_cm_listener* l, int fd, const sockaddr_in& peer, size_t cap) {
+    if (handshakes_.size() >= cap) shed_one("too many handshakes at once");
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    auto conn = std::make_unique<socket_conn>(fd, true, peer, params_.auth_key);
+    conn->at = stage::await_hello;
+    conn->listener = l;
+    conn->accepted = clock_type::now();
+    conn->deadline = conn->accepted + limits_.hello_timeout;
+    watch(fd, conn.get(), EPOLLIN);
+    handshakes_.add(conn.get());
+    conns_.push_back(std::move(conn));
+  }
+
+  /// Closes the oldest handshake of the busiest source; false when there is none.
+  bool shed_one(const char* why) {
+    socket_conn* victim = handshakes_.victim();
+    if (victim == nullptr) return false;
+    uint64_t since = 0;
+    if (shed_warning_.due(&since)) {
+      COMM_LOG(warn, log_name, "%s: shed %llu unauthenticated handshake(s) since the last "
+               "warning, the oldest of the busiest source (now %s)", why,
+               static_cast<unsigned long long>(since), victim->peer_address().c_str());
+    }
+    retire(victim);
+    return true;
+  }
+
+  /// Stops accepting on `l` for accept_pause (accept failed with `error`).
+  void pause(tcp_cm_listener* l, int error) {
+    uint64_t since = 0;
+    if (pause_warning_.due(&since)) {
+      COMM_LOG(warn, log_name, "accepting on %s failed (%s), nothing to shed: paused %lld ms "
+               "(%llu time(s) since the last warning)", l->address().c_str(), std::strerror(error),
+               static_cast<long long>(accept_pause.count()),
+               static_cast<unsigned long long>(since));
+    }
+    l->paused = true;
+    l->resume_at = clock_type::now() + accept_pause;
+    watch(l->fd_, l, 0);
+  }
+
+  void resume_listeners() {
+    const auto now = clock_type::now();
+    for (tcp_cm_listener* l : listeners_) {
+      if (!l->paused || now < l->resume_at) continue;
+      l->paused = false;
+      watch(l->fd_, l, EPOLLIN);
     }
   }
 
@@ -770,7 +965,7 @@ private:
   outcome handle_frames(socket_conn* conn) {
     while (conn->at != stage::dead) {
       const cm_frame frame =
-          find_cm_frame(conn->rx_.data(), conn->rx_.size(), max_message);
+          find_cm_frame(conn->rx_.data(), conn->rx_.size(), max_message_in(conn->at));
       if (frame.at == cm_frame::state::incomplete) return outcome::open;
       if (frame.at == cm_frame::state::invalid) {
         garbage(conn, "a frame with an impossible length");
@@ -791,7 +986,11 @@ private:
   }
 
   void garbage(socket_conn* conn, const char* what) {
-    COMM_LOG(warn, log_name, "%s sent %s: connection closed", conn->peer_address().c_str(), what);
+    uint64_t since = 0;
+    if (garbage_warning_.due(&since)) {
+      COMM_LOG(warn, log_name, "%s sent %s: connection closed (%llu such since the last warning)",
+               conn->peer_address().c_str(), what, static_cast<unsigned long long>(since));
+    }
     fail(conn, status::protocol_error);
   }
 
@@ -883,17 +1082,23 @@ private:
     }
     conn->queue(challenge);
     conn->at = stage::await_request;
+    conn->deadline = conn->accepted + limits_.handshake_timeout;
     return true;
   }
 
   /// The client's request: rejected when its proof fails, else handed over to the handler.
   outcome on_request(socket_conn* conn, const cm_message& request) {
+    handshakes_.remove(conn);  // past the hello, and authenticated or not, no longer counted
     if (!conn->key_.empty() &&
         !auth::check_proof(conn->key_, client_role, conn->own_nonce_.data(), auth::nonce_size,
                            conn->peer_nonce_.data(), auth::nonce_size, request.proof.data(),
                            request.proof.size())) {
-      COMM_LOG(warn, log_name, "client %s failed authentication: rejected",
-               conn->peer_address().c_str());
+      uint64_t since = 0;
+      if (auth_warning_.due(&since)) {
+        COMM_LOG(warn, log_name, "client %s failed authentication: rejected (%llu such since the "
+                 "last warning)", conn->peer_address().c_str(),
+                 static_cast<unsigned long long>(since));
+      }
       conn->answered_ = true;
       conn->queue_reply(status::rejected, nullptr, 0);
       conn->at = stage::closing;
@@ -947,9 +1152,9 @@ private:
   }
 
   void time_out(socket_conn* conn) {
-    if (conn->server_ && conn->at != stage::await_confirm) {
-      COMM_LOG(debug, log_name, "handshake with %s timed out: dropped",
-               conn->peer_address().c_str());
+    if (conn->in_handshakes) {
+      COMM_LOG(debug, log_name, "no %s from %s in time: dropped",
+               conn->at == stage::await_hello ? "hello" : "request", conn->peer_address().c_str());
     }
     const bool reaching = conn->at == stage::connecting || conn->at == stage::resolving;
     fail(conn, reaching ? status::unreachable : status::endpoint_timeout);
@@ -958,6 +1163,7 @@ private:
   /// Marks a connection closed; it is released when the outermost progress() returns.
   void retire(socket_conn* conn) {
     if (conn->at == stage::dead) return;
+    handshakes_.remove(conn);
     if (conn->lookup) {
       ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->lookup->ready, nullptr);
       conn->lookup.reset();
@@ -1007,10 +1213,14 @@ private:
     ::timerfd_settime(timer_fd_, 0, &spec, nullptr);
   }
 
-  /// Arms the timer for the earliest deadline, so a sleeping owner wakes to time it out.
+  /// Arms the timer for the earliest deadline or listener resumption, so a sleeping owner wakes
+  /// for it.
   void arm_timer() {
     auto earliest = clock_type::time_point::max();
     for (const auto& conn : conns_) earliest = std::min(earliest, conn->deadline);
+    for (const tcp_cm_listener* l : listeners_) {
+      if (l->paused) earliest = std::min(earliest, l->resume_at);
+    }
     itimerspec spec{};
     if (earliest != clock_type::time_point::max()) {
       const auto wait = std::max<clock_type::duration>(earliest - clock_type::now(),
@@ -1029,13 +1239,20 @@ private:
   };
 
   cm_params params_;
+  cm_limits limits_;
   int epoll_fd_ = -1;
   int timer_fd_ = -1;
   std::vector<tcp_cm_listener*> listeners_;
   std::vector<std::unique_ptr<socket_conn>> conns_;
+  handshake_table handshakes_;
   unsigned depth_ = 0;                  ///< progress() calls under way (nested from handlers)
   std::vector<event_batch> batches_;    ///< their epoll batches
   pollable forgotten_;                  ///< what a forgotten event points at
+  // Warnings a flood could repeat thousands of times a second, printed at most every 10 s.
+  throttled_warning shed_warning_;
+  throttled_warning pause_warning_;
+  throttled_warning garbage_warning_;
+  throttled_warning auth_warning_;
 };
 
 tcp_cm_listener::~tcp_cm_listener() {

@@ -26,10 +26,24 @@
 // manager (its owner, a worker) must not be destroyed inside its own callbacks: that aborts with a
 // message rather than using freed memory.
 //
-// Limits: a message is at most 72 KiB (private data up to 64 KiB); a server-side handshake that
-// stalls for 10 s is dropped (half-open and silent clients cost nothing after that); at most 4096
-// connections at a time, beyond which new sockets are closed at once. Garbage closes only the
-// connection that sent it. A wildcard listen address without a key is narrowed to loopback.
+// Limits against hostile or broken clients (server side). A handshake is "unauthenticated" from
+// accept until its request arrives:
+//   - COMM_TCP_CM_HELLO_TIMEOUT (ms, default 3000): the whole hello must arrive within this time of
+//     the accept; a silent or trickling socket is closed then.
+//   - COMM_TCP_CM_HANDSHAKE_TIMEOUT (ms, default 10000): the request must arrive within this time
+//     of the accept.
+//   - COMM_TCP_CM_MAX_HANDSHAKES (default 1024): unauthenticated handshakes held at once, and never
+//     more than a quarter of the descriptor limit (RLIMIT_NOFILE), so half-open sockets cannot
+//     take the descriptors that accepted clients and their data connections need. When full, a new
+//     socket is still accepted and the oldest handshake of the source address holding the most is
+//     closed (shed): a flood sheds its own sockets first, and a good client, being newest, gets in.
+//   - Out of descriptors (EMFILE, ENFILE): the oldest handshake of the busiest source is shed to
+//     make room; with none to shed, accepting pauses for 100 ms (clients wait in the backlog)
+//     instead of spinning on a listening socket that stays readable.
+//   - A hello, challenge or confirm is at most 256 bytes, a request or reply at most 72 KiB
+//     (private data up to 64 KiB): at most COMM_TCP_CM_MAX_HANDSHAKES x 72 KiB is buffered.
+//   - Garbage closes only the connection that sent it. A wildcard listen address without a key is
+//     narrowed to loopback. Shedding and pauses are logged at warn, at most once per 10 s.
 #pragma once
 
 #include <comm/transport/transport.hpp>
