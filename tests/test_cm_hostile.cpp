@@ -332,63 +332,82 @@ double runnable_fraction(pid_t pid, double seconds) {
   return static_cast<double>(runnable_ns(pid) - before) / 1e9 / wall;
 }
 
-/// The child of a_server_short_of_descriptors_neither_spins_nor_keeps_good_clients_out: a server
-/// that accepts every request inside its callback and echoes tag 1 back as tag 2 on the newest
-/// endpoint, under a descriptor limit 32 above what it holds after listening. It obeys words from
-/// the parent: 1 takes every free descriptor, 2 gives two back, 3 gives all back, 4 ends.
-int serve_short_of_descriptors(const channel& commands, const channel& replies) {
-  context ctx(config_with({"shm", "tcp"}));
-  worker_params wp;
-  wp.name = "short";
-  auto w = worker::create(ctx, wp);
-  struct state {
-    worker* w;
-    endpoint* newest = nullptr;
-  } s{w.get()};
-  listener_params lp;
-  lp.address = "127.0.0.1:0";
-  lp.arg = &s;
-  lp.on_request = [](void* arg, conn_request* r) {
-    auto* st = static_cast<state*>(arg);
-    endpoint* ep = nullptr;
-    if (st->w->accept(r, endpoint_params{}, &ep) == status::ok) st->newest = ep;
-  };
+/// A server that accepts every request inside its callback and echoes what arrives with tag 1
+/// back as tag 2 on the newest endpoint.
+struct echo_server {
+  echo_server() : ctx(config_with({"shm", "tcp"})) {
+    worker_params wp;
+    wp.name = "echo";
+    w = worker::create(ctx, wp);
+    listener_params lp;
+    lp.address = "127.0.0.1:0";
+    lp.arg = this;
+    lp.on_request = [](void* arg, conn_request* r) {
+      auto* self = static_cast<echo_server*>(arg);
+      endpoint* ep = nullptr;
+      if (self->w->accept(r, endpoint_params{}, &ep) == status::ok) self->newest = ep;
+    };
+    if (w->listen(lp, &l) != status::ok) l.reset();
+    post_receive();
+  }
+
+  void post_receive() {
+    received = recv_tracker{};
+    recv = w->tag_recv(buffer, sizeof(buffer), 1, tag_mask_full, recv_params(received));
+  }
+
+  /// Sends back what arrived, if anything, and posts the next receive.
+  void echo() {
+    if (!recv.done() && received.calls == 0) return;
+    if (newest != nullptr) {
+      op sent = newest->tag_send(2, buffer, sizeof(buffer));
+      if (sent.req != nullptr) w->release(sent.req);
+    }
+    if (recv.req != nullptr) w->release(recv.req);
+    post_receive();
+  }
+
+  context ctx;
+  std::unique_ptr<worker> w;
   std::unique_ptr<listener> l;
-  CHILD_CHECK(w->listen(lp, &l) == status::ok);
+  endpoint* newest = nullptr;
+  uint8_t buffer[64] = {};
+  recv_tracker received;
+  op recv;
+};
+
+/// Takes every free descriptor into `hogged` (command 1), gives two back (2) or all (3).
+void hog_descriptors(uint64_t command, std::vector<int>& hogged) {
+  if (command == 1) {
+    for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) hogged.push_back(fd);
+    return;
+  }
+  for (size_t n = command == 2 ? 2 : hogged.size(); n > 0 && !hogged.empty(); --n) {
+    ::close(hogged.back());
+    hogged.pop_back();
+  }
+}
+
+/// The child of a_server_short_of_descriptors_neither_spins_nor_keeps_good_clients_out: an echo
+/// server under a descriptor limit 32 above what it holds once listening, sleeping in wait()
+/// between events. It obeys words from the parent (see hog_descriptors; 4 ends it).
+int serve_short_of_descriptors(const channel& commands, const channel& replies) {
+  echo_server srv;
+  CHILD_CHECK(srv.l != nullptr);
   rlimit files{};
   files.rlim_cur = files.rlim_max = open_fds() + 32;
   CHILD_CHECK(::setrlimit(RLIMIT_NOFILE, &files) == 0);
-  replies.send_word(l->port());
-
+  replies.send_word(srv.l->port());
   std::vector<int> hogged;
-  uint8_t buffer[64];
-  recv_tracker received;
-  op recv = w->tag_recv(buffer, sizeof(buffer), 1, tag_mask_full, recv_params(received));
   const auto deadline = steady_clock::now() + std::chrono::seconds(60);
   while (steady_clock::now() < deadline) {
-    (void)w->wait(100);
-    if (recv.done() || received.calls == 1) {
-      if (s.newest != nullptr) {
-        op sent = s.newest->tag_send(2, buffer, sizeof(buffer));
-        if (sent.req != nullptr) w->release(sent.req);
-      }
-      if (recv.req != nullptr) w->release(recv.req);
-      received = recv_tracker{};
-      recv = w->tag_recv(buffer, sizeof(buffer), 1, tag_mask_full, recv_params(received));
-    }
+    (void)srv.w->wait(100);
+    srv.echo();
     pollfd pending{commands.fds[0], POLLIN, 0};
     uint64_t command = 0;
     if (::poll(&pending, 1, 0) != 1 || !commands.receive_word(&command)) continue;
-    if (command == 1) {
-      for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) hogged.push_back(fd);
-    } else if (command == 2 || command == 3) {
-      for (size_t n = command == 2 ? 2 : hogged.size(); n > 0 && !hogged.empty(); --n) {
-        ::close(hogged.back());
-        hogged.pop_back();
-      }
-    } else {
-      return 0;
-    }
+    if (command == 4) return 0;
+    hog_descriptors(command, hogged);
     replies.send_word(hogged.size());
   }
   return 2;

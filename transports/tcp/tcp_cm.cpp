@@ -170,7 +170,7 @@ constexpr int accepts_per_event = 64;
 constexpr milliseconds accept_pause{100};
 /// How long a connection that is closing may take to send its last bytes.
 constexpr std::chrono::seconds closing_linger{1};
-/// Shortest interval between two warnings about shedding or pausing.
+/// Shortest interval between two warnings of a kind a flood repeats (see throttled_warning).
 constexpr std::chrono::seconds warning_interval{10};
 constexpr uint16_t protocol_version = 1;
 constexpr const char* server_role = "libcomm-cm-server";

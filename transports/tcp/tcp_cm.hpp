@@ -26,8 +26,8 @@
 // manager (its owner, a worker) must not be destroyed inside its own callbacks: that aborts with a
 // message rather than using freed memory.
 //
-// Limits against hostile or broken clients (server side). A handshake is "unauthenticated" from
-// accept until its request arrives:
+// Limits against hostile or broken clients (server side), the variables read when the connection
+// manager opens. A handshake is "unauthenticated" from accept until its request arrives:
 //   - COMM_TCP_CM_HELLO_TIMEOUT (ms, default 3000): the whole hello must arrive within this time of
 //     the accept; a silent or trickling socket is closed then.
 //   - COMM_TCP_CM_HANDSHAKE_TIMEOUT (ms, default 10000): the request must arrive within this time
@@ -43,7 +43,8 @@
 //   - A hello, challenge or confirm is at most 256 bytes, a request or reply at most 72 KiB
 //     (private data up to 64 KiB): at most COMM_TCP_CM_MAX_HANDSHAKES x 72 KiB is buffered.
 //   - Garbage closes only the connection that sent it. A wildcard listen address without a key is
-//     narrowed to loopback. Shedding and pauses are logged at warn, at most once per 10 s.
+//     narrowed to loopback. Shedding, pauses, garbage and failed authentication are logged at
+//     warn, each at most once per 10 s with a count.
 #pragma once
 
 #include <comm/transport/transport.hpp>
