@@ -198,8 +198,8 @@ struct raw_cm_client {
   /// Waits for the next message, calling `step` meanwhile (at most 10 s); its words, or none when
   /// the server closed the socket or said nothing.
   template <class Step>
-  std::vector<capnp::word> receive(Step&& step) {
-    std::vector<capnp::word> message;
+  kj::Array<capnp::word> receive(Step&& step) {
+    kj::Array<capnp::word> message;
     bool closed = false;
     spin_until(step, [&] {
       uint8_t chunk[4096];
@@ -209,8 +209,8 @@ struct raw_cm_client {
       if (rx.size() < 4) return closed;
       const uint32_t length = rx[0] | (rx[1] << 8) | (rx[2] << 16) | (uint32_t{rx[3]} << 24);
       if (rx.size() < 4 + size_t{length}) return closed;
-      message.resize(length / 8);
-      std::memcpy(message.data(), rx.data() + 4, length);
+      message = kj::heapArray<capnp::word>(length / 8);
+      std::memcpy(message.begin(), rx.data() + 4, length);
       rx.erase(rx.begin(), rx.begin() + 4 + length);
       return true;
     }, 10.0);
@@ -221,8 +221,8 @@ struct raw_cm_client {
   template <class Step>
   int reply_status(Step&& step) {
     const auto words = receive(step);
-    if (words.empty()) return 1;
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()));
+    if (words.size() == 0) return 1;
+    capnp::FlatArrayMessageReader reader(words);
     auto root = reader.getRoot<schema::CmMessage>();
     return root.isReply() ? root.getReply().getStatus() : 1;
   }
@@ -491,7 +491,7 @@ BOOST_AUTO_TEST_CASE(malformed_private_data_is_rejected_and_the_listener_goes_on
   for (const auto& data : malformed) {
     raw_cm_client raw(srv.port);
     BOOST_REQUIRE(raw.send_hello());
-    BOOST_REQUIRE(!raw.receive(step).empty());  // the challenge
+    BOOST_REQUIRE(raw.receive(step).size() != 0);  // the challenge
     BOOST_REQUIRE(raw.send_request(data));
     BOOST_TEST(raw.reply_status(step) == static_cast<int>(status::rejected));
     BOOST_TEST(spin_until(step, [&] { return closed_by_peer(raw.fd); }, 10));
@@ -668,7 +668,7 @@ BOOST_AUTO_TEST_CASE(a_silent_socket_is_closed_at_the_hello_deadline) {
   const double silent_closed = seconds_since_start();
   BOOST_TEST(silent_closed >= 0.15);
   BOOST_TEST(silent_closed < 2.5);  // not the 3 s handshake deadline
-  BOOST_TEST(!greeter.receive(step).empty());  // its challenge: it is past the hello
+  BOOST_TEST(greeter.receive(step).size() != 0);  // its challenge: it is past the hello
   spin_until(step, [&] { return seconds_since_start() > 1.0; }, 5);
   BOOST_TEST(!closed_by_peer(greeter.fd));
   BOOST_REQUIRE(spin_until(step, [&] { return closed_by_peer(greeter.fd); }, 15));
