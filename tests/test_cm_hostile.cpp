@@ -287,8 +287,8 @@ endpoint_params reentrant_params(reentrant& r) {
 
 /// Connects a client to `srv`, whose `answer` must accept, and exchanges data both ways.
 bool good_client_gets_through(server& srv) {
+  ep_events ce;  // declared first: the client's endpoint tells it until the client is gone
   client cli(config_with({"shm", "tcp"}));
-  ep_events ce;
   endpoint* cep = nullptr;
   if (cli.w->connect(srv.address(), params_for(ce), &cep) != status::ok) return false;
   if (!run(*srv.w, *cli.w, [&] { return ce.connects == 1 || ce.errors != 0; })) return false;
@@ -427,8 +427,8 @@ struct child_guard {
 /// Connects a client to the echo server on `port` and checks the echo, within the client's
 /// default timeout.
 bool echo_through(uint16_t port, uint32_t seed) {
-  client cli(config_with({"shm", "tcp"}));
   ep_events ce;
+  client cli(config_with({"shm", "tcp"}));
   endpoint* cep = nullptr;
   if (cli.w->connect("127.0.0.1:" + std::to_string(port), params_for(ce), &cep) != status::ok) {
     return false;
@@ -460,8 +460,8 @@ BOOST_AUTO_TEST_CASE(requests_rejected_inside_their_callback_fail_their_clients_
   server srv(config_with({"shm", "tcp"}));
   srv.answer = [&](conn_request* r) { BOOST_TEST(srv.l->reject(r) == status::ok); };
   for (int i = 0; i < 20; ++i) {
-    client cli(config_with({"shm", "tcp"}));
     ep_events ce;
+    client cli(config_with({"shm", "tcp"}));
     endpoint* cep = nullptr;
     BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
     BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return ce.errors == 1; }));
@@ -513,8 +513,8 @@ BOOST_AUTO_TEST_CASE(requests_accepted_inside_their_callback_here_or_on_another_
     srv.answer = [&](conn_request* r) {
       BOOST_TEST(on->accept(r, params_for(se[i]), &sep) == status::ok);
     };
-    client cli(config_with({"shm", "tcp"}));
     ep_events ce;
+    client cli(config_with({"shm", "tcp"}));
     endpoint* cep = nullptr;
     BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
     BOOST_REQUIRE(spin_until([&] { srv.w->progress(); second->progress(); cli.w->progress(); },
@@ -583,8 +583,8 @@ BOOST_AUTO_TEST_CASE(a_worker_destroyed_inside_its_own_callback_aborts_with_a_me
       srv.l.reset();
       srv.w.reset();
     };
-    client cli(config_with({"shm", "tcp"}));
     ep_events ce;
+    client cli(config_with({"shm", "tcp"}));
     endpoint* cep = nullptr;
     CHILD_CHECK(cli.w->connect(srv.address(), params_for(ce), &cep) == status::ok);
     spin_until([&] { srv.w->progress(); cli.w->progress(); }, [] { return false; }, 10);
