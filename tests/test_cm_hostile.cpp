@@ -572,6 +572,30 @@ BOOST_AUTO_TEST_CASE(callbacks_may_progress_again_and_close_inside) {
   for (reentrant* r : {&cr, &sr, &closer, &closed, &refused}) r->w = nullptr;
 }
 
+BOOST_AUTO_TEST_CASE(a_send_waiting_for_the_handshake_may_close_and_progress_in_its_callback) {
+  ep_events ce, se;
+  send_tracker s;
+  server srv(config_with({"shm", "tcp"}));
+  srv.answer = [&](conn_request* r) { accept_into(*srv.w, r, se); };
+  client cli(config_with({"shm", "tcp"}));
+  endpoint* cep = nullptr;
+  BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
+  // The send waits for the handshake; when it ends, the send completes inside the connection
+  // manager's callback, and its own callback closes the endpoint and progresses the worker.
+  s.check = [&](status) {
+    op closing = cep->close();
+    if (closing.req != nullptr) cli.w->release(closing.req);
+    for (int i = 0; i < 5; ++i) cli.w->progress();
+  };
+  const uint64_t word = 7;
+  op sop = cep->tag_send(1, &word, sizeof(word), send_params(s));
+  BOOST_REQUIRE(sop.pending());
+  BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return s.calls == 1 && se.errors == 1; }));
+  BOOST_TEST(s.st == status::ok);
+  BOOST_TEST(se.error == status::not_connected);
+  cli.w->release(sop.req);
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_destroyed_inside_its_own_callback_aborts_with_a_message) {
   channel err;
   child_guard guard;
