@@ -93,18 +93,28 @@ int connect_from(const char* source, uint16_t port) {
   return fd;
 }
 
-/// Opens `count` sockets to `port` from `source` that never say anything, calling `step` after
-/// every `batch` of them (to let an in-process server accept).
-template <class Step>
-std::vector<int> open_silent(const char* source, uint16_t port, int count, int batch, Step&& step) {
+/// Sockets closed when the set goes, whatever happens in the test.
+struct socket_set {
+  socket_set() = default;
+  socket_set(const socket_set&) = delete;
+  socket_set& operator=(const socket_set&) = delete;
+  ~socket_set() {
+    for (int fd : fds) ::close(fd);
+  }
   std::vector<int> fds;
+};
+
+/// Opens `count` sockets to `port` from `source` into `out` that never say anything, calling
+/// `step` after every `batch` of them (to let an in-process server accept).
+template <class Step>
+void open_silent(socket_set& out, const char* source, uint16_t port, int count, int batch,
+                 Step&& step) {
   for (int i = 0; i < count; ++i) {
     const int fd = connect_from(source, port);
-    if (fd < 0) break;
-    fds.push_back(fd);
+    if (fd < 0) return;
+    out.fds.push_back(fd);
     if ((i + 1) % batch == 0) step();
   }
-  return fds;
 }
 
 /// True when the peer closed `fd` (end of file or reset).
@@ -114,17 +124,11 @@ bool closed_by_peer(int fd) {
   return n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE));
 }
 
-/// How many of `fds` the peer closed.
-size_t count_closed(const std::vector<int>& fds) {
+/// How many of `sockets` the peer closed.
+size_t count_closed(const socket_set& sockets) {
   size_t n = 0;
-  for (int fd : fds) n += closed_by_peer(fd) ? 1 : 0;
+  for (int fd : sockets.fds) n += closed_by_peer(fd) ? 1 : 0;
   return n;
-}
-
-/// Closes and forgets `fds`.
-void close_all(std::vector<int>& fds) {
-  for (int fd : fds) ::close(fd);
-  fds.clear();
 }
 
 /// Raises this process's descriptor limit to at least `wanted` (the hard limit too: the tests run
@@ -637,15 +641,15 @@ BOOST_AUTO_TEST_CASE(thousands_of_half_open_sockets_do_not_keep_a_good_client_ou
   ep_events se;
   server srv(config_with({"shm", "tcp"}));
   const size_t fds_before = open_fds();
-  auto silent = open_silent("127.0.0.1", srv.port, flood, 64, [&] { drain(*srv.w); });
-  BOOST_REQUIRE_EQUAL(silent.size(), size_t{flood});
+  socket_set silent;
+  open_silent(silent, "127.0.0.1", srv.port, flood, 64, [&] { drain(*srv.w); });
+  BOOST_REQUIRE_EQUAL(silent.fds.size(), size_t{flood});
   drain(*srv.w);
   // The server holds at most its limit of handshakes: it closed the oldest beyond it.
   BOOST_TEST(count_closed(silent) >= flood - max_handshakes);
   BOOST_TEST(open_fds() <= fds_before + flood + max_handshakes);
   srv.answer = [&](conn_request* r) { accept_into(*srv.w, r, se); };
   BOOST_TEST(good_client_gets_through(srv));
-  close_all(silent);
 }
 
 BOOST_AUTO_TEST_CASE(a_flooding_source_sheds_its_own_handshakes_first) {
@@ -657,23 +661,22 @@ BOOST_AUTO_TEST_CASE(a_flooding_source_sheds_its_own_handshakes_first) {
   // 127.0.0.2 floods before and all along the good client's handshake, 64 new sockets per
   // round: more than the limit every round, so a newest-first client from 127.0.0.1 would be
   // shed if the oldest handshake of any source went first.
-  auto silent = open_silent("127.0.0.2", srv.port, 512, 64, step);
+  socket_set silent;
+  open_silent(silent, "127.0.0.2", srv.port, 512, 64, step);
   client cli(config_with({"shm", "tcp"}));
   endpoint* cep = nullptr;
   srv.answer = [&](conn_request* r) { accept_into(*srv.w, r, se); };
   BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
   const bool done = spin_until([&] {
-    auto more = open_silent("127.0.0.2", srv.port, 64, 64, step);
-    silent.insert(silent.end(), more.begin(), more.end());
+    open_silent(silent, "127.0.0.2", srv.port, 64, 64, step);
     cli.w->progress();
-  }, [&] { return ce.connects == 1 || ce.errors != 0 || silent.size() > 6000; }, 15);
+  }, [&] { return ce.connects == 1 || ce.errors != 0 || silent.fds.size() > 6000; }, 15);
   BOOST_TEST(done);
   BOOST_TEST_INFO("the good client was told " << ce.error);
   BOOST_TEST(ce.connects == 1);
   if (ce.connects == 1) BOOST_TEST(tag_exchange(*cli.w, cep, *srv.w, 64, 6));
   drain(*srv.w);
-  BOOST_TEST(count_closed(silent) >= silent.size() - 64);
-  close_all(silent);
+  BOOST_TEST(count_closed(silent) >= silent.fds.size() - 64);
 }
 
 BOOST_AUTO_TEST_CASE(a_silent_socket_is_closed_at_the_hello_deadline) {
@@ -684,11 +687,12 @@ BOOST_AUTO_TEST_CASE(a_silent_socket_is_closed_at_the_hello_deadline) {
   auto seconds_since_start = [&] {
     return std::chrono::duration<double>(steady_clock::now() - start).count();
   };
-  std::vector<int> silent = {connect_from("127.0.0.1", srv.port)};
+  socket_set silent;
+  silent.fds.push_back(connect_from("127.0.0.1", srv.port));
   raw_cm_client greeter(srv.port);
   BOOST_REQUIRE(greeter.send_hello());
   auto step = [&] { (void)srv.w->wait(10); };
-  BOOST_REQUIRE(spin_until(step, [&] { return closed_by_peer(silent[0]); }, 10));
+  BOOST_REQUIRE(spin_until(step, [&] { return closed_by_peer(silent.fds[0]); }, 10));
   const double silent_closed = seconds_since_start();
   BOOST_TEST(silent_closed >= 0.15);
   BOOST_TEST(silent_closed < 2.5);  // not the 3 s handshake deadline
@@ -697,7 +701,6 @@ BOOST_AUTO_TEST_CASE(a_silent_socket_is_closed_at_the_hello_deadline) {
   BOOST_TEST(!closed_by_peer(greeter.fd));
   BOOST_REQUIRE(spin_until(step, [&] { return closed_by_peer(greeter.fd); }, 15));
   BOOST_TEST(seconds_since_start() >= 2.9);
-  close_all(silent);
 }
 
 BOOST_AUTO_TEST_CASE(a_server_short_of_descriptors_neither_spins_nor_keeps_good_clients_out) {
@@ -716,7 +719,8 @@ BOOST_AUTO_TEST_CASE(a_server_short_of_descriptors_neither_spins_nor_keeps_good_
   // Every descriptor taken: nothing can be accepted nor shed. Accepting pauses; no spinning.
   BOOST_REQUIRE(tell(1));
   BOOST_TEST(hogged > 0u);
-  auto silent = open_silent("127.0.0.1", static_cast<uint16_t>(port), 300, 300, none);
+  socket_set silent;
+  open_silent(silent, "127.0.0.1", static_cast<uint16_t>(port), 300, 300, none);
   settle();
   BOOST_TEST(runnable_fraction(child.pid, 1.5) < 0.25);
   // Two descriptors free: handshakes take them, and the oldest are shed for the newer ones.
@@ -728,16 +732,14 @@ BOOST_AUTO_TEST_CASE(a_server_short_of_descriptors_neither_spins_nor_keeps_good_
   BOOST_TEST(echo_through(static_cast<uint16_t>(port), 21));
   // Flooded with descriptors to spare: the handshake limit (a quarter of the descriptor limit)
   // holds, the child stays idle, and a good client still gets in.
-  auto more = open_silent("127.0.0.1", static_cast<uint16_t>(port), 300, 300, none);
+  open_silent(silent, "127.0.0.1", static_cast<uint16_t>(port), 300, 300, none);
   settle();
   BOOST_TEST(runnable_fraction(child.pid, 1.5) < 0.25);
   BOOST_TEST(echo_through(static_cast<uint16_t>(port), 22));
   commands.send_word(4);
   int wstatus = 0;
   auto ended = [&] { return ::waitpid(child.pid, &wstatus, WNOHANG) == child.pid; };
-  BOOST_TEST(spin_until(settle, ended, 10));
+  BOOST_REQUIRE(spin_until(settle, ended, 10));  // else the guard kills it
   child.pid = -1;
   BOOST_TEST((WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0));
-  close_all(silent);
-  close_all(more);
 }
