@@ -712,18 +712,18 @@ struct owned_block {
 
 BOOST_AUTO_TEST_CASE(a_key_naming_a_hostile_peers_files_neither_opens_nor_maps_them) {
   using hostile = comm::test::hostile_peer;
-  const size_t size = size_t{1} << 20;
-  const uint64_t segment_bytes = tl::shm::heap_header_bytes + size;  // a fresh large block's
-  const uint64_t forged_id = 0x5eed5eed5eed5eedull;
-  auto heap_content = [segment_bytes, forged_id](uint8_t* base, size_t) {
+  constexpr size_t size = size_t{1} << 20;
+  constexpr uint64_t segment_bytes = tl::shm::heap_header_bytes + size;  // a fresh large block's
+  constexpr uint64_t forged_id = 0x5eed5eed5eed5eedull;
+  auto heap_content = [](uint8_t* base, size_t) {
     auto& h = *reinterpret_cast<tl::shm::heap_header*>(base);
     h.magic = tl::shm::heap_magic;
     h.id = forged_id;
     h.size = segment_bytes;
     h.owner_pid = static_cast<int32_t>(::getpid());
   };
-  hostile peer(segment_bytes, heap_content, [size](const channel& out) {
-    auto owned = std::make_shared<owned_block>(size);
+  hostile peer(segment_bytes, heap_content, [](const channel& out) {
+    auto owned = std::make_shared<owned_block>(size_t{size});
     out.send(owned->iface->device_address());
     out.send(owned->iface->iface_address());
     out.send(owned->reg->packed);
