@@ -2,11 +2,11 @@
 
 #include "shm/shm_iface.hpp"
 #include "shm/shm_md.hpp"
+#include "shm/shm_peer_fd.hpp"
 
 #include <comm/log.hpp>
 #include <comm/wire/codec.hpp>
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -196,10 +196,7 @@ status shm_ep::get_zcopy(const iov* entries, size_t count, uint64_t remote_addre
   return rma(entries, count, remote_address, key, false);
 }
 
-bool shm_ep::peer_alive() const {
-  pollfd exited{remote_.pidfd, POLLIN, 0};
-  return ::poll(&exited, 1, 0) == 0;
-}
+bool shm_ep::peer_alive() const { return !process_exited(remote_.pidfd); }
 
 status shm_ep::rma(const iov* entries, size_t count, uint64_t remote_address,
                    const remote_key& key, bool write) {

@@ -6,7 +6,6 @@
 #include <comm/log.hpp>
 #include <comm/wire/codec.hpp>
 
-#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>

@@ -4,7 +4,6 @@
 
 #include <comm/log.hpp>
 
-#include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -24,11 +23,6 @@ bool header_matches(const uint8_t* base, pid_t pid, const segment_ref& ref) {
   const auto& h = *reinterpret_cast<const heap_header*>(base);
   return h.magic == heap_magic && h.id == ref.id && h.size == ref.size && h.owner_pid == pid &&
          !mapped_segments::released(base);
-}
-
-bool process_alive(int pidfd) {
-  pollfd exited{pidfd, POLLIN, 0};
-  return ::poll(&exited, 1, 0) == 0;
 }
 
 }  // namespace
@@ -87,7 +81,7 @@ uint8_t* mapped_segments::attach(pid_t pid, int pidfd, const segment_ref& ref) {
   }
   auto* base = static_cast<uint8_t*>(p);
   // The pidfd predates taking the descriptor: alive now means the file was that process's.
-  if (!header_matches(base, pid, ref) || !process_alive(pidfd)) {
+  if (!header_matches(base, pid, ref) || process_exited(pidfd)) {
     COMM_LOG(debug, log_name, "mapped path: descriptor %d of pid %d is not a live heap segment",
              static_cast<int>(ref.fd), static_cast<int>(pid));
     ::munmap(p, ref.size);

@@ -51,11 +51,6 @@ const char* refusal_by_seals(int fd) {
   return nullptr;
 }
 
-bool process_exited(int pidfd) {
-  pollfd exited{pidfd, POLLIN, 0};
-  return ::poll(&exited, 1, 0) != 0;
-}
-
 /// The duplicate route: pidfd_getfd, then checks on the duplicate.
 taken_fd duplicate(int pidfd, const memfd_expectation& want) {
   const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, want.fd, 0));
@@ -116,6 +111,11 @@ taken_fd reopen(int pidfd, pid_t pid, const memfd_expectation& want) {
 }
 
 }  // namespace
+
+bool process_exited(int pidfd) {
+  pollfd exited{pidfd, POLLIN, 0};
+  return ::poll(&exited, 1, 0) != 0;
+}
 
 taken_fd take_peer_memfd(int pidfd, pid_t pid, const memfd_expectation& want,
                          peer_fd_route route) {

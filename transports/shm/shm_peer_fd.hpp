@@ -51,6 +51,9 @@ struct taken_fd {
   int error = 0;                 ///< the errno behind the refusal, if a call failed
 };
 
+/// True when the process behind `pidfd` has exited (its pidfd polls readable).
+bool process_exited(int pidfd);
+
 /// Takes descriptor `want.fd` of process `pid`, whose pidfd (opened before the pid was trusted)
 /// is `pidfd`, when it is a sealed memfd as `want` describes; otherwise refuses, having opened
 /// nothing but that memfd.
