@@ -394,3 +394,16 @@ BOOST_AUTO_TEST_CASE(detect_says_what_it_would_use) {
   BOOST_TEST(!missing.usable);
   BOOST_TEST(missing.reason.find("COMM_BOOTSTRAP_ADDRESS") != std::string::npos);
 }
+
+BOOST_AUTO_TEST_CASE(comm_info_names_the_backend) {
+  const std::string comm_info = COMM_TESTS_BINARY_DIR "/../libcomm/comm_info";
+  launch_result r = run_command({comm_info, "-t", "self"}, limited());
+  BOOST_TEST_CONTEXT(r.output) {
+    BOOST_TEST(r.count("# bootstrap: single (no launcher in the environment") == 1u);
+  }
+  r = run_command({comm_info, "-t", "self"}, with_env({"SLURM_STEP_NUM_TASKS=2"}));
+  BOOST_TEST_CONTEXT(r.output) {
+    BOOST_TEST(r.count("# bootstrap: pmix, would fail (") == 1u);
+    BOOST_TEST(r.count("srun --mpi=pmix") == 1u);
+  }
+}
