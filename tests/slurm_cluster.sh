@@ -126,14 +126,27 @@ start_daemons() {
   return 1
 }
 
-# Stops the cluster of DIR once OWNER is gone or the lifetime has passed.
+# Removes DIR: all of it when it holds a cluster, else only when it is empty (never a folder given
+# by mistake).
+remove_dir() {
+  local dir=$1
+  if [[ -f $dir/slurm.conf ]]; then
+    rm -rf "$dir" 2>/dev/null || { sleep 0.5; rm -rf "$dir"; }  # a daemon may write as it ends
+  else
+    rmdir "$dir" 2>/dev/null || true
+  fi
+}
+
+# Stops the cluster of DIR once OWNER is gone or the lifetime has passed, unless stop does.
 watchdog() {
   local dir=$1 owner=$2 deadline=$((SECONDS + lifetime_s))
-  while kill -0 "$owner" 2>/dev/null && [[ -f $dir/pgids ]] && ((SECONDS < deadline)); do
+  while kill -0 "$owner" 2>/dev/null && [[ -f $dir/pgids && ! -f $dir/stopping ]] &&
+    ((SECONDS < deadline)); do
     sleep 1
   done
-  [[ -f $dir/pgids ]] && kill_daemons "$dir"
-  [[ -f $dir/slurm.conf ]] && rm -rf "$dir"
+  [[ -f $dir/stopping ]] && return 0
+  kill_daemons "$dir"
+  remove_dir "$dir"
 }
 
 start() {
@@ -157,18 +170,20 @@ start() {
 
 stop() {
   local dir=$1
-  [[ -f $dir/slurm.conf ]] || return 0
+  [[ -d $dir ]] || return 0
+  [[ -f $dir/slurm.conf ]] && touch "$dir/stopping"
   kill_daemons "$dir"
-  rm -rf "$dir"
+  remove_dir "$dir"
 }
 
 run() {
-  local n=$1 dir rc=0
+  local n=$1 rc=0
   shift
-  dir=$(mktemp -d /tmp/comm-slurm.XXXXXX)
-  trap 'stop "$dir"' EXIT INT TERM
-  start "$dir" $$ >/dev/null
-  SLURM_CONF=$dir/slurm.conf srun --mpi=pmix -n "$n" "$@" || rc=$?
+  run_dir=$(mktemp -d /tmp/comm-slurm.XXXXXX)
+  trap 'stop "$run_dir"' EXIT
+  trap 'exit 130' INT TERM
+  start "$run_dir" $$ >/dev/null
+  SLURM_CONF=$run_dir/slurm.conf srun --mpi=pmix -n "$n" "$@" || rc=$?
   return "$rc"
 }
 
