@@ -49,6 +49,8 @@ constexpr uint64_t hello_magic = 0x434f4d4d424f5401ull;
 constexpr std::chrono::milliseconds retry_pause{100};
 /// Longest sleep between progress calls while waiting (failures are noticed at least this often).
 constexpr int max_sleep_ms = 100;
+/// Most progress calls in a row before the waiting loop looks at its condition again.
+constexpr int max_progress_calls = 64;
 /// How much longer than rank 0 the other ranks wait in a fence, so that rank 0's verdict (which
 /// knows who is missing) reaches them before their own limit does.
 constexpr std::chrono::milliseconds verdict_grace{1000};
@@ -244,6 +246,10 @@ private:
     wp.name = "bootstrap-rank-" + std::to_string(job_.rank);
     wp.am_alignment = sizeof(capnp::word);
     worker_ = worker::create(*ctx_, wp);
+    if (!worker_) {
+      *why = "cannot create the bootstrap's worker";
+      return status::no_resource;
+    }
     const status st = worker_->set_am_handler(fence_am_id, &address_bootstrap::on_message, this,
                                               am_flag_whole_msg);
     if (st != status::ok) *why = std::string("cannot install the fence handler: ") + to_string(st);
@@ -611,7 +617,7 @@ private:
   /// failure calls for as soon as it knows of it.
   bool progress_until(const std::function<bool()>& done, clock_type::time_point deadline) {
     for (;;) {
-      while (worker_->progress() != 0) {
+      for (int i = 0; i < max_progress_calls && worker_->progress() != 0; ++i) {
       }
       if (is_root() && failure_ != status::ok) send_aborts();
       if (done()) return true;
