@@ -132,12 +132,19 @@ struct hand_made_rank {
     p.private_data = hello_bytes(1, 2);
     p.on_connect = &on_connect;
     p.connect_arg = this;
-    for (int i = 0; i < 200 && !connected; ++i) {  // rank 0 may not listen yet
+    // Rank 0 may not listen yet: retry until it answers or gives up (after 5 s; 30 s if broken).
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    const auto ready = [&rank_zero_done, give_up] {
+      return rank_zero_done.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready ||
+             std::chrono::steady_clock::now() > give_up;
+    };
+    while (!connected && !ready()) {
       if (ep == nullptr && w->connect(address, p, &ep) != status::ok) ep = nullptr;
       w->wait(20);
       if (ep != nullptr && ep->state() != status::ok) {
         (void)ep->close();
         ep = nullptr;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
     if (!connected) return;
@@ -145,10 +152,7 @@ struct hand_made_rank {
     rp.flags = request_reply_endpoint;
     const op o = ep->am_send(fence_am, header.data(), header.size(), data.data(), data.size(), rp);
     if (o.pending()) w->release(o.req);
-    for (int i = 0; i < 500 && rank_zero_done.wait_for(std::chrono::milliseconds(0)) !=
-                                   std::future_status::ready; ++i) {
-      w->wait(10);
-    }
+    while (!ready()) w->wait(10);
     for (int i = 0; i < 50 && aborted_with == status::ok; ++i) w->wait(10);  // the abort's way
   }
 };
