@@ -252,32 +252,9 @@ private:
 
 // -- another process -----------------------------------------------------------------------------
 
-/// Why cross-process cases skip `transport`, or empty when they can run: a test-only device that
-/// lives in this process, or an interface opened in a forked child that this process cannot reach.
-std::string cannot_reach_other_processes(const std::string& transport) {
-  const std::string marked = comm::test::in_process_only_reason(transport);
-  if (!marked.empty()) return marked;
-  channel to_parent, to_child;
-  const pid_t child = fork_child([&]() -> int {
-    auto iface = open_iface(transport);
-    send_addresses(to_parent, *iface);
-    std::vector<uint8_t> done;
-    CHILD_CHECK(to_child.receive(&done));
-    return 0;
-  });
-  if (child < 0) return "fork failed";
-  std::vector<uint8_t> device, address;
-  const bool got = receive_addresses(to_parent, &device, &address);
-  auto local = open_iface(transport);
-  const bool reachable = got && local->is_reachable(device, address);
-  to_child.send({1});
-  wait_child(child);
-  return reachable ? std::string() : "an interface in another process is not reachable";
-}
-
 /// True when cross-process cases run over `transport`; otherwise reports the skip.
 bool reaches_other_processes(const std::string& transport) {
-  const std::string why = cannot_reach_other_processes(transport);
+  const std::string why = comm::test::cannot_reach_other_processes(transport);
   if (why.empty()) return true;
   BOOST_TEST_MESSAGE("skipped over " << transport << ": " << why);
   return false;

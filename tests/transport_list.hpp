@@ -3,12 +3,17 @@
 // COMM_TEST_TLS (comma-separated) to focus on some. A transport without a device is reported as
 // skipped with its unavailable_reason. A transport whose device exists only inside this process
 // (a test-only device installed before the suites open it, like the verbs test device) is marked
-// with mark_in_process_only(), so suites that start other processes skip it and say why.
+// with mark_in_process_only() before the suites' datasets are built (a global constructor), so
+// suites that start other processes skip it and say why.
 #pragma once
+
+#include "process_harness.hpp"
 
 #include <comm/transport/transport.hpp>
 
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <map>
 #include <sstream>
 #include <string>
@@ -91,6 +96,54 @@ inline std::string in_process_only_reason(const std::string& name) {
   const auto& marks = in_process_only_marks();
   const auto found = marks.find(name);
   return found == marks.end() ? std::string() : found->second;
+}
+
+/// Why `name` cannot carry traffic between processes, or empty when it can: a test-only device
+/// marked in-process-only, or an interface opened on the first device in a forked child that an
+/// interface of this process finds unreachable (as self's, whose addresses name their process).
+inline std::string cannot_reach_other_processes(const std::string& name) {
+  const std::string marked = in_process_only_reason(name);
+  if (!marked.empty()) return marked;
+  tl::component* component = find_component(name);
+  if (component == nullptr || component->devices().empty()) return "no device here";
+  tl::iface_params params;
+  params.device = component->devices().front();
+  channel to_parent, to_child;
+  const pid_t child = fork_child([&]() -> int {
+    std::unique_ptr<tl::iface> iface;
+    CHILD_CHECK(component->open(params, iface) == status::ok);
+    send_addresses(to_parent, *iface);
+    std::vector<uint8_t> done;
+    CHILD_CHECK(to_child.receive(&done));
+    return 0;
+  });
+  if (child < 0) return "fork failed";
+  std::vector<uint8_t> device, address;
+  const bool got = receive_addresses(to_parent, &device, &address);
+  std::unique_ptr<tl::iface> local;
+  const bool reachable =
+      got && component->open(params, local) == status::ok && local->is_reachable(device, address);
+  to_child.send({1});
+  wait_child(child);
+  return reachable ? std::string() : "an interface in another process is not reachable";
+}
+
+/// Transports under test that carry traffic between processes (computed once per program); each
+/// one left out is named on stderr with the reason.
+inline const std::vector<std::string>& interprocess_transports() {
+  static const std::vector<std::string> list = [] {
+    std::vector<std::string> out;
+    for (const std::string& name : transports_under_test()) {
+      const std::string why = cannot_reach_other_processes(name);
+      if (why.empty()) {
+        out.push_back(name);
+      } else {
+        std::fprintf(stderr, "multi-process cases skip %s: %s\n", name.c_str(), why.c_str());
+      }
+    }
+    return out;
+  }();
+  return list;
 }
 
 }  // namespace comm::test
