@@ -56,6 +56,12 @@ public:
         spin_(std::chrono::microseconds(std::max(params.spin_us, 0))), ctx_(params.comm),
         name_(params.name) {}
 
+  /// The worker goes first: its endpoints' error handlers point into peers_.
+  ~am_cluster() override {
+    finished_ = true;
+    worker_.reset();
+  }
+
   status connect(std::string* why);
 
   int rank() const noexcept override { return rank_; }
