@@ -156,7 +156,9 @@ private:
 
   status schedule(lp_context<Model>& from, lp_id target, sim_time delay,
                   const typename Model::message& message);
-  status refuse(status st, const lp_context<Model>& from, std::string what);
+  /// Records why a schedule call is refused (the first one fails the run) and returns the status.
+  [[gnu::cold, gnu::noinline]] status refuse(const lp_context<Model>& from, lp_id target,
+                                             sim_time delay);
   status deliver(int from, const void* data, size_t bytes, std::string* why) override;
   partition& owner_partition(lp_id target) noexcept;
 
@@ -181,6 +183,7 @@ private:
   std::vector<std::vector<event_type>> outbox_;  ///< events for each process this round
   std::vector<outgoing_batch> batches_;          ///< outbox_ as bytes
   sim_time outbox_min_ = no_event;               ///< earliest event in outbox_
+  uint64_t fingerprint_ = 0;                     ///< of the configuration (see fingerprint())
   size_t held_ = 0;                              ///< events this process holds
   uint64_t processed_ = 0;
   uint64_t remote_ = 0;
@@ -200,6 +203,7 @@ status engine<Model>::run(run_result* out, std::string* why) {
     return status::unsupported;
   }
   make_partitions();
+  fingerprint_ = fingerprint();
   const auto start = std::chrono::steady_clock::now();
   progress_meter meter(config_.progress && cluster_.rank() == 0 ? stderr : nullptr,
                        config_.progress_interval);
@@ -338,7 +342,8 @@ void engine<Model>::sort_window(const partition& p) {
     return a.target != b.target ? a.target < b.target : key_less(a, b);
   };
   const size_t n = window_.size();
-  if (n <= 64 || n * 4 < p.lps.size()) {
+  if (std::is_sorted(window_.begin(), window_.end(), by_target)) return;
+  if (n * 4 < p.lps.size()) {
     std::sort(window_.begin(), window_.end(), by_target);
     return;
   }
@@ -375,7 +380,7 @@ status engine<Model>::exchange(round_outcome* outcome, std::string* why) {
   in.batches = batches_.data();
   in.local_min = local_min();
   in.committed = processed_;
-  in.fingerprint = fingerprint();
+  in.fingerprint = fingerprint_;
   const status st = cluster_.exchange(in, *this, outcome, why);
   for (auto& box : outbox_) {
     held_ -= box.size();
@@ -402,23 +407,10 @@ typename engine<Model>::partition& engine<Model>::owner_partition(lp_id target) 
 template <class Model>
 status engine<Model>::schedule(lp_context<Model>& from, lp_id target, sim_time delay,
                                const typename Model::message& message) {
-  if (!(delay >= min_delay_)) {
-    return refuse(status::invalid_param, from,
-                  "scheduled an event with delay " + std::to_string(delay) + ", below the " +
-                  (min_delay_ > 0 ? "lookahead " + std::to_string(min_delay_) : "minimum 0"));
-  }
-  if (target >= config_.lp_count) {
-    return refuse(status::invalid_param, from,
-                  "scheduled an event for LP " + std::to_string(target) + " of " +
-                  std::to_string(config_.lp_count));
-  }
+  if (!(delay >= min_delay_) || target >= config_.lp_count) return refuse(from, target, delay);
   const event_type e{from.now_ + delay, target, from.id_, from.record_->sent++, message};
   if (!(e.time < config_.end_time)) return status::ok;
-  if (held_ >= config_.max_events) {
-    return refuse(status::exceeds_limit, from,
-                  "went past the limit of " + std::to_string(config_.max_events) +
-                  " events held by a process (run_config::max_events)");
-  }
+  if (held_ >= config_.max_events) return refuse(from, target, delay);
   ++held_;
   if (target - local_first_ < local_count_) {
     partition& p = owner_partition(target);
@@ -434,7 +426,20 @@ status engine<Model>::schedule(lp_context<Model>& from, lp_id target, sim_time d
 }
 
 template <class Model>
-status engine<Model>::refuse(status st, const lp_context<Model>& from, std::string what) {
+status engine<Model>::refuse(const lp_context<Model>& from, lp_id target, sim_time delay) {
+  status st = status::invalid_param;
+  std::string what;
+  if (!(delay >= min_delay_)) {
+    what = "scheduled an event with delay " + std::to_string(delay) + ", below the " +
+           (min_delay_ > 0 ? "lookahead " + std::to_string(min_delay_) : "minimum 0");
+  } else if (target >= config_.lp_count) {
+    what = "scheduled an event for LP " + std::to_string(target) + " of " +
+           std::to_string(config_.lp_count);
+  } else {
+    st = status::exceeds_limit;
+    what = "went past the limit of " + std::to_string(config_.max_events) +
+           " events held by a process (run_config::max_events)";
+  }
   if (error_ == status::ok) {
     error_ = st;
     error_text_ = "LP " + std::to_string(from.id_) + " at time " + std::to_string(from.now_) +

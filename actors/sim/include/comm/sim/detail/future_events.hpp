@@ -38,6 +38,7 @@ public:
     if (k.events.empty()) give_storage(k);
     k.events.push_back(e);
     k.min = std::min(k.min, e.time);
+    k.max = std::max(k.max, e.time);
     ++ring_count_;
   }
 
@@ -77,7 +78,8 @@ public:
 private:
   struct bucket {
     std::vector<event_type> events;
-    sim_time min = no_event;
+    sim_time min = no_event;   ///< earliest event time in the bucket
+    sim_time max = -no_event;  ///< latest event time in the bucket
   };
 
   /// The bucket number of a time: floor(time / width), monotonic in time; times too large for
@@ -93,8 +95,15 @@ private:
   /// Moves bucket b's events before `end` to `out`, keeping the rest.
   void take_from(uint64_t b, sim_time end, std::vector<event_type>& out) {
     bucket& k = buckets_[b & mask_];
-    if (k.events.empty()) return;
-    if (k.min >= end) return;
+    if (k.events.empty() || k.min >= end) return;
+    if (k.max < end && out.empty()) {  // the whole bucket, the usual case: swap storage
+      ring_count_ -= k.events.size();
+      out.swap(k.events);
+      k.events.clear();
+      k.min = no_event;
+      k.max = -no_event;
+      return;
+    }
     size_t kept = 0;
     sim_time min = no_event;
     for (const event_type& e : k.events) {
@@ -108,6 +117,7 @@ private:
     ring_count_ -= k.events.size() - kept;
     k.events.resize(kept);
     k.min = min;
+    if (kept == 0) k.max = -no_event;
     if (kept == 0) keep_storage(k);
   }
 
