@@ -12,7 +12,10 @@
 #include <comm/sim/engine.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <functional>
+#include <queue>
 #include <set>
 #include <string>
 #include <vector>
@@ -190,6 +193,96 @@ BOOST_AUTO_TEST_CASE(large_windows_use_the_counting_sort_and_agree) {
   const run_result four = run_phold(512, 4, p, 60, 4);
   BOOST_TEST(one.digest == four.digest);
   BOOST_TEST(one.committed == 512u * 16u * 59u);
+}
+
+// -- against a plain sequential simulator ------------------------------------------------------
+
+namespace {
+
+/// PHOLD written the textbook way: one priority queue of every event in (time, sender, sequence)
+/// order, handled one by one. Its LP states are what the engine must produce.
+struct reference_phold {
+  struct ev {
+    double time;
+    lp_id target, sender;
+    uint64_t sequence;
+    bool operator>(const ev& o) const {
+      if (time != o.time) return time > o.time;
+      if (sender != o.sender) return sender > o.sender;
+      return sequence > o.sequence;
+    }
+  };
+  struct lp {
+    random_stream rng;
+    phold::model::state state;
+    uint64_t handled = 0, sent = 0;
+  };
+  std::vector<lp> lps;
+  std::priority_queue<ev, std::vector<ev>, std::greater<ev>> queue;
+  phold::parameters p;
+  double end;
+
+  reference_phold(uint64_t n, const phold::parameters& params, double end_time, uint64_t seed)
+      : lps(n), p(params), end(end_time) {
+    for (uint64_t i = 0; i < n; ++i) lps[i].rng = random_stream(seed, i);
+  }
+  double delay(lp& l) { return p.lookahead + l.rng.exponential(p.mean - p.lookahead); }
+  void send(lp_id from, lp_id to, double t) {
+    const uint64_t seq = lps[from].sent++;
+    if (t < end) queue.push(ev{t, to, from, seq});
+  }
+  void run() {
+    for (lp_id i = 0; i < lps.size(); ++i) {
+      for (unsigned k = 0; k < p.start_events; ++k) send(i, i, delay(lps[i]));
+    }
+    while (!queue.empty()) {
+      const ev e = queue.top();
+      queue.pop();
+      lp& l = lps[e.target];
+      ++l.handled;
+      ++l.state.handled;
+      l.state.trace = mix64(l.state.trace ^ (std::bit_cast<uint64_t>(e.time) + e.sender));
+      lp_id dest = e.target;
+      if (l.rng.uniform() < p.remote) {
+        dest = static_cast<lp_id>(l.rng.integer(0, lps.size() - 1));
+        ++l.state.picked;
+      }
+      send(e.target, dest, e.time + delay(l));
+    }
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_lp_ends_as_in_a_plain_sequential_simulator) {
+  for (const phold::parameters& p : {ross_defaults(), spread_delays()}) {
+    reference_phold ref(20, p, 150, 5);
+    ref.run();
+    for (unsigned parts : {1u, 4u}) {
+      auto c = cluster::local();
+      run_config cfg;
+      cfg.lp_count = 20;
+      cfg.partitions = parts;
+      cfg.lookahead = p.lookahead;
+      cfg.end_time = 150;
+      cfg.seed = 5;
+      phold::model m{p};
+      engine<phold::model> e(*c, cfg, m);
+      run_result r;
+      std::string why;
+      BOOST_REQUIRE(e.run(&r, &why) == status::ok);
+      size_t checked = 0;
+      e.for_each_lp([&](lp_id id, const phold::model::state& s, uint64_t handled) {
+        const reference_phold::lp& want = ref.lps[id];
+        BOOST_TEST(handled == want.handled, "LP " << id);
+        BOOST_TEST(s.handled == want.state.handled);
+        BOOST_TEST(s.picked == want.state.picked);
+        BOOST_TEST(s.trace == want.state.trace, "LP " << id);
+        ++checked;
+      });
+      BOOST_TEST(checked == 20u);
+    }
+  }
 }
 
 // -- the order of simultaneous events ----------------------------------------------------------

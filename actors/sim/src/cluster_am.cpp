@@ -7,8 +7,8 @@
 // be at most one round ahead of another (it needs everybody's message to leave a round), so two
 // slots, by round parity, hold what arrives.
 //
-// Waiting: busy progress for spin_us, then sched_yield for a few times as long, then sleep on the
-// worker's event fd (bounded, so failures are seen even without a wake-up). A dead peer fails its
+// Waiting: busy progress for spin_us, then progress and sched_yield in turn for yield_us, then sleep
+// on the worker's event fd (bounded, so failures are seen even without a wake-up). A dead peer fails its
 // endpoint (about a millisecond over shm and tcp) and the run with it; a process that stops on an
 // error tells the others first (an abort message).
 #include "cluster_am.hpp"
@@ -53,7 +53,8 @@ class am_cluster final : public cluster {
 public:
   am_cluster(bootstrap& boot, std::unique_ptr<bootstrap> owned, const cluster_params& params)
       : owned_boot_(std::move(owned)), boot_(boot), rank_(boot.rank()), size_(boot.size()),
-        spin_(std::chrono::microseconds(std::max(params.spin_us, 0))), ctx_(params.comm),
+        spin_(std::chrono::microseconds(std::max(params.spin_us, 0))),
+        yield_(spin_ + std::chrono::microseconds(std::max(params.yield_us, 0))), ctx_(params.comm),
         name_(params.name) {}
 
   /// The worker goes first: its endpoints' error handlers point into peers_.
@@ -102,7 +103,8 @@ private:
   bootstrap& boot_;
   const int rank_;
   const int size_;
-  const clock_type::duration spin_;
+  const clock_type::duration spin_;            ///< busy polling before yielding
+  const clock_type::duration yield_;           ///< polling (yielding) before sleeping
   context ctx_;
   std::string name_;
   std::unique_ptr<worker> worker_;
@@ -296,9 +298,7 @@ bool am_cluster::sends_done() {
 
 template <class Done>
 status am_cluster::wait_until(Done done, std::string* why) {
-  bool idle = false;
-  unsigned polls = 0;
-  clock_type::time_point idle_since;
+  clock_type::time_point idle_since{};  // zero while progress finds work
   for (;;) {
     if (failure_ != status::ok) {
       *why = failure_text_;
@@ -306,22 +306,18 @@ status am_cluster::wait_until(Done done, std::string* why) {
     }
     if (done()) return status::ok;
     if (worker_->progress() != 0) {
-      idle = false;
+      idle_since = {};
       continue;
     }
-    if (!idle) {
-      idle = true;
-      idle_since = clock_type::now();
-      continue;
-    }
-    if ((++polls & 63) != 0) continue;
-    const clock_type::duration waited = clock_type::now() - idle_since;
+    const clock_type::time_point now = clock_type::now();
+    if (idle_since == clock_type::time_point{}) idle_since = now;
+    const clock_type::duration waited = now - idle_since;
     if (waited < spin_) continue;
-    if (waited < 4 * spin_) {
+    if (waited < yield_) {
       ::sched_yield();
       continue;
     }
-    if (worker_->wait(sleep_ms) == status::ok) idle = false;
+    if (worker_->wait(sleep_ms) == status::ok) idle_since = {};
   }
 }
 

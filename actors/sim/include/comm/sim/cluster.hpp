@@ -60,10 +60,13 @@ struct cluster_params {
   bootstrap_params bootstrap;
   /// libcomm's configuration (transports); COMM_ variables by default.
   config comm = config::from_environment();
-  /// Microseconds of busy polling while waiting for other processes, before sleeping on the
-  /// worker's event fd (with sched_yield in between), so that idle processes leave the cores to
-  /// busy ones when there are more processes than cores.
-  int spin_us = 50;
+  /// While waiting for other processes: microseconds of busy polling, then of polling with
+  /// sched_yield in between (which costs nothing when no other thread wants the core, and hands
+  /// it over when one does), then sleep on the worker's event fd. So processes sharing a core do
+  /// not keep each other out.
+  int spin_us = 2;
+  /// See spin_us.
+  int yield_us = 2000;
   /// Name of this process's worker in logs (default "<host>:<pid>").
   std::string name;
 };
