@@ -2,9 +2,11 @@
 # installs whichever of them are missing (as root, through apt-get).
 
 # Compiler, CMake, and every library the build finds (CAF, Cap'n Proto, hwloc, Boost.Test, Google
-# Benchmark, rdma-core for the verbs transport, OpenSSL for Cap'n Proto's CMake config).
+# Benchmark, rdma-core for the verbs transport, OpenSSL for Cap'n Proto's CMake config, PMIx for
+# the bootstrap under mpirun and srun).
 COMM_BUILD_PACKAGES=(build-essential cmake pkg-config capnproto libcapnp-dev libssl-dev
-  libhwloc-dev libboost-test-dev libbenchmark-dev libcaf-dev libibverbs-dev librdmacm-dev)
+  libhwloc-dev libboost-test-dev libbenchmark-dev libcaf-dev libibverbs-dev librdmacm-dev
+  libpmix-dev)
 
 # What the tests need besides the build: ip(8), to make the network namespaces of the two-host tests.
 COMM_TEST_PACKAGES=(iproute2)

@@ -19,6 +19,11 @@
 // When the environment says the job has several processes (a launcher's variables) but none of
 // these can be reached, create() fails with a message that says so: a job never runs as N
 // independent single processes.
+//
+// Limits: keys are 1 to 255 bytes without a NUL, values at most 1 MiB, and what one rank stores
+// (keys and values, overwritten keys counted once) at most 16 MiB, so a process holds at most
+// size() x 16 MiB of others' data; the address backend checks the same of what arrives, and the
+// job has at most 65536 ranks.
 #pragma once
 
 #include <comm/status.hpp>
@@ -53,8 +58,16 @@ struct bootstrap_params {
   /// Limit on reaching the launcher or rank 0 and on every collective call without a timeout of
   /// its own, in milliseconds.
   int timeout_ms = 30000;
-  /// address backend: cluster secret the ranks prove to each other (COMM_AUTH_KEY); empty: none.
+  /// address backend: cluster secret the ranks prove to each other (COMM_AUTH_KEY or
+  /// COMM_AUTH_KEY_FILE); empty: none (rank 0 then accepts anyone who reaches its address).
   std::string auth_key;
+};
+
+/// What bootstrap::detect found: the backend create() would use and why, or why it would fail.
+struct bootstrap_choice {
+  bootstrap_backend backend = bootstrap_backend::single;  ///< never automatic
+  bool usable = true;  ///< false: create() fails (the environment contradicts itself)
+  std::string reason;  ///< one line: the variables that decided, or what to do
 };
 
 /// A process's membership in a job: its rank, the job's size, and a key-value exchange among the
@@ -66,6 +79,9 @@ public:
   /// answered), invalid_param (contradictory parameters) or endpoint_timeout.
   static status create(const bootstrap_params& params, std::unique_ptr<bootstrap>* out,
                        std::string* why = nullptr);
+
+  /// The backend create(params) would choose in this environment, without contacting anyone.
+  static bootstrap_choice detect(const bootstrap_params& params = {});
 
   /// Leaves the job (PMIx_Finalize, closing the connection to rank 0).
   virtual ~bootstrap() = default;
@@ -102,10 +118,20 @@ public:
   /// Collective: returns once every rank has called barrier (a fence without data).
   status barrier(int timeout_ms = -1) { return fence(timeout_ms); }
 
+  /// Why the last failed call failed, in words (which rank, what happened, what to do); empty
+  /// while every call succeeded.
+  const std::string& last_error() const noexcept { return error_; }
+
 protected:
   bootstrap() = default;
   bootstrap(const bootstrap&) = delete;
   bootstrap& operator=(const bootstrap&) = delete;
+
+  /// Records `text` as last_error() and returns `st`.
+  status fail(status st, std::string text);
+
+private:
+  std::string error_;
 };
 
 }  // namespace comm
