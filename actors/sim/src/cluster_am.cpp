@@ -152,10 +152,8 @@ status am_cluster::connect(std::string* why) {
 }
 
 status am_cluster::publish_and_connect(std::string* why) {
-  const std::vector<uint8_t> mine = worker_->address();
-  status st = boot_.put(address_key, mine.data(), mine.size());
-  if (st == status::ok) st = boot_.commit();
-  if (st == status::ok) st = boot_.fence();
+  std::vector<std::vector<uint8_t>> addresses;
+  status st = boot_.allgather(address_key, worker_->address(), addresses);
   if (st != status::ok) {
     *why = std::string("exchanging worker addresses through the bootstrap (") +
            std::string(boot_.backend_name()) + ") failed: " + to_string(st);
@@ -166,9 +164,7 @@ status am_cluster::publish_and_connect(std::string* why) {
     peers_[r].owner = this;
     peers_[r].rank = r;
     if (r == rank_) continue;
-    std::vector<uint8_t> address;
-    st = boot_.get(r, address_key, address);
-    if (st == status::ok) st = worker_->connect(address, &peers_[r].ep);
+    st = worker_->connect(addresses[r], &peers_[r].ep);
     if (st != status::ok) {
       *why = "cannot reach process " + std::to_string(r) + ": " + to_string(st);
       return st;
