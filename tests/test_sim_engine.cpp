@@ -10,8 +10,11 @@
 #include <comm/sim/cluster.hpp>
 #include <comm/sim/detail/future_events.hpp>
 #include <comm/sim/engine.hpp>
+#include <comm/sim/report.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <bit>
 #include <cmath>
 #include <functional>
@@ -423,4 +426,32 @@ BOOST_AUTO_TEST_CASE(bad_configurations_are_refused) {
   bad = cfg;
   bad.sync = sync_mode::optimistic;
   check(bad, status::unsupported, "optimistic");
+}
+
+// -- what a person watches -----------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(progress_line_and_summary) {
+  std::FILE* out = std::tmpfile();
+  BOOST_REQUIRE(out != nullptr);
+  progress_meter meter(out, 0.01);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  uint64_t committed = 0;
+  for (int round = 0; round < 10000000 && std::chrono::steady_clock::now() < until; ++round) {
+    committed += 8;
+    meter.update(round, committed);
+  }
+  meter.finish();
+  run_result r = run_phold(16, 2, ross_defaults(), 100, 1);
+  print_summary(out, r);
+  std::rewind(out);
+  std::string text(1 << 16, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), out));
+  std::fclose(out);
+  BOOST_TEST(text.find("\r  t=") != std::string::npos, text);
+  BOOST_TEST(text.find("M events/s") != std::string::npos);
+  for (const char* figure : {"committed events         1584", "efficiency               100.00 %",
+                             "rollbacks                0", "remote events            0",
+                             "sync rounds              99", "event rate", "digest"}) {
+    BOOST_TEST(text.find(figure) != std::string::npos, figure);
+  }
 }
