@@ -3,7 +3,7 @@
 //
 //   comm_bootstrap_probe exchange [timeout_ms]
 //       put/commit/fence/get of binary values (sizes and contents per rank, a 1 MiB value from
-//       the last rank, a second fence that overwrites a key), then an allgather of worker
+//       the last rank, two rounds), then an allgather of worker
 //       addresses and a tagged message from every rank to every other over libcomm endpoints.
 //       Prints "probe: rank R of N (backend) exchange ok", exits 0; else says what failed, 1.
 //   comm_bootstrap_probe join [timeout_ms]
@@ -12,6 +12,9 @@
 //   comm_bootstrap_probe kill-in-fence [timeout_ms]
 //       after a barrier the last rank SIGKILLs itself 300 ms into the next fence; every other
 //       prints "probe: rank R fence STATUS after T ms: last_error" (exit 0 for CONNECTION_RESET).
+//   comm_bootstrap_probe stall-in-fence [timeout_ms]
+//       after a barrier the last rank sleeps twice the limit before the next fence; every rank
+//       prints "probe: rank R fence STATUS after T ms: last_error" (exit 0 for ENDPOINT_TIMEOUT).
 #include <comm/bootstrap.hpp>
 #include <comm/context.hpp>
 #include <comm/worker.hpp>
@@ -23,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -53,12 +57,14 @@ int failed(comm::bootstrap& boot, const char* step, comm::status st) {
   return 1;
 }
 
-/// Puts this rank's values for `round`, commits, fences, and checks every rank's.
+/// Puts this rank's values for `round`, commits, fences, and checks every rank's. Each round has
+/// its own key: under PMIx a value put again may be read before the next fence.
 int exchange_values(comm::bootstrap& boot, int round, int timeout_ms) {
   const int me = boot.rank();
   const int last = boot.size() - 1;
+  const std::string key = "probe.value." + std::to_string(round);
   std::vector<uint8_t> mine = value_of(me, round);
-  if (auto st = boot.put("probe.value", mine.data(), mine.size()); st != comm::status::ok) {
+  if (auto st = boot.put(key, mine.data(), mine.size()); st != comm::status::ok) {
     return failed(boot, "put", st);
   }
   if (round == 0 && me == last) {
@@ -71,7 +77,7 @@ int exchange_values(comm::bootstrap& boot, int round, int timeout_ms) {
   if (auto st = boot.fence(timeout_ms); st != comm::status::ok) return failed(boot, "fence", st);
   for (int r = 0; r < boot.size(); ++r) {
     std::vector<uint8_t> got;
-    const comm::status st = boot.get(r, "probe.value", got);
+    const comm::status st = boot.get(r, key, got);
     if (st != comm::status::ok || got != value_of(r, round)) {
       std::printf("probe: rank %d round %d: rank %d's value is wrong (%s, %zu bytes)\n", me, round,
                   r, comm::to_string(st), got.size());
@@ -90,7 +96,7 @@ int exchange_values(comm::bootstrap& boot, int round, int timeout_ms) {
 int check_refusals(comm::bootstrap& boot) {
   std::vector<uint8_t> out;
   const comm::status missing = boot.get(0, "probe.nobody-put-this", out);
-  const comm::status outside = boot.get(boot.size(), "probe.value", out);
+  const comm::status outside = boot.get(boot.size(), "probe.value.0", out);
   std::vector<uint8_t> too_big((size_t{1} << 20) + 1);
   const comm::status oversized = boot.put("probe.too-big", too_big.data(), too_big.size());
   if (missing != comm::status::no_elem || outside != comm::status::invalid_param ||
@@ -149,7 +155,7 @@ int exchange_messages(comm::bootstrap& boot, int timeout_ms) {
 
 int exchange(comm::bootstrap& boot, int timeout_ms) {
   int rc = exchange_values(boot, 0, timeout_ms);
-  if (rc == 0) rc = exchange_values(boot, 1, timeout_ms);  // overwrites probe.value
+  if (rc == 0) rc = exchange_values(boot, 1, timeout_ms);
   if (rc == 0) rc = check_refusals(boot);
   if (rc == 0) rc = exchange_messages(boot, timeout_ms);
   if (rc == 0) {
@@ -159,18 +165,17 @@ int exchange(comm::bootstrap& boot, int timeout_ms) {
   return rc;
 }
 
-int kill_in_fence(comm::bootstrap& boot, int timeout_ms) {
+/// After a barrier, the last rank misbehaves (`culprit`) while the others time a fence.
+int misbehave_in_fence(comm::bootstrap& boot, int timeout_ms, const std::function<void()>& culprit,
+                       comm::status expected) {
   if (auto st = boot.barrier(timeout_ms); st != comm::status::ok) return failed(boot, "barrier", st);
-  if (boot.rank() == boot.size() - 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    ::raise(SIGKILL);
-  }
+  if (boot.rank() == boot.size() - 1) culprit();
   const auto start = clock_type::now();
   const comm::status st = boot.fence(timeout_ms);
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
   std::printf("probe: rank %d fence %s after %lld ms: %s\n", boot.rank(), comm::to_string(st),
               static_cast<long long>(ms.count()), boot.last_error().c_str());
-  return st == comm::status::connection_reset ? 0 : 1;
+  return st == expected ? 0 : 1;
 }
 
 }  // namespace
@@ -187,12 +192,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (mode == "exchange") return exchange(*boot, params.timeout_ms);
-  if (mode == "kill-in-fence") return kill_in_fence(*boot, params.timeout_ms);
+  const int limit = params.timeout_ms;
+  if (mode == "kill-in-fence") {
+    const auto die = [] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ::raise(SIGKILL);
+    };
+    return misbehave_in_fence(*boot, limit, die, comm::status::connection_reset);
+  }
+  if (mode == "stall-in-fence") {
+    const auto stall = [limit] { std::this_thread::sleep_for(std::chrono::milliseconds(2 * limit)); };
+    return misbehave_in_fence(*boot, limit, stall, comm::status::endpoint_timeout);
+  }
   if (mode == "join") {
     std::printf("probe: rank %d of %d (%s) joined\n", boot->rank(), boot->size(),
                 std::string(boot->backend_name()).c_str());
     return 0;
   }
-  std::printf("probe: unknown mode \"%s\" (exchange, join, kill-in-fence)\n", mode.c_str());
+  std::printf("probe: unknown mode \"%s\" (exchange, join, kill-in-fence, stall-in-fence)\n",
+              mode.c_str());
   return 64;
 }

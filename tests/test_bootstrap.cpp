@@ -119,10 +119,25 @@ BOOST_AUTO_TEST_CASE(address_ranks_in_threads_exchange_and_leave_nothing_behind)
       threads.emplace_back([&, r] {
         results[r] = bootstrap::create(address_params(address, r, 3), &boots[r], &whys[r]);
         if (results[r] != status::ok) return;
+        bootstrap& b = *boots[r];
         std::vector<std::vector<uint8_t>> all;
-        results[r] = boots[r]->allgather("who", bytes("rank" + std::to_string(r)), all);
+        results[r] = b.allgather("who", bytes("rank" + std::to_string(r)), all);
         for (int s = 0; s < 3 && results[r] == status::ok; ++s) {
           if (all[s] != bytes("rank" + std::to_string(s))) results[r] = status::protocol_error;
+        }
+        // Twice under one key: the second fence's values replace the first's.
+        for (const std::string round : {"first", "second"}) {
+          const auto mine = bytes(round + std::to_string(r));
+          if (results[r] == status::ok) results[r] = b.put("again", mine.data(), mine.size());
+          if (results[r] == status::ok) results[r] = b.commit();
+          if (results[r] == status::ok) results[r] = b.fence();
+          std::vector<uint8_t> got;
+          for (int s = 0; s < 3 && results[r] == status::ok; ++s) {
+            results[r] = b.get(s, "again", got);
+            if (results[r] == status::ok && got != bytes(round + std::to_string(s))) {
+              results[r] = status::protocol_error;
+            }
+          }
         }
       });
     }
@@ -378,4 +393,17 @@ BOOST_AUTO_TEST_CASE(detect_says_what_it_would_use) {
   const bootstrap_choice missing = bootstrap::detect(p);
   BOOST_TEST(!missing.usable);
   BOOST_TEST(missing.reason.find("COMM_BOOTSTRAP_ADDRESS") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(comm_info_names_the_backend) {
+  const std::string comm_info = COMM_TESTS_BINARY_DIR "/../libcomm/comm_info";
+  launch_result r = run_command({comm_info, "-t", "self"}, limited());
+  BOOST_TEST_CONTEXT(r.output) {
+    BOOST_TEST(r.count("# bootstrap: single (no launcher in the environment") == 1u);
+  }
+  r = run_command({comm_info, "-t", "self"}, with_env({"SLURM_STEP_NUM_TASKS=2"}));
+  BOOST_TEST_CONTEXT(r.output) {
+    BOOST_TEST(r.count("# bootstrap: pmix, would fail (") == 1u);
+    BOOST_TEST(r.count("srun --mpi=pmix") == 1u);
+  }
 }

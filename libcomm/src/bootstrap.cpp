@@ -196,16 +196,17 @@ status bootstrap::create(const bootstrap_params& params, std::unique_ptr<bootstr
 
 status bootstrap::allgather(std::string_view key, const std::vector<uint8_t>& mine,
                             std::vector<std::vector<uint8_t>>& all, int timeout_ms) {
-  status st = put(key, mine.data(), mine.size());
+  const std::string round = std::string(key) + "#" + std::to_string(allgathers_++);
+  status st = put(round, mine.data(), mine.size());
   if (st == status::ok) st = commit();
   if (st == status::ok) st = fence(timeout_ms);
   if (st != status::ok) return st;
   all.assign(static_cast<size_t>(size()), {});
   for (int r = 0; r < size(); ++r) {
-    st = get(r, key, all[static_cast<size_t>(r)]);
+    st = get(r, round, all[static_cast<size_t>(r)]);
     if (st != status::ok) {
-      return fail(st, "rank " + std::to_string(r) + " stored nothing under \"" +
-                          std::string(key) + "\" in the allgather");
+      return fail(st, "rank " + std::to_string(r) + " stored nothing under \"" + round +
+                          "\" in the allgather");
     }
   }
   return status::ok;

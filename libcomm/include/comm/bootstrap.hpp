@@ -108,10 +108,15 @@ public:
   virtual status fence(int timeout_ms = -1) = 0;
 
   /// Reads what `rank` stored under `key` before the last fence. no_elem when it stored nothing
-  /// there, invalid_param for a rank out of range.
+  /// there, invalid_param for a rank out of range. Under PMIx a value committed after the last
+  /// fence may be read instead (its server shares committed data with its node's processes at
+  /// once): give values that change from one fence to the next keys of their own.
+  /// The pmix backend returns unsupported for a value of another type (one the launcher put).
   virtual status get(int rank, std::string_view key, std::vector<uint8_t>& out) = 0;
 
-  /// Collective: put(key, mine), commit, fence, then get(r, key) for every rank r into all[r].
+  /// Collective: puts `mine`, commits, fences, then reads every rank r's into all[r]. The key put
+  /// is `key` followed by the number of this allgather ("key#3"), so that allgathers under one key
+  /// never mix rounds (under PMIx a fast rank's next round could be read otherwise).
   status allgather(std::string_view key, const std::vector<uint8_t>& mine,
                    std::vector<std::vector<uint8_t>>& all, int timeout_ms = -1);
 
@@ -132,6 +137,7 @@ protected:
 
 private:
   std::string error_;
+  uint64_t allgathers_ = 0;  ///< allgathers so far (the same on every rank: they are collective)
 };
 
 }  // namespace comm
