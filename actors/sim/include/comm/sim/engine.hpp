@@ -161,6 +161,7 @@ private:
                                              sim_time delay);
   status deliver(int from, const void* data, size_t bytes, std::string* why) override;
   partition& owner_partition(lp_id target) noexcept;
+  size_t owner_process(lp_id target) const noexcept;
 
   // -- results -----------------------------------------------------------------------------------
 
@@ -172,6 +173,8 @@ private:
 
   std::vector<partition> partitions_;
   std::vector<uint32_t> local_partition_;        ///< partition of each local LP (several only)
+  std::vector<uint64_t> first_lp_;               ///< first LP id of each process, and lp_count
+  double owner_scale_ = 0;                       ///< processes / lp_count
   lp_id local_first_ = 0;                        ///< first LP id of this process
   uint64_t local_count_ = 0;                     ///< LPs of this process
   partition* current_ = nullptr;                 ///< the partition whose window runs
@@ -266,8 +269,11 @@ void engine<Model>::make_partitions() {
   const uint64_t n = config_.lp_count;
   const uint64_t procs = static_cast<uint64_t>(cluster_.size());
   const uint64_t r = static_cast<uint64_t>(cluster_.rank());
-  local_first_ = static_cast<lp_id>(r * n / procs);
-  local_count_ = (r + 1) * n / procs - local_first_;
+  first_lp_.resize(procs + 1);
+  for (uint64_t i = 0; i <= procs; ++i) first_lp_[i] = i * n / procs;
+  owner_scale_ = static_cast<double>(procs) / static_cast<double>(n);
+  local_first_ = static_cast<lp_id>(first_lp_[r]);
+  local_count_ = first_lp_[r + 1] - first_lp_[r];
   const uint64_t k = config_.partitions;
   partitions_.clear();
   partitions_.reserve(k);
@@ -405,6 +411,17 @@ typename engine<Model>::partition& engine<Model>::owner_partition(lp_id target) 
 }
 
 template <class Model>
+size_t engine<Model>::owner_process(lp_id target) const noexcept {
+  // A multiplication instead of a division per remote event; rounding is corrected by the block
+  // boundaries (first_lp_[p] = p * lp_count / processes).
+  const size_t last = first_lp_.size() - 2;
+  size_t p = std::min(static_cast<size_t>(target * owner_scale_), last);
+  while (target < first_lp_[p]) --p;
+  while (p < last && target >= first_lp_[p + 1]) ++p;
+  return p;
+}
+
+template <class Model>
 status engine<Model>::schedule(lp_context<Model>& from, lp_id target, sim_time delay,
                                const typename Model::message& message) {
   if (!(delay >= min_delay_) || target >= config_.lp_count) return refuse(from, target, delay);
@@ -418,8 +435,7 @@ status engine<Model>::schedule(lp_context<Model>& from, lp_id target, sim_time d
     p.queue.push(e);
     return status::ok;
   }
-  const uint64_t owner = static_cast<uint64_t>(target) * cluster_.size() / config_.lp_count;
-  outbox_[owner].push_back(e);
+  outbox_[owner_process(target)].push_back(e);
   outbox_min_ = std::min(outbox_min_, e.time);
   ++remote_;
   return status::ok;

@@ -102,6 +102,7 @@ private:
       k.events.clear();
       k.min = no_event;
       k.max = -no_event;
+      keep_storage(k);
       return;
     }
     size_t kept = 0;
