@@ -334,3 +334,25 @@ BOOST_AUTO_TEST_CASE(events_that_cannot_be_ours_fail_the_run_cleanly) {
       {bytes_of(&later, sizeof(later)), {}, "sent round 5"},
   });
 }
+
+BOOST_AUTO_TEST_CASE(an_earliest_time_before_the_last_window_fails_the_run) {
+  // Round 0 says 1.0 (rank 0 then runs [1, 2)); round 1 claims an event at 0.5.
+  wire::header zero = round_zero(fingerprint_of_rank0()), one = zero;
+  one.round = 1;
+  one.local_min = 0.5;
+  bootstrap_group g(2);
+  fake_member fake(g);
+  std::thread t([&] {
+    fake.join();
+    if (!fake.joined) return;
+    fake.send(&zero, sizeof(zero), nullptr, 0);
+    fake.send(&one, sizeof(one), nullptr, 0);
+    fake.progress_until([&] { return fake.aborts != 0; });
+  });
+  const member_result r = run_member(g, 0, sixteen, defaults);
+  t.join();
+  BOOST_REQUIRE(fake.joined);
+  BOOST_TEST(r.st == status::protocol_error);
+  BOOST_TEST(r.why.find("went back from 2") != std::string::npos, r.why);
+  BOOST_TEST(fake.aborts == 1);
+}

@@ -81,7 +81,6 @@ private:
   record* record_ = nullptr;
   sim_time now_ = 0;
   lp_id id_ = 0;
-  bool cross_partition_ = false;  ///< the current partition is not the only one
 };
 
 /// The requirements on a model (see the file comment).
@@ -108,7 +107,7 @@ public:
   engine(cluster& c, const run_config& cfg, Model& model)
       : cluster_(c), config_(cfg), model_(model) {}
 
-  /// Runs the whole simulation; a collective call. Fills `*out` (the same on every process) and
+  /// Runs the whole simulation, once per engine; a collective call. Fills `*out` (the same on every process) and
   /// returns ok, or an error with `*why` saying what went wrong: invalid_param (a bad
   /// configuration, or a handler broke the rules), exceeds_limit (max_events), unsupported
   /// (optimistic), or what the cluster reports (a process died, aborted or sent bad data).
@@ -225,6 +224,10 @@ status engine<Model>::run(run_result* out, std::string* why) {
     if (error_ != status::ok) return fail(error_, error_text_, why);
     ++rounds_;
     if (status st = exchange(&outcome, why); st != status::ok) return st;
+    if (outcome.global_min < end) {
+      return fail(status::protocol_error, "the job's earliest event time went back from " +
+                  std::to_string(end) + " to " + std::to_string(outcome.global_min), why);
+    }
     meter.update(outcome.global_min, outcome.committed);
   }
   meter.finish();
