@@ -2,7 +2,7 @@
 # PHOLD on libcomm's simulation engine: committed events/s, efficiency, remote fraction and rounds
 # for 1, 2 and 4 processes, remote fractions 0.1, 0.25 and 1.0, in two configurations:
 #   small: ROSS's defaults, 8 LPs x 1 start event per process, end 100000;
-#   large: 1024 LPs x 16 start events per process, end 100.
+#   large: 1024 LPs x 16 start events per process, end 200.
 # Lookahead and mean are ROSS's (1 and 1: every delay is exactly 1.0). --nlp is per process, so
 # the model grows with the processes, as in ROSS's scaling runs. Each point is the median of the
 # rounds, whose digests must agree (the tests compare digests across layouts of one model).
@@ -127,7 +127,7 @@ mismatch=0
 for config in ${configs//,/ }; do
   case $config in
     small) model=(--nlp 8 --start-events 1 --end $((100000 / scale))) ;;
-    large) model=(--nlp 1024 --start-events 16 --end $((100 / scale))) ;;
+    large) model=(--nlp 1024 --start-events 16 --end $((200 / scale))) ;;
     *) echo "unknown configuration $config" >&2; exit 2 ;;
   esac
   for remote in 0.1 0.25 1.0; do

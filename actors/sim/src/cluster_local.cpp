@@ -1,5 +1,9 @@
-// The one-process cluster: nothing to exchange, the local minimum is the global one.
+// The one-process cluster: nothing to exchange, the local minimum is the global one. Also the
+// cluster parameters' environment variables.
+#include <comm/log.hpp>
 #include <comm/sim/cluster.hpp>
+
+#include <cstdlib>
 
 namespace comm::sim {
 namespace {
@@ -28,5 +32,18 @@ public:
 }  // namespace
 
 std::unique_ptr<cluster> cluster::local() { return std::make_unique<local_cluster>(); }
+
+int env_microseconds(const char* name, int fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return fallback;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*text == '\0' || *end != '\0' || value < 0 || value > 10000000) {
+    COMM_LOG(warn, "sim", "%s=%s is not a number of microseconds (0 to 10^7); using %d", name, text,
+             fallback);
+    return fallback;
+  }
+  return static_cast<int>(value);
+}
 
 }  // namespace comm::sim

@@ -53,6 +53,10 @@ struct round_outcome {
   uint64_t committed = 0;          ///< events committed so far by all processes
 };
 
+/// The value of environment variable `name` as microseconds (0 to 10^7), else `fallback` (a
+/// malformed value is reported at level warn).
+int env_microseconds(const char* name, int fallback);
+
 /// How cluster::join finds and connects the job's processes.
 struct cluster_params {
   /// How to find the job: COMM_BOOTSTRAP, COMM_BOOTSTRAP_ADDRESS, COMM_RANK and COMM_SIZE, or
@@ -63,10 +67,10 @@ struct cluster_params {
   /// While waiting for other processes: microseconds of busy polling, then of polling with
   /// sched_yield in between (which costs nothing when no other thread wants the core, and hands
   /// it over when one does), then sleep on the worker's event fd. So processes sharing a core do
-  /// not keep each other out.
-  int spin_us = 2;
-  /// See spin_us.
-  int yield_us = 2000;
+  /// not keep each other out. COMM_SIM_SPIN_US, default 2.
+  int spin_us = env_microseconds("COMM_SIM_SPIN_US", 2);
+  /// See spin_us. COMM_SIM_YIELD_US, default 2000.
+  int yield_us = env_microseconds("COMM_SIM_YIELD_US", 2000);
   /// Name of this process's worker in logs (default "<host>:<pid>").
   std::string name;
 };
