@@ -63,7 +63,11 @@ public:
     worker_.reset();
   }
 
+  /// Creates the worker, exchanges addresses through the bootstrap and connects to every other
+  /// process; `*why` says what failed.
   status connect(std::string* why);
+
+  // -- cluster (see cluster.hpp) -----------------------------------------------------------------
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
@@ -81,21 +85,37 @@ private:
     endpoint* ep = nullptr;
   };
 
+  // -- arrivals ----------------------------------------------------------------------------------
+
+  /// The worker's handler of the simulator's active message: checks the header, then handles.
   static status on_message(void* arg, const void* header, size_t header_length, void* data,
                            size_t length, const am_recv_params& params);
+  /// A peer's endpoint failed: the run fails, naming the peer.
   static void on_endpoint_error(void* arg, endpoint* ep, status reason);
-
+  /// Dispatches a checked message by kind.
   void handle(const wire::header& h, const void* data, size_t length);
+  /// A round's message: minimum, count and events (to the sink).
   void handle_round(const wire::header& h, const void* data, size_t length);
+  /// A peer's totals at the end.
   void handle_totals(const wire::header& h, const void* data, size_t length);
+  /// A peer stopped on an error.
   void handle_abort(const wire::header& h, const void* data, size_t length);
+  /// Keeps a message that came before this process's first round (no sink yet).
   void stash(const void* header, size_t header_length, const void* data, size_t length);
+  /// Handles the kept messages once the first round starts.
   void replay_stashed();
+  /// Records the first failure; later ones, and any once the results are in, are ignored.
   void set_failure(status st, std::string text);
 
+  // -- sending and waiting -----------------------------------------------------------------------
+
+  /// Allgathers the worker addresses and connects an endpoint to every other process.
   status publish_and_connect(std::string* why);
+  /// Sends a message to process `to`; false (and a failure recorded) when it cannot.
   bool send(int to, const wire::header& h, const void* data, size_t bytes);
+  /// True once every send of this process has completed (a failed one records a failure).
   bool sends_done();
+  /// Progresses until done() or a failure: spin, then yield, then sleep (see the file comment).
   template <class Done>
   status wait_until(Done done, std::string* why);
 

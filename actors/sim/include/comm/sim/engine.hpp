@@ -138,32 +138,46 @@ private:
 
   // -- set-up ------------------------------------------------------------------------------------
 
+  /// False (with `*why`) for a configuration the engine cannot run.
   bool check_config(std::string* why) const;
+  /// This process's LP blocks, partitions, random streams and outboxes.
   void make_partitions();
+  /// A hash of everything that must agree between processes.
   uint64_t fingerprint() const;
 
   // -- rounds ------------------------------------------------------------------------------------
 
+  /// Calls the model's init for every LP of this process; false when one broke a rule.
   bool init_lps();
+  /// Handles partition p's events before `end`, in (LP, time, sender, sequence) order.
   void run_window(partition& p, sim_time end);
+  /// Sorts window_ in that order.
   void sort_window(const partition& p);
+  /// The earliest event time this process holds or sends.
   sim_time local_min() const;
+  /// The round's exchange with the other processes; fills `*outcome`.
   status exchange(round_outcome* outcome, std::string* why);
+  /// Tells the others and returns `st` with `message` in `*why`.
   status fail(status st, std::string message, std::string* why);
 
   // -- events ------------------------------------------------------------------------------------
 
+  /// lp_context::schedule: checks the rules, then queues the event or puts it in an outbox.
   status schedule(lp_context<Model>& from, lp_id target, sim_time delay,
                   const typename Model::message& message);
   /// Records why a schedule call is refused (the first one fails the run) and returns the status.
   [[gnu::cold, gnu::noinline]] status refuse(const lp_context<Model>& from, lp_id target,
                                              sim_time delay);
+  /// event_sink: checks and queues the events another process sent.
   status deliver(int from, const void* data, size_t bytes, std::string* why) override;
+  /// The partition of this process that holds LP `target`.
   partition& owner_partition(lp_id target) noexcept;
+  /// The process that holds LP `target`.
   size_t owner_process(lp_id target) const noexcept;
 
   // -- results -----------------------------------------------------------------------------------
 
+  /// This process's contribution to run_result, its LPs' digests included.
   run_counters counters(uint64_t nanoseconds) const;
 
   cluster& cluster_;
