@@ -2,7 +2,7 @@
 //
 //   comm_phold [--nlp=8] [--start-events=1] [--remote=0.25] [--lookahead=1] [--mean=1]
 //              [--end=100000] [--synch=2] [--seed=1] [--partitions=1] [--progress|--no-progress]
-//              [--json] [--quiet]
+//              [--json] [--quiet] [--lp-digests PREFIX]
 //
 // --nlp is LPs per process and LP ids are global, so 1 x 64 and 2 x 32 processes run the same
 // model (same digest). Runs alone, under mpirun and srun --mpi=pmix (PMIx), or started by hand
@@ -36,6 +36,7 @@ struct options {
   int progress = -1;  ///< -1: when stderr is a terminal
   bool json = false;
   bool quiet = false;
+  std::string lp_digests;  ///< prefix of the per-LP digest files ("" : none)
 };
 
 void usage(std::FILE* out) {
@@ -52,6 +53,7 @@ void usage(std::FILE* out) {
       "  --partitions N     partitions per process                        [1]\n"
       "  --progress, --no-progress   progress line on stderr  [when stderr is a terminal]\n"
       "  --json             end with one JSON line of the results\n"
+      "  --lp-digests P     write every LP's id, events handled and state digest to P.<rank>\n"
       "  --quiet            print nothing but errors and the JSON line\n",
       out);
 }
@@ -99,6 +101,7 @@ bool parse(int argc, char** argv, options* o) {
     else if (arg == "--synch") ok = parse_number(value, &o->synch);
     else if (arg == "--seed") ok = parse_number(value, &o->seed);
     else if (arg == "--partitions") ok = parse_number(value, &o->partitions);
+    else if (arg == "--lp-digests") ok = !(o->lp_digests = value).empty();
     else {
       std::fprintf(stderr, "comm_phold: unknown option %s\n", arg.c_str());
       usage(stderr);
@@ -146,6 +149,18 @@ void print_json(const run_result& r, const options& o, const cluster& c) {
       c.transports().c_str(), r.digest);
 }
 
+/// Writes "id events digest" for every LP of this process to <prefix>.<rank>; false on failure.
+bool write_lp_digests(const engine<phold::model>& e, const phold::model& model,
+                      const std::string& prefix, int rank) {
+  const std::string path = prefix + "." + std::to_string(rank);
+  std::FILE* out = std::fopen(path.c_str(), "w");
+  if (out == nullptr) return false;
+  e.for_each_lp([&](lp_id id, const phold::model::state& s, uint64_t events) {
+    std::fprintf(out, "%u %" PRIu64 " %016" PRIx64 "\n", id, events, model.digest(s));
+  });
+  return std::fclose(out) == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,6 +189,10 @@ int main(int argc, char** argv) {
   if (comm::status st = e.run(&r, &why); st != comm::status::ok) {
     std::fprintf(stderr, "comm_phold: rank %d: %s (%s)\n", c->rank(), why.c_str(),
                  comm::to_string(st));
+    return 1;
+  }
+  if (!o.lp_digests.empty() && !write_lp_digests(e, model, o.lp_digests, c->rank())) {
+    std::fprintf(stderr, "comm_phold: cannot write %s.%d\n", o.lp_digests.c_str(), c->rank());
     return 1;
   }
   if (talk) print_summary(stdout, r);

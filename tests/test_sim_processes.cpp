@@ -19,7 +19,9 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,6 +150,29 @@ BOOST_AUTO_TEST_CASE(by_hand_every_layout_gives_the_one_process_digest) {
       }
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(every_lp_ends_the_same_on_one_and_on_four_processes) {
+  const model_case m = spread_delays();
+  const std::string prefix = "/tmp/comm-sim-lps-" + std::to_string(::getpid());
+  const auto lines = [&](const std::string& tag, int processes) {
+    std::string all;
+    for (int r = 0; r < processes; ++r) {
+      const std::string path = prefix + tag + "." + std::to_string(r);
+      std::ifstream in(path);
+      all += std::string(std::istreambuf_iterator<char>(in), {});
+      ::unlink(path.c_str());
+    }
+    return all;
+  };
+  std::vector<std::string> one = phold_command(m, 1, 1), four = phold_command(m, 4, 2);
+  one.insert(one.end(), {"--lp-digests", prefix + "a"});
+  four.insert(four.end(), {"--lp-digests", prefix + "b"});
+  BOOST_REQUIRE_EQUAL(run_command(one, limited()).exit_code, 0);
+  BOOST_REQUIRE_EQUAL(run_by_hand(4, four, limited()).exit_code, 0);
+  const std::string alone = lines("a", 1), spread = lines("b", 4);
+  BOOST_TEST(std::count(alone.begin(), alone.end(), '\n') == static_cast<long>(m.lps));
+  BOOST_TEST(alone == spread);
 }
 
 BOOST_AUTO_TEST_CASE(another_seed_gives_another_digest) {
