@@ -18,6 +18,8 @@
 #include <memory>
 #include <string>
 
+#include "pmix_leaks.hpp"
+
 namespace {
 
 /// Answers n with n * 1000 + rank.

@@ -32,6 +32,8 @@
 #include <thread>
 #include <vector>
 
+#include "pmix_leaks.hpp"
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
@@ -136,7 +138,8 @@ int exchange_messages(comm::bootstrap& boot, int timeout_ms) {
                                  out[static_cast<size_t>(r)].size()));
   }
   for (comm::op& o : receives) {
-    if (auto st = w->wait(o, timeout_ms); st != comm::status::ok) return failed(boot, "receive", st);
+    const comm::status st = w->wait(o, timeout_ms);
+    if (st != comm::status::ok) return failed(boot, "receive", st);
   }
   for (comm::op& o : sends) {
     if (auto st = w->wait(o, timeout_ms); st != comm::status::ok) return failed(boot, "send", st);
@@ -144,12 +147,14 @@ int exchange_messages(comm::bootstrap& boot, int timeout_ms) {
   for (int r = 0; r < n; ++r) {
     const std::string expected = "from " + std::to_string(r) + " to " + std::to_string(me);
     if (r != me && std::strcmp(in[static_cast<size_t>(r)].c_str(), expected.c_str()) != 0) {
-      std::printf("probe: rank %d got \"%s\" from rank %d\n", me, in[static_cast<size_t>(r)].c_str(), r);
+      std::printf("probe: rank %d got \"%s\" from rank %d\n", me,
+                  in[static_cast<size_t>(r)].c_str(), r);
       return 1;
     }
   }
   // Nobody destroys its worker before every rank received.
-  if (auto st = boot.barrier(timeout_ms); st != comm::status::ok) return failed(boot, "barrier", st);
+  const comm::status st = boot.barrier(timeout_ms);
+  if (st != comm::status::ok) return failed(boot, "barrier", st);
   return 0;
 }
 
@@ -168,7 +173,8 @@ int exchange(comm::bootstrap& boot, int timeout_ms) {
 /// After a barrier, the last rank misbehaves (`culprit`) while the others time a fence.
 int misbehave_in_fence(comm::bootstrap& boot, int timeout_ms, const std::function<void()>& culprit,
                        comm::status expected) {
-  if (auto st = boot.barrier(timeout_ms); st != comm::status::ok) return failed(boot, "barrier", st);
+  const comm::status ready = boot.barrier(timeout_ms);
+  if (ready != comm::status::ok) return failed(boot, "barrier", ready);
   if (boot.rank() == boot.size() - 1) culprit();
   const auto start = clock_type::now();
   const comm::status st = boot.fence(timeout_ms);
@@ -187,8 +193,9 @@ int main(int argc, char** argv) {
   if (argc > 2) params.timeout_ms = std::atoi(argv[2]);
   std::unique_ptr<comm::bootstrap> boot;
   std::string why;
-  if (const comm::status st = comm::bootstrap::create(params, &boot, &why); st != comm::status::ok) {
-    std::printf("probe: create failed: %s: %s\n", comm::to_string(st), why.c_str());
+  const comm::status made = comm::bootstrap::create(params, &boot, &why);
+  if (made != comm::status::ok) {
+    std::printf("probe: create failed: %s: %s\n", comm::to_string(made), why.c_str());
     return 2;
   }
   if (mode == "exchange") return exchange(*boot, params.timeout_ms);
@@ -201,7 +208,9 @@ int main(int argc, char** argv) {
     return misbehave_in_fence(*boot, limit, die, comm::status::connection_reset);
   }
   if (mode == "stall-in-fence") {
-    const auto stall = [limit] { std::this_thread::sleep_for(std::chrono::milliseconds(2 * limit)); };
+    const auto stall = [limit] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * limit));
+    };
     return misbehave_in_fence(*boot, limit, stall, comm::status::endpoint_timeout);
   }
   if (mode == "join") {

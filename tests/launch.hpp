@@ -1,7 +1,8 @@
 // Launching a program as a job of N processes, the ways a user does: under Open MPI's mpirun,
-// under Slurm's srun (a single-node Slurm the test starts and stops itself, tests/slurm_cluster.sh),
-// and by hand (N processes given COMM_BOOTSTRAP_ADDRESS, COMM_RANK and COMM_SIZE). For the
-// bootstrap's tests and for anyone testing a program that joins a job through comm::bootstrap.
+// under Slurm's srun (a single-node Slurm the test starts and stops itself, with
+// tests/slurm_cluster.sh), and by hand (N processes given COMM_BOOTSTRAP_ADDRESS, COMM_RANK and
+// COMM_SIZE). For the bootstrap's tests and for anyone testing a program that joins a job through
+// comm::bootstrap.
 //
 //   comm::test::launch_options opt;
 //   opt.env = {"COMM_LOG_LEVEL=warn"};

@@ -11,12 +11,21 @@
 #include "test_util.hpp"
 
 #include <comm/bootstrap.hpp>
+#include <comm/context.hpp>
+#include <comm/wire/codec.hpp>
+#include <comm/worker.hpp>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <cstring>
+#include <future>
 #include <thread>
+
+#include "schema/bootstrap.capnp.h"
 
 using namespace comm;
 using namespace comm::test;
@@ -53,6 +62,120 @@ bootstrap_params address_params(const std::string& address, int rank, int size) 
 }
 
 std::string loopback_address() { return "127.0.0.1:" + std::to_string(detail::free_port()); }
+
+// -- a rank that breaks the protocol -----------------------------------------------------------
+
+/// The address backend's fence message id and hello magic (bootstrap_address.cpp).
+constexpr uint16_t fence_am = 0xB007;
+constexpr uint64_t hello_magic = 0x434f4d4d424f5401ull;
+
+/// Encoded BootstrapHello of `rank` of `size`.
+std::vector<uint8_t> hello_bytes(uint32_t rank, uint32_t size) {
+  wire::header_writer<wire::schema::BootstrapHello> h;
+  h.fields().setMagic(hello_magic);
+  h.fields().setRank(rank);
+  h.fields().setSize(size);
+  const auto* b = static_cast<const uint8_t*>(h.bytes());
+  return {b, b + h.size()};
+}
+
+/// Encoded BootstrapFence: a contribution of `rank` to fence `epoch`.
+std::vector<uint8_t> contribution(uint32_t rank, uint32_t epoch) {
+  wire::header_writer<wire::schema::BootstrapFence> h;
+  h.fields().setKind(1);
+  h.fields().setStatus(0);
+  h.fields().setRank(rank);
+  h.fields().setEpoch(epoch);
+  const auto* b = static_cast<const uint8_t*>(h.bytes());
+  return {b, b + h.size()};
+}
+
+/// Encoded BootstrapRecords holding one record.
+std::vector<uint8_t> one_record(uint32_t rank, const std::string& key) {
+  capnp::MallocMessageBuilder message;
+  auto list = message.initRoot<wire::schema::BootstrapRecords>().initRecords(1);
+  list[0].setRank(rank);
+  list[0].setKey(kj::arrayPtr(reinterpret_cast<const kj::byte*>(key.data()), key.size()));
+  const auto words = capnp::messageToFlatArray(message);
+  const auto b = words.asBytes();
+  return {b.begin(), b.end()};
+}
+
+/// Rank 1 of 2 made by hand: it connects to rank 0 with a valid hello, sends one fence message of
+/// its own making, and records the abort rank 0 answers with.
+struct hand_made_rank {
+  context ctx;
+  std::unique_ptr<worker> w = worker::create(ctx);
+  endpoint* ep = nullptr;
+  bool connected = false;
+  status aborted_with = status::ok;
+
+  static void on_connect(void* arg, endpoint*, const uint8_t*, size_t) {
+    static_cast<hand_made_rank*>(arg)->connected = true;
+  }
+  static status on_fence(void* arg, const void* header, size_t length, void*, size_t,
+                         const am_recv_params&) {
+    uint64_t words[8] = {};
+    std::memcpy(words, header, std::min(length, sizeof(words)));
+    auto h = wire::read_header<wire::schema::BootstrapFence>(words, length);
+    if (h && h->getKind() == 3) {
+      static_cast<hand_made_rank*>(arg)->aborted_with = static_cast<status>(h->getStatus());
+    }
+    return status::ok;
+  }
+
+  /// Joins rank 0 at `address` and sends it `header` and `data` as a fence message.
+  void send(const std::string& address, const std::vector<uint8_t>& header,
+            const std::vector<uint8_t>& data, const std::shared_future<void>& rank_zero_done) {
+    w->set_am_handler(fence_am, &on_fence, this, am_flag_whole_msg);
+    endpoint_params p;
+    p.private_data = hello_bytes(1, 2);
+    p.on_connect = &on_connect;
+    p.connect_arg = this;
+    // Rank 0 may not listen yet: retry until it answers or gives up (after 5 s; 30 s if broken).
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    const auto ready = [&rank_zero_done, give_up] {
+      return rank_zero_done.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready ||
+             std::chrono::steady_clock::now() > give_up;
+    };
+    while (!connected && !ready()) {
+      if (ep == nullptr && w->connect(address, p, &ep) != status::ok) ep = nullptr;
+      w->wait(20);
+      if (ep != nullptr && ep->state() != status::ok) {
+        (void)ep->close();
+        ep = nullptr;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    if (!connected) return;
+    request_params rp;
+    rp.flags = request_reply_endpoint;
+    const op o = ep->am_send(fence_am, header.data(), header.size(), data.data(), data.size(), rp);
+    if (o.pending()) w->release(o.req);
+    while (!ready()) w->wait(10);
+    for (int i = 0; i < 50 && aborted_with == status::ok; ++i) w->wait(10);  // the abort's way
+  }
+};
+
+/// What rank 0 of 2 says when rank 1 sends it `header` and `data` instead of a contribution.
+std::string rank_zero_after(const std::vector<uint8_t>& header, const std::vector<uint8_t>& data,
+                            status* rank_zero, status* rank_one_told) {
+  const std::string address = loopback_address();
+  std::string why;
+  std::unique_ptr<bootstrap> boot;
+  auto p = address_params(address, 0, 2);
+  p.timeout_ms = 5000;
+  std::promise<void> done;
+  std::thread zero([&] {
+    *rank_zero = bootstrap::create(p, &boot, &why);
+    done.set_value();
+  });
+  hand_made_rank one;
+  one.send(address, header, data, done.get_future().share());
+  zero.join();
+  *rank_one_told = one.aborted_with;
+  return why;
+}
 
 }  // namespace
 
@@ -185,6 +308,36 @@ BOOST_AUTO_TEST_CASE(address_parameters_missing) {
   BOOST_TEST(why.find("COMM_RANK") != std::string::npos, why);
 }
 
+BOOST_AUTO_TEST_CASE(address_rank_breaking_the_protocol_fails_the_job_not_the_process) {
+  const size_t fds_before = open_fds();
+  struct breach {
+    const char* what;
+    std::vector<uint8_t> header;
+    std::vector<uint8_t> data;
+    const char* reason;
+  };
+  const std::vector<uint8_t> garbage(64, 0xff);
+  const breach breaches[] = {
+      {"garbage header", garbage, {}, "rank 1 broke the bootstrap protocol: a malformed fence"},
+      {"wrong fence", contribution(1, 7), one_record(1, "k"), "an unexpected fence message"},
+      {"in another's name", contribution(0, 0), one_record(1, "k"), "an unexpected fence message"},
+      {"garbage records", contribution(1, 0), garbage, "malformed or oversized records"},
+      {"records of rank 0", contribution(1, 0), one_record(0, "k"), "in another rank's name"},
+      {"a key too long", contribution(1, 0), one_record(1, std::string(300, 'k')),
+       "bootstrap key of 300 bytes"},
+  };
+  for (const breach& b : breaches) {
+    status zero = status::ok, told = status::ok;
+    const std::string why = rank_zero_after(b.header, b.data, &zero, &told);
+    BOOST_TEST_CONTEXT(b.what << ": " << why) {
+      BOOST_TEST(zero == status::protocol_error);
+      BOOST_TEST(why.find(b.reason) != std::string::npos);
+      BOOST_TEST(told == status::protocol_error);  // rank 0 told the culprit too
+    }
+  }
+  BOOST_TEST(open_fds() == fds_before);
+}
+
 // -- by hand -------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(by_hand_exchange_1_2_4) {
@@ -261,7 +414,8 @@ BOOST_AUTO_TEST_CASE(by_hand_wrong_auth_key_is_refused) {
   BOOST_TEST_CONTEXT(r.output) {
     BOOST_TEST(r.count("joined") == 0u);
     BOOST_TEST(r.count("probe: create failed: REJECTED: rank 1 of 2: rank 0 at 127.0.0.1:") == 1u);
-    BOOST_TEST(r.count("probe: create failed: ENDPOINT_TIMEOUT") == 1u);  // rank 0: rank 1 never came
+    // Rank 0: rank 1 never came.
+    BOOST_TEST(r.count("probe: create failed: ENDPOINT_TIMEOUT") == 1u);
   }
 }
 

@@ -3,6 +3,7 @@
 // a name nobody publishes: the lookup connects first, and its no_elem answer proves the
 // connection works both ways. Lookups by rank are lookups by the address that rank gave.
 #include <comm/actors/node.hpp>
+#include <comm/bootstrap.hpp>
 
 #include <algorithm>
 #include <cstdint>

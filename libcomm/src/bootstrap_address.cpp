@@ -49,6 +49,8 @@ constexpr uint64_t hello_magic = 0x434f4d4d424f5401ull;
 constexpr std::chrono::milliseconds retry_pause{100};
 /// Longest sleep between progress calls while waiting (failures are noticed at least this often).
 constexpr int max_sleep_ms = 100;
+/// Most progress calls in a row before the waiting loop looks at its condition again.
+constexpr int max_progress_calls = 64;
 /// How much longer than rank 0 the other ranks wait in a fence, so that rank 0's verdict (which
 /// knows who is missing) reaches them before their own limit does.
 constexpr std::chrono::milliseconds verdict_grace{1000};
@@ -104,8 +106,10 @@ std::optional<fence_header> decode_fence(const void* data, size_t length) {
   if (!root) return std::nullopt;
   const uint8_t kind = root->getKind();
   if (kind < 1 || kind > 3) return std::nullopt;
-  return fence_header{static_cast<fence_kind>(kind), static_cast<status>(root->getStatus()),
-                      root->getRank(), root->getEpoch()};
+  // An abort carries one of the failures a fence has; anything else reads as a lost rank.
+  status st = static_cast<status>(root->getStatus());
+  if (st != status::endpoint_timeout && st != status::protocol_error) st = status::connection_reset;
+  return fence_header{static_cast<fence_kind>(kind), st, root->getRank(), root->getEpoch()};
 }
 
 kj::Array<capnp::word> encode_records(const std::vector<bootstrap_record>& records) {
@@ -195,6 +199,7 @@ public:
     if (st == status::ok) st = is_root() ? listen(why) : connect_to_root(deadline, why);
     if (st == status::ok) st = run_fence(deadline);
     if (st != status::ok && why->empty()) *why = last_error();
+    reject_refused();
     listener_.reset();  // everyone is here (or the job failed): nobody else may join
     return st;
   }
@@ -244,6 +249,10 @@ private:
     wp.name = "bootstrap-rank-" + std::to_string(job_.rank);
     wp.am_alignment = sizeof(capnp::word);
     worker_ = worker::create(*ctx_, wp);
+    if (!worker_) {
+      *why = "cannot create the bootstrap's worker";
+      return status::no_resource;
+    }
     const status st = worker_->set_am_handler(fence_am_id, &address_bootstrap::on_message, this,
                                               am_flag_whole_msg);
     if (st != status::ok) *why = std::string("cannot install the fence handler: ") + to_string(st);
@@ -330,18 +339,19 @@ private:
     const bool fits = h && h->size == static_cast<uint32_t>(job_.size) && h->rank != 0 &&
                       h->rank < h->size && peers_[h->rank].ep == nullptr && failure_ == status::ok;
     if (!fits) {
-      COMM_LOG(warn, "bootstrap", "rank 0 refused %s: %s", attr.client_address.c_str(),
+      COMM_LOG(warn, "bootstrap", "rank 0 refuses %s: %s", attr.client_address.c_str(),
                !h ? "not a bootstrap hello"
                   : h->size != static_cast<uint32_t>(job_.size) ? "another job size"
                                                                 : "its rank is taken or invalid");
-      listener_->reject(request);
+      refused_.push_back(request);
       return;
     }
     endpoint_params p;
     p.private_data = encode_hello(0, job_.size);
     p.on_error = &address_bootstrap::on_error;
     p.error_arg = this;
-    if (worker_->accept(request, p, &peers_[h->rank].ep) != status::ok) peers_[h->rank].ep = nullptr;
+    endpoint*& ep = peers_[h->rank].ep;
+    if (worker_->accept(request, p, &ep) != status::ok) ep = nullptr;
   }
 
   static void on_connect(void* arg, endpoint*, const uint8_t* data, size_t length) {
@@ -420,7 +430,7 @@ private:
   /// Every rank but 0: rank 0's release or abort.
   void take_answer(const fence_header& h, const void* data, size_t length) {
     if (h.kind == fence_kind::abort) {
-      lose(static_cast<int>(h.rank), h.st == status::ok ? status::connection_reset : h.st,
+      lose(static_cast<int>(h.rank), h.st,
            "rank 0 ended fence " + std::to_string(h.epoch) + ": " + culprit_text(h));
       return;
     }
@@ -611,14 +621,25 @@ private:
   /// failure calls for as soon as it knows of it.
   bool progress_until(const std::function<bool()>& done, clock_type::time_point deadline) {
     for (;;) {
-      while (worker_->progress() != 0) {
+      for (int i = 0; i < max_progress_calls && worker_->progress() != 0; ++i) {
       }
+      reject_refused();
       if (is_root() && failure_ != status::ok) send_aborts();
       if (done()) return true;
       const int left = remaining_ms(deadline);
       if (left == 0) return false;
       worker_->wait(std::min(left, max_sleep_ms));
     }
+  }
+
+  /// Rejects the requests admit refused. Not inside the request's callback: the connection
+  /// manager may still be reading the request's connection when it hands it over, and a reject
+  /// there frees it under its feet (AddressSanitizer caught a use after free).
+  void reject_refused() {
+    for (conn_request* r : refused_) {
+      if (listener_) listener_->reject(r);
+    }
+    refused_.clear();
   }
 
   /// Closes one endpoint without waiting.
@@ -671,6 +692,7 @@ private:
   bool send_failed_ = false;
   std::vector<std::shared_ptr<kj::Array<capnp::word>>> in_flight_data_;
   std::vector<request*> closes_;
+  std::vector<conn_request*> refused_;          ///< rank 0: requests to reject after progress
   status failure_ = status::ok;  ///< the job's first failure: every fence fails with it since
   std::string failure_text_;
   int culprit_ = 0;              ///< the rank that failed it (the first one, if several)

@@ -67,7 +67,8 @@ public:
 
   status commit() override {
     const pmix_status_t rc = PMIx_Commit();
-    return rc == PMIX_SUCCESS ? status::ok : fail(status::io_error, "PMIx_Commit: " + pmix_text(rc));
+    if (rc == PMIX_SUCCESS) return status::ok;
+    return fail(status::io_error, "PMIx_Commit: " + pmix_text(rc));
   }
 
   status fence(int timeout_ms) override {
@@ -84,10 +85,12 @@ public:
     PMIX_INFO_DESTRUCT(&info[1]);
     const status st = fence_status(rc);
     if (st == status::ok) return st;
-    const std::string what = st == status::endpoint_timeout
-                                 ? "a rank did not enter it within " + std::to_string(seconds) + " s"
-                             : st == status::connection_reset ? "a rank of the job is gone"
-                                                              : "the PMIx server failed it";
+    std::string what = "the PMIx server failed it";
+    if (st == status::endpoint_timeout) {
+      what = "a rank did not enter it within " + std::to_string(seconds) + " s";
+    } else if (st == status::connection_reset) {
+      what = "a rank of the job is gone";
+    }
     return fail(st, "fence at rank " + std::to_string(rank()) + ": " + what + " (PMIx_Fence: " +
                         pmix_text(rc) + ")");
   }

@@ -9,6 +9,9 @@
 //   std::vector<std::vector<uint8_t>> addresses;
 //   boot->allgather("comm.worker", w->address(), addresses, 30000);   // addresses[r] is rank r's
 //
+// Create one per process and share it (the simulation engine, an actor node's join): under the
+// address backend a second rank 0 would find its port taken.
+//
 // Backends, chosen by bootstrap_params::backend (COMM_BOOTSTRAP) or, by default, from the
 // environment:
 //   - pmix:    the launcher's PMIx server (Open MPI's mpirun, Slurm's srun --mpi=pmix);
@@ -74,9 +77,13 @@ struct bootstrap_choice {
 /// job's processes (put, commit, fence, get). Every call is made from one thread.
 class bootstrap {
 public:
-  /// Joins the job the environment (or `params`) describes. On failure `*why` (when not null) says
-  /// what was tried and what went wrong; the returned status is unreachable (no launcher or rank 0
-  /// answered), invalid_param (contradictory parameters) or endpoint_timeout.
+  /// Joins the job the environment (or `params`) describes; with the address backend it returns
+  /// once every rank is there. On failure `*why` (when not null) says what was tried and what went
+  /// wrong; the returned status is unreachable (no launcher or rank 0 answered, or rank 0 cannot
+  /// listen), invalid_param (missing or contradictory parameters), rejected (rank 0 refused this
+  /// process: its rank is taken, another job size, another auth key), protocol_error (the process
+  /// at the address is not rank 0 of this job), endpoint_timeout (a rank did not come in time) or
+  /// connection_reset (a rank left while the others joined).
   static status create(const bootstrap_params& params, std::unique_ptr<bootstrap>* out,
                        std::string* why = nullptr);
 

@@ -26,7 +26,6 @@
 #pragma once
 
 #include <comm/actors/blob.hpp>
-#include <comm/bootstrap.hpp>
 #include <comm/config.hpp>
 #include <comm/status.hpp>
 
@@ -44,6 +43,10 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+namespace comm {
+class bootstrap;
+}
 
 namespace comm::actors {
 
