@@ -16,6 +16,10 @@ COMM_BUILD_PACKAGES=(build-essential cmake pkg-config capnproto libcapnp-dev lib
 # (their units need /etc/slurm/slurm.conf, which nothing creates).
 COMM_TEST_PACKAGES=(iproute2 openmpi-bin slurmctld slurmd slurm-client)
 
+# What the fuzz step of test.sh and scripts/fuzz.sh need: clang 14 and its runtimes (libFuzzer,
+# AddressSanitizer, UBSan).
+COMM_FUZZ_PACKAGES=(clang libclang-rt-14-dev)
+
 # What bench/compare_ucx.sh needs besides the build: UCX's ucx_perftest, gnuplot, ss.
 COMM_BENCH_PACKAGES=(ucx-utils gnuplot-nox iproute2)
 
