@@ -336,6 +336,7 @@ unsigned worker::progress() {
     events += n;
   }
   events += w.progress_cm();
+  if (w.deferred_ams != 0) w.start_deferred_ams();
   if (!w.doomed.empty()) {
     for (detail::endpoint_impl* ep : w.doomed) delete ep;
     w.doomed.clear();
@@ -463,6 +464,11 @@ std::string worker::info() const {
   out << "tag queues: expected " << w.matcher.expected_count() << " unexpected "
       << w.matcher.unexpected_count() << "; protocol errors " << w.protocol_errors
       << "; late messages for closed endpoints " << w.late_messages << '\n';
+  const peer_limits& c = w.ctx.cfg().limits;
+  out << "held for peers: unexpected " << w.unexpected_bytes << " of " << c.unexpected_max_bytes
+      << " B, AMs before delivery " << w.am_rx_bytes << " of " << c.am_rx_max_bytes
+      << " B (deferred " << w.deferred_ams << "), peer endpoints " << w.peer_eps << " of "
+      << c.peer_ep_max << "; limit errors " << w.limit_errors << '\n';
   for (const listener* l : w.listeners) {
     out << "listener " << l->address() << ": " << l->requests() << " requests\n";
   }
@@ -564,7 +570,10 @@ bool worker::tag_probe(tag_t tag, tag_t mask, tag_recv_info* info, message** out
       static_cast<detail::unexpected_msg*>(w.matcher.match_unexpected(tag, mask, out != nullptr));
   if (found == nullptr) return false;
   if (info != nullptr) *info = tag_recv_info{found->tag, found->length, found->imm};
-  if (out != nullptr) *out = reinterpret_cast<message*>(found);
+  if (out != nullptr) {
+    worker_impl::detach_unexpected(found);  // the user holds it now, not the peer
+    *out = reinterpret_cast<message*>(found);
+  }
   return true;
 }
 
