@@ -62,6 +62,28 @@ void read_auth_key(std::string* key) {
 
 bool is_power_of_two(size_t n) { return n != 0 && (n & (n - 1)) == 0; }
 
+/// Reads a limit: a size of at least 1 (0 would refuse everything).
+void read_limit(const char* variable, size_t* field) {
+  size_t value = *field;
+  read_size(variable, &value);
+  if (value == 0) {
+    COMM_LOG(warn, "config", "%s=0 would refuse every message; using %zu", variable, *field);
+    return;
+  }
+  *field = value;
+}
+
+/// Reads the limits on what a peer may make a worker hold.
+void read_limits(peer_limits* limits) {
+  read_limit("COMM_UNEXPECTED_MAX_BYTES", &limits->unexpected_max_bytes);
+  read_limit("COMM_UNEXPECTED_EP_MAX_BYTES", &limits->unexpected_ep_max_bytes);
+  read_limit("COMM_UNEXPECTED_EP_MAX_MSGS", &limits->unexpected_ep_max_msgs);
+  read_limit("COMM_AM_RX_MAX_BYTES", &limits->am_rx_max_bytes);
+  read_limit("COMM_AM_RX_EP_MAX_BYTES", &limits->am_rx_ep_max_bytes);
+  read_limit("COMM_REPLY_EP_MAX_BYTES", &limits->reply_ep_max_bytes);
+  read_limit("COMM_PEER_EP_MAX", &limits->peer_ep_max);
+}
+
 }  // namespace
 
 config config::from_environment() {
@@ -92,6 +114,7 @@ config config::from_environment() {
     COMM_LOG(warn, "config", "COMM_SHM_SEG_SIZE=%zu must be a multiple of 64 in [256, 64m]", segment);
   }
   read_auth_key(&cfg.auth_key);
+  read_limits(&cfg.limits);
   return cfg;
 }
 

@@ -52,6 +52,12 @@ std::string context::info() const {
       << " rndv=" << (cfg_.rndv_thresh ? std::to_string(cfg_.rndv_thresh) : "auto")
       << " shm_fifo=" << cfg_.shm_fifo_size << " shm_segment=" << cfg_.shm_segment_size << '\n';
   out << detail::topology_summary() << '\n';
+  const peer_limits& limits = cfg_.limits;
+  out << "peer limits: unexpected=" << limits.unexpected_max_bytes
+      << " unexpected_ep=" << limits.unexpected_ep_max_bytes
+      << " unexpected_ep_msgs=" << limits.unexpected_ep_max_msgs
+      << " am_rx=" << limits.am_rx_max_bytes << " am_rx_ep=" << limits.am_rx_ep_max_bytes
+      << " reply_ep=" << limits.reply_ep_max_bytes << " peer_eps=" << limits.peer_ep_max << '\n';
   return out.str();
 }
 

@@ -7,6 +7,36 @@
 
 namespace comm {
 
+/// Limits on what a peer can make a worker hold without the local user asking for it (see README
+/// "Reliability and limits"). A peer that passes one fails the endpoint it came through with
+/// EXCEEDS_LIMIT (its error handler is told, the peer's endpoint is closed, a warning names the
+/// variable); the worker's other endpoints keep working. `config::from_environment()` reads them;
+/// a value of 0 is refused (it would refuse every message) and the default kept.
+struct peer_limits {
+  /// Bytes a worker holds for unexpected tagged messages (COMM_UNEXPECTED_MAX_BYTES): eager data
+  /// that arrived before its receive (whole, or still arriving in fragments) and rendezvous
+  /// announcements, each counted with its descriptor. Messages keep counting after their
+  /// endpoint closes, until received.
+  size_t unexpected_max_bytes = size_t{1} << 30;
+  /// The same, for what one endpoint brought (COMM_UNEXPECTED_EP_MAX_BYTES).
+  size_t unexpected_ep_max_bytes = size_t{256} << 20;
+  /// Unexpected messages one endpoint brought (COMM_UNEXPECTED_EP_MAX_MSGS).
+  size_t unexpected_ep_max_msgs = 1000000;
+  /// Bytes a worker holds for active messages before their handler runs
+  /// (COMM_AM_RX_MAX_BYTES): whole-message reassembly buffers and rendezvous receive buffers.
+  /// A rendezvous AM that does not fit now waits (flow control) until earlier ones are delivered.
+  size_t am_rx_max_bytes = size_t{1} << 30;
+  /// The same, for one endpoint (COMM_AM_RX_EP_MAX_BYTES); a rendezvous AM larger than this is
+  /// refused (the sender's request completes with EXCEEDS_LIMIT) and the endpoint stays up.
+  size_t am_rx_ep_max_bytes = size_t{256} << 20;
+  /// Bytes of protocol replies (acknowledgements, RMA replies with their data) an endpoint may
+  /// queue for a peer that does not take them (COMM_REPLY_EP_MAX_BYTES).
+  size_t reply_ep_max_bytes = size_t{64} << 20;
+  /// Endpoints peers may create on a worker by connecting to its address (COMM_PEER_EP_MAX).
+  /// Beyond it a connecting peer is refused with EXCEEDS_LIMIT, after failed ones are released.
+  size_t peer_ep_max = 4096;
+};
+
 /// Configuration of a context. `from_environment()` reads the COMM_ variables; a field set in code
 /// afterwards wins.
 struct config {
@@ -26,6 +56,11 @@ struct config {
   /// Cluster secret for client-server authentication (COMM_AUTH_KEY, or the contents of the file
   /// named by COMM_AUTH_KEY_FILE); empty: no authentication, listeners default to loopback.
   std::string auth_key;
+
+  // -- protocol-layer limits ---------------------------------------------------------------------
+  /// What a peer may make a worker hold (COMM_UNEXPECTED_*, COMM_AM_RX_*, COMM_REPLY_EP_MAX_BYTES,
+  /// COMM_PEER_EP_MAX).
+  peer_limits limits;
 
   /// The defaults overridden by the COMM_ environment variables. Unknown or malformed values are
   /// reported (log level warn) and ignored.
