@@ -1,13 +1,15 @@
 // A forged node for the actor suites that attack a node from the wire: a plain libcomm worker that
 // connects with a node's hello and sends hand-made frames (envelope and payload bytes of its
-// choosing), and records the frames the node sends back. It needs no actor system, so a test
-// process that uses it stays free of CAF's threads and can still fork.
+// choosing), and records the frames the node sends back; and hostile payloads in CAF's binary
+// format written by hand. It needs no actor system, so a test process that uses it stays free of
+// CAF's threads and can still fork.
 #pragma once
 
 #include <comm/context.hpp>
 #include <comm/wire/codec.hpp>
 #include <comm/worker.hpp>
 
+#include <caf/atom.hpp>
 #include <caf/binary_serializer.hpp>
 #include <caf/message_id.hpp>
 #include <caf/node_id.hpp>
@@ -30,7 +32,6 @@ namespace comm::test::actors {
 
 inline constexpr uint16_t frame_am = 0xAC70;  ///< the node's frame AM id
 inline constexpr uint8_t kind_message = 1;
-inline constexpr uint8_t kind_monitor = 2;
 inline constexpr uint8_t kind_down = 3;
 inline constexpr uint8_t kind_lookup = 6;
 inline constexpr uint8_t kind_lookup_reply = 7;
@@ -100,6 +101,67 @@ inline std::vector<uint8_t> forged_hello() {
 inline uint64_t forged_request_id(uint64_t n = 1) {
   return caf::make_message_id(caf::message_priority::normal).integer_value() | n;
 }
+
+// -- payloads in CAF's binary format, written by hand -------------------------------------------
+
+/// Appends `x` in network byte order.
+template <class T>
+inline void put_int(std::vector<char>& out, T x) {
+  for (size_t i = sizeof(T); i-- > 0;) out.push_back(static_cast<char>(x >> (8 * i)));
+}
+
+/// Appends a sequence length (CAF's varbyte encoding).
+inline void put_size(std::vector<char>& out, uint32_t size) {
+  while (size > 0x7f) {
+    out.push_back(static_cast<char>((size & 0x7f) | 0x80));
+    size >>= 7;
+  }
+  out.push_back(static_cast<char>(size));
+}
+
+/// Appends the start of a CAF message whose elements have the types `names` ("@<>+@i32+...").
+inline void put_message_start(std::vector<char>& out, const std::string& names) {
+  put_int(out, uint16_t{0});
+  put_size(out, static_cast<uint32_t>(names.size()));
+  out.insert(out.end(), names.begin(), names.end());
+}
+
+/// A message frame's payload: a message holding a message holding ... `depth` times, then (int32
+/// 1). Fifteen bytes a level.
+inline std::vector<char> nested_messages(size_t depth) {
+  std::vector<char> out;
+  for (size_t i = 0; i < depth; ++i) put_message_start(out, "@<>+@message");
+  put_message_start(out, "@<>+@i32");
+  put_int(out, int32_t{1});
+  return out;
+}
+
+/// A message frame's payload: one config_value, a list holding a list ... `depth` times, then
+/// true. Two bytes a level (the variant's index of a list, 7, and the list's length, 1).
+inline std::vector<char> nested_lists(size_t depth) {
+  std::vector<char> out;
+  put_message_start(out, "@<>+@config_value");
+  for (size_t i = 0; i < depth; ++i) {
+    out.push_back(7);
+    put_size(out, 1);
+  }
+  out.push_back(1);  // a boolean...
+  out.push_back(1);  // ...true
+  return out;
+}
+
+/// A down frame's payload: an exit reason (code, category, context) whose context is a message
+/// of one std::vector<char> that claims 2^32 - 1 bytes and has none.
+inline std::vector<char> lying_reason() {
+  std::vector<char> out;
+  out.push_back(1);                                                // code
+  put_int(out, static_cast<uint64_t>(caf::atom("system")));        // category
+  put_message_start(out, "@<>+@charbuf");                          // context
+  put_size(out, UINT32_MAX);
+  return out;
+}
+
+// -- the forged node ------------------------------------------------------------------------------
 
 /// A plain libcomm worker connected to the node at `address`, sending forged frames.
 struct forged_peer {

@@ -11,9 +11,11 @@
 #include "attachments.hpp"
 #include "payload.hpp"
 #include "process_harness.hpp"
+#include "test_actors_forged.hpp"
 
 #include <caf/all.hpp>
 
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include <cstdint>
@@ -94,6 +96,33 @@ rlim_t address_space_bytes() {
   }
   return 0;
 }
+
+/// Runs `body` on a thread of its own with a stack of `bytes` and returns what it returned.
+int on_stack_of(size_t bytes, const std::function<int()>& body) {
+  struct call {
+    const std::function<int()>* body;
+    int result;
+  } c{&body, -1};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, bytes);
+  pthread_t thread;
+  const int created = pthread_create(
+      &thread, &attr,
+      [](void* arg) -> void* {
+        auto* c = static_cast<call*>(arg);
+        c->result = (*c->body)();
+        return nullptr;
+      },
+      &c);
+  pthread_attr_destroy(&attr);
+  if (created != 0) return -2;
+  pthread_join(thread, nullptr);
+  return c.result;
+}
+
+/// musl's default thread stack, the smallest in common use.
+constexpr size_t small_stack = 128 * 1024;
 
 /// A message with one value of every plain type.
 caf::message plain_message() {
@@ -243,6 +272,90 @@ BOOST_AUTO_TEST_CASE(a_huge_sequence_length_is_an_error_before_any_allocation) {
   const pid_t child = comm::test::fork_child([&] {
     const long peak_before = peak_rss_kib();
     if (read(forged, {}, msg.size(), back)) return 3;
+    return peak_rss_kib() - peak_before < (64 << 10) ? 0 : 4;
+  });
+  BOOST_TEST(comm::test::wait_child(child) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(nesting_is_refused_before_it_outgrows_a_small_stack) {
+  using comm::test::actors::nested_lists;
+  using comm::test::actors::nested_messages;
+  // In a child, so that a stack overflow is a failed test rather than the end of this one.
+  const pid_t child = comm::test::fork_child([&] {
+    return on_stack_of(small_stack, [&] {
+      caf::message back;
+      if (read(nested_messages(40000), {}, 1, back)) return 3;
+      if (read(nested_lists(300000), {}, 1, back)) return 4;
+      return 0;
+    });
+  });
+  BOOST_TEST(comm::test::wait_child(child) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(nesting_as_deep_as_applications_go_reads_back) {
+  // The deepest nesting read on a small stack: deeper is refused (the bound depends on the
+  // build's frame sizes; max_read_stack is what is fixed). In a child, as above.
+  const auto deepest = [&](std::vector<char> (*make)(size_t)) {
+    comm::test::channel depth_of;
+    const pid_t child = comm::test::fork_child([&] {
+      return on_stack_of(small_stack, [&] {
+        caf::message back;
+        uint64_t depth = 0;
+        while (depth < 100000 && read(make(depth + 1), {}, 1, back)) ++depth;
+        depth_of.send_word(depth);
+        return 0;
+      });
+    });
+    uint64_t depth = 0;
+    const bool told = depth_of.receive_word(&depth);
+    return comm::test::wait_child(child) == 0 && told ? depth : 0;
+  };
+  const uint64_t messages = deepest(comm::test::actors::nested_messages);
+  const uint64_t lists = deepest(comm::test::actors::nested_lists);
+  BOOST_TEST_MESSAGE("deepest nesting read: " << messages << " messages, " << lists << " lists");
+  BOOST_TEST(messages >= 32u);
+  BOOST_TEST(lists >= 32u);
+  BOOST_TEST(messages < 40000u);
+  // What CAF writes for a message 32 deep reads back equal.
+  caf::message nested = caf::make_message(int32_t{1});
+  for (int i = 0; i < 31; ++i) nested = caf::make_message(nested);
+  caf::message back;
+  BOOST_REQUIRE(read(written_by_caf(nested), {}, 1, back));
+  BOOST_TEST(caf::to_string(back) == caf::to_string(nested));
+}
+
+BOOST_AUTO_TEST_CASE(an_error_inside_a_nested_message_fails_the_payload) {
+  using comm::test::actors::put_message_start;
+  using comm::test::actors::put_size;
+  // A message holding a message of one byte vector that claims 1000 bytes and has none: CAF 0.17
+  // drops the inner message's error and reads on, which here finds the payload's end.
+  std::vector<char> payload;
+  put_message_start(payload, "@<>+@message");
+  put_message_start(payload, "@<>+@charbuf");
+  put_size(payload, 1000);
+  caf::message back;
+  BOOST_TEST(!read(payload, {}, 1, back));
+  // The same with CAF's own reader goes through, holding an empty message.
+  caf::binary_deserializer source{&ctx, payload};
+  BOOST_TEST(!source(back));
+  BOOST_TEST(source.remaining() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_reason_reads_back_and_one_claiming_4_gib_is_an_error) {
+  const caf::error reason = caf::make_error(caf::sec::runtime_error, std::string("why"));
+  std::vector<char> payload;
+  BOOST_REQUIRE(!write_reason_payload(&ctx, reason, payload));
+  caf::error back;
+  BOOST_REQUIRE(!read_reason_payload(&ctx, payload.data(), payload.size(), back));
+  BOOST_TEST((back == reason));
+  BOOST_TEST(sys.render(back) == sys.render(reason));
+  payload.push_back(0);
+  BOOST_TEST(static_cast<bool>(read_reason_payload(&ctx, payload.data(), payload.size(), back)));
+  // In a child, so that its peak resident memory tells whether the claimed 4 GiB were filled.
+  const auto lying = comm::test::actors::lying_reason();
+  const pid_t child = comm::test::fork_child([&] {
+    const long peak_before = peak_rss_kib();
+    if (!read_reason_payload(&ctx, lying.data(), lying.size(), back)) return 3;
     return peak_rss_kib() - peak_before < (64 << 10) ? 0 : 4;
   });
   BOOST_TEST(comm::test::wait_child(child) == 0);

@@ -19,6 +19,7 @@
 #include <caf/serializer.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -133,17 +134,39 @@ private:
   void* am_data_ = nullptr;
 };
 
-/// CAF's binary deserialiser, taking raw runs of attach_threshold bytes or more from `from`, and
-/// refusing sequences longer than the bytes left to read (payload and attachments).
+/// Stack that reading one payload may take below where its frame_deserializer was made. CAF reads
+/// nested values by recursion (a message inside a message, a container inside a container), and a
+/// payload of 600 KB can nest 40,000 messages or 300,000 lists deep: far more than any thread's
+/// stack holds. Nesting that would go deeper than this is refused before CAF recurses further. It
+/// is far below the smallest stack a frame is read on: the progress thread's and CAF's workers'
+/// (the process's stack limit, 8 MiB by default) or that of a thread sending to a full connection,
+/// which progresses the worker itself (musl's default of 128 KiB is the smallest in common use).
+inline constexpr size_t max_read_stack = 64 * 1024;
+
+/// CAF's binary deserialiser for bytes a peer sent, taking raw runs of attach_threshold bytes or
+/// more from `from`, refusing sequences longer than the bytes left to read (payload and
+/// attachments) and nesting beyond max_read_stack, and failing for good after its first error.
 class frame_deserializer final : public caf::deserializer {
 public:
-  /// Reads the payload `data`/`length`; attachments come from `from`.
+  /// Reads the payload `data`/`length`; attachments come from `from`. Nesting is measured from
+  /// the caller's stack frame.
   frame_deserializer(caf::execution_unit* ctx, const void* data, size_t length,
                      attachment_source& from)
-      : caf::deserializer(ctx), inner_(ctx, static_cast<const char*>(data), length), from_(from) {}
+      : caf::deserializer(ctx),
+        inner_(ctx, static_cast<const char*>(data), length),
+        from_(from),
+        stack_base_(reinterpret_cast<uintptr_t>(__builtin_frame_address(0))) {}
 
   /// Payload bytes not read yet.
   size_t remaining() const noexcept { return inner_.remaining(); }
+
+  /// The first error any read met, also when CAF dropped it: CAF 0.17 loads a message nested in
+  /// a value (an element, an error's context) through a function that ignores the message's
+  /// error, and reads on after it. Every read after a failure fails again.
+  const caf::error& failure() const noexcept { return failure_; }
+
+  /// Makes `err` the failure when it is the first one; returns it.
+  caf::error fail(caf::error err);
 
   /// The attachments.
   attachment_source& attachments() noexcept { return from_; }
@@ -171,8 +194,13 @@ protected:
   caf::error apply_impl(std::u32string& x) override;
 
 private:
+  /// An error when reading has taken more than max_read_stack of stack.
+  caf::error check_nesting() const;
+
   caf::binary_deserializer inner_;
   attachment_source& from_;
+  uintptr_t stack_base_;  ///< the stack frame reading started in
+  caf::error failure_;    ///< the first error
 };
 
 }  // namespace comm::actors::detail

@@ -42,39 +42,14 @@ comm::status node_state::on_frame(void* arg, const void* header, size_t header_l
                ? decode_envelope(header, envelope_writer::size())
                : std::nullopt;
   frame_parts parts;
-  if (!h || !self->split_frame(*h, header, header_length, data, length,
-                               (params.attr & comm::am_recv_data_persistent) != 0, parts)) {
+  comm::worker* owner =
+      (params.attr & comm::am_recv_data_persistent) != 0 ? self->worker_.get() : nullptr;
+  if (!h || !split_frame(*h, header, header_length, data, length, owner, parts)) {
     self->violation(p, "malformed envelope");
     return comm::status::ok;
   }
   self->receive(p, *h, parts);
   return comm::status::ok;  // data this frame kept is detached from the worker by now
-}
-
-bool node_state::split_frame(const frame_header& h, const void* header, size_t header_length,
-                             void* data, size_t length, bool persistent, frame_parts& out) {
-  const size_t inline_length = header_length - envelope_writer::size();
-  if (h.attached == 0) {
-    out.payload = data;
-    out.length = length;
-    return inline_length == 0;
-  }
-  if (h.kind != frame_kind::message) return false;
-  comm::worker* owner = persistent ? worker_.get() : nullptr;
-  auto* bytes = static_cast<const char*>(data);
-  if (inline_length != 0) {
-    // The payload came in the AM header; the data holds the attachments only.
-    if (h.attached != length) return false;
-    out.payload = static_cast<const char*>(header) + envelope_writer::size();
-    out.length = inline_length;
-    out.attached = attachment_source(bytes, length, owner, data);
-    return true;
-  }
-  if (h.attached > length) return false;
-  out.payload = bytes;
-  out.length = length - h.attached;
-  out.attached = attachment_source(bytes + out.length, h.attached, owner, data);
-  return true;
 }
 
 void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h,

@@ -172,8 +172,6 @@ private:
 
   static comm::status on_frame(void* arg, const void* header, size_t header_length, void* data,
                                size_t length, const comm::am_recv_params& params);
-  bool split_frame(const frame_header& h, const void* header, size_t header_length, void* data,
-                   size_t length, bool persistent, frame_parts& out);
   void receive(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
   void hold(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
   void dispatch(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);

@@ -3,7 +3,6 @@
 #include "plain_message.hpp"
 
 #include <caf/actor_system.hpp>
-#include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
 #include <caf/detail/dynamic_message_data.hpp>
 #include <caf/detail/ieee_754.hpp>
@@ -12,7 +11,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 
 namespace comm::actors::detail {
 
@@ -37,7 +35,7 @@ caf::error read_byte_run(detail::frame_deserializer& source, caf::type_erased_va
   size_t size = 0;
   if (auto err = source.begin_sequence(size)) return err;
   const bool attached = source.attachments().has(size);
-  if (!attached && size > source.remaining()) return caf::sec::end_of_stream;
+  if (!attached && size > source.remaining()) return source.fail(caf::sec::end_of_stream);
   const char* from = attached ? source.attachments().next(size) : nullptr;
   void* x = value.get_mutable();
   if (value.type().first == caf::type_nr<std::string>::value) {
@@ -457,38 +455,53 @@ caf::error write_content_payload(caf::execution_unit* ctx, const caf::message& c
   return caf::message::save(sink, content);
 }
 
+bool split_frame(const frame_header& h, const void* header, size_t header_length, void* data,
+                 size_t length, comm::worker* owner, frame_parts& out) {
+  if (header_length < envelope_writer::size()) return false;
+  const size_t inline_length = header_length - envelope_writer::size();
+  if (h.attached == 0) {
+    out.payload = data;
+    out.length = length;
+    return inline_length == 0;
+  }
+  if (h.kind != frame_kind::message) return false;
+  auto* bytes = static_cast<const char*>(data);
+  if (inline_length != 0) {
+    // The payload came in the AM header; the data holds the attachments only.
+    if (h.attached != length) return false;
+    out.payload = static_cast<const char*>(header) + envelope_writer::size();
+    out.length = inline_length;
+    out.attached = attachment_source(bytes, length, owner, data);
+    return true;
+  }
+  if (h.attached > length) return false;
+  out.payload = bytes;
+  out.length = length - h.attached;
+  out.attached = attachment_source(bytes + out.length, h.attached, owner, data);
+  return true;
+}
+
 caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader,
                                 const void* data, size_t length, attachment_source& attached,
                                 bool with_sender, bool with_stages, size_t type_count,
                                 message_payload& out) {
-  // CAF sizes containers from lengths on the wire: a forged one may throw (bad_alloc), which
-  // must not cross libcomm's callback.
-  try {
-    return read_parts(ctx, reader, data, length, attached, with_sender, with_stages, type_count,
-                      out);
-  } catch (const std::exception& e) {
-    return caf::make_error(caf::sec::invalid_argument, e.what());
+  const bool plain = !with_sender && !with_stages && attached.remaining() == 0 && ctx != nullptr &&
+                     reader.read_plain(ctx->system(), static_cast<const char*>(data), length,
+                                       out.content);
+  if (!plain) {
+    auto err = read_guarded(ctx, data, length, attached, [&](frame_deserializer& source) {
+      if (with_sender) {
+        if (auto e = source(out.sender)) return e;
+      }
+      if (with_stages) {
+        if (auto e = source(out.stages)) return e;
+      }
+      return reader.read(source, out.content, &source);
+    });
+    if (err) return err;
   }
-}
-
-caf::error read_parts(caf::execution_unit* ctx, content_reader& reader, const void* data,
-                      size_t length, attachment_source& attached, bool with_sender,
-                      bool with_stages, size_t type_count, message_payload& out) {
-  if (!with_sender && !with_stages && attached.remaining() == 0 && ctx != nullptr &&
-      reader.read_plain(ctx->system(), static_cast<const char*>(data), length, out.content)) {
-    if (out.content.size() == type_count) return caf::error{};
-    return caf::make_error(caf::sec::invalid_argument, "malformed message payload");
-  }
-  frame_deserializer source{ctx, data, length, attached};
-  if (with_sender) {
-    if (auto err = source(out.sender)) return err;
-  }
-  if (with_stages) {
-    if (auto err = source(out.stages)) return err;
-  }
-  if (auto err = reader.read(source, out.content, &source)) return err;
-  if (source.remaining() != 0 || attached.remaining() != 0 || out.content.size() != type_count) {
-    return caf::make_error(caf::sec::invalid_argument, "malformed message payload");
+  if (out.content.size() != type_count) {
+    return caf::make_error(caf::sec::invalid_argument, "message of another length than announced");
   }
   return caf::error{};
 }
@@ -502,16 +515,9 @@ caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reas
 
 caf::error read_reason_payload(caf::execution_unit* ctx, const void* data, size_t length,
                                caf::error& reason) {
-  caf::binary_deserializer source{ctx, static_cast<const char*>(data), length};
-  try {
-    if (auto err = source(reason)) return err;
-  } catch (const std::exception& e) {
-    return caf::make_error(caf::sec::invalid_argument, e.what());
-  }
-  if (source.remaining() != 0) {
-    return caf::make_error(caf::sec::invalid_argument, "malformed down payload");
-  }
-  return caf::error{};
+  attachment_source none;
+  return read_guarded(ctx, data, length, none,
+                      [&](frame_deserializer& source) { return source(reason); });
 }
 
 }  // namespace comm::actors::detail

@@ -3,6 +3,7 @@
 
 #include "attachments.hpp"
 #include "frame.hpp"
+#include "payload.hpp"
 
 #include <comm/endpoint.hpp>
 
@@ -70,13 +71,6 @@ struct held_frame {
   frame_header header;
   std::vector<char> payload;
   attachment_source attached;  ///< its attachments, owned (see attachment_source::own)
-};
-
-/// A received frame's payload and attachments, as on_frame found them.
-struct frame_parts {
-  const void* payload = nullptr;
-  size_t length = 0;
-  attachment_source attached;
 };
 
 /// One connection to another node. Shared by the node's maps, its proxies and queued frames; the

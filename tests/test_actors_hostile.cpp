@@ -1,0 +1,139 @@
+// The node under a hostile peer: a forged node (test_actors_forged.hpp) sends valid-looking frames
+// built to hurt: CAF messages nested far deeper than a stack takes, down frames whose exit reason
+// claims a 4 GiB sequence, and frames out of order whose turn never comes. The node under attack
+// runs in a child process, so that a crash is a failed test rather than a dead test program, and
+// reports its peak resident memory (VmHWM); a well-behaved node (another child) checks it is still
+// served afterwards. This process stays single-threaded: it only forks and speaks libcomm.
+#define BOOST_TEST_MODULE actors_hostile
+#include <boost/test/unit_test.hpp>
+
+#include "test_actors_forged.hpp"
+#include "test_actors_scenarios.hpp"
+
+#include <cstdlib>
+#include <fstream>
+
+using namespace comm::test::actors;
+using comm::test::fork_child;
+using comm::test::wait_child;
+
+namespace {
+
+/// The peak resident memory of this process (VmHWM), in KiB.
+uint64_t peak_rss_kib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6));
+  }
+  return 0;
+}
+
+/// Body of the node under attack: publishes the service, tells its address on `out`, answers
+/// every "hwm" on `in` with its peak resident memory in KiB, and stops on anything else (or after
+/// 60 s of silence).
+int target_process(const channel& out, const channel& in, const node_tweak& tweak) {
+  caf::actor_system_config cfg;
+  configure(cfg, "127.0.0.1:0", false, tweak);
+  caf::actor_system sys{cfg};
+  auto svc = start_service(sys);
+  out.send(bytes_of(node_of(sys).address()));
+  while (receive_string(in, 60000) == "hwm") out.send_word(peak_rss_kib());
+  caf::anon_send_exit(svc, caf::exit_reason::user_shutdown);
+  return 0;
+}
+
+/// The node under attack, in a child process.
+struct target_child {
+  channel from;
+  channel to;
+  pid_t pid = -1;
+  std::string address;
+
+  explicit target_child(const node_tweak& tweak = {}) {
+    pid = fork_child([&] { return target_process(from, to, tweak); });
+    address = receive_string(from);
+  }
+
+  ~target_child() {
+    if (pid > 0) stop();
+  }
+
+  /// Its peak resident memory so far in KiB; 0 when it does not answer (it died).
+  uint64_t peak_kib() {
+    to.send(bytes_of("hwm"));
+    uint64_t kib = 0;
+    return from.receive_word(&kib) ? kib : 0;
+  }
+
+  /// Stops it and returns its exit code (-1: killed, or died of a signal).
+  int stop() {
+    to.send(bytes_of("stop"));
+    const int rc = wait_child(pid);
+    pid = -1;
+    return rc;
+  }
+};
+
+/// A well-behaved node, in a child process, gets an answer from the service at `address`.
+bool still_serves(const std::string& address) {
+  const pid_t client = fork_child([&] {
+    return client_process(address, [](caf::actor_system& sys, const std::string& at) {
+      return run_checks(sys, at, {check_request});
+    });
+  });
+  return wait_child(client) == 0;
+}
+
+/// True when the node's last frame answers request `id` with an error.
+bool error_answer(const forged_state& s, uint64_t id) {
+  const std::string payload(s.last_payload.begin(), s.last_payload.end());
+  return s.last_kind == kind_message &&
+         s.last_message_id == caf::message_id{id}.response_id().integer_value() &&
+         payload.find("@<>+@error") != std::string::npos;
+}
+
+/// Sends a request with `payload` (one element) to the service and waits for the answer; true
+/// when the answer is an error and the connection stays.
+bool refused_with_an_error(forged_peer& peer, uint64_t svc, const std::vector<char>& payload) {
+  const int before = peer.state.frames;
+  const uint64_t id = forged_request_id(static_cast<uint64_t>(before) + 1);
+  peer.send(kind_message, svc, id, 1, payload);
+  peer.progress_until([&] { return peer.state.frames > before || peer.closed(); }, 20);
+  return !peer.closed() && error_answer(peer.state, id);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(messages_nested_deeper_than_the_limit_are_refused) {
+  target_child node;
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  const uint64_t svc = peer.lookup(service_name);
+  BOOST_REQUIRE(svc != 0);
+  // 40,000 levels (600 KB) overflowed the progress thread's stack in CAF's message::load.
+  BOOST_TEST(refused_with_an_error(peer, svc, nested_messages(40000)));
+  // Containers recurse too: 300,000 nested lists in 600 KB.
+  BOOST_TEST(refused_with_an_error(peer, svc, nested_lists(300000)));
+  // The connection goes on: the node still answers this peer, and others.
+  BOOST_TEST(peer.lookup(service_name) == svc);
+  BOOST_TEST(still_serves(node.address));
+  BOOST_TEST(node.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_reason_claiming_4_gib_costs_nothing) {
+  target_child node;
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  BOOST_REQUIRE(peer.lookup(service_name) != 0);
+  const uint64_t before = node.peak_kib();
+  for (int i = 0; i < 3; ++i) peer.send(kind_down, 0, 0, 0, lying_reason());
+  // The node has read them once it answers a lookup sent after them.
+  BOOST_TEST(peer.lookup(service_name) != 0);
+  const uint64_t after = node.peak_kib();
+  BOOST_TEST_MESSAGE("peak RSS " << before << " KiB before, " << after << " KiB after");
+  BOOST_TEST(after != 0u);
+  BOOST_TEST(after < before + 16 * 1024);  // far below one 4 GiB fill
+  BOOST_TEST(!peer.closed());
+  BOOST_TEST(still_serves(node.address));
+  BOOST_TEST(node.stop() == 0);
+}
