@@ -137,3 +137,42 @@ BOOST_AUTO_TEST_CASE(a_reason_claiming_4_gib_costs_nothing) {
   BOOST_TEST(still_serves(node.address));
   BOOST_TEST(node.stop() == 0);
 }
+
+BOOST_AUTO_TEST_CASE(frames_held_beyond_the_limit_close_the_peer) {
+  constexpr size_t limit = size_t{16} << 20;
+  target_child node([](comm::actors::node_params& p) { p.max_held_bytes = limit; });
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  const uint64_t svc = peer.lookup(service_name);
+  BOOST_REQUIRE(svc != 0);
+  const uint64_t before = node.peak_kib();
+  // Frame 1 never comes: 2,000 frames of 256 KiB (500 MiB) after it wait for their turn.
+  const std::vector<char> payload(256 * 1024, 'h');
+  peer.seq = 2;
+  for (int i = 0; i < 2000; ++i) {
+    peer.fill(kind_message, svc, 0, 1, 0);
+    peer.send_from(peer.envelope.bytes(), envelope_size, payload.data(), payload.size());
+  }
+  BOOST_TEST(peer.progress_until([&] { return peer.closed(); }, 30));
+  const uint64_t after = node.peak_kib();
+  BOOST_TEST_MESSAGE("peak RSS " << before << " KiB before, " << after << " KiB after");
+  BOOST_TEST(after != 0u);
+  BOOST_TEST(after < before + (limit >> 10) + 32 * 1024);
+  BOOST_TEST(still_serves(node.address));
+  BOOST_TEST(node.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(the_held_limit_comes_from_the_environment) {
+  ::setenv("COMM_ACTORS_MAX_HELD", "8m", 1);
+  const comm::actors::node_params eight;
+  ::setenv("COMM_ACTORS_MAX_HELD", "12345", 1);
+  const comm::actors::node_params exact;
+  ::setenv("COMM_ACTORS_MAX_HELD", "lots", 1);
+  const comm::actors::node_params malformed;
+  ::unsetenv("COMM_ACTORS_MAX_HELD");
+  const comm::actors::node_params unset;
+  BOOST_TEST(eight.max_held_bytes == size_t{8} << 20);
+  BOOST_TEST(exact.max_held_bytes == 12345u);
+  BOOST_TEST(malformed.max_held_bytes == unset.max_held_bytes);
+  BOOST_TEST(unset.max_held_bytes == comm::actors::default_max_held_bytes());
+}

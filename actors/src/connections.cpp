@@ -184,6 +184,7 @@ void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) 
   forget(p);
   fail_lookups(*p, was_ready, reason);
   p->held.clear();
+  p->held_bytes = 0;
   p->last_receiver = nullptr;
   p->last_sender = nullptr;
   fail_requests(*p);

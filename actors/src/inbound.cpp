@@ -10,6 +10,8 @@
 #include <caf/actor_proxy.hpp>
 #include <caf/sec.hpp>
 
+#include <map>
+
 namespace comm::actors::detail {
 
 namespace {
@@ -17,8 +19,9 @@ namespace {
 /// How far ahead of the expected frame a peer's frame may be.
 constexpr uint32_t max_hold_distance = 1u << 20;
 
-/// Frames held per connection at most.
-constexpr size_t max_held = 1u << 16;
+/// What holding a frame costs beyond its bytes: the frame and the map's node around it.
+constexpr size_t held_frame_overhead =
+    sizeof(std::map<uint32_t, held_frame>::value_type) + 4 * sizeof(void*);
 
 /// Longest name a lookup may ask for.
 constexpr size_t max_name_length = 4096;
@@ -67,6 +70,7 @@ void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h,
     if (it == p->held.end()) break;
     held_frame next = std::move(it->second);
     p->held.erase(it);
+    p->held_bytes -= next.cost;
     frame_parts kept{next.payload.data(), next.payload.size(), std::move(next.attached)};
     dispatch(p, next.header, kept);
     ++p->recv_seq;
@@ -75,15 +79,22 @@ void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h,
 
 void node_state::hold(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts) {
   const uint32_t ahead = h.seq - p->recv_seq;
-  if (ahead > max_hold_distance || p->held.size() >= max_held || p->held.count(h.seq) != 0) {
+  if (ahead > max_hold_distance || p->held.count(h.seq) != 0) {
     violation(p, "frame out of sequence");
+    return;
+  }
+  const size_t cost = parts.length + parts.attached.remaining() + held_frame_overhead;
+  if (p->held_bytes + cost > params_.max_held_bytes) {
+    violation(p, "more bytes waiting for an earlier frame than max_held_bytes");
     return;
   }
   const auto* bytes = static_cast<const char*>(parts.payload);
   parts.attached.own();
   p->held.emplace(h.seq, held_frame{h, std::vector<char>(bytes, bytes + parts.length),
-                                    std::move(parts.attached)});
+                                    std::move(parts.attached), cost});
+  p->held_bytes += cost;
   frames_held_.add(1);
+  if (p->held_bytes > peak_bytes_held_.get()) peak_bytes_held_.set(p->held_bytes);
 }
 
 void node_state::dispatch(const std::shared_ptr<peer>& p, const frame_header& h,

@@ -49,6 +49,8 @@ public:
   void add(uint64_t n = 1) noexcept { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
   /// Subtracts `n`.
   void sub(uint64_t n = 1) noexcept { v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
+  /// Sets the value to `n`.
+  void set(uint64_t n) noexcept { v_.store(n, std::memory_order_relaxed); }
   /// The value.
   uint64_t get() const noexcept { return v_.load(std::memory_order_relaxed); }
 
@@ -261,6 +263,7 @@ private:
   gauge bytes_sent_;
   gauge bytes_received_;
   gauge frames_held_;
+  gauge peak_bytes_held_;
 };
 
 }  // namespace comm::actors::detail

@@ -71,6 +71,7 @@ struct held_frame {
   frame_header header;
   std::vector<char> payload;
   attachment_source attached;  ///< its attachments, owned (see attachment_source::own)
+  size_t cost = 0;             ///< bytes it counts for against node_params::max_held_bytes
 };
 
 /// One connection to another node. Shared by the node's maps, its proxies and queued frames; the
@@ -92,6 +93,7 @@ struct peer {
   uint32_t send_seq = 0;        ///< number of the next frame sent
   uint32_t recv_seq = 0;        ///< number of the next frame to handle
   std::map<uint32_t, held_frame> held;  ///< frames that arrived early, by number
+  size_t held_bytes = 0;        ///< their costs (held_frame::cost)
   /// Requests local actors sent to the peer's actors, waiting for a response: their message id.
   std::unordered_map<request_key, uint64_t, request_key_hash> pending;
   /// Pending requests above which those of terminated requesters are forgotten.

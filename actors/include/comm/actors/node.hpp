@@ -68,6 +68,10 @@ delivery default_delivery();
 /// The spin time named by COMM_ACTORS_SPIN_US (microseconds), else 200 us.
 std::chrono::microseconds default_spin_time();
 
+/// The limit named by COMM_ACTORS_MAX_HELD (bytes; a k, m or g suffix multiplies by 2^10, 2^20,
+/// 2^30), else 64 MiB: see node_params::max_held_bytes.
+size_t default_max_held_bytes();
+
 /// Parameters of a node (node::load). Defaults come from the environment where noted; a field
 /// set in code wins.
 struct node_params {
@@ -87,6 +91,11 @@ struct node_params {
   std::chrono::milliseconds connect_timeout{5000};
   /// Cores the progress thread is pinned to; empty: not pinned.
   std::vector<int> cpus;
+  /// Bytes of frames one connection may have waiting for an earlier frame of it (a large one
+  /// still being fetched), counted with their attachments and a bookkeeping overhead per frame
+  /// (COMM_ACTORS_MAX_HELD). A peer that makes the node hold more is closed: its proxies go down
+  /// as for any lost peer.
+  size_t max_held_bytes = default_max_held_bytes();
 };
 
 /// Counters of a node (node::stats), for tests and tools.
@@ -101,6 +110,7 @@ struct node_stats {
   uint64_t bytes_sent = 0;       ///< payload bytes of those sent
   uint64_t bytes_received = 0;   ///< payload bytes of those received
   uint64_t frames_held = 0;      ///< frames that arrived before an earlier one (kept for order)
+  uint64_t peak_bytes_held = 0;  ///< most bytes one connection held for order at once
 };
 
 /// The CAF error category of libcomm statuses (errors made by make_error(comm::status)).
