@@ -16,8 +16,11 @@ namespace comm::actors::detail {
 
 namespace {
 
-/// Name lists a content_reader remembers at most (then it starts over).
+/// Name lists a content_reader remembers at most (then it starts over), and the most types a list
+/// it remembers may name (longer ones are looked up for each message): the names come from peers,
+/// and this keeps what is remembered under 256 x 64 prototypes (about 1 MiB) whatever they send.
 constexpr size_t max_known_lists = 256;
+constexpr size_t max_known_types = 64;
 
 /// The name list of a message without elements.
 constexpr const char* empty_names = "@<>";
@@ -421,6 +424,11 @@ const content_reader::prototypes* content_reader::lookup(caf::actor_system& sys,
     made.plain = made.plain && kind_of(proto->type().first) != plain_kind::none;
     made.values.push_back(std::move(proto));
     begin = end + 1;
+  }
+  if (made.values.size() > max_known_types) {
+    long_list_ = std::move(made);
+    last_ = nullptr;
+    return &long_list_;
   }
   if (known_.size() >= max_known_lists) known_.clear();
   last_names_ = names_;

@@ -79,8 +79,8 @@ private:
     bool plain = false;                              ///< all of plain types
   };
 
-  /// The prototypes of the types named by names_, made and remembered on first use; null when
-  /// a name is unknown (`err` then says which).
+  /// The prototypes of the types named by names_, made on first use and remembered unless the
+  /// list is long; null when a name is unknown (`err` then says which).
   const prototypes* lookup(caf::actor_system& sys, caf::error& err);
 
   /// The prototypes of the `length` names at `names`: the last list's without looking further
@@ -91,6 +91,7 @@ private:
   std::unordered_map<std::string, prototypes> known_;
   std::string last_names_;           ///< the names of the list read last
   const prototypes* last_ = nullptr;  ///< its prototypes (an entry of known_), or null
+  prototypes long_list_;              ///< those of the last list too long to remember
 };
 
 /// What a message frame's payload holds once read.
