@@ -162,17 +162,43 @@ BOOST_AUTO_TEST_CASE(frames_held_beyond_the_limit_close_the_peer) {
   BOOST_TEST(node.stop() == 0);
 }
 
-BOOST_AUTO_TEST_CASE(the_held_limit_comes_from_the_environment) {
+BOOST_AUTO_TEST_CASE(senders_beyond_max_proxies_close_the_peer) {
+  target_child node([](comm::actors::node_params& p) { p.max_proxies = 1000; });
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  const uint64_t svc = peer.lookup(service_name);
+  BOOST_REQUIRE(svc != 0);
+  // (seq, 1) from 1,500 different actors of the forged node: the node makes a proxy of each.
+  std::vector<char> payload;
+  put_message_start(payload, "@<>+@atom+@i32");
+  put_int(payload, static_cast<uint64_t>(caf::atom("seq")));
+  put_int(payload, int32_t{1});
+  for (uint64_t sender = 100; sender < 1600 && !peer.closed(); ++sender) {
+    peer.fill(kind_message, svc, 0, 2, 0, sender);
+    peer.send_from(peer.envelope.bytes(), envelope_size, payload.data(), payload.size());
+    peer.worker->progress();
+  }
+  BOOST_TEST(peer.progress_until([&] { return peer.closed(); }, 20));
+  BOOST_TEST(still_serves(node.address));
+  BOOST_TEST(node.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(the_limits_come_from_the_environment) {
   ::setenv("COMM_ACTORS_MAX_HELD", "8m", 1);
   const comm::actors::node_params eight;
   ::setenv("COMM_ACTORS_MAX_HELD", "12345", 1);
   const comm::actors::node_params exact;
   ::setenv("COMM_ACTORS_MAX_HELD", "lots", 1);
   const comm::actors::node_params malformed;
+  ::setenv("COMM_ACTORS_MAX_PROXIES", "5000", 1);
+  const comm::actors::node_params proxies;
   ::unsetenv("COMM_ACTORS_MAX_HELD");
+  ::unsetenv("COMM_ACTORS_MAX_PROXIES");
   const comm::actors::node_params unset;
   BOOST_TEST(eight.max_held_bytes == size_t{8} << 20);
   BOOST_TEST(exact.max_held_bytes == 12345u);
   BOOST_TEST(malformed.max_held_bytes == unset.max_held_bytes);
   BOOST_TEST(unset.max_held_bytes == comm::actors::default_max_held_bytes());
+  BOOST_TEST(proxies.max_proxies == 5000u);
+  BOOST_TEST(unset.max_proxies == comm::actors::default_max_proxies());
 }

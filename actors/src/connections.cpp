@@ -368,6 +368,15 @@ caf::strong_actor_ptr node_state::make_proxy(caf::node_id nid, caf::actor_id aid
     });
     return nullptr;
   }
+  if (p->proxies.load(std::memory_order_relaxed) >= params_.max_proxies) {
+    // Closing takes the registry's lock, held here: later, on the progress thread.
+    post_task([this, p] {
+      if (p->alive.load(std::memory_order_relaxed)) {
+        violation(p, "more proxies of its actors than max_proxies");
+      }
+    });
+    return nullptr;
+  }
   caf::actor_config cfg;
   auto proxy = caf::make_actor<remote_proxy, caf::strong_actor_ptr>(aid, nid, &sys_, cfg, this, p);
   outgoing* item = new_frame(p, frame_kind::monitor);

@@ -74,6 +74,18 @@ bool parse_size(std::string_view text, size_t& out) {
   return true;
 }
 
+/// The size named by the environment variable `name`, else (also when malformed) `fallback`.
+size_t size_from_environment(const char* name, size_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return fallback;
+  size_t size = 0;
+  if (!parse_size(value, size)) {
+    COMM_LOG(warn, "actors", "%s=%s is not a size (e.g. 64m); ignored", name, value);
+    return fallback;
+  }
+  return size;
+}
+
 /// Renders errors of error_category: the status's name.
 std::string render_status(uint8_t code, caf::atom_value, const caf::message&) {
   return std::string("comm::") + comm::to_string(static_cast<comm::status>(-int{code}));
@@ -96,15 +108,11 @@ std::chrono::microseconds default_spin_time() {
 }
 
 size_t default_max_held_bytes() {
-  constexpr size_t fallback = size_t{64} << 20;
-  const char* value = std::getenv("COMM_ACTORS_MAX_HELD");
-  if (value == nullptr) return fallback;
-  size_t bytes = 0;
-  if (!parse_size(value, bytes)) {
-    COMM_LOG(warn, "actors", "COMM_ACTORS_MAX_HELD=%s is not a size (e.g. 64m); ignored", value);
-    return fallback;
-  }
-  return bytes;
+  return size_from_environment("COMM_ACTORS_MAX_HELD", size_t{64} << 20);
+}
+
+size_t default_max_proxies() {
+  return size_from_environment("COMM_ACTORS_MAX_PROXIES", size_t{1} << 18);
 }
 
 caf::error make_error(comm::status st) {

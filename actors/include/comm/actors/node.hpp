@@ -72,6 +72,10 @@ std::chrono::microseconds default_spin_time();
 /// 2^30), else 64 MiB: see node_params::max_held_bytes.
 size_t default_max_held_bytes();
 
+/// The limit named by COMM_ACTORS_MAX_PROXIES (a count; k, m, g multiply as for sizes), else
+/// 2^18: see node_params::max_proxies.
+size_t default_max_proxies();
+
 /// Parameters of a node (node::load). Defaults come from the environment where noted; a field
 /// set in code wins.
 struct node_params {
@@ -96,6 +100,10 @@ struct node_params {
   /// (COMM_ACTORS_MAX_HELD). A peer that makes the node hold more is closed: its proxies go down
   /// as for any lost peer.
   size_t max_held_bytes = default_max_held_bytes();
+  /// Proxies of one connection's actors that may be alive at once (COMM_ACTORS_MAX_PROXIES). A
+  /// peer makes the node create one for every actor of its own that it names (as a sender, in a
+  /// message, in a lookup's answer); one that names more is closed as for max_held_bytes.
+  size_t max_proxies = default_max_proxies();
 };
 
 /// Counters of a node (node::stats), for tests and tools.
