@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 using namespace comm::test::actors;
 using comm::test::fork_child;
@@ -183,6 +184,29 @@ BOOST_AUTO_TEST_CASE(senders_beyond_max_proxies_close_the_peer) {
   BOOST_TEST(node.stop() == 0);
 }
 
+BOOST_AUTO_TEST_CASE(a_peer_that_never_reads_its_answers_is_closed) {
+  // The node's receive FIFO takes every lookup below at once (8,192 entries of 1 KiB), while
+  // its answers fill the forged peer's FIFO (256 entries) and then wait in the node's send queue.
+  target_child node([](comm::actors::node_params& p) {
+    p.transport.shm_fifo_size = 8192;
+    p.transport.shm_segment_size = 1024;
+    p.max_queued_bytes = 256 * 1024;
+  });
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  BOOST_REQUIRE(peer.lookup(service_name) != 0);
+  const std::vector<char> name(service_name.begin(), service_name.end());
+  for (uint64_t i = 0; i < 8000; ++i) {
+    peer.fill(kind_lookup, 0, i + 2, 0, 0);
+    peer.send_from(peer.envelope.bytes(), envelope_size, name.data(), name.size());
+  }
+  // Give the node time to answer them all, then read: the node has closed the connection.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  BOOST_TEST(peer.progress_until([&] { return peer.closed(); }, 20));
+  BOOST_TEST(still_serves(node.address));
+  BOOST_TEST(node.stop() == 0);
+}
+
 BOOST_AUTO_TEST_CASE(the_limits_come_from_the_environment) {
   ::setenv("COMM_ACTORS_MAX_HELD", "8m", 1);
   const comm::actors::node_params eight;
@@ -192,8 +216,11 @@ BOOST_AUTO_TEST_CASE(the_limits_come_from_the_environment) {
   const comm::actors::node_params malformed;
   ::setenv("COMM_ACTORS_MAX_PROXIES", "5000", 1);
   const comm::actors::node_params proxies;
+  ::setenv("COMM_ACTORS_MAX_QUEUED", "1g", 1);
+  const comm::actors::node_params queued;
   ::unsetenv("COMM_ACTORS_MAX_HELD");
   ::unsetenv("COMM_ACTORS_MAX_PROXIES");
+  ::unsetenv("COMM_ACTORS_MAX_QUEUED");
   const comm::actors::node_params unset;
   BOOST_TEST(eight.max_held_bytes == size_t{8} << 20);
   BOOST_TEST(exact.max_held_bytes == 12345u);
@@ -201,4 +228,6 @@ BOOST_AUTO_TEST_CASE(the_limits_come_from_the_environment) {
   BOOST_TEST(unset.max_held_bytes == comm::actors::default_max_held_bytes());
   BOOST_TEST(proxies.max_proxies == 5000u);
   BOOST_TEST(unset.max_proxies == comm::actors::default_max_proxies());
+  BOOST_TEST(queued.max_queued_bytes == size_t{1} << 30);
+  BOOST_TEST(unset.max_queued_bytes == comm::actors::default_max_queued_bytes());
 }

@@ -200,6 +200,7 @@ private:
   frame_header message_header(const peer& to, caf::actor_id receiver,
                               const caf::mailbox_element& what);
   void sent_frame(peer& p, const frame_header& h);
+  void queue_up(outgoing& item);
   static void on_sent(comm::request* req, comm::status st, void* user_data);
   void track_request(peer& p, const frame_header& h);
   void prune_requests(peer& p);

@@ -95,6 +95,7 @@ struct peer {
   uint32_t recv_seq = 0;        ///< number of the next frame to handle
   std::map<uint32_t, held_frame> held;  ///< frames that arrived early, by number
   size_t held_bytes = 0;        ///< their costs (held_frame::cost)
+  size_t queued_bytes = 0;      ///< costs of frames waiting in libcomm's send queue (queued_cost)
   /// Requests local actors sent to the peer's actors, waiting for a response: their message id.
   std::unordered_map<request_key, uint64_t, request_key_hash> pending;
   /// Pending requests above which those of terminated requesters are forgotten.

@@ -76,6 +76,10 @@ size_t default_max_held_bytes();
 /// 2^18: see node_params::max_proxies.
 size_t default_max_proxies();
 
+/// The limit named by COMM_ACTORS_MAX_QUEUED (bytes, as COMM_ACTORS_MAX_HELD), else 256 MiB: see
+/// node_params::max_queued_bytes.
+size_t default_max_queued_bytes();
+
 /// Parameters of a node (node::load). Defaults come from the environment where noted; a field
 /// set in code wins.
 struct node_params {
@@ -104,6 +108,13 @@ struct node_params {
   /// peer makes the node create one for every actor of its own that it names (as a sender, in a
   /// message, in a lookup's answer); one that names more is closed as for max_held_bytes.
   size_t max_proxies = default_max_proxies();
+  /// Bytes of frames to one connection that may wait in libcomm's send queue (because the peer
+  /// does not take them as fast as they come), counted with a bookkeeping overhead per frame;
+  /// the attachments of large messages, which live in the sender's own buffers anyway, are not
+  /// counted (COMM_ACTORS_MAX_QUEUED). A peer that falls further behind (one that sends requests
+  /// and lookups but never reads the answers, or one stopped while local actors send to it) is
+  /// closed as for max_held_bytes.
+  size_t max_queued_bytes = default_max_queued_bytes();
 };
 
 /// Counters of a node (node::stats), for tests and tools.
