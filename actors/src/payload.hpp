@@ -11,6 +11,11 @@
 // std::string and std::vector<char> shorter than attach_threshold) are also written and read
 // directly, byte for byte as CAF's binary serialiser does, without a serialiser's virtual calls
 // and per-value error objects; anything else takes the generic path.
+//
+// Bytes from peers are read here (read_message_payload, read_reason_payload, split_frame) and by
+// decode_envelope and decode_hello (frame.hpp): each works on a byte buffer, with an actor
+// system's execution unit but no running node, and all CAF-format reading goes through
+// read_guarded.
 #pragma once
 
 #include "attachments.hpp"
