@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 namespace comm::actors::detail {
 
@@ -493,20 +494,25 @@ caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader
                                 const void* data, size_t length, attachment_source& attached,
                                 bool with_sender, bool with_stages, size_t type_count,
                                 message_payload& out) {
-  const bool plain = !with_sender && !with_stages && attached.remaining() == 0 && ctx != nullptr &&
-                     reader.read_plain(ctx->system(), static_cast<const char*>(data), length,
-                                       out.content);
-  if (!plain) {
-    auto err = read_guarded(ctx, data, length, attached, [&](frame_deserializer& source) {
-      if (with_sender) {
-        if (auto e = source(out.sender)) return e;
-      }
-      if (with_stages) {
-        if (auto e = source(out.stages)) return e;
-      }
-      return reader.read(source, out.content, &source);
-    });
-    if (err) return err;
+  try {  // the direct reader allocates too (bad_alloc must not cross libcomm's callback)
+    const bool plain = !with_sender && !with_stages && attached.remaining() == 0 &&
+                       ctx != nullptr &&
+                       reader.read_plain(ctx->system(), static_cast<const char*>(data), length,
+                                         out.content);
+    if (!plain) {
+      auto err = read_guarded(ctx, data, length, attached, [&](frame_deserializer& source) {
+        if (with_sender) {
+          if (auto e = source(out.sender)) return e;
+        }
+        if (with_stages) {
+          if (auto e = source(out.stages)) return e;
+        }
+        return reader.read(source, out.content, &source);
+      });
+      if (err) return err;
+    }
+  } catch (const std::exception& e) {
+    return caf::make_error(caf::sec::invalid_argument, e.what());
   }
   if (out.content.size() != type_count) {
     return caf::make_error(caf::sec::invalid_argument, "message of another length than announced");

@@ -3,7 +3,6 @@
 
 #include "attachments.hpp"
 #include "frame.hpp"
-#include "payload.hpp"
 
 #include <comm/endpoint.hpp>
 
@@ -84,8 +83,8 @@ struct peer {
 
   const uint64_t serial;        ///< number of the connection on this node
   caf::node_id id;              ///< the peer's node id, set before the peer is shared
-  std::atomic<bool> alive{true};///< false once the connection failed or closed
   std::atomic<size_t> proxies{0};  ///< proxies of the peer's actors made through it, alive
+  std::atomic<bool> alive{true};///< false once the connection failed or closed
 
   comm::endpoint* ep = nullptr; ///< the connection's endpoint
   bool ready = false;           ///< the hello arrived: frames may flow
