@@ -389,6 +389,12 @@ bool content_reader::read_plain(caf::actor_system& sys, const char* data, size_t
   return true;
 }
 
+size_t content_reader::remembered_values() const noexcept {
+  size_t n = 0;
+  for (const auto& [names, protos] : known_) n += protos.values.size();
+  return n;
+}
+
 const content_reader::prototypes* content_reader::lookup(caf::actor_system& sys,
                                                          const char* names, size_t length) {
   if (last_ != nullptr && last_names_.size() == length &&

@@ -77,6 +77,9 @@ public:
   ///          which also reports what is wrong with them
   bool read_plain(caf::actor_system& sys, const char* data, size_t length, caf::message& out);
 
+  /// Default values this reader keeps for the name lists it remembers.
+  size_t remembered_values() const noexcept;
+
 private:
   /// Default values of the types of one name list.
   struct prototypes {
