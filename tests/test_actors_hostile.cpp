@@ -139,6 +139,33 @@ BOOST_AUTO_TEST_CASE(a_reason_claiming_4_gib_costs_nothing) {
   BOOST_TEST(node.stop() == 0);
 }
 
+BOOST_AUTO_TEST_CASE(infinities_are_answered) {
+  target_child node;
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  const uint64_t svc = peer.lookup(service_name);
+  BOOST_REQUIRE(svc != 0);
+  // (echo, inf, -inf) as CAF writes infinities it reads (exponent all ones): the service sends
+  // them back, and CAF 0.17.6's pack754 never returns for an infinity.
+  std::vector<char> payload;
+  put_message_start(payload, "@<>+@atom+double+float");
+  put_int(payload, static_cast<uint64_t>(caf::atom("echo")));
+  put_int(payload, uint64_t{0x7ff0000000000000});
+  put_int(payload, uint32_t{0xff800000});
+  const uint64_t response = caf::message_id{forged_request_id(2)}.response_id().integer_value();
+  peer.send(kind_message, svc, forged_request_id(2), 3, payload);
+  // The node also asks to monitor the forged sender (a monitor frame) before it answers.
+  BOOST_TEST(peer.progress_until([&] { return peer.state.last_message_id == response; }, 10));
+  const std::string answer(peer.state.last_payload.begin(), peer.state.last_payload.end());
+  std::vector<char> values;
+  put_message_start(values, "@<>+double+float");
+  put_int(values, uint64_t{0x7ff0000000000000});
+  put_int(values, uint32_t{0xff800000});
+  BOOST_TEST(answer.find(std::string(values.begin(), values.end())) != std::string::npos);
+  BOOST_TEST(still_serves(node.address));
+  BOOST_TEST(node.stop() == 0);
+}
+
 BOOST_AUTO_TEST_CASE(frames_held_beyond_the_limit_close_the_peer) {
   constexpr size_t limit = size_t{16} << 20;
   target_child node([](comm::actors::node_params& p) { p.max_held_bytes = limit; });

@@ -121,6 +121,7 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
         return caf::make_error(caf::sec::invalid_argument, "failed on request");
       },
       [](echo_atom, std::vector<char>& data) { return std::move(data); },
+      [](echo_atom, double x, float y) -> caf::result<double, float> { return {x, y}; },
       [](echo_atom, blob& data) { return data; },
       [](echo_atom, blob& a, std::string& b, std::vector<char>& c, blob& d, std::string& e)
           -> caf::result<blob, std::string, std::vector<char>, blob, std::string> {

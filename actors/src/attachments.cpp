@@ -74,7 +74,7 @@ caf::error save_blob(caf::serializer& sink, const blob& x) {
   size_t size = x.size();
   if (auto err = sink.begin_sequence(size)) return err;
   auto* frame = dynamic_cast<frame_serializer*>(&sink);
-  if (frame != nullptr && size >= attach_threshold) {
+  if (frame != nullptr && frame->attaches() && size >= attach_threshold) {
     frame->attach(x);
   } else if (size != 0) {
     if (auto err = sink.apply_raw(size, const_cast<char*>(x.data()))) return err;
@@ -118,8 +118,8 @@ caf::error frame_serializer::begin_sequence(size_t& size) { return inner_.begin_
 caf::error frame_serializer::end_sequence() { return inner_.end_sequence(); }
 
 caf::error frame_serializer::apply_raw(size_t num_bytes, void* data) {
-  if (num_bytes < attach_threshold) return inner_.apply_raw(num_bytes, data);
-  out_.add(blob(data, num_bytes));
+  if (out_ == nullptr || num_bytes < attach_threshold) return inner_.apply_raw(num_bytes, data);
+  out_->add(blob(data, num_bytes));
   return caf::error{};
 }
 
@@ -131,8 +131,16 @@ caf::error frame_serializer::apply_impl(int32_t& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(uint32_t& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(int64_t& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(uint64_t& x) { return inner_(x); }
-caf::error frame_serializer::apply_impl(float& x) { return inner_(x); }
-caf::error frame_serializer::apply_impl(double& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(float& x) {
+  auto bits = pack_real(x);
+  return inner_(bits);
+}
+
+caf::error frame_serializer::apply_impl(double& x) {
+  auto bits = pack_real(x);
+  return inner_(bits);
+}
+
 caf::error frame_serializer::apply_impl(long double& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(std::u16string& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(std::u32string& x) { return inner_(x); }

@@ -16,10 +16,13 @@
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
 #include <caf/deserializer.hpp>
+#include <caf/detail/ieee_754.hpp>
 #include <caf/serializer.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -46,15 +49,36 @@ struct attachment_list {
   bool empty() const noexcept { return runs.empty(); }
 };
 
-/// CAF's binary serialiser, moving raw runs of attach_threshold bytes or more to `out`.
+/// The bits CAF's binary format writes for `x`: caf::detail::pack754's for a finite value, and
+/// for an infinity or a NaN the IEEE 754 bits, which CAF's reader takes as an infinity. pack754
+/// itself never returns for an infinity (CAF 0.17.6 halves it until it is below 2) and converts
+/// a NaN to an integer.
+template <class Real>
+typename caf::detail::ieee_754_trait<Real>::packed_type pack_real(Real x) noexcept {
+  if (std::isfinite(x)) return caf::detail::pack754(x);
+  typename caf::detail::ieee_754_trait<Real>::packed_type bits;
+  static_assert(sizeof(bits) == sizeof(x));
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits;
+}
+
+/// CAF's binary serialiser with two changes: raw runs of attach_threshold bytes or more go to
+/// `out` when there is one, and floating-point values are written with pack_real.
 class frame_serializer final : public caf::serializer {
 public:
   /// Appends to `buf`; attachments go to `out`.
   frame_serializer(caf::execution_unit* ctx, std::vector<char>& buf, attachment_list& out)
-      : caf::serializer(ctx), inner_(ctx, buf), out_(out) {}
+      : caf::serializer(ctx), inner_(ctx, buf), out_(&out) {}
 
-  /// Attaches the bytes of `x` by reference (the caller wrote its length).
-  void attach(const blob& x) { out_.add(x); }
+  /// Appends to `buf`, large runs included (for frames that cannot have attachments).
+  frame_serializer(caf::execution_unit* ctx, std::vector<char>& buf)
+      : caf::serializer(ctx), inner_(ctx, buf) {}
+
+  /// True when large runs become attachments.
+  bool attaches() const noexcept { return out_ != nullptr; }
+
+  /// Attaches the bytes of `x` by reference (the caller wrote its length); only when attaches().
+  void attach(const blob& x) { out_->add(x); }
 
   caf::error begin_object(uint16_t& nr, std::string& name) override;
   caf::error end_object() override;
@@ -80,7 +104,7 @@ protected:
 
 private:
   caf::binary_serializer inner_;
-  attachment_list& out_;
+  attachment_list* out_ = nullptr;
 };
 
 /// Where a received frame's attachments are: a byte range, and who may take it over.

@@ -3,7 +3,6 @@
 #include "plain_message.hpp"
 
 #include <caf/actor_system.hpp>
-#include <caf/binary_serializer.hpp>
 #include <caf/detail/dynamic_message_data.hpp>
 #include <caf/detail/ieee_754.hpp>
 #include <caf/sec.hpp>
@@ -143,10 +142,10 @@ bool put_value(std::vector<char>& buf, uint16_t nr, const void* x) {
       buf.push_back(*static_cast<const bool*>(x) ? 1 : 0);
       return true;
     case plain_kind::real32:
-      put_int(buf, caf::detail::pack754(*static_cast<const float*>(x)));
+      put_int(buf, pack_real(*static_cast<const float*>(x)));
       return true;
     case plain_kind::real64:
-      put_int(buf, caf::detail::pack754(*static_cast<const double*>(x)));
+      put_int(buf, pack_real(*static_cast<const double*>(x)));
       return true;
     case plain_kind::run:
       break;
@@ -466,7 +465,7 @@ caf::error write_message_payload(caf::execution_unit* ctx, content_writer& write
 
 caf::error write_content_payload(caf::execution_unit* ctx, const caf::message& content,
                                  std::vector<char>& buf) {
-  caf::binary_serializer sink{ctx, buf};
+  frame_serializer sink{ctx, buf};
   return caf::message::save(sink, content);
 }
 
@@ -528,7 +527,7 @@ caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader
 
 caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reason,
                                 std::vector<char>& buf) {
-  caf::binary_serializer sink{ctx, buf};
+  frame_serializer sink{ctx, buf};
   caf::error copy = reason;
   return sink(copy);
 }
