@@ -2,12 +2,23 @@
 # installs whichever of them are missing (as root, through apt-get).
 
 # Compiler, CMake, and every library the build finds (CAF, Cap'n Proto, hwloc, Boost.Test, Google
-# Benchmark, rdma-core for the verbs transport, OpenSSL for Cap'n Proto's CMake config).
+# Benchmark, rdma-core for the verbs transport, OpenSSL for Cap'n Proto's CMake config, PMIx for
+# the bootstrap under mpirun and srun).
 COMM_BUILD_PACKAGES=(build-essential cmake pkg-config capnproto libcapnp-dev libssl-dev
-  libhwloc-dev libboost-test-dev libbenchmark-dev libcaf-dev libibverbs-dev librdmacm-dev)
+  libhwloc-dev libboost-test-dev libbenchmark-dev libcaf-dev libibverbs-dev librdmacm-dev
+  libpmix-dev)
 
-# What the tests need besides the build: ip(8), to make the network namespaces of the two-host tests.
-COMM_TEST_PACKAGES=(iproute2)
+# What the tests need besides the build: ip(8), to make the network namespaces of the two-host
+# tests; Open MPI's mpirun and Slurm's daemons and srun, to launch jobs (tests/launch.hpp). The
+# tests start their own Slurm (tests/slurm_cluster.sh, auth/none: munge is installed with slurmd
+# but never used). Installing starts no daemon without an init system (containers, chroots:
+# invoke-rc.d finds no runlevel); under systemd munged starts, while slurmd and slurmctld do not
+# (their units need /etc/slurm/slurm.conf, which nothing creates).
+COMM_TEST_PACKAGES=(iproute2 openmpi-bin slurmctld slurmd slurm-client)
+
+# What the fuzz step of test.sh and scripts/fuzz.sh need: clang 14 and its runtimes (libFuzzer,
+# AddressSanitizer, UBSan).
+COMM_FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 
 # What bench/compare_ucx.sh needs besides the build: UCX's ucx_perftest, gnuplot, ss.
 COMM_BENCH_PACKAGES=(ucx-utils gnuplot-nox iproute2)

@@ -4,13 +4,8 @@
 #define BOOST_TEST_MODULE listener
 #include <boost/test/unit_test.hpp>
 
-#include "fixture.hpp"
-#include "test_util.hpp"
+#include "listener_fixture.hpp"
 #include "process_harness.hpp"
-
-#include <comm/context.hpp>
-#include <comm/listener.hpp>
-#include <comm/worker.hpp>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -20,7 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <deque>
 #include <fstream>
 #include <cstdlib>
 #include <string>
@@ -30,134 +24,6 @@ using namespace comm::test;
 
 
 namespace {
-
-std::vector<uint8_t> bytes(const std::string& text) {
-  return std::vector<uint8_t>(text.begin(), text.end());
-}
-
-config config_with(const std::vector<std::string>& transports, const std::string& key = {}) {
-  config cfg = config::from_environment();
-  cfg.transports = transports;
-  cfg.auth_key = key;
-  return cfg;
-}
-
-/// What an endpoint's callbacks were told.
-struct ep_events {
-  int connects = 0;
-  std::vector<uint8_t> peer_data;
-  int errors = 0;
-  status error = status::ok;
-};
-
-void on_connect(void* arg, endpoint*, const uint8_t* data, size_t length) {
-  auto* e = static_cast<ep_events*>(arg);
-  ++e->connects;
-  e->peer_data.assign(data, data + length);
-}
-
-void on_error(void* arg, endpoint*, status reason) {
-  auto* e = static_cast<ep_events*>(arg);
-  ++e->errors;
-  e->error = reason;
-}
-
-endpoint_params params_for(ep_events& e, const std::string& data = {}) {
-  endpoint_params p;
-  p.private_data = bytes(data);
-  p.on_connect = on_connect;
-  p.connect_arg = &e;
-  p.on_error = on_error;
-  p.error_arg = &e;
-  return p;
-}
-
-/// A server: one worker listening, requests queued for the test to answer.
-struct server {
-  explicit server(config cfg, const std::string& address = "127.0.0.1:0")
-      : ctx(std::move(cfg)) {
-    worker_params wp;
-    wp.name = "server";
-    w = worker::create(ctx, wp);
-    listener_params lp;
-    lp.address = address;
-    lp.on_request = [](void* arg, conn_request* r) {
-      static_cast<server*>(arg)->requests.push_back(r);
-    };
-    lp.arg = this;
-    BOOST_REQUIRE_EQUAL(w->listen(lp, &l), status::ok);
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(l->port()); }
-
-  context ctx;
-  std::unique_ptr<worker> w;
-  std::unique_ptr<listener> l;
-  std::deque<conn_request*> requests;
-};
-
-/// A client worker on its own context.
-struct client {
-  explicit client(config cfg, uint64_t id = 7) : ctx(std::move(cfg)) {
-    worker_params wp;
-    wp.name = "client";
-    wp.client_id = id;
-    w = worker::create(ctx, wp);
-  }
-  context ctx;
-  std::unique_ptr<worker> w;
-};
-
-/// Progresses both workers until `done` or about 10 s.
-template <class Done>
-bool run(worker& a, worker& b, Done&& done, double seconds = 10.0) {
-  return spin_until([&] { a.progress(); b.progress(); }, done, seconds);
-}
-
-/// Sends `length` bytes tagged `tag` from `from` and receives them on `to_worker`.
-bool tag_exchange(worker& from_worker, endpoint* from, worker& to_worker, size_t length,
-                  uint32_t seed) {
-  const auto data = pattern(length, seed);
-  std::vector<uint8_t> got(length);
-  recv_tracker r;
-  send_tracker s;
-  op rop = to_worker.tag_recv(got.data(), got.size(), seed, tag_mask_full, recv_params(r));
-  op sop = from->tag_send(seed, data.data(), data.size(), send_params(s));
-  if (rop.failed() || sop.failed()) return false;
-  const bool ok = run(from_worker, to_worker, [&] {
-    return (rop.done() || r.calls == 1) && (sop.done() || s.calls == 1);
-  });
-  if (rop.req) to_worker.release(rop.req);
-  if (sop.req) from_worker.release(sop.req);
-  return ok && (rop.done() || r.st == status::ok) && first_mismatch(got.data(), length, seed) < 0;
-}
-
-
-/// A connected pair: the server accepted the client's connection.
-struct connected_pair {
-  connected_pair(config server_cfg, config client_cfg)
-      : srv(std::move(server_cfg)), cli(std::move(client_cfg)) {}
-
-  /// Connects (to `host`, the server's address when empty) and accepts.
-  bool establish(const std::string& client_data = "hello", const std::string& reply = "welcome",
-                 const std::string& host = {}) {
-    const std::string address =
-        host.empty() ? srv.address() : host + ":" + std::to_string(srv.l->port());
-    if (cli.w->connect(address, params_for(ce, client_data), &cep) != status::ok) return false;
-    if (!run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); })) return false;
-    conn_request* r = srv.requests.front();
-    srv.requests.pop_front();
-    if (srv.l->query(r, &attr) != status::ok) return false;
-    if (srv.w->accept(r, params_for(se, reply), &sep) != status::ok) return false;
-    return run(*srv.w, *cli.w, [&] { return ce.connects == 1 && se.connects == 1; });
-  }
-
-  server srv;
-  client cli;
-  ep_events ce, se;
-  endpoint* cep = nullptr;
-  endpoint* sep = nullptr;
-  conn_request_attr attr;
-};
 
 /// Gives this process a resolver of its own (it needs root): a private mount and network
 /// namespace (loopback up) in which /etc is an overlay, its upper layer a tmpfs mounted on
@@ -277,12 +143,12 @@ BOOST_AUTO_TEST_CASE(sends_issued_before_the_answer_wait_for_it) {
 }
 
 BOOST_AUTO_TEST_CASE(accept_on_another_worker_of_the_context) {
+  ep_events ce, se;  // outlive the workers, whose destruction still reports to them
   server srv(config_with({"shm", "tcp"}));
   worker_params wp;
   wp.name = "second";
   auto second = worker::create(srv.ctx, wp);
   client cli(config_with({"shm", "tcp"}));
-  ep_events ce, se;
   endpoint* cep = nullptr;
   endpoint* sep = nullptr;
   BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
@@ -417,6 +283,7 @@ BOOST_AUTO_TEST_CASE(a_wrong_or_missing_key_is_rejected_before_the_server_sees_a
 }
 
 BOOST_AUTO_TEST_CASE(garbage_and_half_open_sockets_do_not_stop_the_listener) {
+  ep_events ce, se;  // outlive the workers, whose destruction still reports to them
   server srv(config_with({"shm", "tcp"}));
   sockaddr_in to{};
   to.sin_family = AF_INET;
@@ -434,7 +301,6 @@ BOOST_AUTO_TEST_CASE(garbage_and_half_open_sockets_do_not_stop_the_listener) {
   BOOST_REQUIRE(::send(sockets[1], huge, sizeof(huge), 0) > 0);
   // sockets[2] says nothing at all (half open).
   client cli(config_with({"shm", "tcp"}));
-  ep_events ce, se;
   endpoint* cep = nullptr;
   endpoint* sep = nullptr;
   BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);
@@ -476,9 +342,9 @@ BOOST_AUTO_TEST_CASE(disconnect_from_either_side_tells_the_other) {
 
 BOOST_AUTO_TEST_CASE(a_server_closing_before_the_client_confirmed_still_tells_the_client) {
   for (int progress_first = 0; progress_first < 2; ++progress_first) {
+    ep_events ce, se;  // outlive the workers, whose destruction still reports to them
     server srv(config_with({"shm", "tcp"}));
     client cli(config_with({"shm", "tcp"}));
-    ep_events ce, se;
     endpoint* cep = nullptr;
     endpoint* sep = nullptr;
     BOOST_REQUIRE_EQUAL(cli.w->connect(srv.address(), params_for(ce), &cep), status::ok);

@@ -1,7 +1,9 @@
 // Two hosts: client and server processes in network namespaces of their own, joined by a veth
 // pair, talking through the connection manager and the tcp lane (a shared-memory lane cannot reach
 // another network namespace). AM, tagged eager and rendezvous messages both ways; a wrong key;
-// the server or the client killed while data is moving.
+// the server or the client killed while data is moving. A slow receiver is not a dead one: a
+// receiver stopped (SIGSTOP) for 20 s with thousands of sends waiting loses nothing; killed, every
+// waiting send fails at once; its host silenced (link down), within COMM_TCP_PEER_TIMEOUT.
 //
 // The parent creates no libcomm object: each child enters its namespace first (transports read the
 // namespace identity once per process).
@@ -20,6 +22,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <cstring>
 #include <string>
@@ -246,6 +249,165 @@ server_report stop_server(pid_t pid, channel& from_server, channel& to_server) {
   return r;
 }
 
+// -- a stream of thousands of tagged sends to a receiver that stalls -------------------------------
+
+/// Messages in a stalled-receiver test: as many as the sends of the reported failure.
+constexpr int stream_count = 10000;
+/// Patterns a message may carry (message i carries pattern i % stream_seeds of its size).
+constexpr uint32_t stream_seeds = 16;
+constexpr size_t stream_sizes[] = {8, 64, 512, 4096, 32768, 1 << 20};
+
+/// Index into stream_sizes of message i: every 500th is 1 MiB (rendezvous), the rest eager.
+size_t stream_size_class(int i) { return i % 500 == 499 ? 5 : static_cast<size_t>(i % 5); }
+size_t stream_size(int i) { return stream_sizes[stream_size_class(i)]; }
+uint32_t stream_seed(int i) { return static_cast<uint32_t>(i) % stream_seeds; }
+
+/// Receives stream_count tagged messages in host 0 and checks that message i has tag i, its size
+/// and its pattern. Sends its port, then a word once message 0 came, then the number intact.
+int run_stream_receiver(const netns_pair& hosts, const channel& out) {
+  CHILD_CHECK(hosts.enter(0));
+  context ctx(host_config(cluster_key));
+  worker_params wp;
+  wp.name = "receiver";
+  auto w = worker::create(ctx, wp);
+  std::vector<conn_request*> requests;
+  listener_params lp;
+  lp.address = hosts.address(0) + ":0";
+  lp.on_request = [](void* arg, conn_request* r) {
+    static_cast<std::vector<conn_request*>*>(arg)->push_back(r);
+  };
+  lp.arg = &requests;
+  std::unique_ptr<listener> l;
+  CHILD_CHECK(w->listen(lp, &l) == status::ok);
+  out.send_word(l->port());
+  CHILD_CHECK(spin_until([&] { w->progress(); }, [&] { return !requests.empty(); }, 30));
+  endpoint* ep = nullptr;
+  CHILD_CHECK(w->accept(requests.front(), endpoint_params{}, &ep) == status::ok);
+  std::vector<uint8_t> buffer(stream_sizes[5]);
+  uint64_t intact = 0;
+  for (int i = 0; i < stream_count; ++i) {
+    recv_tracker rt;
+    request_params rp = recv_params(rt);
+    rp.recv_info = &rt.info;
+    op r = w->tag_recv(buffer.data(), buffer.size(), 0, 0, rp);
+    if (r.pending()) {
+      CHILD_CHECK(spin_until([&] { w->progress(); }, [&] { return rt.calls != 0; }, 90));
+      w->release(r.req);
+      r.st = rt.st;
+    }
+    CHILD_CHECK(r.st == status::ok);
+    const bool right = rt.info.sender_tag == static_cast<tag_t>(i) &&
+                       rt.info.length == stream_size(i) &&
+                       first_mismatch(buffer.data(), rt.info.length, stream_seed(i)) < 0;
+    if (!right) {
+      std::fprintf(stderr, "receiver: message %d: tag %llu, %zu bytes, content %s\n", i,
+                   static_cast<unsigned long long>(rt.info.sender_tag), rt.info.length,
+                   first_mismatch(buffer.data(), rt.info.length, stream_seed(i)) < 0 ? "ok"
+                                                                                      : "wrong");
+      break;
+    }
+    ++intact;
+    if (i == 0) out.send_word(1);
+  }
+  out.send_word(intact);
+  // Stay until the sender is done with its checks and closes (bounded).
+  spin_until([&] { w->progress(); }, [&] { return ep->state() != status::ok; }, 30);
+  return intact == stream_count ? 0 : 1;
+}
+
+/// The sender's side: one buffer per size and pattern, and the requests of the sends.
+struct stream_sender {
+  explicit stream_sender(host_client& c) : client(c), ops(stream_count) {
+    for (size_t size : stream_sizes) {
+      for (uint32_t seed = 0; seed < stream_seeds; ++seed) payloads.push_back(pattern(size, seed));
+    }
+  }
+
+  /// Sends message i.
+  void post(int i) {
+    const auto& data = payloads[stream_size_class(i) * stream_seeds + stream_seed(i)];
+    ops[i] = client.ep->tag_send(static_cast<tag_t>(i), data.data(), data.size());
+  }
+
+  /// Sends messages from..stream_count-1 without waiting.
+  void post_rest(int from) {
+    for (int i = from; i < stream_count; ++i) post(i);
+  }
+
+  /// The status of send i (ok when it completed at once).
+  status state(int i) const {
+    return ops[i].pending() ? client.w->request_status(ops[i].req) : ops[i].st;
+  }
+
+  /// Sends still in progress.
+  int outstanding() const {
+    int n = 0;
+    for (int i = 0; i < stream_count; ++i) n += state(i) == status::in_progress ? 1 : 0;
+    return n;
+  }
+
+  /// Progresses (busy) until a word comes on `in` (bounded); false when none came.
+  bool progress_until_word(const channel& in, double seconds) {
+    pollfd command{in.fds[0], POLLIN, 0};
+    uint64_t word = 0;
+    return spin_until([&] { client.w->progress(); },
+                      [&] { return ::poll(&command, 1, 0) == 1; }, seconds) &&
+           in.receive_word(&word, 1000);
+  }
+
+  host_client& client;
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<op> ops;
+};
+
+/// The processes of a stalled-receiver test and how the sender ended.
+struct stalled_run {
+  pid_t receiver = -1;     ///< stopped, or resumed / killed by the test's parent step
+  int sender_exit = -1;    ///< the sender's exit code (0: its checks held)
+};
+
+/// A stalled-receiver test: the stream receiver in host 0, the sender in host 1 with
+/// COMM_TCP_PEER_TIMEOUT=`peer_timeout` (unless null). Once the receiver holds message 0, it is
+/// stopped (SIGSTOP) and `sender_body(client, stream, from_parent)` runs in the sender while
+/// `parent_step(receiver_pid, to_sender)` runs here. The caller ends the receiver.
+template <class SenderBody, class ParentStep>
+stalled_run run_stalled_receiver(const netns_pair& hosts, const char* peer_timeout,
+                                 SenderBody&& sender_body, ParentStep&& parent_step) {
+  channel from_receiver, to_sender;
+  uint64_t port = 0;
+  stalled_run run;
+  run.receiver = fork_child([&] { return run_stream_receiver(hosts, from_receiver); });
+  BOOST_REQUIRE_MESSAGE(from_receiver.receive_word(&port), "the receiver did not start");
+  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t sender = fork_child([&] {
+    CHILD_CHECK(hosts.enter(1));
+    if (peer_timeout != nullptr) ::setenv("COMM_TCP_PEER_TIMEOUT", peer_timeout, 1);
+    host_client c(address, cluster_key);
+    CHILD_CHECK(c.connected);
+    CHILD_CHECK(c.ep->transport() == "tcp");
+    stream_sender s(c);
+    s.post(0);
+    CHILD_CHECK(s.progress_until_word(to_sender, 30));  // the receiver has it and is stopped
+    return sender_body(c, s, to_sender);
+  });
+  uint64_t word = 0;
+  const bool first_arrived = from_receiver.receive_word(&word, 30000);
+  BOOST_TEST(first_arrived);
+  if (first_arrived) {
+    ::kill(run.receiver, SIGSTOP);
+    to_sender.send_word(1);
+    parent_step(run.receiver, to_sender);
+  }
+  run.sender_exit = wait_child(sender, 12000);
+  return run;
+}
+
+/// Kills a receiver (stopped or not) and reaps it.
+void end_receiver(pid_t receiver) {
+  ::kill(receiver, SIGKILL);
+  BOOST_TEST(wait_child(receiver) == -1);
+}
+
 }  // namespace
 
 
@@ -365,7 +527,108 @@ BOOST_AUTO_TEST_CASE(the_client_killed_mid_transfer_fails_the_server_endpoint_pr
   BOOST_TEST(delay < 1.5);
 }
 
+BOOST_AUTO_TEST_CASE(a_receiver_stopped_for_20_s_loses_nothing) {
+  // Thousands of sends wait behind a receiver stopped for 20 s (its kernel answers every window
+  // probe). Resumed, it gets every message intact and in order, and every send completes ok.
+  // Before, TCP_USER_TIMEOUT (11 s) cut the connection and every waiting send failed.
+  const stalled_run run = run_stalled_receiver(
+      hosts, nullptr,
+      [](host_client& c, stream_sender& s, const channel& from_parent) {
+        s.post_rest(1);
+        CHILD_CHECK(s.progress_until_word(from_parent, 60));  // the receiver resumes now
+        const int waiting = s.outstanding();
+        std::fprintf(stderr, "sender: %d of %d sends waited through the 20 s stop\n", waiting,
+                     stream_count);
+        CHILD_CHECK(waiting > stream_count / 2);
+        CHILD_CHECK(spin_until([&] { c.w->progress(); }, [&] { return s.outstanding() == 0; },
+                               90));
+        for (int i = 0; i < stream_count; ++i) CHILD_CHECK(s.state(i) == status::ok);
+        CHILD_CHECK(c.state.errors == 0);
+        return 0;
+      },
+      [](pid_t receiver, const channel& to_sender) {
+        std::this_thread::sleep_for(std::chrono::seconds(20));
+        to_sender.send_word(1);
+        ::kill(receiver, SIGCONT);
+      });
+  BOOST_TEST(run.sender_exit == 0);
+  BOOST_TEST(wait_child(run.receiver, 9000) == 0);  // every message intact, in order
+}
+
+BOOST_AUTO_TEST_CASE(a_killed_receiver_fails_every_waiting_send_at_once) {
+  // Killed, the stopped receiver's kernel resets the connection: every send still waiting ends at
+  // once. Those that need the receiver's answer (zcopy, rendezvous) and those still queued here
+  // fail; only eager bcopy sends its kernel had taken before it stopped completed ok (the bcopy
+  // contract), reported in send order behind the zcopy sends among them.
+  const stalled_run run = run_stalled_receiver(
+      hosts, nullptr,
+      [](host_client& c, stream_sender& s, const channel& from_parent) {
+        s.post_rest(1);
+        CHILD_CHECK(s.progress_until_word(from_parent, 30));  // it is killed now
+        const auto killed = clock_type::now();
+        const int waiting = s.outstanding();
+        CHILD_CHECK(waiting > stream_count / 2);
+        CHILD_CHECK(spin_until([&] { c.w->progress(); },
+                               [&] { return s.outstanding() == 0 && c.state.errors == 1; }, 20));
+        const double delay = seconds_since(killed);
+        int failed = 0;
+        for (int i = 1; i < stream_count; ++i) {
+          const bool needs_answer = stream_size(i) >= 16384;  // zcopy or rendezvous
+          CHILD_CHECK(is_error(s.state(i)) || (s.state(i) == status::ok && !needs_answer));
+          failed += is_error(s.state(i)) ? 1 : 0;
+        }
+        std::fprintf(stderr, "sender: %d of %d waiting sends failed %.3f s after the kill (%s)\n",
+                     failed, waiting, delay, to_string(c.state.error));
+        CHILD_CHECK(failed > stream_count / 2);
+        CHILD_CHECK(c.state.error == status::connection_reset);
+        CHILD_CHECK(delay < 3.0);
+        return 0;
+      },
+      [](pid_t receiver, const channel& to_sender) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        to_sender.send_word(1);
+        ::kill(receiver, SIGKILL);
+      });
+  BOOST_TEST(run.sender_exit == 0);
+  end_receiver(run.receiver);
+}
+
+BOOST_AUTO_TEST_CASE(a_silent_host_fails_waiting_sends_within_the_peer_timeout) {
+  // The receiver is stopped with thousands of sends waiting behind its zero window, then its
+  // host goes silent (link down): its kernel no longer answers the window probes. The sender
+  // sleeps in worker::wait; the liveness timer wakes it and fails the endpoint within
+  // COMM_TCP_PEER_TIMEOUT (4 s here), where the kernel alone would probe on for many seconds.
+  const stalled_run run = run_stalled_receiver(
+      hosts, "4",
+      [](host_client& c, stream_sender& s, const channel& from_parent) {
+        s.post_rest(1);
+        CHILD_CHECK(s.progress_until_word(from_parent, 30));  // the link goes down now
+        const auto silenced = clock_type::now();
+        const int waiting = s.outstanding();
+        CHILD_CHECK(waiting > stream_count / 2);
+        CHILD_CHECK(spin_until([&] { (void)c.w->wait(10000); },
+                               [&] { return c.state.errors == 1; }, 20));
+        const double delay = seconds_since(silenced);
+        CHILD_CHECK(spin_until([&] { c.w->progress(); }, [&] { return s.outstanding() == 0; },
+                               5));
+        std::fprintf(stderr, "sender: silent host noticed after %.2f s (%s)\n", delay,
+                     to_string(c.state.error));
+        CHILD_CHECK(c.state.error == status::endpoint_timeout);
+        CHILD_CHECK(delay < 4.0 + 2.0);
+        return 0;
+      },
+      [&](pid_t, const channel& to_sender) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        to_sender.send_word(1);
+        BOOST_TEST(hosts.set_link(0, false));
+      });
+  BOOST_TEST(run.sender_exit == 0);
+  BOOST_TEST(hosts.set_link(0, true));
+  end_receiver(run.receiver);
+}
+
 BOOST_AUTO_TEST_CASE(a_silent_peer_is_noticed_by_keepalive) {
+  // An idle connection, the default COMM_TCP_PEER_TIMEOUT (11 s): keepalive finds the silence.
   channel from_server, to_server, from_client;
   uint64_t port = 0;
   const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
@@ -378,9 +641,11 @@ BOOST_AUTO_TEST_CASE(a_silent_peer_is_noticed_by_keepalive) {
     from_client.send_word(1);  // idle now: the link goes down
     const auto start = clock_type::now();
     CHILD_CHECK(spin_until([&] { (void)c.w->wait(100); }, [&] { return c.state.errors == 1; }, 40));
-    std::fprintf(stderr, "client: silent server noticed after %.1f s (%s)\n", seconds_since(start),
+    const double delay = seconds_since(start);
+    std::fprintf(stderr, "client: silent server noticed after %.1f s (%s)\n", delay,
                  to_string(c.state.error));
-    CHILD_CHECK(is_error(c.state.error));
+    CHILD_CHECK(c.state.error == status::endpoint_timeout);
+    CHILD_CHECK(delay < 11.0 + 2.0);
     return 0;
   });
   uint64_t word = 0;

@@ -3,10 +3,13 @@
 // kept by AM handlers and detached,
 // get/put through a peer's mapped segment in one process and across fork() (with the iface's
 // "rma mapped" counters showing which path ran), CMA for other buffers, the errors of freed and
-// deregistered regions, forged segment references, fd reuse, fork safety of the heap's caches,
-// rendezvous between processes, and fd/mapping leaks. Every loop is bounded in count and time.
+// deregistered regions, forged segment references (in this process, and naming a hostile peer's
+// FIFO, device, files and unsealed memfds, which are neither opened nor mapped), fd reuse, fork
+// safety of the heap's caches, rendezvous between processes, and fd/mapping leaks. Every loop is
+// bounded in count and time.
 #define BOOST_TEST_MODULE shm_mapped
 #include "fixture.hpp"
+#include "hostile_peer.hpp"
 #include "test_util.hpp"
 #include "process_harness.hpp"
 
@@ -685,6 +688,92 @@ BOOST_AUTO_TEST_CASE(get_and_put_a_shared_block_of_a_forked_child) {
     to_child.send_word(3);
   }
   BOOST_TEST(wait_child(child) == 0);
+}
+
+namespace {
+
+/// The owner's side of a key to a shared block: its interface, the block and the registration.
+struct owned_block {
+  std::unique_ptr<tl::iface> iface = open_shm();
+  void* block;
+  std::unique_ptr<registration> reg;
+
+  explicit owned_block(size_t size) : block(mem_alloc(size)) {
+    fill(block, size, 20);
+    reg = std::make_unique<registration>(*iface->memory_domain(), block, size);
+  }
+  ~owned_block() {
+    reg.reset();
+    mem_free(block);
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_key_naming_a_hostile_peers_files_neither_opens_nor_maps_them) {
+  using hostile = comm::test::hostile_peer;
+  constexpr size_t size = size_t{1} << 20;
+  constexpr uint64_t segment_bytes = tl::shm::heap_header_bytes + size;  // a fresh large block's
+  constexpr uint64_t forged_id = 0x5eed5eed5eed5eedull;
+  auto heap_content = [](uint8_t* base, size_t) {
+    auto& h = *reinterpret_cast<tl::shm::heap_header*>(base);
+    h.magic = tl::shm::heap_magic;
+    h.id = forged_id;
+    h.size = segment_bytes;
+    h.owner_pid = static_cast<int32_t>(::getpid());
+  };
+  hostile peer(segment_bytes, heap_content, [](const channel& out) {
+    auto owned = std::make_shared<owned_block>(size_t{size});
+    out.send(owned->iface->device_address());
+    out.send(owned->iface->iface_address());
+    out.send(owned->reg->packed);
+    out.send_word(address_of(owned->block));
+    return owned;
+  });
+  std::vector<uint8_t> device, address, packed;
+  uint64_t base = 0;
+  BOOST_REQUIRE(peer.from_setup().receive(&device) && peer.from_setup().receive(&address) &&
+                peer.from_setup().receive(&packed) && peer.from_setup().receive_word(&base));
+  tl::shm::segment_ref genuine;
+  BOOST_REQUIRE(packed.size() == sizeof(tl::packed_rkey) + sizeof(genuine));
+  std::memcpy(&genuine, packed.data() + sizeof(tl::packed_rkey), sizeof(genuine));
+  BOOST_REQUIRE(uint64_t{genuine.size} == segment_bytes);
+
+  auto iface = open_shm();
+  auto ep = connect(*iface, device, address);
+  const size_t fds_before = comm::test::open_fds();
+  const size_t maps_before = count_maps();
+  std::vector<uint8_t> got(size);
+  const tl::iov whole{got.data(), size};
+  long failures = 0;
+  for (const hostile::file f :
+       {hostile::fifo, hostile::device, hostile::disk_file, hostile::leased_file, hostile::socket,
+        hostile::unsealed_memfd, hostile::half_sealed_memfd, hostile::write_sealed_memfd,
+        hostile::read_only_memfd, hostile::empty_sealed_memfd}) {
+    BOOST_TEST_CONTEXT("file " << f) {
+      tl::shm::segment_ref forged = genuine;
+      forged.fd = peer.fd(f);
+      forged.inode = peer.inode(f) != 0 ? peer.inode(f) : genuine.inode;
+      forged.id = forged_id;
+      unpacked key(*iface->memory_domain(), with_segment(packed, forged));
+      BOOST_TEST_REQUIRE(key.result == status::ok);
+      std::fill(got.begin(), got.end(), 0);
+      // Not mapped: the get goes by CMA and reads the registered block all the same.
+      BOOST_TEST(ep->get_zcopy(&whole, 1, base, key.key, nullptr) == status::ok);
+      BOOST_TEST(first_mismatch(got.data(), size, 20) == -1);
+      BOOST_TEST(map_failures(iface->info()) == ++failures);
+      BOOST_TEST(mapped_gets(iface->info()) == 0);
+    }
+  }
+  BOOST_TEST(peer.opens_seen() == 0u);
+  BOOST_TEST(!peer.lease_broken());
+  BOOST_TEST(comm::test::open_fds() == fds_before);
+  BOOST_TEST(count_maps() <= maps_before + 2);  // a few of malloc's own at most
+  // The genuine key still takes the mapped path.
+  unpacked key(*iface->memory_domain(), packed);
+  BOOST_TEST(ep->get_zcopy(&whole, 1, base, key.key, nullptr) == status::ok);
+  BOOST_TEST(first_mismatch(got.data(), size, 20) == -1);
+  BOOST_TEST(mapped_gets(iface->info()) == 1);
 }
 
 namespace {

@@ -1108,15 +1108,19 @@ BOOST_AUTO_TEST_CASE(slow_receiver_bounds_sender_memory_and_everything_arrives_i
   stream_checker got;
   got.stream = &stream;
   receiver->set_am_handler(1, &stream_checker::handler, &got);
-  // Let the connection be accepted before the receiver stops progressing.
+  // A first message: the connection is open (its handshake over) before the receiver stops.
+  recorder opened;
+  opened.install(*receiver, 2);
+  BOOST_TEST(ep->am_short(2, nullptr, 0, nullptr, 0) == status::ok);
   BOOST_TEST(progress_until({sender.get(), receiver.get()},
-                            [&] { return info_number(*receiver, "connections ") == 1; }));
+                            [&] { return opened.messages.size() == 1; }));
   const size_t rss_before = rss_kib();
 
   stream.start();
   BOOST_TEST(stream.error == status::ok);
   // Only the sender progresses: the kernel buffers fill, then everything waits.
   progress_for({sender.get()}, 300ms);
+  BOOST_TEST(info_number(*sender, "writes the kernel did not take in full ") > 0);
   BOOST_TEST(stream.next < count);
   BOOST_TEST(stream.parked == 1);
   BOOST_TEST(!stream.all_completed());  // a partially written zcopy waits for the receiver
@@ -1141,6 +1145,101 @@ BOOST_AUTO_TEST_CASE(slow_receiver_bounds_sender_memory_and_everything_arrives_i
   BOOST_TEST(ep->flush(nullptr) == status::ok);
   BOOST_TEST(info_number(*sender, "writes the kernel did not take in full ") > 0);
   BOOST_TEST(info_number(*sender, "sends refused for lack of resources ") > 0);
+}
+
+// -- a slow peer is not a dead one ----------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(liveness_knobs_come_from_the_environment_within_their_limits) {
+  const auto knobs = [](const char* peer, const char* stall) {
+    scoped_env p("COMM_TCP_PEER_TIMEOUT", peer);
+    scoped_env s("COMM_TCP_STALL_TIMEOUT", stall);
+    auto iface = open_iface();
+    return std::make_pair(info_number(*iface, "COMM_TCP_PEER_TIMEOUT="),
+                          info_number(*iface, "COMM_TCP_STALL_TIMEOUT="));
+  };
+  BOOST_TEST((knobs(nullptr, nullptr) == std::make_pair(11L, 0L)));  // the defaults
+  BOOST_TEST((knobs("4", "30") == std::make_pair(4L, 30L)));
+  BOOST_TEST((knobs("3600", "86400") == std::make_pair(3600L, 86400L)));
+  // Malformed or out of range: warned about, the default used.
+  BOOST_TEST((knobs("3", "86401") == std::make_pair(11L, 0L)));
+  BOOST_TEST((knobs("3601", "-1") == std::make_pair(11L, 0L)));
+  BOOST_TEST((knobs("ten", "5s") == std::make_pair(11L, 0L)));
+  BOOST_TEST((knobs("", "") == std::make_pair(11L, 0L)));
+}
+
+BOOST_AUTO_TEST_CASE(a_receiver_that_stops_reading_past_the_peer_timeout_keeps_its_connection) {
+  // The receiver does not progress for 1.5x COMM_TCP_PEER_TIMEOUT while the sender's bytes wait
+  // behind its zero window; its kernel answers the window probes, so nothing fails, and once it
+  // reads again every message arrives in order.
+  scoped_env peer_timeout("COMM_TCP_PEER_TIMEOUT", "4");
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  failure_log failures;
+  failures.install(*sender);
+  const auto source = pattern(8 << 20, 22);
+  constexpr uint64_t count = 256;
+  auto ep = connect(*sender, *receiver);
+  zcopy_stream stream(*ep, source, 256 * 1024, count);
+  stream_checker got;
+  got.stream = &stream;
+  receiver->set_am_handler(1, &stream_checker::handler, &got);
+  recorder opened;  // a first message: the connection is open before the receiver stops
+  opened.install(*receiver, 2);
+  BOOST_TEST(ep->am_short(2, nullptr, 0, nullptr, 0) == status::ok);
+  BOOST_TEST(progress_until({sender.get(), receiver.get()},
+                            [&] { return opened.messages.size() == 1; }));
+  stream.start();
+  const long checks_before = info_number(*sender, "liveness checks made ");
+  progress_for({sender.get()}, 6s);
+  BOOST_TEST(failures.entries.empty());
+  BOOST_TEST(stream.next < count);  // it waited
+  BOOST_TEST(info_number(*sender, "writes the kernel did not take in full ") > 0);
+  BOOST_TEST(info_number(*sender, "host silent ") == 0);
+  const long checks = info_number(*sender, "liveness checks made ") - checks_before;
+  BOOST_TEST_MESSAGE("liveness checks during the stall: " << checks);
+  BOOST_TEST(checks >= 10);  // every 0.4 s, the timer running throughout
+  BOOST_TEST(progress_until({receiver.get(), sender.get()},
+                            [&] { return got.received == count && stream.all_completed(); },
+                            60s));
+  BOOST_TEST(got.bad == 0u);
+  BOOST_TEST(failures.entries.empty());
+}
+
+BOOST_AUTO_TEST_CASE(stall_timeout_waits_for_a_live_receiver_and_gives_up_on_a_stalled_one) {
+  // COMM_TCP_STALL_TIMEOUT=1: a receiver that delivers a few messages (far below half its window,
+  // so it owes no acknowledgement) is asked by a heartbeat and answers; one that stops
+  // progressing with messages undelivered fails the sender's endpoint with endpoint_timeout.
+  scoped_env stall_timeout("COMM_TCP_STALL_TIMEOUT", "1");
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  failure_log failures;
+  failures.install(*sender);
+  recorder got;
+  got.install(*receiver, 1);
+  auto ep = connect(*sender, *receiver);
+  for (uint64_t seq = 0; seq < 5; ++seq) {
+    BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok);
+  }
+  progress_for({sender.get(), receiver.get()}, 3s);
+  BOOST_TEST(got.messages.size() == 5u);
+  BOOST_TEST(failures.entries.empty());
+  BOOST_TEST(info_number(*sender, "heartbeats sent ") >= 1);
+
+  for (uint64_t seq = 5; seq < 10; ++seq) {
+    BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok);
+  }
+  const auto stalled_at = std::chrono::steady_clock::now();
+  BOOST_TEST(progress_until({sender.get()}, [&] { return !failures.entries.empty(); }, 10s));
+  const auto took = std::chrono::steady_clock::now() - stalled_at;
+  BOOST_TEST_MESSAGE("stalled receiver given up after "
+                     << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                     << " ms");
+  BOOST_TEST(took >= 750ms);  // not before the stall timeout (less a check period)
+  BOOST_TEST(took < 5s);
+  BOOST_REQUIRE(failures.entries.size() == 1u);
+  BOOST_TEST(failures.entries[0].reason == status::endpoint_timeout);
+  BOOST_TEST(info_number(*sender, "process stalled ") == 1);
+  BOOST_TEST(ep->am_short(1, nullptr, 0, nullptr, 0) == status::endpoint_timeout);
 }
 
 BOOST_AUTO_TEST_CASE(both_directions_stream_at_once_in_order_with_bounded_memory) {

@@ -318,6 +318,7 @@ std::vector<uint8_t> worker::address() const {
 unsigned worker::progress() {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
+  ++w.progress_depth;
   unsigned events = 0;
   for (auto& li : w.ifaces) {
     if (!li.costly) {
@@ -336,7 +337,9 @@ unsigned worker::progress() {
     events += n;
   }
   events += w.progress_cm();
-  if (!w.doomed.empty()) {
+  // Closed endpoints are deleted by the outermost call only: a callback that progresses again
+  // returns into code still using the endpoint it was called for.
+  if (--w.progress_depth == 0 && !w.doomed.empty()) {
     for (detail::endpoint_impl* ep : w.doomed) delete ep;
     w.doomed.clear();
   }

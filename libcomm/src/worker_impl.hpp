@@ -166,6 +166,7 @@ public:
   std::vector<uint32_t> free_ep_slots;      ///< free indices of ep_table
   uint32_t ep_generation = 1;               ///< high bits of the next endpoint id
   std::vector<endpoint_impl*> doomed;       ///< endpoints to delete at the next progress
+  unsigned progress_depth = 0;              ///< progress() calls under way (nested from callbacks)
 
   tag_matcher matcher;                      ///< expected and unexpected queues
 

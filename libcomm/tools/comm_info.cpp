@@ -1,9 +1,10 @@
 // comm_info: what libcomm sees on this machine (ucx_info's counterpart): transports and devices,
-// the limits of each transport's interface, thresholds, the hwloc topology, and the info of a
-// worker on each enabled transport.
+// the limits of each transport's interface, thresholds, the hwloc topology, the info of a worker on
+// each enabled transport, and the bootstrap backend a job started here would use.
 //
 //   comm_info [-t tls] [-h]
 
+#include <comm/bootstrap.hpp>
 #include <comm/context.hpp>
 #include <comm/transport/transport.hpp>
 #include <comm/worker.hpp>
@@ -103,6 +104,14 @@ void print_transport(comm::tl::component& component, const comm::config& base) {
   w->print_info(stdout);
 }
 
+/// Prints the bootstrap backend comm::bootstrap::create would choose here, and why.
+void print_bootstrap() {
+  static const char* const names[] = {"automatic", "pmix", "address", "single"};
+  const comm::bootstrap_choice choice = comm::bootstrap::detect();
+  std::printf("# bootstrap: %s%s (%s)\n", names[static_cast<int>(choice.backend)],
+              choice.usable ? "" : ", would fail", choice.reason.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,6 +131,7 @@ int main(int argc, char** argv) {
   try {
     comm::context ctx(cfg);
     std::printf("%s", ctx.info().c_str());
+    print_bootstrap();
     for (comm::tl::component* component : ctx.components()) print_transport(*component, cfg);
     return 0;
   } catch (const std::exception& e) {

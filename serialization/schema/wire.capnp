@@ -233,7 +233,8 @@ enum TcpFrameKind {
 struct TcpFrame {           # every record after the handshake, both ways: this header, `length` bytes
   amId         @0 :UInt8;   # transport active-message id (< am_id_count)
   length       @1 :UInt32;  # protocol header + payload; 0-7 zero bytes follow to a multiple of 8
-  ackRequested @2 :Bool;    # a zcopy waits for it: the receiver acknowledges it without delay
+  ackRequested @2 :Bool;    # the receiver acknowledges without delay (a zcopy waits for it; on an
+                            # ack frame: a heartbeat, answered once the receiver's process reads it)
   kind         @3 :TcpFrameKind;
   delivered    @4 :UInt64;  # messages of the other direction delivered so far (a piggybacked ack)
 }

@@ -2,37 +2,33 @@
 
 #include "shm/shm_iface.hpp"
 #include "shm/shm_md.hpp"
+#include "shm/shm_peer_fd.hpp"
 
 #include <comm/log.hpp>
 #include <comm/wire/codec.hpp>
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <new>
 
 namespace comm::tl::shm {
 
-shm_ep::shm_ep(shm_iface& owner, segment peer, const iface_addr& address, int pidfd)
+shm_ep::shm_ep(shm_iface& owner, shm_peer& peer)
     : owner_(owner),
-      peer_(std::move(peer)),
-      fifo_size_(address.fifo_size),
-      max_short_(address.geo().max_short()),
-      zring_(new zcopy_slot[address.fifo_size]),
-      zmask_(address.fifo_size - 1),
-      own_pid_(static_cast<int32_t>(::getpid())),
-      pidfd_(pidfd),
-      peer_pid_(address.pid),
-      peer_iface_id_(address.iface_id) {
+      remote_(peer),
+      peer_(peer.seg),
+      fifo_size_(peer.address.fifo_size),
+      max_short_(peer.address.geo().max_short()),
+      zmask_(peer.address.fifo_size - 1),
+      own_pid_(static_cast<int32_t>(::getpid())) {
   cached_tail_ = shared_word(peer_.control().tail).load(std::memory_order_acquire);
-  wake_address_length_ = wakeup_socket_address(address.pid, address.iface_id, &wake_address_);
 }
 
 shm_ep::~shm_ep() {
   // Zcopy operations still in flight are dropped without calling their completions.
   owner_.forget(this);
-  ::close(pidfd_);
 }
 
 // -- the FIFO -------------------------------------------------------------------------------------
@@ -78,7 +74,8 @@ void shm_ep::wake_peer() const {
   const char byte = 0;
   // Failure is harmless: a full socket already wakes the receiver; a closed one has nobody left.
   (void)::sendto(owner_.wakeup_sender_fd(), &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
-                 reinterpret_cast<const sockaddr*>(&wake_address_), wake_address_length_);
+                 reinterpret_cast<const sockaddr*>(&remote_.wake_address),
+                 remote_.wake_address_length);
 }
 
 bool shm_ep::fifo_may_have_room() {
@@ -89,8 +86,9 @@ bool shm_ep::fifo_may_have_room() {
   return head - cached_tail_ < fifo_size_;
 }
 
-bool shm_ep::peer_closed() const {
-  return std::atomic_ref<uint32_t>(peer_.control().closed).load(std::memory_order_acquire) != 0;
+bool shm_ep::reserve_zring() {
+  if (zring_ == nullptr) zring_.reset(new (std::nothrow) zcopy_slot[fifo_size_]);
+  return zring_ != nullptr;
 }
 
 // -- sends ----------------------------------------------------------------------------------------
@@ -144,6 +142,7 @@ status shm_ep::am_zcopy(am_id id, const void* header, size_t header_length, cons
   if (total > zcopy_max_payload) return status::invalid_param;
   if (const status st = refusal(); st != status::ok) return st;
   if (zhead_ - ztail_ > zmask_) return status::no_resource;
+  if (!reserve_zring()) return status::no_memory;
 
   // The descriptor is built before the cell is claimed, so the receiver never waits on it.
   capnp::word words[zcopy_max_desc_words];
@@ -197,10 +196,7 @@ status shm_ep::get_zcopy(const iov* entries, size_t count, uint64_t remote_addre
   return rma(entries, count, remote_address, key, false);
 }
 
-bool shm_ep::peer_alive() const {
-  pollfd exited{pidfd_, POLLIN, 0};
-  return ::poll(&exited, 1, 0) == 0;
-}
+bool shm_ep::peer_alive() const { return !process_exited(remote_.pidfd); }
 
 status shm_ep::rma(const iov* entries, size_t count, uint64_t remote_address,
                    const remote_key& key, bool write) {
@@ -217,11 +213,13 @@ status shm_ep::checked_rma(const packed_rkey& key, const remote_key& unpacked,
                            const iov* entries, size_t count, uint64_t remote_address, size_t total,
                            bool write) {
   if (failed_ || failure_noticed) return status::connection_reset;
-  if (key.pid != peer_pid_ || key.iface_id != peer_iface_id_) return status::invalid_param;
+  if (key.pid != remote_.address.pid || key.iface_id != remote_.address.iface_id) {
+    return status::invalid_param;
+  }
   const status st = check_access(peer_, key, remote_address, total);
   if (st != status::ok) [[unlikely]] {
     // A closed peer invalidated its table: say why rather than blame the key.
-    return peer_closed() ? status::connection_reset : st;
+    return remote_.closed() ? status::connection_reset : st;
   }
   if (total == 0) return status::ok;
   // A put into a reaped peer's reused pid would write into a stranger: make sure it is alive.
@@ -230,20 +228,20 @@ status shm_ep::checked_rma(const packed_rkey& key, const remote_key& unpacked,
     const status st = mapped_rma(key, segment, entries, count, remote_address, write);
     if (st != status::unsupported) return st;
   }
-  return cma_transfer(peer_pid_, entries, count, remote_address, total, write);
+  return cma_transfer(peer_pid(), entries, count, remote_address, total, write);
 }
 
 status shm_ep::mapped_rma(const packed_rkey& key, const segment_ref& segment, const iov* entries,
                           size_t count, uint64_t remote_address, bool write) {
   mapped_segments& mapped = owner_.mapped();
-  uint8_t* base = mapped.map(peer_pid_, pidfd_, segment);
+  uint8_t* base = mapped.map(peer_pid(), remote_.pidfd, segment);
   if (base == nullptr) return status::unsupported;
   if (mapped_segments::released(base)) [[unlikely]] {
     // Freed to the system under a live registration: what CMA's EFAULT reports.
-    mapped.forget(peer_pid_, segment.id);
+    mapped.forget(peer_pid(), segment.id);
     COMM_LOG(debug, "shm", "%s at 0x%llx in pid %d: segment released by its owner",
              write ? "put" : "get", static_cast<unsigned long long>(remote_address),
-             static_cast<int>(peer_pid_));
+             static_cast<int>(peer_pid()));
     return status::io_error;
   }
   // check_access put the access inside [key.base, key.base + key.length), which rkey_unpack put

@@ -1,4 +1,5 @@
-// An shm endpoint: sends into a peer interface's receive segment, mapped into this process.
+// An shm endpoint: sends into a peer interface's receive segment, mapped into this process once
+// per peer interface (shm_peer.hpp) and shared with the other endpoints to that peer.
 // Completion and pending callbacks must not destroy the endpoint that runs them; the error handler
 // may. Destroying an endpoint drops its in-flight zcopy completions without calling them, and an
 // endpoint must be destroyed before its interface.
@@ -11,11 +12,10 @@
 #include "base/pending_queue.hpp"
 #include "base/rkey.hpp"
 #include "shm/shm_heap.hpp"
+#include "shm/shm_peer.hpp"
 #include "shm/shm_segment.hpp"
 
 #include <comm/transport/transport.hpp>
-
-#include <sys/un.h>
 
 #include <memory>
 #include <utility>
@@ -27,8 +27,8 @@ class shm_iface;
 
 class shm_ep final : public ep {
 public:
-  /// Takes the peer's mapped segment and a pidfd of the peer process.
-  shm_ep(shm_iface& owner, segment peer, const iface_addr& address, int pidfd);
+  /// An endpoint of `owner` to `peer`, which `owner` keeps while the endpoint lives.
+  shm_ep(shm_iface& owner, shm_peer& peer);
   ~shm_ep() override;
 
   // -- ep --
@@ -65,11 +65,9 @@ public:
   /// later sends return connection_reset. Parked requests stay for pending_purge.
   void fail(status reason);
 
-  /// True when the peer interface marked its segment closed.
-  bool peer_closed() const;
-
-  int pidfd() const { return pidfd_; }
-  pid_t peer_pid() const { return peer_pid_; }
+  /// The peer interface this endpoint sends to.
+  shm_peer& peer() const { return remote_; }
+  pid_t peer_pid() const { return remote_.address.pid; }
   bool failed() const { return failed_; }
 
   /// Set by the interface: on its list of endpoints with work / its failure list.
@@ -91,6 +89,8 @@ private:
   /// True when the FIFO may have room (cheap: cached tail first).
   bool fifo_may_have_room();
   void wake_peer() const;
+  /// Makes room for the zcopy operations in flight (at first use: most endpoints never zcopy).
+  bool reserve_zring();
   void complete_flushes(status result);
   /// get (write false) or put (write true): validates, counts, reports a dead peer.
   status rma(const iov* entries, size_t count, uint64_t remote_address, const remote_key& key,
@@ -106,14 +106,16 @@ private:
   bool peer_alive() const;
 
   shm_iface& owner_;
-  segment peer_;
+  shm_peer& remote_;
+  const segment_view peer_;        ///< remote_'s segment, kept here for the hot path
   const uint64_t fifo_size_;
   const size_t max_short_;
   uint64_t cached_tail_ = 0;      ///< last published tail of the peer we read
   bool failed_ = false;
   pending_queue pending_;
 
-  // zcopy operations in flight, in order: ring of zcopy_slot, zhead_ issued, ztail_ completed
+  // zcopy operations in flight, in order: ring of zcopy_slot (fifo_size_ of them, allocated at
+  // the first zcopy), zhead_ issued, ztail_ completed
   std::unique_ptr<zcopy_slot[]> zring_;
   uint64_t zmask_ = 0;
   uint64_t zhead_ = 0;
@@ -121,11 +123,6 @@ private:
   std::vector<std::pair<uint64_t, completion*>> flushes_;  ///< (zhead_ at flush, completion)
 
   const int32_t own_pid_;          ///< written into zcopy descriptors
-  const int pidfd_;
-  const pid_t peer_pid_;
-  const uint64_t peer_iface_id_;
-  sockaddr_un wake_address_;
-  socklen_t wake_address_length_ = 0;
 };
 
 }  // namespace comm::tl::shm

@@ -1,6 +1,7 @@
 // The shared heap behind tl::shared_alloc (comm::mem_alloc): blocks in memfd segments that a peer
-// can map through /proc/<pid>/fd/<fd>, so that an shm get/put whose remote buffer lies in one is a
-// memcpy through a cached mapping (shm_mapped.hpp) rather than cross-memory attach.
+// can map (taking the descriptor as shm_peer_fd.hpp says), so that an shm get/put whose remote
+// buffer lies in one is a memcpy through a cached mapping (shm_mapped.hpp) rather than
+// cross-memory attach.
 //
 // Segments are sealed against resizing (a peer's mapping can never fault past the end) and start
 // with one header page (heap_header); blocks start at page boundaries after it.

@@ -6,7 +6,6 @@
 #include <comm/log.hpp>
 #include <comm/wire/codec.hpp>
 
-#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -89,7 +88,7 @@ shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
   const socklen_t length = wakeup_socket_address(::getpid(), iface_id_, &address);
   epoll_event event{};
   event.events = EPOLLIN;
-  event.data.ptr = nullptr;  // null: the wakeup socket; otherwise the endpoint of a pidfd
+  event.data.ptr = nullptr;  // null: the wakeup socket; otherwise the shm_peer of a pidfd
   if (::bind(wakeup_rx_fd_, reinterpret_cast<const sockaddr*>(&address), length) != 0 ||
       ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wakeup_rx_fd_, &event) != 0) {
     COMM_LOG(error, log_name, "wakeup socket: %s", std::strerror(errno));
@@ -316,13 +315,19 @@ void shm_iface::schedule(shm_ep* ep) {
 }
 
 void shm_iface::forget(shm_ep* ep) {
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->pidfd(), nullptr);
-  mapped_.forget_peer(ep->peer_pid());  // another endpoint to that process maps again on use
   eps_.erase(std::remove(eps_.begin(), eps_.end(), ep), eps_.end());
   failed_.erase(std::remove(failed_.begin(), failed_.end(), ep), failed_.end());
   for (shm_ep*& entry : work_) {
     if (entry == ep) entry = nullptr;  // progress_eps may be iterating: compacted there
   }
+  release_peer(ep->peer());
+}
+
+void shm_iface::release_peer(shm_peer& peer) {
+  if (--peer.endpoints != 0) return;
+  if (!peer.failed) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer.pidfd, nullptr);
+  mapped_.forget_peer(peer.address.pid);  // an endpoint to that process maps again on use
+  peers_.erase({peer.address.pid, peer.address.iface_id});  // unmaps, closes the pidfd
 }
 
 unsigned shm_iface::progress_eps() {
@@ -360,11 +365,11 @@ void shm_iface::check_peers() {
     if (events[i].data.ptr == nullptr) {
       drain_wakeups();
     } else {
-      notice_failure(static_cast<shm_ep*>(events[i].data.ptr));  // the peer process exited
+      notice_peer_failure(*static_cast<shm_peer*>(events[i].data.ptr));  // the process exited
     }
   }
-  for (shm_ep* ep : eps_) {
-    if (!ep->failure_noticed && ep->peer_closed()) notice_failure(ep);
+  for (auto& [key, peer] : peers_) {
+    if (!peer->failed && peer->closed()) notice_peer_failure(*peer);
   }
 }
 
@@ -374,14 +379,20 @@ void shm_iface::drain_wakeups() {
   }
 }
 
-void shm_iface::notice_failure(shm_ep* ep) {
-  if (ep->failure_noticed) return;
-  ep->failure_noticed = true;
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->pidfd(), nullptr);  // its pidfd stays readable
-  mapped_.forget_peer(ep->peer_pid());  // do not keep a dead peer's memory alive
-  failed_.push_back(ep);
+void shm_iface::peer_failed(shm_ep* ep) { notice_peer_failure(ep->peer()); }
+
+void shm_iface::notice_peer_failure(shm_peer& peer) {
+  if (peer.failed) return;
+  peer.failed = true;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer.pidfd, nullptr);  // its pidfd stays readable
+  mapped_.forget_peer(peer.address.pid);  // do not keep a dead peer's memory alive
   ++peers_failed_;
-  COMM_LOG(info, log_name, "peer pid %d is gone", static_cast<int>(ep->peer_pid()));
+  COMM_LOG(info, log_name, "peer pid %d is gone", static_cast<int>(peer.address.pid));
+  for (shm_ep* ep : eps_) {
+    if (&ep->peer() != &peer || ep->failure_noticed) continue;
+    ep->failure_noticed = true;
+    failed_.push_back(ep);
+  }
 }
 
 unsigned shm_iface::report_failures() {
@@ -446,34 +457,54 @@ status shm_iface::create_ep(const std::vector<uint8_t>& device_address,
   if (!address || device_address.size() != sizeof(host_identity)) return status::invalid_addr;
   if (!same_device(device_address)) return status::unreachable;
 
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, address->pid, 0));
+  shm_peer* peer = nullptr;
+  if (const status st = find_or_attach(*address, &peer); st != status::ok) return st;
+  auto ep = std::make_unique<shm_ep>(*this, *peer);
+  eps_.push_back(ep.get());
+  ++peer->endpoints;
+  out = std::move(ep);
+  return status::ok;
+}
+
+status shm_iface::find_or_attach(const iface_addr& address, shm_peer** out) {
+  const auto found = peers_.find({address.pid, address.iface_id});
+  if (found == peers_.end()) return attach_peer(address, out);
+  shm_peer& peer = *found->second;
+  if (std::memcmp(&peer.address, &address, sizeof(address)) != 0) {
+    // The segment of that pid and interface id said otherwise when it was attached.
+    COMM_LOG(warn, log_name, "address of pid %d names interface %016llx with another segment",
+             static_cast<int>(address.pid), static_cast<unsigned long long>(address.iface_id));
+    ++peers_refused_;
+    return status::invalid_addr;
+  }
+  if (peer.failed) return status::unreachable;
+  *out = &peer;
+  return status::ok;
+}
+
+status shm_iface::attach_peer(const iface_addr& address, shm_peer** out) {
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, address.pid, 0));
   if (pidfd < 0) {
-    COMM_LOG(info, log_name, "pidfd_open(%d): %s", static_cast<int>(address->pid),
+    COMM_LOG(info, log_name, "pidfd_open(%d): %s", static_cast<int>(address.pid),
              std::strerror(errno));
     return status::unreachable;
   }
-  segment peer;
-  if (const status st = segment::attach(*address, &peer); st != status::ok) {
+  segment seg;
+  if (const status st = segment::attach(pidfd, address, &seg); st != status::ok) {
     ::close(pidfd);
+    if (st == status::unreachable) ++peers_refused_;
     return st;
   }
-  // The segment proved that the pid was the owner when we opened it; the pidfd was opened before,
-  // so it is that same process unless it has already exited.
-  pollfd exited{pidfd, POLLIN, 0};
-  if (::poll(&exited, 1, 0) != 0) {
-    ::close(pidfd);
-    return status::unreachable;
-  }
-  auto ep = std::make_unique<shm_ep>(*this, std::move(peer), *address, pidfd);
+  auto peer = std::make_unique<shm_peer>(std::move(seg), address, pidfd);
   epoll_event event{};
   event.events = EPOLLIN;
-  event.data.ptr = ep.get();
+  event.data.ptr = peer.get();
   if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, pidfd, &event) != 0) {
     COMM_LOG(warn, log_name, "epoll_ctl(pidfd): %s; peer exit will go unnoticed",
              std::strerror(errno));
   }
-  eps_.push_back(ep.get());
-  out = std::move(ep);
+  *out = peer.get();
+  peers_.emplace(std::make_pair(address.pid, address.iface_id), std::move(peer));
   return status::ok;
 }
 
@@ -490,8 +521,10 @@ std::string shm_iface::info() const {
   text += "shm: max_bcopy " + std::to_string(attr_.max_bcopy) + "\n";
   text += "shm: max_zcopy " + std::to_string(attr_.max_zcopy) + " (max_hdr " +
           std::to_string(attr_.max_hdr) + ", max_iov " + std::to_string(attr_.max_iov) + ")\n";
-  text += "shm: peers " + std::to_string(eps_.size()) + " (" + std::to_string(failed) +
-          " failed, " + std::to_string(peers_failed_) + " failures seen)\n";
+  text += "shm: endpoints " + std::to_string(eps_.size()) + " (" + std::to_string(failed) +
+          " failed) to " + std::to_string(peers_.size()) + " peer interfaces (" +
+          std::to_string(peers_failed_) + " peer failures seen, " +
+          std::to_string(peers_refused_) + " peer segments refused)\n";
   text += "shm: received " + std::to_string(received_) + " messages\n";
   text += "shm: malformed cells " + std::to_string(malformed_) + "\n";
   text += "shm: dropped without handler " + std::to_string(unhandled_) + "\n";

@@ -10,18 +10,25 @@
 // by the sender that clears head_armed, and by a receiver acking a zcopy whose ack word we marked
 // with ack_wake) and a pidfd of every peer (so a dead peer wakes us too). Parked requests keep
 // event_arm() busy: room in a peer's FIFO comes without a wakeup.
-// Peer failure: pidfds and the peer segment's `closed` flag, checked every few milliseconds.
+// Peers: the endpoints to one peer interface share its mapped segment and a pidfd of its process
+// (shm_peer.hpp), released with the last of them; a peer's segment is only mapped once it proved
+// to be that peer's sealed memfd (shm_peer_fd.hpp).
+// Peer failure: pidfds and the peer segment's `closed` flag, checked every few milliseconds; a
+// failed peer fails every endpoint to it.
 // Memory domain and RMA: shm_md.hpp (a region table in the segment, CMA get/put, or memcpy through
 // peers' shared-heap segments mapped here: shm_mapped.hpp).
 #pragma once
 
 #include "shm/shm_mapped.hpp"
 #include "shm/shm_md.hpp"
+#include "shm/shm_peer.hpp"
 #include "shm/shm_segment.hpp"
 
 #include <comm/transport/transport.hpp>
 
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace comm::tl::shm {
@@ -61,9 +68,9 @@ public:
 
   // -- used by shm_ep --
 
-  /// Reports `ep`'s peer as failed (an RMA found it gone): progress() completes the endpoint's
-  /// operations and calls the error handler, as for any peer failure.
-  void peer_failed(shm_ep* ep) { notice_failure(ep); }
+  /// Reports `ep`'s peer as failed (an RMA found it gone): progress() completes the operations of
+  /// every endpoint to it and calls the error handler, as for any peer failure.
+  void peer_failed(shm_ep* ep);
 
   /// Counts one RMA operation of `bytes` that ended with `result`.
   void count_rma(bool put, size_t bytes, status result) {
@@ -91,7 +98,7 @@ public:
   /// advances.
   void schedule(shm_ep* ep);
 
-  /// Forgets `ep` (destroyed).
+  /// Forgets `ep` (destroyed), and its peer with the peer's last endpoint.
   void forget(shm_ep* ep);
 
 private:
@@ -107,10 +114,14 @@ private:
   void malformed(uint64_t index, const char* why);
   void publish_tail();
   unsigned progress_eps();
+  /// The peer interface at `address`: the one endpoints already share, or newly attached.
+  status find_or_attach(const iface_addr& address, shm_peer** out);
+  status attach_peer(const iface_addr& address, shm_peer** out);
+  void release_peer(shm_peer& peer);
   void maybe_check_peers();
   void check_peers();
   void drain_wakeups();
-  void notice_failure(shm_ep* ep);
+  void notice_peer_failure(shm_peer& peer);
   unsigned report_failures();
 
   status open_status_ = status::ok;
@@ -127,6 +138,8 @@ private:
   // -- everything else --
   unsigned progress_calls_ = 0;
   uint64_t last_check_ns_ = 0;
+  /// Peer interfaces with endpoints, by (pid, interface id).
+  std::map<std::pair<int32_t, uint64_t>, std::unique_ptr<shm_peer>> peers_;
   std::vector<shm_ep*> eps_;       ///< every endpoint of this interface
   std::vector<shm_ep*> work_;      ///< endpoints with work (null: destroyed meanwhile)
   std::vector<shm_ep*> failed_;    ///< failed endpoints not yet reported
@@ -142,6 +155,7 @@ private:
   uint64_t unhandled_ = 0;
   uint64_t zcopy_errors_ = 0;
   uint64_t peers_failed_ = 0;
+  uint64_t peers_refused_ = 0;     ///< addresses whose segment was not what they said
   std::unique_ptr<shm_md> md_;     ///< registrations in segment_'s region table
   uint64_t gets_ = 0;
   uint64_t puts_ = 0;

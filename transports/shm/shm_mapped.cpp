@@ -1,16 +1,14 @@
 #include "shm/shm_mapped.hpp"
 
+#include "shm/shm_peer_fd.hpp"
+
 #include <comm/log.hpp>
 
-#include <fcntl.h>
-#include <poll.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 
 namespace comm::tl::shm {
@@ -20,27 +18,11 @@ constexpr const char* log_name = "shm";
 /// Failed (pid, id) pairs remembered before the memory of them is cleared.
 constexpr size_t max_failures_remembered = 1024;
 
-/// True when the file behind `fd` is what `ref` says: a regular file of that inode and size,
-/// sealed against shrinking.
-bool is_segment_file(int fd, const segment_ref& ref) {
-  struct stat st;
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  return ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-         static_cast<uint64_t>(st.st_ino) == ref.inode &&
-         static_cast<uint64_t>(st.st_size) == ref.size && seals >= 0 &&
-         (seals & F_SEAL_SHRINK) != 0;
-}
-
 /// True when the header of the mapped segment names `ref`'s segment of `pid`, still allocated.
 bool header_matches(const uint8_t* base, pid_t pid, const segment_ref& ref) {
   const auto& h = *reinterpret_cast<const heap_header*>(base);
   return h.magic == heap_magic && h.id == ref.id && h.size == ref.size && h.owner_pid == pid &&
          !mapped_segments::released(base);
-}
-
-bool process_alive(int pidfd) {
-  pollfd exited{pidfd, POLLIN, 0};
-  return ::poll(&exited, 1, 0) == 0;
 }
 
 }  // namespace
@@ -81,29 +63,27 @@ uint8_t* mapped_segments::map(pid_t pid, int pidfd, const segment_ref& ref) {
 
 uint8_t* mapped_segments::attach(pid_t pid, int pidfd, const segment_ref& ref) {
   if (ref.size > budget_ || ref.size < heap_header_bytes) return nullptr;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", static_cast<int>(pid), ref.fd);
-  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    COMM_LOG(debug, log_name, "mapped path: cannot open %s: %s", path, std::strerror(errno));
+  const taken_fd taken =
+      take_peer_memfd(pidfd, pid, memfd_expectation{ref.fd, ref.size, ref.inode});
+  if (taken.fd < 0) {
+    COMM_LOG(debug, log_name, "mapped path: descriptor %d of pid %d is not the segment the key "
+             "names: %s%s%s", static_cast<int>(ref.fd), static_cast<int>(pid), taken.refusal,
+             taken.error != 0 ? ": " : "", taken.error != 0 ? std::strerror(taken.error) : "");
     return nullptr;
   }
-  if (!is_segment_file(fd, ref)) {
-    COMM_LOG(debug, log_name, "mapped path: %s is not the segment the key names", path);
-    ::close(fd);
-    return nullptr;
-  }
-  void* p = ::mmap(nullptr, ref.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
+  void* p =
+      ::mmap(nullptr, ref.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, taken.fd, 0);
+  ::close(taken.fd);
   if (p == MAP_FAILED) {
-    COMM_LOG(debug, log_name, "mapped path: mmap of %s: %s", path, std::strerror(errno));
+    COMM_LOG(debug, log_name, "mapped path: mmap of descriptor %d of pid %d: %s",
+             static_cast<int>(ref.fd), static_cast<int>(pid), std::strerror(errno));
     return nullptr;
   }
   auto* base = static_cast<uint8_t*>(p);
-  // The pidfd predates the open: if the process is still alive, the file was that process's.
-  if (!header_matches(base, pid, ref) || !process_alive(pidfd)) {
-    COMM_LOG(debug, log_name, "mapped path: %s is not a live heap segment of pid %d", path,
-             static_cast<int>(pid));
+  // The pidfd predates taking the descriptor: alive now means the file was that process's.
+  if (!header_matches(base, pid, ref) || process_exited(pidfd)) {
+    COMM_LOG(debug, log_name, "mapped path: descriptor %d of pid %d is not a live heap segment",
+             static_cast<int>(ref.fd), static_cast<int>(pid));
     ::munmap(p, ref.size);
     return nullptr;
   }

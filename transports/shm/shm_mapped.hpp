@@ -1,13 +1,13 @@
 // The peers' shared-heap segments an shm interface has mapped: the "mapped-segment" path of RMA.
 //
 // When an rkey carries a segment_ref (its region lies in the owner's shared heap, shm_heap.hpp),
-// the accessing side opens /proc/<pid>/fd/<fd>, checks that it is a sealed file of that inode and
-// size whose header names that segment id and owner, maps it, and then copies with memcpy. The
-// mapping stays cached by (pid, segment id), least recently used unmapped first once the mapped
-// bytes pass a budget (safe: accesses are synchronous). A key naming a cached segment id with
-// another inode or size is not trusted with that mapping. Anything that fails makes map() return
-// null and the caller falls back to CMA; a failed reference is remembered (exactly, so a forged
-// key does not spoil the genuine one), so it costs one attempt.
+// the accessing side takes the owner's descriptor (shm_peer_fd.hpp: a memfd of that inode and size,
+// sealed, or nothing is opened), maps it, checks that its header names that segment id and owner,
+// and then copies with memcpy. The mapping stays cached by (pid, segment id), least recently used
+// unmapped first once the mapped bytes pass a budget (safe: accesses are synchronous). A key
+// naming a cached segment id with another inode or size is not trusted with that mapping.
+// Anything that fails makes map() return null and the caller falls back to CMA; a failed reference
+// is remembered (exactly, so a forged key does not spoil the genuine one), so it costs one attempt.
 // Segments their owner released (heap_header::released) are unmapped at their next access and
 // whenever a new mapping is made, so freed memory is not kept alive for long.
 // Not thread safe: the interface's owner serialises calls.

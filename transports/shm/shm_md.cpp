@@ -198,7 +198,7 @@ std::string shm_md::info() const {
 
 // -- access checks and CMA ------------------------------------------------------------------------
 
-status check_access(const segment& owner, const packed_rkey& key, uint64_t address,
+status check_access(const segment_view& owner, const packed_rkey& key, uint64_t address,
                     uint64_t bytes) {
   region_entry& e = owner.region(key.index);  // index < region_table_size: checked at unpack
   const uint64_t expected = key.generation << 1 | region_valid;

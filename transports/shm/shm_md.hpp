@@ -90,7 +90,7 @@ private:
 
 /// For a peer: whether `key` still grants [address, address + bytes) in the region table of its
 /// owner's segment `owner`. ok, protection_error or length_error (see the mapping above).
-status check_access(const segment& owner, const packed_rkey& key, uint64_t address,
+status check_access(const segment_view& owner, const packed_rkey& key, uint64_t address,
                     uint64_t bytes);
 
 /// True when `key` (unpacked by an shm md) carries a shared-heap segment; copies it to `*out`.

@@ -1,12 +1,12 @@
 #include "shm/shm_segment.hpp"
 
 #include "base/host_identity.hpp"
+#include "shm/shm_peer_fd.hpp"
 
 #include <comm/log.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -91,22 +91,14 @@ segment::segment(segment&& other) noexcept { *this = std::move(other); }
 segment& segment::operator=(segment&& other) noexcept {
   if (this != &other) {
     unmap();
-    base_ = std::exchange(other.base_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    geo_ = other.geo_;
-    cells_ = other.cells_;
-    acks_ = other.acks_;
-    buffers_ = other.buffers_;
-    regions_ = other.regions_;
-    mask_ = other.mask_;
-    cell_shift_ = other.cell_shift_;
+    static_cast<segment_view&>(*this) = other;
+    other.base_ = nullptr;
   }
   return *this;
 }
 
-void segment::adopt(uint8_t* base, const geometry& geo) {
+void segment_view::adopt(uint8_t* base, const geometry& geo) {
   base_ = base;
-  size_ = geo.total_size();
   geo_ = geo;
   cells_ = base + geo.cells_offset();
   acks_ = reinterpret_cast<uint64_t*>(base + geo.acks_offset());
@@ -117,9 +109,8 @@ void segment::adopt(uint8_t* base, const geometry& geo) {
 }
 
 void segment::unmap() {
-  if (base_ != nullptr) ::munmap(base_, size_);
+  if (base_ != nullptr) ::munmap(base_, geo_.total_size());
   base_ = nullptr;
-  size_ = 0;
 }
 
 namespace {
@@ -175,38 +166,45 @@ status segment::create(const geometry& geo, uint64_t iface_id, segment* out, int
   return status::ok;
 }
 
-status segment::attach(const iface_addr& address, segment* out) {
+namespace {
+
+/// Why the control block `ctl` of a mapped segment does not belong to the interface at `address`;
+/// null when it does.
+const char* control_mismatch(const control_block& ctl, const iface_addr& address) {
+  if (ctl.magic != segment_magic || ctl.version != segment_version) return "no segment header";
+  if (ctl.iface_id != address.iface_id || ctl.owner_pid != address.pid) {
+    return "the segment of another interface (a stale address, or a reused pid)";
+  }
+  if (ctl.fifo_size != address.fifo_size || ctl.cell_size != address.cell_size ||
+      ctl.segment_size != address.segment_size || ctl.region_count != region_table_size) {
+    return "a segment of another geometry";
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+status segment::attach(int pidfd, const iface_addr& address, segment* out) {
   const geometry geo = address.geo();
   if (!geo.valid()) return status::invalid_addr;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", static_cast<int>(address.pid),
-                static_cast<int>(address.fd));
-  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    COMM_LOG(info, log_name, "cannot open %s: %s", path, std::strerror(errno));
-    return status::unreachable;
-  }
-  struct stat st;
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != geo.total_size() ||
-      seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-    COMM_LOG(info, log_name, "%s is not a segment of the advertised size", path);
-    ::close(fd);
-    return status::unreachable;
-  }
-  uint8_t* base = nullptr;
-  const status mapped = map_segment(fd, geo, MAP_POPULATE, &base);
-  ::close(fd);
-  if (mapped != status::ok) return mapped;
-
+  const taken_fd taken =
+      take_peer_memfd(pidfd, address.pid, memfd_expectation{address.fd, geo.total_size()});
+  const char* refusal = taken.refusal;
   segment seg;
-  seg.adopt(base, geo);
-  const control_block& ctl = seg.control();
-  if (ctl.magic != segment_magic || ctl.version != segment_version ||
-      ctl.iface_id != address.iface_id || ctl.fifo_size != geo.fifo_size ||
-      ctl.cell_size != geo.cell_size || ctl.segment_size != geo.segment_size ||
-      ctl.owner_pid != address.pid || ctl.region_count != region_table_size) {
-    COMM_LOG(info, log_name, "%s belongs to another interface (stale address?)", path);
+  if (taken.fd >= 0) {
+    uint8_t* base = nullptr;
+    // One mapping per peer, populated now (the pages are the owner's already): the first messages
+    // to a peer take no page faults.
+    const status mapped = map_segment(taken.fd, geo, MAP_POPULATE, &base);
+    ::close(taken.fd);
+    if (mapped != status::ok) return mapped;
+    seg.adopt(base, geo);
+    refusal = control_mismatch(seg.control(), address);
+  }
+  if (refusal != nullptr) {
+    COMM_LOG(warn, log_name, "refusing descriptor %d of pid %d as a peer segment: %s%s%s",
+             static_cast<int>(address.fd), static_cast<int>(address.pid), refusal,
+             taken.error != 0 ? ": " : "", taken.error != 0 ? std::strerror(taken.error) : "");
     return status::unreachable;  // seg unmaps itself
   }
   *out = std::move(seg);

@@ -1,8 +1,10 @@
 // The shared-memory layout of the shm transport: one receive segment per interface, its
 // addresses, and the mapping of a segment (our own, or a peer's to send to).
 //
-// A segment is a memfd owned by the receiving interface; peers map it through
-// /proc/<pid>/fd/<fd>. Layout (all offsets cache-line aligned):
+// A segment is a memfd owned by the receiving interface, sealed against resizing; peers take it
+// from the owner by pidfd_getfd (or a checked reopen through /proc/<pid>/fd/<fd>, see
+// shm_peer_fd.hpp) and map it, once per peer interface however many endpoints use it.
+// Layout (all offsets cache-line aligned):
 //
 //   control_block                      head (claimed cells | head_armed) on its own line,
 //                                      published tail on another, then read-only identity
@@ -185,23 +187,10 @@ bool same_device(const std::vector<uint8_t>& bytes);
 /// The abstract unix socket name a receiver listens on for wakeups.
 socklen_t wakeup_socket_address(int32_t pid, uint64_t iface_id, sockaddr_un* out);
 
-/// A mapped segment: our own receive segment, or a peer's.
-class segment {
+/// Where the parts of a mapped segment are: a view that does not own the mapping. An endpoint keeps
+/// a copy of its peer's (which the interface maps once per peer) for its hot path.
+class segment_view {
 public:
-  segment() = default;
-  ~segment();
-  segment(segment&& other) noexcept;
-  segment& operator=(segment&& other) noexcept;
-  segment(const segment&) = delete;
-  segment& operator=(const segment&) = delete;
-
-  /// Creates a sealed memfd of `geo`'s size, maps it and writes the control block. On success
-  /// `*fd` is the memfd, which the owner keeps open for as long as peers may attach.
-  static status create(const geometry& geo, uint64_t iface_id, segment* out, int* fd);
-
-  /// Maps the segment at `address` through /proc/<pid>/fd/<fd> and verifies its identity.
-  static status attach(const iface_addr& address, segment* out);
-
   bool mapped() const { return base_ != nullptr; }
   const geometry& geo() const { return geo_; }
   control_block& control() const { return *reinterpret_cast<control_block*>(base_); }
@@ -221,13 +210,11 @@ public:
   /// Slot `index` (< region_table_size) of the region table.
   region_entry& region(uint32_t index) const { return regions_[index]; }
 
-private:
-  /// Takes ownership of the mapping at `base` and computes where its parts start.
+protected:
+  /// Shows the mapping at `base` and computes where its parts start.
   void adopt(uint8_t* base, const geometry& geo);
-  void unmap();
 
   uint8_t* base_ = nullptr;
-  size_t size_ = 0;
   geometry geo_;
   uint8_t* cells_ = nullptr;
   uint64_t* acks_ = nullptr;
@@ -235,6 +222,30 @@ private:
   region_entry* regions_ = nullptr;
   uint64_t mask_ = 0;
   unsigned cell_shift_ = 0;
+};
+
+/// A mapped segment, which owns its mapping: our own receive segment, or a peer's.
+class segment : public segment_view {
+public:
+  segment() = default;
+  ~segment();
+  segment(segment&& other) noexcept;
+  segment& operator=(segment&& other) noexcept;
+  segment(const segment&) = delete;
+  segment& operator=(const segment&) = delete;
+
+  /// Creates a sealed memfd of `geo`'s size, maps it and writes the control block. On success
+  /// `*fd` is the memfd, which the owner keeps open for as long as peers may attach.
+  static status create(const geometry& geo, uint64_t iface_id, segment* out, int* fd);
+
+  /// Maps the segment at `address` after checking that it is what the address says: the memfd of
+  /// process `address.pid` (whose pidfd, opened before, is `pidfd`) of the advertised size, sealed
+  /// (shm_peer_fd.hpp), whose control block names the advertised interface, geometry and owner.
+  /// unreachable, with the reason logged, when it is not.
+  static status attach(int pidfd, const iface_addr& address, segment* out);
+
+private:
+  void unmap();
 };
 
 /// std::atomic_ref over a word of shared memory.

@@ -1,4 +1,5 @@
-// The tcp connection manager: listeners, the handshake state machine, timeouts (see tcp_cm.hpp).
+// The tcp connection manager: listeners, the handshake state machine, admission of clients under
+// load, timeouts (see tcp_cm.hpp).
 #include "tcp/tcp_cm.hpp"
 #include "tcp/tcp_socket.hpp"
 
@@ -16,6 +17,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -24,29 +26,237 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace comm::tl::tcp {
-namespace {
 
 namespace schema = wire::schema;
+
+// -- wire format ----------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<uint8_t> copy_of(capnp::Data::Reader data) {
+  return std::vector<uint8_t>(data.begin(), data.end());
+}
+
+kj::ArrayPtr<const kj::byte> bytes_of(const std::vector<uint8_t>& data) {
+  return kj::arrayPtr(data.data(), data.size());
+}
+
+/// Copies the fields of `root` into `out`; false for a union member this version does not know.
+bool read_message(schema::CmMessage::Reader root, cm_message* out) {
+  switch (root.which()) {
+    case schema::CmMessage::HELLO:
+      out->type = cm_message::kind::hello;
+      out->version = root.getHello().getVersion();
+      out->nonce = copy_of(root.getHello().getNonce());
+      return true;
+    case schema::CmMessage::CHALLENGE:
+      out->type = cm_message::kind::challenge;
+      out->nonce = copy_of(root.getChallenge().getNonce());
+      out->proof = copy_of(root.getChallenge().getProof());
+      return true;
+    case schema::CmMessage::REQUEST:
+      out->type = cm_message::kind::request;
+      out->proof = copy_of(root.getRequest().getProof());
+      out->private_data = copy_of(root.getRequest().getPrivateData());
+      return true;
+    case schema::CmMessage::REPLY:
+      out->type = cm_message::kind::reply;
+      out->status = root.getReply().getStatus();
+      out->private_data = copy_of(root.getReply().getPrivateData());
+      return true;
+    case schema::CmMessage::CONFIRM:
+      out->type = cm_message::kind::confirm;
+      return true;
+  }
+  return false;
+}
+
+/// Fills the builder's root from `message`.
+void write_message(const cm_message& message, schema::CmMessage::Builder root) {
+  switch (message.type) {
+    case cm_message::kind::hello: {
+      auto hello = root.initHello();
+      hello.setVersion(message.version);
+      hello.setNonce(bytes_of(message.nonce));
+      break;
+    }
+    case cm_message::kind::challenge: {
+      auto challenge = root.initChallenge();
+      challenge.setNonce(bytes_of(message.nonce));
+      challenge.setProof(bytes_of(message.proof));
+      break;
+    }
+    case cm_message::kind::request: {
+      auto request = root.initRequest();
+      request.setProof(bytes_of(message.proof));
+      request.setPrivateData(bytes_of(message.private_data));
+      break;
+    }
+    case cm_message::kind::reply: {
+      auto reply = root.initReply();
+      reply.setStatus(message.status);
+      reply.setPrivateData(bytes_of(message.private_data));
+      break;
+    }
+    case cm_message::kind::confirm:
+      root.setConfirm();
+      break;
+  }
+}
+
+}  // namespace
+
+cm_frame find_cm_frame(const uint8_t* data, size_t size, size_t max_length) {
+  cm_frame frame;
+  if (size < cm_frame_prefix) return frame;
+  const uint32_t length = uint32_t{data[0]} | (uint32_t{data[1]} << 8) |
+                          (uint32_t{data[2]} << 16) | (uint32_t{data[3]} << 24);
+  if (length == 0 || length % 8 != 0 || length > max_length) {
+    frame.at = cm_frame::state::invalid;
+  } else if (size - cm_frame_prefix >= length) {
+    frame.at = cm_frame::state::complete;
+    frame.length = length;
+  }
+  return frame;
+}
+
+bool parse_cm_message(const uint8_t* data, size_t length, cm_message* out) {
+  if (data == nullptr || length == 0 || length % 8 != 0) return false;
+  auto words = kj::heapArray<capnp::word>(length / 8);
+  std::memcpy(words.begin(), data, length);
+  bool known = false;
+  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
+    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
+    known = read_message(reader.getRoot<schema::CmMessage>(), out);
+  });
+  return failure == nullptr && known;
+}
+
+std::vector<uint8_t> encode_cm_message(const cm_message& message) {
+  capnp::MallocMessageBuilder builder;
+  write_message(message, builder.initRoot<schema::CmMessage>());
+  auto words = capnp::messageToFlatArray(builder);
+  auto bytes = words.asBytes();
+  const auto length = static_cast<uint32_t>(bytes.size());
+  std::vector<uint8_t> frame(cm_frame_prefix + bytes.size());
+  for (size_t i = 0; i < cm_frame_prefix; ++i) frame[i] = static_cast<uint8_t>(length >> (8 * i));
+  std::memcpy(frame.data() + cm_frame_prefix, bytes.begin(), bytes.size());
+  return frame;
+}
+
+namespace {
+
 using clock_type = std::chrono::steady_clock;
+using std::chrono::milliseconds;
 
 constexpr const char* log_name = "cm";
+/// Largest request or reply: the largest private data (64 KiB) and the message around it.
 constexpr size_t max_message = 72 * 1024;
-constexpr int server_handshake_ms = 10000;
-constexpr size_t max_connections = 4096;
+/// Largest hello, challenge or confirm: a nonce, a proof and the message around them.
+constexpr size_t max_small_message = 256;
 constexpr int accepts_per_event = 64;
+/// How long accepting pauses when the process is out of descriptors and nothing can be shed.
+constexpr milliseconds accept_pause{100};
+/// How long a connection that is closing may take to send its last bytes.
+constexpr std::chrono::seconds closing_linger{1};
+/// Shortest interval between two warnings of a kind a flood repeats (see throttled_warning).
+constexpr std::chrono::seconds warning_interval{10};
 constexpr uint16_t protocol_version = 1;
 constexpr const char* server_role = "libcomm-cm-server";
 constexpr const char* client_role = "libcomm-cm-client";
 /// Host names being resolved at once, process-wide (each on a thread of its own).
 constexpr int max_lookups = 64;
+
+// -- limits ---------------------------------------------------------------------------------------
+
+/// The server's limits on unauthenticated handshakes (see tcp_cm.hpp).
+struct cm_limits {
+  size_t max_handshakes = 1024;
+  milliseconds hello_timeout{3000};
+  milliseconds handshake_timeout{10000};
+};
+
+/// Reads a whole number from 1 to `max` from `variable` into `*field`; a malformed value is
+/// reported at level warn and ignored.
+void read_number(const char* variable, uint64_t max, uint64_t* field) {
+  const char* text = std::getenv(variable);
+  if (text == nullptr) return;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (*text < '0' || *text > '9' || *end != '\0' || errno == ERANGE || value == 0 ||
+      value > max) {
+    COMM_LOG(warn, log_name, "%s=%s is not a whole number from 1 to %llu; ignored", variable, text,
+             static_cast<unsigned long long>(max));
+    return;
+  }
+  *field = value;
+}
+
+/// The limits, from the COMM_TCP_CM_* variables where they are set.
+cm_limits limits_from_environment() {
+  constexpr uint64_t an_hour_ms = 3600 * 1000;
+  cm_limits limits;
+  uint64_t handshakes = limits.max_handshakes;
+  uint64_t hello_ms = static_cast<uint64_t>(limits.hello_timeout.count());
+  uint64_t whole_ms = static_cast<uint64_t>(limits.handshake_timeout.count());
+  read_number("COMM_TCP_CM_MAX_HANDSHAKES", uint64_t{1} << 20, &handshakes);
+  read_number("COMM_TCP_CM_HELLO_TIMEOUT", an_hour_ms, &hello_ms);
+  read_number("COMM_TCP_CM_HANDSHAKE_TIMEOUT", an_hour_ms, &whole_ms);
+  limits.max_handshakes = handshakes;
+  limits.handshake_timeout = milliseconds(whole_ms);
+  limits.hello_timeout = milliseconds(std::min(hello_ms, whole_ms));
+  return limits;
+}
+
+/// Unauthenticated handshakes this process may hold now: the configured limit, and at most a
+/// quarter of its descriptor limit.
+size_t handshake_cap(const cm_limits& limits) {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY) {
+    return limits.max_handshakes;
+  }
+  return std::clamp<size_t>(files.rlim_cur / 4, 1, limits.max_handshakes);
+}
+
+/// True for the accept(2) errors that mean the process or the system is out of descriptors or
+/// socket memory.
+bool out_of_descriptors(int error) {
+  return error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM;
+}
+
+/// A warning printed at most once per warning_interval, with how often it happened meanwhile.
+class throttled_warning {
+public:
+  /// Counts one occurrence; true when it is time to print, with `*since` the occurrences since
+  /// the last print.
+  bool due(uint64_t* since) {
+    ++count_;
+    const auto now = clock_type::now();
+    if (now < next_) return false;
+    *since = count_;
+    count_ = 0;
+    next_ = now + warning_interval;
+    return true;
+  }
+
+private:
+  uint64_t count_ = 0;
+  clock_type::time_point next_{};
+};
+
+// -- addresses and host names ---------------------------------------------------------------------
 
 /// Where a connection is in the handshake.
 enum class stage : uint8_t {
@@ -62,13 +272,16 @@ enum class stage : uint8_t {
   dead,             ///< closed, to be released
 };
 
+/// The largest message a connection at stage `at` may receive: only a request or a reply may be
+/// large.
+size_t max_message_in(stage at) {
+  return at == stage::await_request || at == stage::await_reply ? max_message : max_small_message;
+}
+
 /// What an epoll registration points at.
 struct pollable {
   bool is_listener = false;
 };
-
-class tcp_cm;
-class tcp_cm_listener;
 
 /// Splits "host:port", ":port", "host" or "" into a host ("0.0.0.0" when empty or "*") and a
 /// port (0 when absent); false when the port is not a number up to 65535.
@@ -167,7 +380,6 @@ struct name_lookup {
   }
 };
 
-
 std::string address_text(const sockaddr_in& address) {
   char text[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &address.sin_addr, text, sizeof(text));
@@ -178,21 +390,13 @@ bool is_loopback(const sockaddr_in& address) {
   return (ntohl(address.sin_addr.s_addr) >> 24) == 127;
 }
 
-/// Serialises a CmMessage into a length-prefixed frame appended to `out`.
-void append_frame(capnp::MessageBuilder& message, std::vector<uint8_t>& out) {
-  auto words = capnp::messageToFlatArray(message);
-  auto bytes = words.asBytes();
-  const uint32_t length = static_cast<uint32_t>(bytes.size());
-  const uint8_t prefix[4] = {static_cast<uint8_t>(length), static_cast<uint8_t>(length >> 8),
-                             static_cast<uint8_t>(length >> 16),
-                             static_cast<uint8_t>(length >> 24)};
-  out.insert(out.end(), prefix, prefix + 4);
-  out.insert(out.end(), bytes.begin(), bytes.end());
+std::vector<uint8_t> copy_of(const auth::nonce& nonce) {
+  return std::vector<uint8_t>(nonce.begin(), nonce.end());
 }
 
-kj::ArrayPtr<const kj::byte> bytes_of(const uint8_t* data, size_t length) {
-  return kj::arrayPtr(reinterpret_cast<const kj::byte*>(data), length);
-}
+// -- connections ----------------------------------------------------------------------------------
+
+class tcp_cm_listener;
 
 /// One connection of the connection manager, client or server side.
 class socket_conn final : public cm_conn, public pollable {
@@ -218,18 +422,27 @@ public:
     at = stage::dead;
   }
 
+  /// The peer's IPv4 address (network order): what handshakes are counted by.
+  uint32_t source() const { return peer_.sin_addr.s_addr; }
+
   void close_socket() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
 
+  /// Queues `message` for sending.
+  void queue(const cm_message& message) {
+    const std::vector<uint8_t> frame = encode_cm_message(message);
+    tx_.insert(tx_.end(), frame.begin(), frame.end());
+  }
+
   /// Queues a reply {status, private data}.
   void queue_reply(status st, const uint8_t* data, size_t length) {
-    capnp::MallocMessageBuilder message;
-    auto reply = message.initRoot<schema::CmMessage>().initReply();
-    reply.setStatus(static_cast<int16_t>(st));
-    if (length != 0) reply.setPrivateData(bytes_of(data, length));
-    append_frame(message, tx_);
+    cm_message reply;
+    reply.type = cm_message::kind::reply;
+    reply.status = static_cast<int16_t>(st);
+    if (length != 0) reply.private_data.assign(data, data + length);
+    queue(reply);
   }
 
   /// Writes queued bytes; false on a socket error.
@@ -250,6 +463,26 @@ public:
 
   bool wants_write() const { return tx_done_ < tx_.size() || at == stage::connecting; }
 
+  /// Reads what the socket has, up to a whole frame of the largest message its stage may
+  /// receive; false when the peer closed the connection or the socket failed.
+  bool receive() {
+    const size_t limit = cm_frame_prefix + max_message_in(at);
+    uint8_t chunk[16384];
+    while (rx_.size() < limit) {
+      const ssize_t n = ::recv(fd_, chunk, std::min(sizeof(chunk), limit - rx_.size()), 0);
+      if (n > 0) {
+        append_received(chunk, static_cast<size_t>(n), limit);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+    return true;
+  }
+
+  /// Removes the first `length` received bytes (a frame handled).
+  void consume(size_t length) { rx_.erase(rx_.begin(), rx_.begin() + static_cast<long>(length)); }
+
   int fd_;
   bool server_;
   sockaddr_in peer_;
@@ -264,9 +497,61 @@ public:
   std::vector<uint8_t> tx_;
   size_t tx_done_ = 0;
   clock_type::time_point deadline;
-  tcp_cm_listener* listener = nullptr; ///< server: where it was accepted
+  clock_type::time_point accepted;   ///< server: when it was accepted
+  tcp_cm_listener* listener = nullptr; ///< server, until handed over: where it was accepted
   std::shared_ptr<name_lookup> lookup; ///< client, while resolving: the host name's resolution
+  bool in_handshakes = false;          ///< server: counted in the handshake table
+  std::list<socket_conn*>::iterator age_slot; ///< its place there, while counted
+
+private:
+  /// Appends received bytes, growing the buffer at most to `limit`.
+  void append_received(const uint8_t* data, size_t length, size_t limit) {
+    const size_t needed = rx_.size() + length;
+    if (needed > rx_.capacity()) rx_.reserve(std::min(limit, std::max(needed, 2 * rx_.capacity())));
+    rx_.insert(rx_.end(), data, data + length);
+  }
 };
+
+/// The server handshakes not yet past the client's request (unauthenticated), oldest first, with
+/// a count per source address: what a flood of half-open sockets fills, and where handshakes are
+/// shed from when there are too many.
+class handshake_table {
+public:
+  size_t size() const { return by_age_.size(); }
+
+  /// Adds `conn` as the newest.
+  void add(socket_conn* conn) {
+    conn->age_slot = by_age_.insert(by_age_.end(), conn);
+    conn->in_handshakes = true;
+    ++per_source_[conn->source()];
+  }
+
+  /// Removes `conn` if it is counted.
+  void remove(socket_conn* conn) {
+    if (!conn->in_handshakes) return;
+    conn->in_handshakes = false;
+    by_age_.erase(conn->age_slot);
+    auto it = per_source_.find(conn->source());
+    if (--it->second == 0) per_source_.erase(it);
+  }
+
+  /// The handshake to shed: the oldest of the source holding the most (of those tied, the one
+  /// whose oldest is oldest); null when there is none.
+  socket_conn* victim() const {
+    size_t most = 0;
+    for (const auto& [source, count] : per_source_) most = std::max(most, count);
+    for (socket_conn* conn : by_age_) {
+      if (per_source_.at(conn->source()) == most) return conn;
+    }
+    return nullptr;
+  }
+
+private:
+  std::list<socket_conn*> by_age_;
+  std::unordered_map<uint32_t, size_t> per_source_;
+};
+
+class tcp_cm;
 
 /// A listening socket.
 class tcp_cm_listener final : public cm_listener, public pollable {
@@ -285,12 +570,23 @@ public:
   int fd_;
   sockaddr_in bound_;
   uint64_t requests_ = 0;
+  bool paused = false;                  ///< not accepting until resume_at (out of descriptors)
+  clock_type::time_point resume_at{};
+};
+
+// -- the connection manager -----------------------------------------------------------------------
+
+/// What became of a connection once its buffered messages were handled.
+enum class outcome : uint8_t {
+  open,         ///< still in the handshake, still ours
+  handed_over,  ///< given to the handler: not ours to touch any more
+  finished,     ///< established, failed or closing
 };
 
 /// The connection manager.
 class tcp_cm final : public cm {
 public:
-  explicit tcp_cm(const cm_params& params) : params_(params) {
+  explicit tcp_cm(const cm_params& params) : params_(params), limits_(limits_from_environment()) {
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     epoll_event ev{};
@@ -300,6 +596,11 @@ public:
   }
 
   ~tcp_cm() override {
+    if (depth_ != 0) {
+      COMM_LOG(error, log_name, "the connection manager was destroyed inside one of its own "
+               "callbacks (its owner destroyed from a connection callback): aborting");
+      std::abort();
+    }
     for (tcp_cm_listener* l : listeners_) l->owner_ = nullptr;
     conns_.clear();
     ::close(timer_fd_);
@@ -353,7 +654,7 @@ public:
     where.sin_port = htons(port);
     auto conn = std::make_unique<socket_conn>(-1, false, where, params_.auth_key);
     conn->private_data.assign(data, data + length);
-    conn->deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+    conn->deadline = clock_type::now() + milliseconds(timeout_ms);
     if (::inet_pton(AF_INET, host.c_str(), &conn->peer_.sin_addr) == 1) {
       // A dotted address: nothing to resolve.
       if (const status st = start_connect(conn.get()); st != status::ok) return st;
@@ -378,7 +679,7 @@ public:
     conn->answered_ = true;
     conn->queue_reply(status::ok, data, length);
     conn->at = stage::await_confirm;
-    conn->deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+    conn->deadline = clock_type::now() + milliseconds(timeout_ms);
     watch(conn->fd_, conn, EPOLLIN | EPOLLOUT);
     conns_.emplace_back(conn);
     *out = conn;
@@ -392,14 +693,43 @@ public:
   }
 
   unsigned progress() override {
+    // Connections that end are released only when the outermost call returns, so a handler that
+    // progresses again (a nested call) cannot free one that an outer call is still handling.
+    ++depth_;
     epoll_event events[32];
     const int n = ::epoll_wait(epoll_fd_, events, 32, 0);
+    unsigned handled = handle_events(events, n > 0 ? n : 0);
+    handled += expire();
+    resume_listeners();
+    --depth_;
+    if (depth_ == 0) reap();
+    arm_timer();
+    return handled;
+  }
+
+  /// Forgets a listener being destroyed, and drops the handshakes under way on it.
+  void drop_listener(tcp_cm_listener* l) {
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, l->fd_, nullptr);
+    forget_events(l);
+    listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), l), listeners_.end());
+    for (auto& conn : conns_) {
+      if (conn->listener == l) retire(conn.get());
+    }
+  }
+
+private:
+  // -- events ------------------------------------------------------------------------------------
+
+
+  /// Handles one epoll batch. A target that goes away while the batch is handled (a listener
+  /// destroyed, a connection handed over, here or in a nested call) has its events in every
+  /// batch under way forgotten first (forget_events).
+  unsigned handle_events(epoll_event* events, int n) {
+    batches_.push_back({events, n});
     unsigned handled = 0;
-    const uint64_t drops = listeners_dropped_;
-    // A handler may destroy a listener whose event is still in this batch: stop there (the
-    // events are level triggered and come back at the next call).
-    for (int i = 0; i < n && drops == listeners_dropped_; ++i) {
+    for (int i = 0; i < n; ++i) {
       auto* target = static_cast<pollable*>(events[i].data.ptr);
+      if (target == &forgotten_) continue;
       if (target == nullptr) {
         uint64_t expirations;
         (void)!::read(timer_fd_, &expirations, sizeof(expirations));
@@ -412,33 +742,16 @@ public:
         on_socket(static_cast<socket_conn*>(target), events[i].events);
       }
     }
-    handled += expire();
-    reap();
-    arm_timer();
+    batches_.pop_back();
     return handled;
   }
 
-  /// Forgets a listener being destroyed.
-  void drop_listener(tcp_cm_listener* l) {
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, l->fd_, nullptr);
-    ++listeners_dropped_;
-    listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), l), listeners_.end());
-    for (auto& conn : conns_) {
-      if (conn->listener == l) conn->listener = nullptr;
-    }
-  }
-
-private:
-  void narrow_without_key(sockaddr_in& where) const {
-    if (!params_.auth_key.empty()) return;
-    if (where.sin_addr.s_addr == htonl(INADDR_ANY)) {
-      where.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      COMM_LOG(warn, log_name,
-               "no auth key (COMM_AUTH_KEY): listening on loopback only; set a key to accept "
-               "clients from other hosts");
-    } else if (!is_loopback(where)) {
-      COMM_LOG(warn, log_name, "listening on %s without an auth key: anyone who reaches it may "
-               "connect", address_text(where).c_str());
+  /// Makes the events of `target` in the batches under way point at nothing.
+  void forget_events(const pollable* target) {
+    for (const event_batch& batch : batches_) {
+      for (int i = 0; i < batch.n; ++i) {
+        if (batch.events[i].data.ptr == target) batch.events[i].data.ptr = &forgotten_;
+      }
     }
   }
 
@@ -455,6 +768,100 @@ private:
     if (conn->fd_ < 0) return;
     watch(conn->fd_, conn, EPOLLIN | (conn->wants_write() ? EPOLLOUT : 0u));
   }
+
+  // -- admission (server) ------------------------------------------------------------------------
+
+
+  /// Accepts what the backlog holds (up to accepts_per_event). Out of descriptors, it sheds a
+  /// handshake to make room, or with none to shed pauses the listener, so that a listening
+  /// socket that stays readable is never polled in a loop.
+  void accept_clients(tcp_cm_listener* l) {
+    const size_t cap = handshake_cap(limits_);
+    for (int i = 0; i < accepts_per_event; ++i) {
+      sockaddr_in peer{};
+      socklen_t length = sizeof(peer);
+      const int fd = ::accept4(l->fd_, reinterpret_cast<sockaddr*>(&peer), &length,
+                               SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd >= 0) {
+        admit(l, fd, peer, cap);
+        continue;
+      }
+      const int error = errno;
+      if (error == EAGAIN || error == EWOULDBLOCK) return;
+      if (error == EINTR || error == ECONNABORTED) continue;  // that client gave up: next one
+      if (out_of_descriptors(error) && shed_one("out of descriptors")) continue;
+      pause(l, error);
+      return;
+    }
+  }
+
+  /// Starts the handshake of a socket just accepted, shedding one if there are `cap` already.
+  void admit(tcp_cm_listener* l, int fd, const sockaddr_in& peer, size_t cap) {
+    if (handshakes_.size() >= cap) shed_one("too many handshakes at once");
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    auto conn = std::make_unique<socket_conn>(fd, true, peer, params_.auth_key);
+    conn->at = stage::await_hello;
+    conn->listener = l;
+    conn->accepted = clock_type::now();
+    conn->deadline = conn->accepted + limits_.hello_timeout;
+    watch(fd, conn.get(), EPOLLIN);
+    handshakes_.add(conn.get());
+    conns_.push_back(std::move(conn));
+  }
+
+  /// Closes the oldest handshake of the busiest source; false when there is none.
+  bool shed_one(const char* why) {
+    socket_conn* victim = handshakes_.victim();
+    if (victim == nullptr) return false;
+    uint64_t since = 0;
+    if (shed_warning_.due(&since)) {
+      COMM_LOG(warn, log_name, "%s: shed %llu unauthenticated handshake(s) since the last "
+               "warning, the oldest of the busiest source (now %s)", why,
+               static_cast<unsigned long long>(since), victim->peer_address().c_str());
+    }
+    retire(victim);
+    return true;
+  }
+
+  /// Stops accepting on `l` for accept_pause (accept failed with `error`).
+  void pause(tcp_cm_listener* l, int error) {
+    uint64_t since = 0;
+    if (pause_warning_.due(&since)) {
+      COMM_LOG(warn, log_name, "accepting on %s failed (%s), nothing to shed: paused %lld ms "
+               "(%llu time(s) since the last warning)", l->address().c_str(), std::strerror(error),
+               static_cast<long long>(accept_pause.count()),
+               static_cast<unsigned long long>(since));
+    }
+    l->paused = true;
+    l->resume_at = clock_type::now() + accept_pause;
+    watch(l->fd_, l, 0);
+  }
+
+  void resume_listeners() {
+    const auto now = clock_type::now();
+    for (tcp_cm_listener* l : listeners_) {
+      if (!l->paused || now < l->resume_at) continue;
+      l->paused = false;
+      watch(l->fd_, l, EPOLLIN);
+    }
+  }
+
+  void narrow_without_key(sockaddr_in& where) const {
+    if (!params_.auth_key.empty()) return;
+    if (where.sin_addr.s_addr == htonl(INADDR_ANY)) {
+      where.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      COMM_LOG(warn, log_name,
+               "no auth key (COMM_AUTH_KEY): listening on loopback only; set a key to accept "
+               "clients from other hosts");
+    } else if (!is_loopback(where)) {
+      COMM_LOG(warn, log_name, "listening on %s without an auth key: anyone who reaches it may "
+               "connect", address_text(where).c_str());
+    }
+  }
+
+  // -- client connects ---------------------------------------------------------------------------
+
 
   /// Opens the socket of client `conn` (its peer address known) and starts a nonblocking connect.
   status start_connect(socket_conn* conn) {
@@ -494,9 +901,269 @@ private:
     if (st != status::ok) fail(conn, st);
   }
 
-  /// Marks a connection closed; it is released at the end of progress().
+  /// The nonblocking connect of `conn` finished (or not yet): sends the hello; false when the
+  /// connection is not (or no longer) ready for it.
+  bool finish_connect(socket_conn* conn, uint32_t events) {
+    if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return false;
+    int error = 0;
+    socklen_t length = sizeof(error);
+    ::getsockopt(conn->fd_, SOL_SOCKET, SO_ERROR, &error, &length);
+    if (error != 0) {
+      fail(conn, status_of_errno(error, true));
+      return false;
+    }
+    cm_message hello;
+    hello.type = cm_message::kind::hello;
+    hello.version = protocol_version;
+    hello.nonce = copy_of(conn->own_nonce_);
+    conn->queue(hello);
+    conn->at = stage::await_challenge;
+    return true;
+  }
+
+  // -- one connection's socket -------------------------------------------------------------------
+
+
+  void on_socket(socket_conn* conn, uint32_t events) {
+    if (conn->at == stage::dead) return;
+    if (conn->at == stage::resolving) {
+      on_lookup(conn);
+      return;
+    }
+    if (conn->at == stage::connecting && !finish_connect(conn, events)) return;
+    const bool ended = (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) && !conn->receive();
+    if (handle_frames(conn) == outcome::handed_over) return;  // no longer ours to touch
+    if (conn->at == stage::dead) return;
+    if (ended) {
+      peer_closed(conn);
+      return;
+    }
+    if (!conn->flush()) {
+      fail(conn, status::connection_reset);
+      return;
+    }
+    if (conn->at == stage::closing && !conn->wants_write()) {
+      retire(conn);
+      return;
+    }
+    update_interest(conn);
+  }
+
+  /// The peer closed `conn` (or its socket failed) before the handshake was done.
+  void peer_closed(socket_conn* conn) {
+    if (conn->at == stage::closing) {
+      retire(conn);
+      return;
+    }
+    fail(conn, conn->at == stage::await_challenge ? status::unreachable
+                                                  : status::connection_reset);
+  }
+
+  /// Handles every whole message `conn` has buffered. Each is consumed before it is dispatched,
+  /// so whatever a handler does with the connection, nothing here reads it afterwards unless it
+  /// is still ours.
+  outcome handle_frames(socket_conn* conn) {
+    while (conn->at != stage::dead) {
+      const cm_frame frame =
+          find_cm_frame(conn->rx_.data(), conn->rx_.size(), max_message_in(conn->at));
+      if (frame.at == cm_frame::state::incomplete) return outcome::open;
+      if (frame.at == cm_frame::state::invalid) {
+        garbage(conn, "a frame with an impossible length");
+        return outcome::finished;
+      }
+      cm_message message;
+      const bool parsed =
+          parse_cm_message(conn->rx_.data() + cm_frame_prefix, frame.length, &message);
+      conn->consume(cm_frame_prefix + frame.length);
+      if (!parsed) {
+        garbage(conn, "a malformed message");
+        return outcome::finished;
+      }
+      const outcome next = dispatch(conn, message);
+      if (next != outcome::open) return next;
+    }
+    return outcome::finished;
+  }
+
+  void garbage(socket_conn* conn, const char* what) {
+    uint64_t since = 0;
+    if (garbage_warning_.due(&since)) {
+      COMM_LOG(warn, log_name, "%s sent %s: connection closed (%llu such since the last warning)",
+               conn->peer_address().c_str(), what, static_cast<unsigned long long>(since));
+    }
+    fail(conn, status::protocol_error);
+  }
+
+  /// Handles one message; a message that does not belong to the connection's stage, or does not
+  /// check out, is garbage.
+  outcome dispatch(socket_conn* conn, const cm_message& message) {
+    bool valid = false;
+    switch (conn->at) {
+      case stage::await_challenge:
+        valid = message.type == cm_message::kind::challenge && on_challenge(conn, message);
+        break;
+      case stage::await_reply:
+        valid = message.type == cm_message::kind::reply && on_reply(conn, message);
+        break;
+      case stage::await_hello:
+        valid = message.type == cm_message::kind::hello && on_hello(conn, message);
+        break;
+      case stage::await_request:
+        if (message.type == cm_message::kind::request) return on_request(conn, message);
+        break;
+      case stage::await_confirm:
+        valid = message.type == cm_message::kind::confirm;
+        if (valid) establish(conn, nullptr, 0);
+        break;
+      default:
+        break;
+    }
+    if (!valid) {
+      garbage(conn, "a message out of place or malformed");
+      return outcome::finished;
+    }
+    const bool going_on = conn->at != stage::dead && conn->at != stage::closing;
+    return going_on ? outcome::open : outcome::finished;
+  }
+
+  bool on_challenge(socket_conn* conn, const cm_message& challenge) {
+    if (challenge.nonce.size() != auth::nonce_size) return false;
+    std::memcpy(conn->peer_nonce_.data(), challenge.nonce.data(), auth::nonce_size);
+    const auto& key = conn->key_;
+    if (!key.empty() &&
+        !auth::check_proof(key, server_role, conn->own_nonce_.data(), auth::nonce_size,
+                           conn->peer_nonce_.data(), auth::nonce_size, challenge.proof.data(),
+                           challenge.proof.size())) {
+      COMM_LOG(warn, log_name, "server %s did not prove the cluster key: refused",
+               conn->peer_address().c_str());
+      fail(conn, status::rejected);
+      return true;
+    }
+    cm_message request;
+    request.type = cm_message::kind::request;
+    if (!key.empty()) {
+      const auth::proof proof = auth::make_proof(key, client_role, conn->peer_nonce_.data(),
+                                                 auth::nonce_size, conn->own_nonce_.data(),
+                                                 auth::nonce_size);
+      request.proof.assign(proof.begin(), proof.end());
+    }
+    request.private_data = std::move(conn->private_data);
+    conn->private_data.clear();
+    conn->queue(request);
+    conn->at = stage::await_reply;
+    return true;
+  }
+
+  bool on_reply(socket_conn* conn, const cm_message& reply) {
+    const auto st = static_cast<status>(reply.status);
+    if (st != status::ok) {
+      if (!is_error(st)) return false;
+      fail(conn, st);
+      return true;
+    }
+    cm_message confirm;
+    confirm.type = cm_message::kind::confirm;
+    conn->queue(confirm);
+    establish(conn, reply.private_data.data(), reply.private_data.size());
+    return true;
+  }
+
+  bool on_hello(socket_conn* conn, const cm_message& hello) {
+    if (hello.version != protocol_version || hello.nonce.size() != auth::nonce_size) return false;
+    std::memcpy(conn->peer_nonce_.data(), hello.nonce.data(), auth::nonce_size);
+    cm_message challenge;
+    challenge.type = cm_message::kind::challenge;
+    challenge.nonce = copy_of(conn->own_nonce_);
+    if (!conn->key_.empty()) {
+      const auth::proof proof = auth::make_proof(conn->key_, server_role,
+                                                 conn->peer_nonce_.data(), auth::nonce_size,
+                                                 conn->own_nonce_.data(), auth::nonce_size);
+      challenge.proof.assign(proof.begin(), proof.end());
+    }
+    conn->queue(challenge);
+    conn->at = stage::await_request;
+    conn->deadline = conn->accepted + limits_.handshake_timeout;
+    return true;
+  }
+
+  /// The client's request: rejected when its proof fails, else handed over to the handler.
+  outcome on_request(socket_conn* conn, const cm_message& request) {
+    handshakes_.remove(conn);  // past the hello, and authenticated or not, no longer counted
+    if (!conn->key_.empty() &&
+        !auth::check_proof(conn->key_, client_role, conn->own_nonce_.data(), auth::nonce_size,
+                           conn->peer_nonce_.data(), auth::nonce_size, request.proof.data(),
+                           request.proof.size())) {
+      uint64_t since = 0;
+      if (auth_warning_.due(&since)) {
+        COMM_LOG(warn, log_name, "client %s failed authentication: rejected (%llu such since the "
+                 "last warning)", conn->peer_address().c_str(),
+                 static_cast<unsigned long long>(since));
+      }
+      conn->answered_ = true;
+      conn->queue_reply(status::rejected, nullptr, 0);
+      conn->at = stage::closing;
+      conn->deadline = clock_type::now() + closing_linger;
+      return outcome::finished;
+    }
+    return hand_over(conn, request.private_data);
+  }
+
+  /// Gives server connection `conn` to the handler with the client's private data. It leaves
+  /// this connection manager before the call (its socket unwatched, its events forgotten), so
+  /// whatever the handler does with it (accept it here or on another worker, reject it, drop
+  /// it), it is not touched here again.
+  outcome hand_over(socket_conn* conn, const std::vector<uint8_t>& data) {
+    tcp_cm_listener* from = conn->listener;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->fd_, nullptr);
+    forget_events(conn);
+    conn->at = stage::handed_over;
+    conn->listener = nullptr;
+    conn->rx_.shrink_to_fit();
+    auto it = std::find_if(conns_.begin(), conns_.end(),
+                           [&](const std::unique_ptr<socket_conn>& c) { return c.get() == conn; });
+    std::unique_ptr<socket_conn> owned = std::move(*it);
+    conns_.erase(it);
+    ++from->requests_;
+    params_.handler->on_request(from, std::move(owned), data.data(), data.size());
+    return outcome::handed_over;
+  }
+
+  // -- endings -----------------------------------------------------------------------------------
+
+
+  /// Fails connections past their deadline, and reports failures found while connecting.
+  unsigned expire() {
+    if (conns_.empty()) return 0;
+    const auto now = clock_type::now();
+    unsigned n = 0;
+    // By index: a handler told about a failure may add connections.
+    for (size_t i = 0; i < conns_.size(); ++i) {
+      socket_conn* conn = conns_[i].get();
+      if (conn->at == stage::dead) continue;
+      if (conn->failure != status::ok) {
+        fail(conn, conn->failure);
+        ++n;
+      } else if (now >= conn->deadline) {
+        time_out(conn);
+        ++n;
+      }
+    }
+    return n;
+  }
+
+  void time_out(socket_conn* conn) {
+    if (conn->in_handshakes) {
+      COMM_LOG(debug, log_name, "no %s from %s in time: dropped",
+               conn->at == stage::await_hello ? "hello" : "request", conn->peer_address().c_str());
+    }
+    const bool reaching = conn->at == stage::connecting || conn->at == stage::resolving;
+    fail(conn, reaching ? status::unreachable : status::endpoint_timeout);
+  }
+
+  /// Marks a connection closed; it is released when the outermost progress() returns.
   void retire(socket_conn* conn) {
     if (conn->at == stage::dead) return;
+    handshakes_.remove(conn);
     if (conn->lookup) {
       ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->lookup->ready, nullptr);
       conn->lookup.reset();
@@ -515,6 +1182,8 @@ private:
                  conns_.end());
   }
 
+  /// Retires `conn` and tells the handler, if it is one the handler knows (a client, or a server
+  /// connection it accepted).
   void fail(socket_conn* conn, status reason) {
     if (conn->at == stage::dead) return;
     const bool tell = conn->at != stage::closing &&
@@ -523,284 +1192,20 @@ private:
     if (tell) params_.handler->on_failed(conn, reason);
   }
 
+  /// The handshake of `conn` is done: it closes once its last bytes (a client's confirm) are out.
   void establish(socket_conn* conn, const uint8_t* data, size_t length) {
     if (conn->wants_write()) {
       conn->at = stage::closing;
+      conn->deadline = clock_type::now() + closing_linger;
       update_interest(conn);
     } else {
       retire(conn);
     }
     params_.handler->on_established(conn, data, length);
-    if (conn->at == stage::closing) conn->deadline = clock_type::now() + std::chrono::seconds(1);
   }
 
-  void accept_clients(tcp_cm_listener* l) {
-    for (int i = 0; i < accepts_per_event; ++i) {
-      sockaddr_in peer{};
-      socklen_t length = sizeof(peer);
-      const int fd = ::accept4(l->fd_, reinterpret_cast<sockaddr*>(&peer), &length,
-                               SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;
-      if (conns_.size() >= max_connections) {
-        COMM_LOG(warn, log_name, "too many connections under way: closing one from %s",
-                 address_text(peer).c_str());
-        ::close(fd);
-        continue;
-      }
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      auto conn = std::make_unique<socket_conn>(fd, true, peer, params_.auth_key);
-      conn->at = stage::await_hello;
-      conn->listener = l;
-      conn->deadline = clock_type::now() + std::chrono::milliseconds(server_handshake_ms);
-      watch(fd, conn.get(), EPOLLIN);
-      conns_.push_back(std::move(conn));
-    }
-  }
+  // -- timer -------------------------------------------------------------------------------------
 
-  void on_socket(socket_conn* conn, uint32_t events) {
-    if (conn->at == stage::dead) return;
-    if (conn->at == stage::resolving) {
-      on_lookup(conn);
-      return;
-    }
-    if (conn->at == stage::connecting) {
-      if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
-      int error = 0;
-      socklen_t length = sizeof(error);
-      ::getsockopt(conn->fd_, SOL_SOCKET, SO_ERROR, &error, &length);
-      if (error != 0) {
-        fail(conn, status_of_errno(error, true));
-        return;
-      }
-      send_hello(conn);
-    }
-    if (events & EPOLLIN) read_frames(conn);
-    // Handed over: no longer ours to touch.
-    if (conn->at == stage::dead || conn->at == stage::handed_over) return;
-    if (!conn->flush()) {
-      fail(conn, status::connection_reset);
-      return;
-    }
-    if (conn->at == stage::closing && !conn->wants_write()) {
-      retire(conn);
-      return;
-    }
-    update_interest(conn);
-  }
-
-  void send_hello(socket_conn* conn) {
-    capnp::MallocMessageBuilder message;
-    auto hello = message.initRoot<schema::CmMessage>().initHello();
-    hello.setVersion(protocol_version);
-    hello.setNonce(bytes_of(conn->own_nonce_.data(), conn->own_nonce_.size()));
-    append_frame(message, conn->tx_);
-    conn->at = stage::await_challenge;
-  }
-
-  /// Reads what the socket has and handles every complete frame.
-  void read_frames(socket_conn* conn) {
-    uint8_t chunk[16384];
-    for (;;) {
-      const ssize_t n = ::recv(conn->fd_, chunk, sizeof(chunk), 0);
-      if (n > 0) {
-        conn->rx_.insert(conn->rx_.end(), chunk, chunk + n);
-        if (conn->rx_.size() > max_message + 4) break;
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      handle_frames(conn);
-      if (conn->at == stage::handed_over) return;  // its end is seen when it comes back
-      if (conn->at != stage::dead && conn->at != stage::closing) {
-        fail(conn, conn->at == stage::await_challenge ? status::unreachable
-                                                      : status::connection_reset);
-      } else if (conn->at == stage::closing) {
-        retire(conn);
-      }
-      return;
-    }
-    handle_frames(conn);
-  }
-
-  void handle_frames(socket_conn* conn) {
-    size_t used = 0;
-    while (conn->at != stage::dead && conn->at != stage::handed_over &&
-           conn->rx_.size() - used >= 4) {
-      const uint8_t* p = conn->rx_.data() + used;
-      const uint32_t length = p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t{p[3]} << 24);
-      if (length == 0 || length % 8 != 0 || length > max_message) {
-        garbage(conn, "a frame with an impossible length");
-        return;
-      }
-      if (conn->rx_.size() - used < 4 + size_t{length}) break;
-      handle_message(conn, p + 4, length);
-      used += 4 + size_t{length};
-    }
-    if (conn->at != stage::dead) conn->rx_.erase(conn->rx_.begin(), conn->rx_.begin() + used);
-  }
-
-  void garbage(socket_conn* conn, const char* what) {
-    ++protocol_errors_;
-    COMM_LOG(warn, log_name, "%s sent %s: connection closed", conn->peer_address().c_str(), what);
-    fail(conn, status::protocol_error);
-  }
-
-  void handle_message(socket_conn* conn, const uint8_t* data, size_t length) {
-    auto words = kj::heapArray<capnp::word>(length / 8);
-    std::memcpy(words.begin(), data, length);
-    bool valid = true;
-    kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
-      capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
-      valid = dispatch(conn, reader.getRoot<schema::CmMessage>());
-    });
-    if (failure != nullptr || !valid) garbage(conn, "a message out of place or malformed");
-  }
-
-  /// Handles one message; false when it does not belong to the connection's stage.
-  bool dispatch(socket_conn* conn, schema::CmMessage::Reader message) {
-    switch (conn->at) {
-      case stage::await_challenge:
-        return message.isChallenge() && on_challenge(conn, message.getChallenge());
-      case stage::await_reply:
-        return message.isReply() && on_reply(conn, message.getReply());
-      case stage::await_hello:
-        return message.isHello() && on_hello(conn, message.getHello());
-      case stage::await_request:
-        return message.isRequest() && on_request(conn, message.getRequest());
-      case stage::await_confirm:
-        if (!message.isConfirm()) return false;
-        establish(conn, nullptr, 0);
-        return true;
-      default:
-        return false;
-    }
-  }
-
-  bool on_challenge(socket_conn* conn, schema::CmChallenge::Reader challenge) {
-    auto nonce = challenge.getNonce();
-    if (nonce.size() != auth::nonce_size) return false;
-    std::memcpy(conn->peer_nonce_.data(), nonce.begin(), auth::nonce_size);
-    const auto& key = conn->key_;
-    if (!key.empty()) {
-      auto proof = challenge.getProof();
-      if (!auth::check_proof(key, server_role, conn->own_nonce_.data(), auth::nonce_size,
-                             conn->peer_nonce_.data(), auth::nonce_size, proof.begin(),
-                             proof.size())) {
-        COMM_LOG(warn, log_name, "server %s did not prove the cluster key: refused",
-                 conn->peer_address().c_str());
-        fail(conn, status::rejected);
-        return true;
-      }
-    }
-    capnp::MallocMessageBuilder message;
-    auto request = message.initRoot<schema::CmMessage>().initRequest();
-    if (!key.empty()) {
-      const auth::proof proof = auth::make_proof(key, client_role, conn->peer_nonce_.data(),
-                                                 auth::nonce_size, conn->own_nonce_.data(),
-                                                 auth::nonce_size);
-      request.setProof(bytes_of(proof.data(), proof.size()));
-    }
-    request.setPrivateData(bytes_of(conn->private_data.data(), conn->private_data.size()));
-    append_frame(message, conn->tx_);
-    conn->private_data.clear();
-    conn->at = stage::await_reply;
-    return true;
-  }
-
-  bool on_reply(socket_conn* conn, schema::CmReply::Reader reply) {
-    const auto st = static_cast<status>(reply.getStatus());
-    if (st != status::ok) {
-      if (!is_error(st)) return false;
-      fail(conn, st);
-      return true;
-    }
-    capnp::MallocMessageBuilder message;
-    message.initRoot<schema::CmMessage>().setConfirm();
-    append_frame(message, conn->tx_);
-    auto data = reply.getPrivateData();
-    establish(conn, data.begin(), data.size());
-    return true;
-  }
-
-  bool on_hello(socket_conn* conn, schema::CmHello::Reader hello) {
-    auto nonce = hello.getNonce();
-    if (hello.getVersion() != protocol_version || nonce.size() != auth::nonce_size) return false;
-    std::memcpy(conn->peer_nonce_.data(), nonce.begin(), auth::nonce_size);
-    capnp::MallocMessageBuilder message;
-    auto challenge = message.initRoot<schema::CmMessage>().initChallenge();
-    challenge.setNonce(bytes_of(conn->own_nonce_.data(), conn->own_nonce_.size()));
-    if (!conn->key_.empty()) {
-      const auth::proof proof = auth::make_proof(conn->key_, server_role,
-                                                 conn->peer_nonce_.data(), auth::nonce_size,
-                                                 conn->own_nonce_.data(), auth::nonce_size);
-      challenge.setProof(bytes_of(proof.data(), proof.size()));
-    }
-    append_frame(message, conn->tx_);
-    conn->at = stage::await_request;
-    return true;
-  }
-
-  bool on_request(socket_conn* conn, schema::CmRequest::Reader request) {
-    if (!conn->key_.empty()) {
-      auto proof = request.getProof();
-      if (!auth::check_proof(conn->key_, client_role, conn->own_nonce_.data(), auth::nonce_size,
-                             conn->peer_nonce_.data(), auth::nonce_size, proof.begin(),
-                             proof.size())) {
-        ++auth_failures_;
-        COMM_LOG(warn, log_name, "client %s failed authentication: rejected",
-                 conn->peer_address().c_str());
-        conn->answered_ = true;
-        conn->queue_reply(status::rejected, nullptr, 0);
-        conn->at = stage::closing;
-        conn->deadline = clock_type::now() + std::chrono::seconds(1);
-        return true;
-      }
-    }
-    tcp_cm_listener* from = conn->listener;
-    if (from == nullptr) {
-      retire(conn);
-      return true;
-    }
-    hand_over(conn, from, request.getPrivateData());
-    return true;
-  }
-
-  void hand_over(socket_conn* conn, tcp_cm_listener* from, capnp::Data::Reader data) {
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->fd_, nullptr);
-    conn->at = stage::handed_over;
-    conn->listener = nullptr;
-    auto it = std::find_if(conns_.begin(), conns_.end(),
-                           [&](const std::unique_ptr<socket_conn>& c) { return c.get() == conn; });
-    std::unique_ptr<socket_conn> owned = std::move(*it);
-    conns_.erase(it);
-    ++from->requests_;
-    params_.handler->on_request(from, std::move(owned), data.begin(), data.size());
-  }
-
-  /// Fails connections past their deadline, and reports failures found while connecting.
-  unsigned expire() {
-    if (conns_.empty()) return 0;
-    const auto now = clock_type::now();
-    unsigned n = 0;
-    for (size_t i = 0; i < conns_.size(); ++i) {
-      socket_conn* conn = conns_[i].get();
-      if (conn->at == stage::dead) continue;
-      if (conn->failure != status::ok) {
-        fail(conn, conn->failure);
-        ++n;
-      } else if (now >= conn->deadline) {
-        if (conn->server_ && conn->at != stage::await_confirm) {
-          COMM_LOG(debug, log_name, "handshake with %s timed out: dropped",
-                   conn->peer_address().c_str());
-        }
-        const bool reaching = conn->at == stage::connecting || conn->at == stage::resolving;
-        fail(conn, reaching ? status::unreachable : status::endpoint_timeout);
-        ++n;
-      }
-    }
-    return n;
-  }
 
   void arm_timer_now() {
     itimerspec spec{};
@@ -808,12 +1213,16 @@ private:
     ::timerfd_settime(timer_fd_, 0, &spec, nullptr);
   }
 
-  /// Arms the timer for the earliest deadline, so a sleeping owner wakes to time it out.
+  /// Arms the timer for the earliest deadline or listener resumption, so a sleeping owner wakes
+  /// for it.
   void arm_timer() {
+    auto earliest = clock_type::time_point::max();
+    for (const auto& conn : conns_) earliest = std::min(earliest, conn->deadline);
+    for (const tcp_cm_listener* l : listeners_) {
+      if (l->paused) earliest = std::min(earliest, l->resume_at);
+    }
     itimerspec spec{};
-    if (!conns_.empty()) {
-      auto earliest = clock_type::time_point::max();
-      for (const auto& conn : conns_) earliest = std::min(earliest, conn->deadline);
+    if (earliest != clock_type::time_point::max()) {
       const auto wait = std::max<clock_type::duration>(earliest - clock_type::now(),
                                                        std::chrono::microseconds(1));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
@@ -823,14 +1232,27 @@ private:
     ::timerfd_settime(timer_fd_, 0, &spec, nullptr);
   }
 
+  /// An epoll batch being handled (see forget_events).
+  struct event_batch {
+    epoll_event* events;
+    int n;
+  };
+
   cm_params params_;
+  cm_limits limits_;
   int epoll_fd_ = -1;
   int timer_fd_ = -1;
   std::vector<tcp_cm_listener*> listeners_;
   std::vector<std::unique_ptr<socket_conn>> conns_;
-  uint64_t listeners_dropped_ = 0;
-  uint64_t protocol_errors_ = 0;
-  uint64_t auth_failures_ = 0;
+  handshake_table handshakes_;
+  unsigned depth_ = 0;                  ///< progress() calls under way (nested from handlers)
+  std::vector<event_batch> batches_;    ///< their epoll batches
+  pollable forgotten_;                  ///< what a forgotten event points at
+  // Warnings a flood could repeat thousands of times a second, printed at most every 10 s.
+  throttled_warning shed_warning_;
+  throttled_warning pause_warning_;
+  throttled_warning garbage_warning_;
+  throttled_warning auth_warning_;
 };
 
 tcp_cm_listener::~tcp_cm_listener() {

@@ -19,19 +19,79 @@
 // The socket only carries this handshake: after the confirm both sides close it and the data goes
 // over the lanes the protocol layer picks from the exchanged private data.
 //
-// Limits: a message is at most 72 KiB (private data up to 64 KiB); a server-side handshake that
-// stalls for 10 s is dropped (half-open and silent clients cost nothing after that); at most 4096
-// connections at a time, beyond which new sockets are closed at once. Garbage closes only the
-// connection that sent it. A wildcard listen address without a key is narrowed to loopback.
+// Ownership across callbacks: a request handed to cm_handler::on_request leaves the connection
+// manager before the call, so the handler may accept it (here or on another worker), reject it
+// or drop it at once. Other connections stay owned by the connection manager until the outermost
+// progress() returns, so a handler may close them, connect, or progress again. The connection
+// manager (its owner, a worker) must not be destroyed inside its own callbacks: that aborts with a
+// message rather than using freed memory.
+//
+// Limits against hostile or broken clients (server side), the variables read when the connection
+// manager opens. A handshake is "unauthenticated" from accept until its request arrives:
+//   - COMM_TCP_CM_HELLO_TIMEOUT (ms, default 3000): the whole hello must arrive within this time of
+//     the accept; a silent or trickling socket is closed then.
+//   - COMM_TCP_CM_HANDSHAKE_TIMEOUT (ms, default 10000): the request must arrive within this time
+//     of the accept.
+//   - COMM_TCP_CM_MAX_HANDSHAKES (default 1024): unauthenticated handshakes held at once, and never
+//     more than a quarter of the descriptor limit (RLIMIT_NOFILE), so half-open sockets cannot
+//     take the descriptors that accepted clients and their data connections need. When full, a new
+//     socket is still accepted and the oldest handshake of the source address holding the most is
+//     closed (shed): a flood sheds its own sockets first, and a good client, being newest, gets in.
+//   - Out of descriptors (EMFILE, ENFILE): the oldest handshake of the busiest source is shed to
+//     make room; with none to shed, accepting pauses for 100 ms (clients wait in the backlog)
+//     instead of spinning on a listening socket that stays readable.
+//   - A hello, challenge or confirm is at most 256 bytes, a request or reply at most 72 KiB
+//     (private data up to 64 KiB): at most COMM_TCP_CM_MAX_HANDSHAKES x 72 KiB is buffered.
+//   - Garbage closes only the connection that sent it. A wildcard listen address without a key is
+//     narrowed to loopback. Shedding, pauses, garbage and failed authentication are logged at
+//     warn, each at most once per 10 s with a count.
 #pragma once
 
 #include <comm/transport/transport.hpp>
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace comm::tl::tcp {
 
 /// Creates the tcp connection manager.
 status open_tcp_cm(const cm_params& params, std::unique_ptr<cm>& out);
+
+// -- wire format (pure functions, usable on their own) -------------------------------------------
+
+/// One connection manager message, decoded.
+struct cm_message {
+  /// Which message of the handshake it is.
+  enum class kind : uint8_t { hello, challenge, request, reply, confirm };
+  kind type = kind::confirm;
+  uint16_t version = 0;               ///< hello: the protocol version
+  std::vector<uint8_t> nonce;         ///< hello, challenge: the sender's nonce
+  std::vector<uint8_t> proof;         ///< challenge, request: HMAC proof (empty without a key)
+  int16_t status = 0;                 ///< reply: 0 when accepted, else why not
+  std::vector<uint8_t> private_data;  ///< request, reply
+};
+
+/// What the front of a receive buffer holds.
+struct cm_frame {
+  /// Whether a whole frame is there.
+  enum class state : uint8_t { incomplete, complete, invalid };
+  state at = state::incomplete;
+  size_t length = 0;  ///< complete: bytes of the message after the 4-byte length
+};
+
+/// Bytes of a frame's length prefix.
+inline constexpr size_t cm_frame_prefix = 4;
+
+/// Looks for one frame at the front of `data`: its length is 4 bytes little-endian, then the
+/// message. A length of 0, not a multiple of 8, or above `max_length` is invalid.
+cm_frame find_cm_frame(const uint8_t* data, size_t size, size_t max_length);
+
+/// Decodes one message (the bytes after a frame's prefix); false when it is malformed.
+bool parse_cm_message(const uint8_t* data, size_t length, cm_message* out);
+
+/// Encodes `message` as a whole frame (prefix included).
+std::vector<uint8_t> encode_cm_message(const cm_message& message);
 
 }  // namespace comm::tl::tcp

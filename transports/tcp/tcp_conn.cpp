@@ -205,12 +205,13 @@ void tcp_conn::write_queued() {
       sent = ::sendmsg(fd_, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     if (sent < 0 && !would_block(errno)) {
-      fail(status::connection_reset, "send", errno);
+      fail(status_of_errno(errno, false), "send", errno);
       return;
     }
     if (sent > 0) {
       owner_.counters().bytes_sent += static_cast<size_t>(sent);
       consume_written(static_cast<size_t>(sent));
+      owner_.expect_answers();
     }
     if (!hs_out_.empty() || (phase_ == phase::open && (!tx_.empty() || zcopy_queued_))) {
       ++owner_.counters().would_block;
@@ -259,15 +260,19 @@ bool tcp_conn::ack_due() const {
   return unacked != 0 && (ack_urgent_ || unacked >= owner_.window() / 2);
 }
 
-void tcp_conn::send_ack_if_due() {
-  // Never behind a half-written zcopy frame: the ack would land inside it.
-  if (!ack_due() || zcopy_queued_) return;
-  uint8_t* dest = tx_.reserve(frame_header_size);
-  if (dest == nullptr) return;  // the records in the buffer will carry it
-  owner_.writer().frame(frame_kind::ack, 0, 0, false, delivered_, dest);
+bool tcp_conn::append_control(frame_kind kind, bool ask) {
+  // Never behind a half-written zcopy frame: the record would land inside it.
+  uint8_t* dest = zcopy_queued_ ? nullptr : tx_.reserve(frame_header_size);
+  if (dest == nullptr) return false;  // the records in the buffer carry `delivered` meanwhile
+  owner_.writer().frame(kind, 0, 0, ask, delivered_, dest);
   tx_.commit(frame_header_size);
   ack_sent_ = delivered_;
   ack_urgent_ = false;
+  return true;
+}
+
+void tcp_conn::send_ack_if_due() {
+  if (!ack_due() || !append_control(frame_kind::ack, false)) return;
   ++owner_.counters().acks_sent;
   if (!out_watched_) write_queued();
 }
@@ -275,12 +280,7 @@ void tcp_conn::send_ack_if_due() {
 void tcp_conn::maybe_bye() {
   if (bye_sent_ || phase_ != phase::open || endpoints() != 0) return;
   if (!had_eps_ && !bye_received_) return;  // the peer may still open endpoints on it
-  if (zcopy_queued_ || !tx_.fits(frame_header_size)) return;  // after every message
-  uint8_t* dest = tx_.reserve(frame_header_size);
-  owner_.writer().frame(frame_kind::bye, 0, 0, false, delivered_, dest);
-  tx_.commit(frame_header_size);
-  ack_sent_ = delivered_;
-  ack_urgent_ = false;
+  if (!append_control(frame_kind::bye, false)) return;  // after every message
   bye_sent_ = true;
   owner_.unmap(this);  // new endpoints to the peer open a new connection
   COMM_LOG(debug, log_name, "connection %s: no endpoints left, bye", describe().c_str());
@@ -422,6 +422,54 @@ bool tcp_conn::check_deadline(uint64_t now_ns) {
   return false;
 }
 
+// -- liveness -------------------------------------------------------------------------------------
+
+bool tcp_conn::check_liveness(uint64_t now_ns) {
+  if (phase_ != phase::open || fd_ < 0) return false;
+  peer_answers answers;
+  if (read_peer_answers(fd_, &answers) && host_silent(answers)) return false;
+  const bool undelivered = frames_sent_ != peer_delivered_;
+  const bool stall_bounded = owner_.config().stall_timeout_s != 0;
+  if (stall_bounded && peer_stalled(now_ns, undelivered)) return false;
+  return answers.waiting || (stall_bounded && undelivered);
+}
+
+bool tcp_conn::host_silent(const peer_answers& answers) {
+  const bool silent = answers.waiting && answers.asking &&
+                      answers.silent_ms >= owner_.config().silence_limit_ms();
+  silent_checks_ = silent ? silent_checks_ + 1 : 0;
+  if (silent_checks_ < 2) return false;  // a probe sent just before this check may be answered
+  ++owner_.counters().silent_hosts;
+  const std::string why =
+      "the peer's host answered nothing for " + std::to_string(answers.silent_ms) + " ms";
+  fail(status::endpoint_timeout, why.c_str(), 0);
+  return true;
+}
+
+bool tcp_conn::peer_stalled(uint64_t now_ns, bool undelivered) {
+  if (!undelivered || peer_delivered_ != delivered_seen_) {
+    delivered_seen_ = peer_delivered_;
+    progress_ns_ = now_ns;
+    heartbeat_sent_ = false;
+    return false;
+  }
+  // The timer did not run while nothing waited: the wait began when it started again at the
+  // earliest.
+  const uint64_t since = std::max(progress_ns_, owner_.timer_started_ns());
+  if (now_ns - since >= owner_.config().stall_timeout_ns()) {
+    ++owner_.counters().stalled_peers;
+    fail(status::endpoint_timeout, "the peer delivered none of our messages within "
+                                   "COMM_TCP_STALL_TIMEOUT", 0);
+    return true;
+  }
+  if (!heartbeat_sent_ && append_control(frame_kind::ack, true)) {
+    heartbeat_sent_ = true;
+    ++owner_.counters().heartbeats_sent;
+    if (!out_watched_) write_queued();
+  }
+  return false;
+}
+
 // -- reading --------------------------------------------------------------------------------------
 
 unsigned tcp_conn::on_readable() {
@@ -494,7 +542,7 @@ bool tcp_conn::account(ssize_t got) {
     finish();
     return false;
   }
-  fail(status::connection_reset, why, error);
+  fail(error != 0 ? status_of_errno(error, false) : status::connection_reset, why, error);
   return false;
 }
 
@@ -556,6 +604,7 @@ unsigned tcp_conn::take_frame(const parsed_frame& frame, uint8_t* start) {
       owner_.deliver(frame.id, start + frame.header_bytes, frame.length);
       return 1;
     case frame_kind::ack:
+      ack_urgent_ = ack_urgent_ || frame.ack;  // a heartbeat: the sender waits for our count
       return 0;
     case frame_kind::bye:
       if (bye_received_) {
@@ -783,6 +832,7 @@ void tcp_conn::reject_peer(const char* why) {
 
 void tcp_conn::become_open() {
   phase_ = phase::open;
+  progress_ns_ = owner_.now_ns();
   COMM_LOG(debug, log_name, "connection %s open", describe().c_str());
   write_queued();  // the welcome (acceptor) and the messages that waited
 }

@@ -150,6 +150,13 @@ public:
   /// (handshake or awaiting), after which the connection has failed.
   bool check_deadline(uint64_t now_ns);
 
+  /// A tick of the interface's liveness timer at `now_ns` (see tcp_iface.hpp): fails the
+  /// connection with endpoint_timeout when the peer's host went silent, or when the peer process
+  /// left our messages undelivered for COMM_TCP_STALL_TIMEOUT (asking it for an acknowledgement
+  /// first). Returns true while the connection waits for its peer: bytes of ours unacknowledged by
+  /// its kernel, or, with a stall timeout, messages it has not delivered.
+  bool check_liveness(uint64_t now_ns);
+
   // -- state --
 
   phase state() const { return phase_; }
@@ -200,6 +207,14 @@ private:
   unsigned take_frame(const parsed_frame& frame, uint8_t* start);
   void garbage(const char* why);
 
+  // liveness
+  /// Counts checks at which the kernel waits for the peer's host, asks and hears nothing; true
+  /// (and the connection failed) at the second in a row.
+  bool host_silent(const peer_answers& answers);
+  /// True (and the connection failed) when the peer's delivered count has not moved for the stall
+  /// timeout while messages of ours wait; asks for an acknowledgement once per such wait.
+  bool peer_stalled(uint64_t now_ns, bool undelivered);
+
   // handshake
   /// Consumes one handshake record; false when it is incomplete or the handshake ended badly.
   bool take_handshake_record();
@@ -218,6 +233,9 @@ private:
   void finish_connect();
 
   // writing
+  /// Appends a control frame (ack or bye; `ask`: the peer acknowledges at once) carrying our
+  /// delivered count; false when it cannot go now (behind a half-written zcopy, or no room).
+  bool append_control(frame_kind kind, bool ask);
   void write_queued();
   void consume_written(size_t sent);
   void update_interest();
@@ -279,6 +297,12 @@ private:
   uint64_t delivered_ = 0;       ///< messages delivered from the peer
   uint64_t ack_sent_ = 0;        ///< the largest `delivered` put on the wire
   bool ack_urgent_ = false;      ///< a zcopy frame was delivered since then
+
+  // liveness
+  uint8_t silent_checks_ = 0;    ///< checks in a row that found the peer's host silent
+  uint64_t delivered_seen_ = 0;  ///< peer_delivered_ at the last check
+  uint64_t progress_ns_ = 0;     ///< when the last check saw it move or nothing waiting
+  bool heartbeat_sent_ = false;  ///< an acknowledgement was asked for since then
 
   // endpoints and closing
   std::vector<tcp_ep*> eps_;

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -75,7 +76,10 @@ uint64_t tcp_iface::now_ns() {
 // -- open and close -------------------------------------------------------------------------------
 
 tcp_iface::tcp_iface(const iface_params& params, const ipv4_device& device)
-    : device_(device), iface_id_(random_nonzero_id()), auth_key_(params.auth_key) {
+    : device_(device),
+      iface_id_(random_nonzero_id()),
+      auth_key_(params.auth_key),
+      config_(tcp_config::from_environment()) {
   if (params.fifo_size != 0) {
     if (params.fifo_size < min_window || params.fifo_size > max_window) {
       COMM_LOG(error, log_name, "bad parameters: fifo_size %zu (%u..%u frames in flight)",
@@ -92,6 +96,7 @@ tcp_iface::tcp_iface(const iface_params& params, const ipv4_device& device)
     return;
   }
   if ((open_status_ = open_listener()) != status::ok) return;
+  if ((open_status_ = open_timer()) != status::ok) return;
 
   attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
                cap_connect_to_iface | cap_peer_failure | cap_costly_progress;
@@ -112,13 +117,23 @@ status tcp_iface::open_listener() {
   return watch(listen_fd_, EPOLLIN, &listener_target_) ? status::ok : status::io_error;
 }
 
+status tcp_iface::open_timer() {
+  timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (timer_fd_ < 0) {
+    COMM_LOG(error, log_name, "timerfd_create: %s", std::strerror(errno));
+    return status::io_error;
+  }
+  timer_target_ = {poll_target::kind::timer, this};
+  return watch(timer_fd_, EPOLLIN, &timer_target_) ? status::ok : status::io_error;
+}
+
 tcp_iface::~tcp_iface() noexcept {
   if (!eps_.empty()) {
     COMM_LOG(warn, log_name, "interface destroyed with %zu endpoints still open", eps_.size());
   }
   conns_.clear();
   for (auto& l : lingering_) ::close(l->fd);
-  for (int fd : {listen_fd_, epoll_fd_}) {
+  for (int fd : {listen_fd_, timer_fd_, epoll_fd_}) {
     if (fd >= 0) ::close(fd);
   }
 }
@@ -209,6 +224,8 @@ unsigned tcp_iface::dispatch(poll_target* target, uint32_t events) {
       return on_connection(static_cast<tcp_conn*>(target->object), events);
     case poll_target::kind::lingering:
       return on_lingering(static_cast<lingering_socket*>(target->object), events);
+    case poll_target::kind::timer:
+      return on_timer();
   }
   return 0;
 }
@@ -281,7 +298,7 @@ unsigned tcp_iface::accept_connections() {
       continue;
     }
     set_nodelay(fd);
-    set_keepalive(fd);
+    note_probe_cap(set_liveness(fd, config_));
     auto conn =
         std::make_unique<tcp_conn>(*this, fd, peer.sin_addr.s_addr, ntohs(peer.sin_port), now_ns());
     ++counters_.accepted;
@@ -522,6 +539,42 @@ void tcp_iface::housekeeping() {
   }
 }
 
+// -- liveness of the peers ------------------------------------------------------------------------
+
+void tcp_iface::arm_timer(bool on) {
+  const auto period = static_cast<long>(config_.check_period_ns());
+  itimerspec spec{};
+  if (on) {
+    spec.it_interval = {period / 1'000'000'000, period % 1'000'000'000};
+    spec.it_value = spec.it_interval;
+  }
+  if (::timerfd_settime(timer_fd_, 0, &spec, nullptr) != 0) {
+    COMM_LOG(error, log_name, "timerfd_settime: %s", std::strerror(errno));
+    return;
+  }
+  timer_armed_ = on;
+  if (on) timer_started_ns_ = now_ns();
+}
+
+unsigned tcp_iface::on_timer() {
+  uint64_t ticks = 0;
+  if (::read(timer_fd_, &ticks, sizeof(ticks)) != sizeof(ticks)) return 0;
+  ++counters_.liveness_checks;
+  const uint64_t now = now_ns();
+  bool waiting = false;
+  for (size_t i = 0; i < conns_.size(); ++i) waiting = conns_[i]->check_liveness(now) || waiting;
+  if (!waiting) arm_timer(false);  // the next write arms it again
+  return 0;
+}
+
+void tcp_iface::note_probe_cap(bool capped) {
+  if (capped || !probes_capped_) return;
+  probes_capped_ = false;
+  COMM_LOG(info, log_name,
+           "this kernel has no TCP_RTO_MAX_MS: while a peer stalls, its host is asked only as "
+           "often as the kernel backs its window probes off (up to every 120 s)");
+}
+
 // -- blocking progress ----------------------------------------------------------------------------
 
 bool tcp_iface::any_parked_ep_ready() const {
@@ -569,16 +622,19 @@ status tcp_iface::create_ep(const std::vector<uint8_t>& device_address,
   const auto address = iface_addr::unpack(iface_address);
   if (!device || !address) return status::invalid_addr;
   if (!is_reachable(device_address, iface_address)) return status::unreachable;
+  // iface_addr is packed: its id is read by value, never bound to a reference (misaligned).
+  const uint64_t peer = address->iface_id;
   tcp_conn* conn = nullptr;
-  if (auto it = peers_.find(address->iface_id); it != peers_.end()) conn = it->second;
-  if (conn == nullptr && (conn = spare(address->iface_id)) != nullptr) map(conn);
+  if (auto it = peers_.find(peer); it != peers_.end()) conn = it->second;
+  if (conn == nullptr && (conn = spare(peer)) != nullptr) map(conn);
   if (conn == nullptr) {
     if (conns_.size() >= max_connections) {
       COMM_LOG(warn, log_name, "no new connection: %zu connections open", conns_.size());
       return status::exceeds_limit;
     }
-    const connect_result c = start_connect(device->ipv4, address->port);
+    const connect_result c = start_connect(device->ipv4, address->port, config_);
     if (c.fd < 0) return c.st;
+    note_probe_cap(c.probes_capped);
     auto made = std::make_unique<tcp_conn>(*this, c.fd, c.connected, device->ipv4, *address,
                                            now_ns());
     if (made->finished()) return status::io_error;
@@ -635,6 +691,16 @@ std::string tcp_iface::info() const {
   text += "tcp: authentication refused " + std::to_string(c.auth_failures) + "\n";
   text += "tcp: simultaneous connects: answered duplicate " + std::to_string(c.duplicates) +
           ", sockets taken over " + std::to_string(c.taken_over) + "\n";
+  text += config_.describe();
+  text += "tcp: liveness checks made " + std::to_string(c.liveness_checks) + " (every " +
+          std::to_string(config_.check_period_ns() / 1'000'000) +
+          " ms while a peer owes an answer; window probes " +
+          (probes_capped_
+               ? "at least every " + std::to_string(config_.probe_interval_max_ms()) + " ms)\n"
+               : "backing off to 120 s: kernel before 6.15)\n");
+  text += "tcp: peers given up: host silent " + std::to_string(c.silent_hosts) +
+          ", process stalled " + std::to_string(c.stalled_peers) + " (heartbeats sent " +
+          std::to_string(c.heartbeats_sent) + ")\n";
   return text;
 }
 

@@ -70,7 +70,30 @@
 // operations with connection_reset and then calls the error handler, once per endpoint. A refused
 // connect reports unreachable, a handshake that does not finish within 10 s too. Garbage from a
 // peer closes that connection only (logged and counted; its endpoints fail with protocol_error).
-// Keepalive with short timers (and TCP_USER_TIMEOUT) notices silent peers within about 11 s.
+//
+// A slow peer is not a dead one (tcp_config.hpp has the knobs). What answers while a peer stalls
+// was measured on Linux 6.18 with a receiver stopped by SIGSTOP: its kernel acknowledges every
+// window probe and keepalive, so the sender's tcpi_last_ack_recv stays below the probe interval
+// and tcpi_probes at 0; a host that vanished (its link down) answers nothing, so tcpi_probes (or
+// tcpi_retransmits) grows while tcpi_last_ack_recv does; a killed process's kernel resets the
+// connection at once. TCP_USER_TIMEOUT is not used: it cut the stopped receiver's connection off
+// after its 11 s although every probe was answered. Instead:
+//   - a killed peer: the reset or EOF fails its endpoints with connection_reset at once;
+//   - a silent host, connection idle: keepalive (answered by the peer's kernel, so a stopped
+//     process passes) fails it within COMM_TCP_PEER_TIMEOUT, with endpoint_timeout;
+//   - a silent host while bytes of ours wait (unacknowledged, or behind a zero window): while any
+//     connection waits, a timer (a timerfd in the epoll set, so a sleeping worker wakes for it)
+//     reads TCP_INFO every check period; a connection whose host acknowledged nothing for
+//     silence_limit_ms() with a probe or retransmission unanswered at two checks in a row fails
+//     with endpoint_timeout, within COMM_TCP_PEER_TIMEOUT. The kernel's probe interval is capped
+//     (TCP_RTO_MAX_MS) so a live host answers many times within that bound; a kernel before 6.15
+//     backs its probes off to 120 s, and a host that vanishes during a long stall is then noticed
+//     only at the next unanswered probe;
+//   - a stopped or busy peer process: never failed by default, however long it stalls; nothing is
+//     lost, sends wait on the pending queue. With COMM_TCP_STALL_TIMEOUT=s, a connection on which
+//     messages of ours stay undelivered asks for an acknowledgement (a heartbeat: an ack frame
+//     with ackRequested, answered by the peer's progress) and fails with endpoint_timeout once the
+//     peer's delivered count has not moved for s seconds.
 //
 // Devices: the IPv4 interfaces that are up, non-loopback first; COMM_TCP_DEVICE=<name>[,<name>]
 // restricts and orders them (e.g. COMM_TCP_DEVICE=lo).
@@ -86,6 +109,7 @@
 #pragma once
 
 #include "tcp/tcp_buffer.hpp"
+#include "tcp/tcp_config.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -137,6 +161,10 @@ struct tcp_counters {
   uint64_t connected = 0;         ///< connections opened
   uint64_t closed = 0;            ///< connections closed
   uint64_t peers_failed = 0;      ///< endpoints failed
+  uint64_t silent_hosts = 0;      ///< connections failed: the peer's host stopped answering
+  uint64_t stalled_peers = 0;     ///< connections failed: COMM_TCP_STALL_TIMEOUT passed
+  uint64_t heartbeats_sent = 0;   ///< acknowledgements asked for by the stall check
+  uint64_t liveness_checks = 0;   ///< timer ticks that checked the connections
 };
 
 /// A tcp interface: a data listener on one device, its connections to peer interfaces and the
@@ -192,6 +220,16 @@ public:
   void reap(tcp_conn* conn);
   /// Puts `conn` (complete frames left over) on the list progress() drains first.
   void add_backlog(tcp_conn* conn);
+
+  /// Called after bytes went to a socket: makes sure the liveness timer runs, which checks the
+  /// connections while any of them waits for its peer.
+  void expect_answers() {
+    if (!timer_armed_) [[unlikely]] arm_timer(true);
+  }
+  /// The knobs this interface runs with.
+  const tcp_config& config() const { return config_; }
+  /// When the liveness timer last started (it stops while no connection waits).
+  uint64_t timer_started_ns() const { return timer_started_ns_; }
 
   /// Queues `ep` (its connection failed) for progress() to fail and report.
   void notice_failure(tcp_ep* ep);
@@ -257,6 +295,12 @@ private:
   bool linger_write(lingering_socket* l);
   void close_lingering(lingering_socket* l);
   void housekeeping();
+  status open_timer();
+  void arm_timer(bool on);
+  /// Remembers (and logs once) that the kernel refused to cap the probe interval.
+  void note_probe_cap(bool capped);
+  /// A tick of the liveness timer: checks every open connection, stops the timer when none waits.
+  unsigned on_timer();
   unsigned report_failures();
   bool any_parked_ep_ready() const;
 
@@ -270,6 +314,12 @@ private:
   int epoll_fd_ = -1;
   int listen_fd_ = -1;
   poll_target listener_target_;
+  tcp_config config_;
+  int timer_fd_ = -1;            ///< the liveness timer (a timerfd in the epoll set)
+  poll_target timer_target_;
+  bool timer_armed_ = false;
+  uint64_t timer_started_ns_ = 0;
+  bool probes_capped_ = true;    ///< the kernel took TCP_RTO_MAX_MS (see set_liveness)
 
   handler handlers_[am_id_count];
   error_handler_fn error_fn_ = nullptr;

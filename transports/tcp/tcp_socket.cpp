@@ -4,26 +4,24 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <linux/tcp.h>  // the kernel's tcp_info (glibc's lacks tcpi_notsent_bytes)
 #include <net/if.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
-#include <sstream>
 
 namespace comm::tl::tcp {
 namespace {
 
 constexpr const char* log_name = "tcp";
 constexpr int listen_backlog = 256;
-constexpr int keepalive_idle_s = 5;
-constexpr int keepalive_interval_s = 2;
-constexpr int keepalive_probes = 3;
+#ifndef TCP_RTO_MAX_MS
+constexpr int TCP_RTO_MAX_MS = 44;  // Linux 6.15 (Debian 12's headers predate it)
+#endif
 
 /// Every interface that is up with an IPv4 address, first address per name, in getifaddrs order.
 std::vector<ipv4_device> interfaces_up() {
@@ -46,18 +44,6 @@ std::vector<ipv4_device> interfaces_up() {
 
 bool is_loopback(const ipv4_device& d) { return (ntohl(d.ipv4) >> 24) == 127 || d.name == "lo"; }
 
-/// The names in COMM_TCP_DEVICE, or empty when unset.
-std::vector<std::string> wanted_devices() {
-  std::vector<std::string> names;
-  const char* value = std::getenv("COMM_TCP_DEVICE");
-  if (value == nullptr) return names;
-  std::stringstream list(value);
-  for (std::string name; std::getline(list, name, ',');) {
-    if (!name.empty()) names.push_back(name);
-  }
-  return names;
-}
-
 sockaddr_in socket_address(uint32_t ipv4, uint16_t port) {
   sockaddr_in address{};
   address.sin_family = AF_INET;
@@ -71,7 +57,7 @@ sockaddr_in socket_address(uint32_t ipv4, uint16_t port) {
 std::vector<ipv4_device> usable_devices(std::string* why) {
   const std::vector<ipv4_device> all = interfaces_up();
   std::vector<ipv4_device> out;
-  const std::vector<std::string> wanted = wanted_devices();
+  const std::vector<std::string> wanted = wanted_device_names();
   if (!wanted.empty()) {
     for (const std::string& name : wanted) {
       for (const ipv4_device& d : all) {
@@ -119,7 +105,7 @@ int open_listener(uint32_t ipv4, uint16_t* port) {
   return fd;
 }
 
-connect_result start_connect(uint32_t ipv4, uint16_t port) {
+connect_result start_connect(uint32_t ipv4, uint16_t port, const tcp_config& config) {
   connect_result out;
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -128,7 +114,7 @@ connect_result start_connect(uint32_t ipv4, uint16_t port) {
     return out;
   }
   set_nodelay(fd);
-  set_keepalive(fd);
+  out.probes_capped = set_liveness(fd, config);
   const sockaddr_in address = socket_address(ipv4, port);
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0) {
     out.connected = true;
@@ -155,26 +141,36 @@ void set_nodelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-void set_keepalive(int fd) {
+bool set_liveness(int fd, const tcp_config& config) {
   const int one = 1;
-  const int idle = keepalive_idle_s;
-  const int interval = keepalive_interval_s;
-  const int probes = keepalive_probes;
-  const unsigned timeout_ms = keepalive_seconds() * 1000u;
+  const int idle = config.keepalive_idle_s();
+  const int interval = config.keepalive_interval_s();
+  const int probes = tcp_config::keepalive_probes();
+  const int probe_interval_ms = static_cast<int>(config.probe_interval_max_ms());
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof(timeout_ms));
+  return ::setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &probe_interval_ms,
+                      sizeof(probe_interval_ms)) == 0;
 }
 
-unsigned keepalive_seconds() {
-  return keepalive_idle_s + keepalive_interval_s * keepalive_probes;
+bool read_peer_answers(int fd, peer_answers* out) {
+  tcp_info info{};
+  socklen_t length = sizeof(info);
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) return false;
+  out->waiting = info.tcpi_unacked != 0 || info.tcpi_notsent_bytes != 0;
+  out->asking = info.tcpi_probes != 0 || info.tcpi_retransmits != 0;
+  out->silent_ms = info.tcpi_last_ack_recv;
+  return true;
 }
 
 status status_of_errno(int error, bool connecting) {
   if (error == ENOMEM || error == ENOBUFS) return status::no_memory;
-  if (!connecting) return status::connection_reset;
+  if (!connecting) {
+    const bool silent = error == ETIMEDOUT || error == EHOSTUNREACH || error == ENETUNREACH;
+    return silent ? status::endpoint_timeout : status::connection_reset;
+  }
   switch (error) {
     case ECONNREFUSED:
     case ENETUNREACH:

@@ -1,6 +1,9 @@
 // Socket plumbing of the tcp transport: the host's IPv4 devices, the data listener, nonblocking
-// connects and the options every connection gets (TCP_NODELAY, keepalive with short timers).
+// connects, the options every connection gets (TCP_NODELAY, keepalive and a cap on the kernel's
+// probe interval, see set_liveness) and what the kernel knows about the peer's host (TCP_INFO).
 #pragma once
+
+#include "tcp/tcp_config.hpp"
 
 #include <comm/status.hpp>
 
@@ -13,9 +16,9 @@ namespace comm::tl::tcp {
 /// What an epoll registration points at. Embedded in every object with a socket in an
 /// interface's epoll set.
 struct poll_target {
-  enum class kind : uint8_t { listener, connection, lingering };
+  enum class kind : uint8_t { listener, connection, lingering, timer };
   kind what = kind::listener;
-  void* object = nullptr;  ///< the tcp_iface, tcp_conn or lingering_socket
+  void* object = nullptr;  ///< the tcp_iface (listener, timer), tcp_conn or lingering_socket
 };
 
 /// An IPv4 interface that is up.
@@ -38,14 +41,15 @@ int open_listener(uint32_t ipv4, uint16_t* port);
 
 /// Outcome of start_connect.
 struct connect_result {
-  int fd = -1;             ///< the socket, or -1
-  bool connected = false;  ///< the connection is up already (else it is in progress)
-  status st = status::ok;  ///< unreachable / io_error when fd is -1
+  int fd = -1;                ///< the socket, or -1
+  bool connected = false;     ///< the connection is up already (else it is in progress)
+  status st = status::ok;     ///< unreachable / io_error when fd is -1
+  bool probes_capped = true;  ///< set_liveness could cap the probe interval
 };
 
-/// Starts a nonblocking connect to ipv4:port (network / host byte order) with TCP_NODELAY and
-/// keepalive set.
-connect_result start_connect(uint32_t ipv4, uint16_t port);
+/// Starts a nonblocking connect to ipv4:port (network / host byte order) with TCP_NODELAY and the
+/// liveness options of `config` set.
+connect_result start_connect(uint32_t ipv4, uint16_t port, const tcp_config& config);
 
 /// The pending error of a socket whose connect finished (SO_ERROR), 0 when it connected.
 int socket_error(int fd);
@@ -53,14 +57,28 @@ int socket_error(int fd);
 /// Sets TCP_NODELAY (every record goes at once; there is no small-write batching to wait for).
 void set_nodelay(int fd);
 
-/// Sets SO_KEEPALIVE with short timers and TCP_USER_TIMEOUT, so a silent peer is noticed within
-/// about keepalive_seconds().
-void set_keepalive(int fd);
+/// Sets what lets the kernel tell a silent host from a stalled process within the peer timeout of
+/// `config`: keepalive of an idle connection (the peer's kernel answers it, also while the process
+/// is stopped) and a cap on the interval of window probes and retransmissions (TCP_RTO_MAX_MS,
+/// Linux 6.15 and later), so the kernel keeps asking the peer's host at least that often.
+/// TCP_USER_TIMEOUT is not set: Linux applies it to a zero window too, so a receiver that stops
+/// reading for that long would be cut off although its kernel answers every probe. Returns false
+/// when the kernel has no TCP_RTO_MAX_MS (its probes back off to 120 s apart).
+bool set_liveness(int fd, const tcp_config& config);
 
-/// Roughly how long a silent peer goes unnoticed.
-unsigned keepalive_seconds();
+/// What the kernel knows about a connection's peer host.
+struct peer_answers {
+  bool waiting = false;      ///< bytes of ours wait for the peer: unacknowledged or not yet sent
+  bool asking = false;       ///< a window probe or a retransmission is unanswered
+  uint32_t silent_ms = 0;    ///< since the peer's host last acknowledged anything
+};
 
-/// Status for a socket error seen while connecting (unreachable) or afterwards (connection_reset).
+/// Reads TCP_INFO of `fd`; false when the kernel does not say (the socket's error comes by epoll).
+bool read_peer_answers(int fd, peer_answers* out);
+
+/// Status for a socket error seen while connecting (unreachable) or afterwards: endpoint_timeout
+/// when the peer's host stopped answering (ETIMEDOUT, EHOSTUNREACH, ENETUNREACH), else
+/// connection_reset.
 status status_of_errno(int error, bool connecting);
 
 }  // namespace comm::tl::tcp

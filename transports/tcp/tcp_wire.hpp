@@ -18,7 +18,9 @@
 // its data (the transport contract), not merely when the kernel took it: its frame asks for a
 // prompt ack. And they return send credits: a side has at most `window` messages undelivered (the
 // receiving interface's fifo_size, its "receive queue entries", in its address and its hello);
-// other acks are due once half a window was delivered, so a ping-pong never waits for one. A bye
+// other acks are due once half a window was delivered, so a ping-pong never waits for one. A bare
+// ack that asks for an acknowledgement itself (ackRequested) is a heartbeat: the receiver answers
+// with its count as soon as its process reads it (the stall check of tcp_iface.hpp). A bye
 // says the sender has no endpoints on the connection left and will send no more messages; once
 // both sides said it, the connection closes gracefully.
 //

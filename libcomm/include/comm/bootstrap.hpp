@@ -9,6 +9,9 @@
 //   std::vector<std::vector<uint8_t>> addresses;
 //   boot->allgather("comm.worker", w->address(), addresses, 30000);   // addresses[r] is rank r's
 //
+// Create one per process and share it (the simulation engine, an actor node's join): under the
+// address backend a second rank 0 would find its port taken.
+//
 // Backends, chosen by bootstrap_params::backend (COMM_BOOTSTRAP) or, by default, from the
 // environment:
 //   - pmix:    the launcher's PMIx server (Open MPI's mpirun, Slurm's srun --mpi=pmix);
@@ -19,6 +22,11 @@
 // When the environment says the job has several processes (a launcher's variables) but none of
 // these can be reached, create() fails with a message that says so: a job never runs as N
 // independent single processes.
+//
+// Limits: keys are 1 to 255 bytes without a NUL, values at most 1 MiB, and what one rank stores
+// (keys and values, overwritten keys counted once) at most 16 MiB, so a process holds at most
+// size() x 16 MiB of others' data; the address backend checks the same of what arrives, and the
+// job has at most 65536 ranks.
 #pragma once
 
 #include <comm/status.hpp>
@@ -53,19 +61,34 @@ struct bootstrap_params {
   /// Limit on reaching the launcher or rank 0 and on every collective call without a timeout of
   /// its own, in milliseconds.
   int timeout_ms = 30000;
-  /// address backend: cluster secret the ranks prove to each other (COMM_AUTH_KEY); empty: none.
+  /// address backend: cluster secret the ranks prove to each other (COMM_AUTH_KEY or
+  /// COMM_AUTH_KEY_FILE); empty: none (rank 0 then accepts anyone who reaches its address).
   std::string auth_key;
+};
+
+/// What bootstrap::detect found: the backend create() would use and why, or why it would fail.
+struct bootstrap_choice {
+  bootstrap_backend backend = bootstrap_backend::single;  ///< never automatic
+  bool usable = true;  ///< false: create() fails (the environment contradicts itself)
+  std::string reason;  ///< one line: the variables that decided, or what to do
 };
 
 /// A process's membership in a job: its rank, the job's size, and a key-value exchange among the
 /// job's processes (put, commit, fence, get). Every call is made from one thread.
 class bootstrap {
 public:
-  /// Joins the job the environment (or `params`) describes. On failure `*why` (when not null) says
-  /// what was tried and what went wrong; the returned status is unreachable (no launcher or rank 0
-  /// answered), invalid_param (contradictory parameters) or endpoint_timeout.
+  /// Joins the job the environment (or `params`) describes; with the address backend it returns
+  /// once every rank is there. On failure `*why` (when not null) says what was tried and what went
+  /// wrong; the returned status is unreachable (no launcher or rank 0 answered, or rank 0 cannot
+  /// listen), invalid_param (missing or contradictory parameters), rejected (rank 0 refused this
+  /// process: its rank is taken, another job size, another auth key), protocol_error (the process
+  /// at the address is not rank 0 of this job), endpoint_timeout (a rank did not come in time) or
+  /// connection_reset (a rank left while the others joined).
   static status create(const bootstrap_params& params, std::unique_ptr<bootstrap>* out,
                        std::string* why = nullptr);
+
+  /// The backend create(params) would choose in this environment, without contacting anyone.
+  static bootstrap_choice detect(const bootstrap_params& params = {});
 
   /// Leaves the job (PMIx_Finalize, closing the connection to rank 0).
   virtual ~bootstrap() = default;
@@ -92,20 +115,36 @@ public:
   virtual status fence(int timeout_ms = -1) = 0;
 
   /// Reads what `rank` stored under `key` before the last fence. no_elem when it stored nothing
-  /// there, invalid_param for a rank out of range.
+  /// there, invalid_param for a rank out of range. Under PMIx a value committed after the last
+  /// fence may be read instead (its server shares committed data with its node's processes at
+  /// once): give values that change from one fence to the next keys of their own.
+  /// The pmix backend returns unsupported for a value of another type (one the launcher put).
   virtual status get(int rank, std::string_view key, std::vector<uint8_t>& out) = 0;
 
-  /// Collective: put(key, mine), commit, fence, then get(r, key) for every rank r into all[r].
+  /// Collective: puts `mine`, commits, fences, then reads every rank r's into all[r]. The key put
+  /// is `key` followed by the number of this allgather ("key#3"), so that allgathers under one key
+  /// never mix rounds (under PMIx a fast rank's next round could be read otherwise).
   status allgather(std::string_view key, const std::vector<uint8_t>& mine,
                    std::vector<std::vector<uint8_t>>& all, int timeout_ms = -1);
 
   /// Collective: returns once every rank has called barrier (a fence without data).
   status barrier(int timeout_ms = -1) { return fence(timeout_ms); }
 
+  /// Why the last failed call failed, in words (which rank, what happened, what to do); empty
+  /// while every call succeeded.
+  const std::string& last_error() const noexcept { return error_; }
+
 protected:
   bootstrap() = default;
   bootstrap(const bootstrap&) = delete;
   bootstrap& operator=(const bootstrap&) = delete;
+
+  /// Records `text` as last_error() and returns `st`.
+  status fail(status st, std::string text);
+
+private:
+  std::string error_;
+  uint64_t allgathers_ = 0;  ///< allgathers so far (the same on every rank: they are collective)
 };
 
 }  // namespace comm

@@ -40,13 +40,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
+
+namespace comm {
+class bootstrap;
+}
 
 namespace comm::actors {
 
 namespace detail {
 class node_state;
+struct job_table;
 }
 
 /// How a message arriving from another node reaches the receiving actor.
@@ -206,12 +212,45 @@ public:
   /// Counters of this node.
   node_stats stats() const;
 
+  // -- joining a job (node_join.cpp) -------------------------------------------------------------
+
+  /// Joins the job `boot` belongs to (collective: every rank calls it): the ranks exchange their
+  /// nodes' addresses through `boot`, each connects to the nodes of the ranks below its own, and
+  /// a barrier ends it, so that every node is connected to every other. The node must listen at
+  /// an address the others reach (node_params::listen_address; across hosts an interface's
+  /// address and a cluster key). Each step is bounded by `timeout`.
+  /// @returns an empty error, or status::invalid_param when the node does not listen,
+  ///          already_exists when it joined before, the bootstrap's status when the exchange or
+  ///          the barrier fails, the connection's when a node cannot be reached
+  caf::error join(comm::bootstrap& boot,
+                  std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+
+  /// This node's rank in the job it joined, or -1.
+  int rank() const;
+
+  /// The number of ranks of the job it joined, or 0.
+  int job_size() const;
+
+  /// As lookup(address, name), for the node of rank `rank` of the joined job.
+  /// @returns as lookup, or status::not_connected before join, invalid_param for a rank outside
+  ///          the job
+  caf::expected<caf::actor> lookup(int rank, const std::string& name);
+
+  /// As lookup(rank, name), waiting at most `timeout`.
+  caf::expected<caf::actor> lookup(int rank, const std::string& name,
+                                   std::chrono::milliseconds timeout);
+
 private:
   friend class caf::net::middleman;  // the actor-system module that load() installs owns the node
 
   node(caf::actor_system& sys, node_params params);
 
+  /// The address of rank `rank`'s node in the joined job, or the error lookup(rank) returns.
+  caf::expected<std::string> address_of(int rank) const;
+
   std::unique_ptr<detail::node_state> state_;
+  mutable std::mutex job_mtx_;                   ///< guards job_
+  std::shared_ptr<const detail::job_table> job_; ///< the job joined, or null
 };
 
 }  // namespace comm::actors
