@@ -20,8 +20,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -82,6 +84,32 @@ struct codec_fixture {
   caf::actor_system sys;
   caf::scoped_execution_unit ctx;
 };
+
+/// Of `samples` random bit patterns read as Real, how many pack_real writes other than CAF's
+/// pack754 (normal numbers), or how unpack754 does not read back (subnormals: the value when
+/// CAF's format holds it, from 2^-bias up, else zero).
+template <class Real>
+int pack_real_mismatches(int samples) {
+  using trait = caf::detail::ieee_754_trait<Real>;
+  using packed = typename trait::packed_type;
+  const packed exponent = ((packed{1} << trait::expbits) - 1) << (trait::bits - trait::expbits - 1);
+  const Real smallest = std::numeric_limits<Real>::min() / 2;  // exponent bits 0 in CAF's format
+  std::mt19937_64 random(11);
+  int mismatches = 0;
+  for (int i = 0; i < samples; ++i) {
+    auto bits = static_cast<packed>(random());
+    if (i % 4 == 0) bits &= ~exponent;  // a subnormal (or zero)
+    Real x;
+    std::memcpy(&x, &bits, sizeof(x));
+    if (std::isnormal(x)) {
+      mismatches += pack_real(x) != caf::detail::pack754(x);
+    } else if (std::isfinite(x)) {
+      const Real expected = std::fabs(x) >= smallest ? x : Real{0};
+      mismatches += caf::detail::unpack754(pack_real(x)) != expected;
+    }
+  }
+  return mismatches;
+}
 
 /// Peak resident memory of this process so far, in KiB.
 long peak_rss_kib() {
@@ -418,6 +446,18 @@ BOOST_AUTO_TEST_CASE(infinities_and_nans_are_written_and_read_back) {
     return 0;
   });
   BOOST_TEST(comm::test::wait_child(child) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(finite_reals_are_written_in_cafs_format) {
+  // Normal numbers as CAF writes them (the wire is unchanged); subnormals, which pack754 turns
+  // into huge numbers of the other sign, as close as CAF's format holds them.
+  BOOST_TEST(pack_real_mismatches<double>(200000) == 0);
+  BOOST_TEST(pack_real_mismatches<float>(200000) == 0);
+  // 1.5 x 2^-1023, a subnormal CAF's format holds exactly.
+  const double tiny = std::numeric_limits<double>::denorm_min() * (uint64_t{3} << 50);
+  BOOST_TEST(caf::detail::unpack754(pack_real(-tiny)) == -tiny);
+  BOOST_TEST(pack_real(std::numeric_limits<double>::denorm_min()) == 0u);
+  BOOST_TEST(pack_real(-0.0f) == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(every_truncation_and_a_wrong_count_are_errors) {

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -49,17 +50,24 @@ struct attachment_list {
   bool empty() const noexcept { return runs.empty(); }
 };
 
-/// The bits CAF's binary format writes for `x`: caf::detail::pack754's for a finite value, and
-/// for an infinity or a NaN the IEEE 754 bits, which CAF's reader takes as an infinity. pack754
-/// itself never returns for an infinity (CAF 0.17.6 halves it until it is below 2) and converts
-/// a NaN to an integer.
+/// The bits of `x` in CAF's binary format, which caf::detail::unpack754 reads: IEEE 754 except
+/// that an exponent of all zeros means 1.m x 2^-bias and one of all ones means an infinity (a NaN
+/// arrives as an infinity of its sign). CAF's own writer, caf::detail::pack754 (0.17.6), gives
+/// the IEEE bits for normal numbers only: it never returns for an infinity, casts a NaN to an
+/// integer, and turns a subnormal into a huge number of the other sign.
 template <class Real>
 typename caf::detail::ieee_754_trait<Real>::packed_type pack_real(Real x) noexcept {
-  if (std::isfinite(x)) return caf::detail::pack754(x);
-  typename caf::detail::ieee_754_trait<Real>::packed_type bits;
-  static_assert(sizeof(bits) == sizeof(x));
+  using packed = typename caf::detail::ieee_754_trait<Real>::packed_type;
+  using limits = std::numeric_limits<Real>;
+  static_assert(limits::is_iec559 && sizeof(packed) == sizeof(Real));
+  packed bits;
   std::memcpy(&bits, &x, sizeof(bits));
-  return bits;
+  if (!(std::fabs(x) < limits::min())) return bits;  // normal, infinite or NaN
+  // Zero or subnormal: 1.m x 2^(min_exponent - 2) has exponent bits 0; below that is zero.
+  const Real scaled = std::ldexp(std::fabs(x), 2 - limits::min_exponent);
+  if (scaled < 1) return 0;
+  const packed sign = bits & (packed{1} << (sizeof(packed) * 8 - 1));
+  return sign | static_cast<packed>(std::ldexp(scaled - 1, limits::digits - 1));
 }
 
 /// CAF's binary serialiser with two changes: raw runs of attach_threshold bytes or more go to

@@ -9,8 +9,9 @@
 //
 // Messages made only of "plain" values (CAF's builtin integers, bool, float, double, atoms,
 // std::string and std::vector<char> shorter than attach_threshold) are also written and read
-// directly, byte for byte as CAF's binary serialiser does, without a serialiser's virtual calls
-// and per-value error objects; anything else takes the generic path.
+// directly, byte for byte as CAF's binary serialiser does (floats and doubles as pack_real
+// writes them), without a serialiser's virtual calls and per-value error objects; anything else
+// takes the generic path.
 //
 // Bytes from peers are read here (read_message_payload, read_reason_payload, split_frame) and by
 // decode_envelope and decode_hello (frame.hpp): each works on a byte buffer, with an actor
