@@ -139,6 +139,27 @@ BOOST_AUTO_TEST_CASE(a_reason_claiming_4_gib_costs_nothing) {
   BOOST_TEST(node.stop() == 0);
 }
 
+BOOST_AUTO_TEST_CASE(a_duration_of_an_unknown_unit_is_refused) {
+  target_child node;
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  const uint64_t svc = peer.lookup(service_name);
+  BOOST_REQUIRE(svc != 0);
+  // The service does not expect a duration: CAF prints it, and its to_string reads the unit's
+  // name from a table at index 0xfe3ee39a (a segfault), here and inside a nested message.
+  std::vector<char> duration;
+  put_message_start(duration, "@<>+@duration");
+  put_int(duration, uint32_t{0xfe3ee39a});
+  put_int(duration, uint64_t{5});
+  std::vector<char> nested;
+  put_message_start(nested, "@<>+@message");
+  nested.insert(nested.end(), duration.begin(), duration.end());
+  BOOST_TEST(refused_with_an_error(peer, svc, duration));
+  BOOST_TEST(refused_with_an_error(peer, svc, nested));
+  BOOST_TEST(still_serves(node.address));
+  BOOST_TEST(node.stop() == 0);
+}
+
 BOOST_AUTO_TEST_CASE(infinities_are_answered) {
   target_child node;
   BOOST_REQUIRE(!node.address.empty());

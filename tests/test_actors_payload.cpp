@@ -460,6 +460,42 @@ BOOST_AUTO_TEST_CASE(finite_reals_are_written_in_cafs_format) {
   BOOST_TEST(pack_real(-0.0f) == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(durations_of_unknown_units_are_refused) {
+  using comm::test::actors::put_int;
+  using comm::test::actors::put_message_start;
+  // CAF's to_string(duration) reads the unit's name from a table indexed by the unit.
+  const auto duration_payload = [](uint32_t unit) {
+    std::vector<char> out;
+    put_message_start(out, "@<>+@duration");
+    put_int(out, unit);
+    put_int(out, uint64_t{5});
+    return out;
+  };
+  caf::message back;
+  BOOST_TEST(read(duration_payload(3), {}, 1, back));
+  BOOST_TEST(caf::to_string(back) == "(5ms)");
+  // Errors and exit reasons without a context are looked into too.
+  const auto none = caf::make_message(caf::error{}, caf::exit_msg{}, caf::down_msg{});
+  BOOST_TEST(read(written_by_caf(none), {}, 3, back));
+  caf::error no_reason;
+  std::vector<char> normal;
+  BOOST_REQUIRE(!write_reason_payload(&ctx, caf::exit_reason::normal, normal));
+  BOOST_TEST(!read_reason_payload(&ctx, normal.data(), normal.size(), no_reason));
+  BOOST_TEST(!read(duration_payload(0xfe3ee39a), {}, 1, back));
+  std::vector<char> nested;
+  put_message_start(nested, "@<>+@message");
+  const auto bad = duration_payload(6);
+  nested.insert(nested.end(), bad.begin(), bad.end());
+  BOOST_TEST(!read(nested, {}, 1, back));
+  // In a down frame's reason: an error whose context holds that message.
+  std::vector<char> reason;
+  reason.push_back(1);
+  put_int(reason, static_cast<uint64_t>(caf::atom("system")));
+  reason.insert(reason.end(), nested.begin(), nested.end());
+  caf::error read_back;
+  BOOST_TEST(static_cast<bool>(read_reason_payload(&ctx, reason.data(), reason.size(), read_back)));
+}
+
 BOOST_AUTO_TEST_CASE(every_truncation_and_a_wrong_count_are_errors) {
   const caf::message msg = plain_message();
   const auto whole = written_by_caf(msg);

@@ -5,7 +5,10 @@
 #include <caf/actor_system.hpp>
 #include <caf/detail/dynamic_message_data.hpp>
 #include <caf/detail/ieee_754.hpp>
+#include <caf/duration.hpp>
+#include <caf/exit_reason.hpp>
 #include <caf/sec.hpp>
+#include <caf/system_messages.hpp>
 #include <caf/uniform_type_info_map.hpp>
 
 #include <algorithm>
@@ -279,6 +282,47 @@ bool read_values(plain_cursor& in, const std::vector<caf::type_erased_value_ptr>
   return true;
 }
 
+/// The context of `err`, empty for no error (CAF 0.17's error::context() needs one).
+caf::message context_of(const caf::error& err) {
+  return err ? err.context() : caf::message{};
+}
+
+/// Adds the message inside element `i` of `msg` to `todo` when it holds one (a nested message, an
+/// error's context, a down or exit reason's context).
+/// @returns false for a caf::duration whose unit CAF 0.17.6 cannot print: to_string indexes its
+/// table of unit names with it, and CAF prints every message an actor does not expect
+bool check_element(const caf::message& msg, size_t i, std::vector<caf::message>& todo) {
+  if (msg.match_element<caf::duration>(i)) {
+    return msg.get_as<caf::duration>(i).unit <= caf::time_unit::nanoseconds;
+  }
+  if (msg.match_element<caf::message>(i)) {
+    todo.push_back(msg.get_as<caf::message>(i));
+  } else if (msg.match_element<caf::error>(i)) {
+    todo.push_back(context_of(msg.get_as<caf::error>(i)));
+  } else if (msg.match_element<caf::down_msg>(i)) {
+    todo.push_back(context_of(msg.get_as<caf::down_msg>(i).reason));
+  } else if (msg.match_element<caf::exit_msg>(i)) {
+    todo.push_back(context_of(msg.get_as<caf::exit_msg>(i).reason));
+  }
+  return true;
+}
+
+/// Refuses a message holding, at any depth, a caf::duration with a time unit CAF does not know
+/// (iterative: the depth is the peer's).
+caf::error check_durations(const caf::message& msg) {
+  std::vector<caf::message> todo{msg};
+  while (!todo.empty()) {
+    const caf::message next = std::move(todo.back());
+    todo.pop_back();
+    for (size_t i = 0; i < next.size(); ++i) {
+      if (!check_element(next, i, todo)) {
+        return caf::make_error(caf::sec::invalid_argument, "a duration of an unknown time unit");
+      }
+    }
+  }
+  return caf::error{};
+}
+
 }  // namespace
 
 // -- content_writer ------------------------------------------------------------------------------
@@ -515,6 +559,7 @@ caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader
         return reader.read(source, out.content, &source);
       });
       if (err) return err;
+      if (auto bad = check_durations(out.content)) return bad;
     }
   } catch (const std::exception& e) {
     return caf::make_error(caf::sec::invalid_argument, e.what());
@@ -535,8 +580,11 @@ caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reas
 caf::error read_reason_payload(caf::execution_unit* ctx, const void* data, size_t length,
                                caf::error& reason) {
   attachment_source none;
-  return read_guarded(ctx, data, length, none,
-                      [&](frame_deserializer& source) { return source(reason); });
+  if (auto err = read_guarded(ctx, data, length, none,
+                              [&](frame_deserializer& source) { return source(reason); })) {
+    return err;
+  }
+  return check_durations(context_of(reason));
 }
 
 }  // namespace comm::actors::detail
