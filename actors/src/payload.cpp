@@ -310,17 +310,18 @@ bool check_element(const caf::message& msg, size_t i, std::vector<caf::message>&
 /// Refuses a message holding, at any depth, a caf::duration with a time unit CAF does not know
 /// (iterative: the depth is the peer's).
 caf::error check_durations(const caf::message& msg) {
-  std::vector<caf::message> todo{msg};
-  while (!todo.empty()) {
-    const caf::message next = std::move(todo.back());
-    todo.pop_back();
+  std::vector<caf::message> todo;  // allocates only for a message with messages inside
+  caf::message next = msg;
+  for (;;) {
     for (size_t i = 0; i < next.size(); ++i) {
       if (!check_element(next, i, todo)) {
         return caf::make_error(caf::sec::invalid_argument, "a duration of an unknown time unit");
       }
     }
+    if (todo.empty()) return caf::error{};
+    next = std::move(todo.back());
+    todo.pop_back();
   }
-  return caf::error{};
 }
 
 }  // namespace

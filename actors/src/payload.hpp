@@ -162,7 +162,9 @@ caf::error read_guarded(caf::execution_unit* ctx, const void* data, size_t lengt
 /// Reads a message frame's payload, taking its large runs from `attached`. Remote handles inside
 /// become proxies through ctx's proxy registry. Messages of plain values take a direct reader
 /// (iterative, every read checked against the bytes left), others read_guarded. Every byte,
-/// attachments included, must be used, and the message must have `type_count` elements.
+/// attachments included, must be used, and the message must have `type_count` elements. A
+/// caf::duration of a time unit CAF does not know (its to_string would read out of bounds) makes
+/// the payload unreadable, at any depth.
 /// @returns an empty error, or what is wrong (sec::unknown_type for a type this node lacks)
 caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader,
                                 const void* data, size_t length, attachment_source& attached,
@@ -173,7 +175,7 @@ caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader
 caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reason,
                                 std::vector<char>& buf);
 
-/// Reads a down frame's payload (read_guarded).
+/// Reads a down frame's payload (read_guarded); durations are checked as in read_message_payload.
 caf::error read_reason_payload(caf::execution_unit* ctx, const void* data, size_t length,
                                caf::error& reason);
 
