@@ -13,6 +13,8 @@
 #include <comm/transport/transport.hpp>
 #include <comm/wire/codec.hpp>
 
+#include "tcp/tcp.capnp.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>

@@ -46,3 +46,13 @@ ${entries}  };
   add_library(${target} STATIC ${source})
   target_link_libraries(${target} PUBLIC comm_transport_base ${targets})
 endfunction()
+
+# comm_add_transport_schema(<target> <file.capnp>): the transport's own wire structs, generated
+# into the build tree and included as "<folder>/<file>.capnp.h".
+function(comm_add_transport_schema target schema)
+  set(CAPNPC_SRC_PREFIX ${PROJECT_SOURCE_DIR}/transports)
+  set(CAPNPC_OUTPUT_DIR ${PROJECT_BINARY_DIR}/transports)
+  capnp_generate_cpp(sources headers ${CMAKE_CURRENT_SOURCE_DIR}/${schema})
+  target_sources(${target} PRIVATE ${sources})
+  target_include_directories(${target} PUBLIC ${PROJECT_BINARY_DIR}/transports)
+endfunction()

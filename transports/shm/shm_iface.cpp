@@ -3,6 +3,7 @@
 #include "base/host_identity.hpp"
 #include "shm/shm_config.hpp"
 #include "shm/shm_ep.hpp"
+#include "shm/shm.capnp.h"
 
 #include <comm/log.hpp>
 #include <comm/wire/codec.hpp>

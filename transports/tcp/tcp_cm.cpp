@@ -3,6 +3,7 @@
 #include "tcp/tcp_cm.hpp"
 #include "tcp/tcp_config.hpp"
 #include "tcp/tcp_socket.hpp"
+#include "tcp/tcp.capnp.h"
 
 #include "base/auth.hpp"
 

@@ -39,6 +39,8 @@
 #include <comm/transport/transport.hpp>
 #include <comm/wire/codec.hpp>
 
+#include "tcp/tcp.capnp.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
