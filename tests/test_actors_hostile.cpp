@@ -236,8 +236,8 @@ BOOST_AUTO_TEST_CASE(a_peer_that_never_reads_its_answers_is_closed) {
   // The node's receive FIFO takes every lookup below at once (8,192 entries of 1 KiB), while
   // its answers fill the forged peer's FIFO (256 entries) and then wait in the node's send queue.
   target_child node([](comm::actors::node_params& p) {
-    p.transport.shm_fifo_size = 8192;
-    p.transport.shm_segment_size = 1024;
+    p.transport.transport_options["COMM_SHM_FIFO_SIZE"] = "8192";
+    p.transport.transport_options["COMM_SHM_SEG_SIZE"] = "1024";
     p.max_queued_bytes = 256 * 1024;
   });
   BOOST_REQUIRE(!node.address.empty());

@@ -308,7 +308,10 @@ constexpr uint8_t ready = 'r', stalled = 's';
 int stalling_child(const std::string& transport, int sock, int consume) {
   side s;
   const std::string err =
-      s.start(transport, sock, "victim", [](config& c) { c.shm_fifo_size = 16; });
+      s.start(transport, sock, "victim", [](config& c) {
+        c.transport_options = {
+            {"COMM_SELF_FIFO_SIZE", "16"}, {"COMM_SHM_FIFO_SIZE", "16"}, {"COMM_TCP_WINDOW", "16"}};
+      });
   CHILD_EXPECT(err.empty(), "%s", err.c_str());
   CHILD_EXPECT(s.signal(ready), "signal");
   std::vector<uint8_t> buffer(1u << 20);

@@ -16,6 +16,7 @@
 
 #include "../transports/shm/shm_peer_fd.hpp"
 #include "../transports/shm/shm_segment.hpp"
+#include "shm/shm.capnp.h"
 
 #include <linux/sched.h>
 

@@ -14,6 +14,8 @@
 #include <comm/transport/transport.hpp>
 #include <comm/wire/codec.hpp>
 
+#include "tcp/tcp.capnp.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -930,11 +932,18 @@ BOOST_AUTO_TEST_CASE(liveness_knobs_come_from_the_environment_within_their_limit
   BOOST_TEST((knobs(nullptr, nullptr) == std::make_pair(11L, 0L)));  // the defaults
   BOOST_TEST((knobs("4", "30") == std::make_pair(4L, 30L)));
   BOOST_TEST((knobs("3600", "86400") == std::make_pair(3600L, 86400L)));
-  // Malformed or out of range: warned about, the default used.
-  BOOST_TEST((knobs("3", "86401") == std::make_pair(11L, 0L)));
-  BOOST_TEST((knobs("3601", "-1") == std::make_pair(11L, 0L)));
-  BOOST_TEST((knobs("ten", "5s") == std::make_pair(11L, 0L)));
-  BOOST_TEST((knobs("", "") == std::make_pair(11L, 0L)));
+  // Malformed or out of range: refused, the interface does not open.
+  const auto refused = [](const char* name, const char* value) {
+    scoped_env bad(name, value);
+    tl::iface_params params;
+    params.device = "lo";
+    std::unique_ptr<tl::iface> iface;
+    return tcp_component().open(params, iface) == status::invalid_param && !iface;
+  };
+  for (const char* value : {"3", "3601", "ten", "", "-1"})
+    BOOST_TEST(refused("COMM_TCP_PEER_TIMEOUT", value), "COMM_TCP_PEER_TIMEOUT=" << value);
+  for (const char* value : {"86401", "-1", "5s"})
+    BOOST_TEST(refused("COMM_TCP_STALL_TIMEOUT", value), "COMM_TCP_STALL_TIMEOUT=" << value);
 }
 
 BOOST_AUTO_TEST_CASE(a_receiver_that_stops_reading_past_the_peer_timeout_keeps_its_connection) {

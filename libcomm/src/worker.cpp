@@ -61,12 +61,11 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
   pin_to_cpus(params.cpus);
   epoll_fd = params.wakeup ? epoll_create1(EPOLL_CLOEXEC) : -1;
   tl::iface_params ip;
-  ip.fifo_size = ctx.cfg().shm_fifo_size;
-  ip.segment_size = ctx.cfg().shm_segment_size;
+  ip.opts = ctx.cfg().transport_options;
   ip.cpus = params.cpus;
   ip.auth_key = ctx.cfg().auth_key;
   for (tl::component* component : ctx.components()) {
-    ip.device = component->devices().front();
+    ip.device = component->devices(ip.opts).front();
     std::unique_ptr<tl::iface> iface;
     status st = component->open(ip, iface);
     if (st != status::ok) {

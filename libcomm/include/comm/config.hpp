@@ -1,5 +1,9 @@
-// Run-time configuration: every knob is a field here and an environment variable COMM_<NAME>.
+// Run-time configuration: every knob of libcomm is a field here and an environment variable
+// COMM_<NAME>; every knob of a transport is an entry of transport_options under its variable's
+// name (COMM_<TL>_<NAME>), parsed and checked by the transport that owns it.
 #pragma once
+
+#include <comm/transport/options.hpp>
 
 #include <cstddef>
 #include <string>
@@ -49,10 +53,10 @@ struct config {
   size_t zcopy_thresh = 16384;
   /// Messages at least this large use rendezvous (COMM_RNDV_THRESH); 0: chosen per transport.
   size_t rndv_thresh = 0;
-  /// Entries of a worker's shared-memory receive FIFO (COMM_SHM_FIFO_SIZE), a power of two.
-  size_t shm_fifo_size = 256;
-  /// Bytes of one shared-memory receive buffer, the largest bcopy (COMM_SHM_SEG_SIZE).
-  size_t shm_segment_size = 8192;
+  /// The transports' own knobs by variable name, e.g. {"COMM_SHM_FIFO_SIZE", "1024"}: what
+  /// `comm_info` lists for each transport. A context refuses (throws std::invalid_argument) a
+  /// value its transport refuses, and a name no transport reads.
+  tl::options transport_options;
   /// Cluster secret for client-server authentication (COMM_AUTH_KEY, or the contents of the file
   /// named by COMM_AUTH_KEY_FILE); empty: no authentication, listeners default to loopback.
   std::string auth_key;
@@ -62,8 +66,9 @@ struct config {
   /// COMM_PEER_EP_MAX).
   peer_limits limits;
 
-  /// The defaults overridden by the COMM_ environment variables. Unknown or malformed values are
-  /// reported (log level warn) and ignored.
+  /// The defaults overridden by the COMM_ environment variables, read once here. Malformed values
+  /// of libcomm's own knobs are reported (log level warn) and ignored; the COMM_<TL>_* variables of
+  /// every transport built in go to transport_options as they are, for their transport to check.
   static config from_environment();
 
   /// True when `name` is enabled by `transports`.
