@@ -336,3 +336,352 @@ BOOST_AUTO_TEST_CASE(a_reply_endpoint_shares_the_connection_both_ways) {
   BOOST_TEST(std::string(s.at_a.messages[0].begin(), s.at_a.messages[0].end()) == "pong");
   ba.reset();
 }
+
+// -- credits and the pending queue ----------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(a_burst_stops_at_the_credits_granted_and_resumes_on_grants) {
+  two_sides s;
+  const uint16_t credits = small_config().credits;
+  // b does not progress: a may send exactly the receive buffers b granted, then no_resource.
+  unsigned sent = 0;
+  while (sent < 100 && s.ab->am_short(3, nullptr, 0, &sent, sizeof(sent)) == status::ok) ++sent;
+  BOOST_TEST(sent == credits);
+  BOOST_TEST(conn_of(*s.ab).tx_credits() == 0u);
+  // b delivers them and, having nothing to piggy-back the credits on, sends an explicit grant.
+  BOOST_REQUIRE(s.deliver_to_b(credits));
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                               [&] { return conn_of(*s.ab).tx_credits() == credits; }));
+  BOOST_TEST(td::stats().rnr_naks == 0u, "the receiver was never overrun");
+  // A long burst through the pending queue: every message arrives, in order.
+  struct parked : tl::pending_req {
+    tl::ep* ep = nullptr;
+    unsigned next = 0;
+    unsigned total = 0;
+  } op;
+  op.ep = s.ab.get();
+  op.total = 500;
+  op.func = [](tl::pending_req* self) {
+    auto* p = static_cast<parked*>(self);
+    while (p->next < p->total) {
+      const status st = p->ep->am_short(3, nullptr, 0, &p->next, sizeof(p->next));
+      if (st == status::no_resource) return status::no_resource;
+      ++p->next;
+    }
+    return status::ok;
+  };
+  s.at_b.messages.clear();
+  BOOST_TEST(s.ab->pending_add(&op) == status::busy);  // resources free now: the caller retries
+  while (op.next < op.total && op.func(&op) == status::ok) {
+  }
+  BOOST_REQUIRE(s.ab->pending_add(&op) == status::ok);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::no_resource,
+             "a new send may not overtake the parked one");
+  BOOST_REQUIRE(s.deliver_to_b(op.total));
+  bool in_order = true;
+  for (unsigned i = 0; i < op.total; ++i) {
+    unsigned got = 0;
+    std::memcpy(&got, s.at_b.messages[i].data(), sizeof(got));
+    in_order = in_order && got == i;
+  }
+  BOOST_TEST(in_order);
+  BOOST_TEST(td::stats().rnr_naks == 0u);
+  BOOST_TEST(conn_of(*s.ab).grants_sent() == 0u, "a only sent");
+  auto ba = s.connect(*s.b, *s.a);
+  BOOST_TEST(conn_of(*ba).grants_sent() > 0u, "b returned credits by explicit grants");
+}
+
+BOOST_AUTO_TEST_CASE(credits_ride_back_piggy_backed_on_replies) {
+  two_sides s;
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "hi", 2) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+  auto ba = s.connect(*s.b, *s.a);
+  // Ping-pong: each reply carries the credit of the ping it answers, so no grant is ever needed.
+  for (unsigned round = 0; round < 100; ++round) {
+    BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, &round, sizeof(round)) == status::ok);
+    BOOST_REQUIRE(s.deliver_to_b(round + 2));
+    BOOST_REQUIRE(ba->am_short(3, nullptr, 0, &round, sizeof(round)) == status::ok);
+    BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                                 [&] { return s.at_a.messages.size() == round + 1; }));
+  }
+  BOOST_TEST(conn_of(*ba).grants_sent() == 0u);
+  BOOST_TEST(conn_of(*s.ab).grants_sent() == 0u);
+  BOOST_TEST(conn_of(*s.ab).tx_credits() >= small_config().credits - 1u);
+}
+
+BOOST_AUTO_TEST_CASE(kept_descriptors_hold_their_credits_until_released) {
+  two_sides s;
+  s.at_b.keep = true;
+  const uint16_t credits = small_config().credits;
+  for (unsigned i = 0; i < credits; ++i) {
+    BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, &i, sizeof(i)) == status::ok);
+  }
+  BOOST_REQUIRE(s.deliver_to_b(credits));
+  progress_for({s.a.get(), s.b.get()}, 50ms);
+  BOOST_TEST(conn_of(*s.ab).tx_credits() == 0u, "buffers b keeps are not granted back");
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::no_resource);
+  for (void* desc : s.at_b.kept) s.b->release_am_desc(desc);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                               [&] { return conn_of(*s.ab).tx_credits() == credits; }));
+  BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.b).rx_posted() == small_config().rx_buffers);
+}
+
+BOOST_AUTO_TEST_CASE(send_slots_run_out_before_credits_with_a_short_send_queue) {
+  verbs::verbs_config config = small_config();
+  config.tx_queue = 4;
+  config.credits = 16;
+  two_sides s(config);
+  // Unsignaled inline sends hold their slots until a signaled completion frees them.
+  unsigned sent = 0;
+  while (sent < 100 && s.ab->am_short(3, nullptr, 0, &sent, sizeof(sent)) == status::ok) ++sent;
+  BOOST_TEST(sent <= 4u);
+  BOOST_TEST(conn_of(*s.ab).tx_credits() > 0u, "it was the send queue, not the credits");
+  progress_for({s.a.get()}, 10ms);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, &sent, sizeof(sent)) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(sent + 1));
+}
+
+// -- RDMA, fence, flush -------------------------------------------------------------------------
+
+namespace {
+
+/// A buffer of b's registered with b's memory domain, its key unpacked by a.
+struct remote_buffer {
+  tl::iface& owner;
+  tl::iface& user;
+  std::vector<uint8_t> bytes;
+  tl::mem_handle* handle = nullptr;
+  tl::remote_key key;
+
+  remote_buffer(tl::iface& owner, tl::iface& user, size_t size)
+      : owner(owner), user(user), bytes(pattern(size, 9)) {
+    BOOST_REQUIRE(owner.memory_domain()->mem_reg(bytes.data(), bytes.size(), &handle) ==
+                  status::ok);
+    std::vector<uint8_t> packed;
+    BOOST_REQUIRE(owner.memory_domain()->rkey_pack(handle, packed) == status::ok);
+    BOOST_REQUIRE(packed.size() == sizeof(tl::packed_rkey));
+    BOOST_REQUIRE(user.memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) ==
+                  status::ok);
+  }
+  ~remote_buffer() {
+    user.memory_domain()->rkey_release(&key);
+    owner.memory_domain()->mem_dereg(handle);
+  }
+  uint64_t address(size_t offset = 0) const {
+    return reinterpret_cast<uint64_t>(bytes.data()) + offset;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(put_and_get_zcopy_move_registered_memory_on_the_test_device) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 64 * 1024);
+  // get: two local entries filled in order from one remote range.
+  std::vector<uint8_t> first(1000), second(3000);
+  tl::iov into[2] = {{first.data(), first.size()}, {second.data(), second.size()}};
+  completion_probe got;
+  BOOST_REQUIRE(s.ab->get_zcopy(into, 2, remote.address(100), remote.key, &got) ==
+                status::in_progress);
+  got.release();
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return got.calls == 1; }));
+  BOOST_TEST(got.result == status::ok);
+  BOOST_TEST(std::memcmp(first.data(), remote.bytes.data() + 100, first.size()) == 0);
+  BOOST_TEST(std::memcmp(second.data(), remote.bytes.data() + 1100, second.size()) == 0);
+  // put: a registered local buffer (user region) and an unregistered one (implicit).
+  tl::mem_handle* local_handle = nullptr;
+  auto registered = pattern(2048, 20);
+  BOOST_REQUIRE(s.a->memory_domain()->mem_reg(registered.data(), registered.size(),
+                                              &local_handle) == status::ok);
+  const auto loose = pattern(512, 21);
+  tl::iov from[2] = {{registered.data(), registered.size()}, {loose.data(), loose.size()}};
+  completion_probe put;
+  BOOST_REQUIRE(s.ab->put_zcopy(from, 2, remote.address(8192), remote.key, &put) ==
+                status::in_progress);
+  put.release();
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return put.calls == 1; }));
+  BOOST_TEST(put.result == status::ok);
+  BOOST_TEST(std::memcmp(remote.bytes.data() + 8192, registered.data(), registered.size()) == 0);
+  BOOST_TEST(std::memcmp(remote.bytes.data() + 8192 + 2048, loose.data(), loose.size()) == 0);
+  auto& md = static_cast<verbs::verbs_md&>(*s.a->memory_domain());
+  BOOST_TEST(md.implicit_misses() == 3u, "first, second and loose were registered implicitly");
+  BOOST_TEST(s.a->memory_domain()->mem_dereg(local_handle) == status::ok);
+}
+
+BOOST_AUTO_TEST_CASE(rdma_outside_the_key_is_refused_before_it_leaves) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  std::vector<uint8_t> local(100);
+  tl::iov iov{local.data(), local.size()};
+  BOOST_TEST(s.ab->get_zcopy(&iov, 1, remote.address(4000), remote.key, nullptr) ==
+             status::length_error);
+  BOOST_TEST(s.ab->put_zcopy(&iov, 1, remote.address() - 200, remote.key, nullptr) ==
+             status::protection_error);
+  tl::remote_key foreign;
+  BOOST_TEST(s.ab->get_zcopy(&iov, 1, remote.address(), foreign, nullptr) == status::invalid_param);
+  const uint8_t garbage[48] = {1, 2, 3};
+  tl::remote_key bad;
+  BOOST_TEST(s.a->memory_domain()->rkey_unpack(garbage, sizeof(garbage), &bad) ==
+             status::invalid_param);
+  BOOST_TEST((conn_of(*s.ab).state() == verbs::conn_state::ready));
+}
+
+BOOST_AUTO_TEST_CASE(a_stale_rkey_fails_the_operation_and_the_endpoint_once) {
+  two_sides s;
+  std::vector<uint8_t> packed;
+  auto bytes = pattern(4096, 3);
+  {
+    tl::mem_handle* handle = nullptr;
+    BOOST_REQUIRE(s.b->memory_domain()->mem_reg(bytes.data(), bytes.size(), &handle) == status::ok);
+    BOOST_REQUIRE(s.b->memory_domain()->rkey_pack(handle, packed) == status::ok);
+    BOOST_REQUIRE(s.b->memory_domain()->mem_dereg(handle) == status::ok);  // the MR is gone
+  }
+  tl::remote_key key;
+  BOOST_REQUIRE(s.a->memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+  std::vector<uint8_t> local(64);
+  tl::iov iov{local.data(), local.size()};
+  completion_probe got;
+  BOOST_REQUIRE(s.ab->get_zcopy(&iov, 1, reinterpret_cast<uint64_t>(bytes.data()), key, &got) ==
+                status::in_progress);
+  got.release();
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return got.calls == 1; }));
+  BOOST_TEST(got.result == status::protection_error);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                               [&] { return !s.failures_a.entries.empty(); }));
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_REQUIRE(s.failures_a.entries.size() == 1u);
+  BOOST_TEST(s.failures_a.entries[0].ep == s.ab.get());
+  BOOST_TEST(s.failures_a.entries[0].reason == status::protection_error);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::protection_error);
+  s.a->memory_domain()->rkey_release(&key);
+}
+
+BOOST_AUTO_TEST_CASE(reads_in_flight_stay_within_both_sides_limits) {
+  td::device_spec d0 = td::roce_device("testdev0", "10.0.0.1");
+  td::device_spec d1 = td::roce_device("testdev1", "10.0.0.2");
+  d0.limits.max_qp_init_rd_atom = 6;  // a may have 6 in flight...
+  d1.limits.max_qp_rd_atom = 3;       // ...but b answers 3 at once
+  two_sides s(small_config(), {d0, d1});
+  BOOST_TEST(conn_of(*s.ab).max_reads() == 3u);
+  remote_buffer remote(*s.b, *s.a, 4096);
+  td::hold_read_responses(true);
+  std::vector<uint8_t> local(8 * 64);
+  completion_probe got;
+  unsigned posted = 0;
+  for (unsigned i = 0; i < 8; ++i) {
+    tl::iov iov{local.data() + i * 64, 64};
+    const status st = s.ab->get_zcopy(&iov, 1, remote.address(i * 64), remote.key, &got);
+    if (st != status::in_progress) {
+      BOOST_TEST(st == status::no_resource);
+      break;
+    }
+    ++posted;
+  }
+  BOOST_TEST(posted == 3u);
+  td::hold_read_responses(false);
+  got.release();
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return got.calls == 1; }));
+  BOOST_TEST(got.result == status::ok);
+  BOOST_TEST(std::memcmp(local.data(), remote.bytes.data(), 3 * 64) == 0);
+  BOOST_TEST(conn_of(*s.ab).reads_in_flight() == 0u);
+  BOOST_TEST(s.failures_b.entries.empty(), "b never saw more reads than it answers");
+}
+
+BOOST_AUTO_TEST_CASE(a_fence_keeps_a_put_behind_an_earlier_get) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  const auto original = remote.bytes;
+  std::vector<uint8_t> read_back(256);
+  const auto overwrite = pattern(256, 77);
+  td::hold_read_responses(true);
+  tl::iov get_iov{read_back.data(), read_back.size()};
+  completion_probe got;
+  BOOST_REQUIRE(s.ab->get_zcopy(&get_iov, 1, remote.address(), remote.key, &got) ==
+                status::in_progress);
+  BOOST_REQUIRE(s.ab->fence() == status::ok);
+  tl::iov put_iov{overwrite.data(), overwrite.size()};
+  completion_probe put;
+  BOOST_REQUIRE(s.ab->put_zcopy(&put_iov, 1, remote.address(), remote.key, &put) ==
+                status::in_progress);
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(std::memcmp(remote.bytes.data(), original.data(), 256) == 0,
+             "the fenced put waits for the read");
+  td::hold_read_responses(false);
+  got.release();
+  put.release();
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return got.calls + put.calls == 2; }));
+  BOOST_TEST(std::memcmp(read_back.data(), original.data(), 256) == 0, "the read saw old bytes");
+  BOOST_TEST(std::memcmp(remote.bytes.data(), overwrite.data(), 256) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(flush_completes_after_everything_before_it) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  BOOST_TEST(s.ab->flush(nullptr) == status::ok, "nothing outstanding");
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "a", 1) == status::ok);  // unsignaled
+  td::hold_read_responses(true);
+  std::vector<uint8_t> local(128);
+  tl::iov iov{local.data(), local.size()};
+  BOOST_REQUIRE(s.ab->get_zcopy(&iov, 1, remote.address(), remote.key, nullptr) ==
+                status::in_progress);
+  completion_probe flushed;
+  BOOST_REQUIRE(s.ab->flush(&flushed) == status::in_progress);
+  flushed.release();
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(flushed.calls == 0, "the read is still in flight");
+  td::hold_read_responses(false);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return flushed.calls == 1; }));
+  BOOST_TEST(flushed.result == status::ok);
+  BOOST_TEST(std::memcmp(local.data(), remote.bytes.data(), local.size()) == 0);
+  BOOST_TEST(s.ab->flush(nullptr) == status::ok);
+}
+
+// -- memory domain --------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(registrations_are_cached_counted_and_bounded) {
+  two_sides s;
+  tl::md& md = *s.a->memory_domain();
+  auto& vmd = static_cast<verbs::verbs_md&>(md);
+  std::vector<uint8_t> buffer(8192);
+  tl::mem_handle* h1 = nullptr;
+  tl::mem_handle* h2 = nullptr;
+  BOOST_REQUIRE(md.mem_reg(buffer.data(), buffer.size(), &h1) == status::ok);
+  BOOST_REQUIRE(md.mem_reg(buffer.data(), buffer.size(), &h2) == status::ok);
+  BOOST_TEST(h1 == h2, "the same range is one registration");
+  BOOST_TEST(vmd.user_regions() == 1u);
+  BOOST_TEST(md.mem_dereg(h1) == status::ok);
+  BOOST_TEST(vmd.user_regions() == 1u, "one reference left");
+  BOOST_TEST(md.mem_dereg(h2) == status::ok);
+  BOOST_TEST(vmd.user_regions() == 0u);
+  BOOST_TEST(md.mem_dereg(h2) == status::invalid_param, "a released handle is refused");
+  // zcopy from many distinct unregistered buffers: the implicit cache stays within its bound.
+  remote_buffer remote(*s.b, *s.a, 64 * 1024);
+  std::vector<std::vector<uint8_t>> sources;
+  for (int i = 0; i < 20; ++i) sources.push_back(pattern(100 + i, static_cast<uint8_t>(i)));
+  for (auto& source : sources) {
+    tl::iov iov{source.data(), source.size()};
+    completion_probe put;
+    BOOST_REQUIRE(s.ab->put_zcopy(&iov, 1, remote.address(), remote.key, &put) ==
+                  status::in_progress);
+    put.release();
+    BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return put.calls == 1; }));
+    BOOST_TEST(vmd.cached() <= small_config().reg_cache);
+  }
+  BOOST_TEST(vmd.implicit_misses() == 20u);
+}
+
+// -- the event fd ---------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(the_completion_channel_wakes_a_blocked_receiver) {
+  two_sides s;
+  progress_for({s.a.get(), s.b.get()}, 5ms);
+  BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return s.b->event_arm() == status::ok; }));
+  pollfd p{s.b->event_fd(), POLLIN, 0};
+  BOOST_TEST(::poll(&p, 1, 0) == 0, "armed and idle: not readable");
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "wake", 4) == status::ok);
+  BOOST_TEST(::poll(&p, 1, 5000) == 1, "the message made the event fd readable");
+  BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return s.at_b.messages.size() == 1; }));
+  // Arming with a completion already waiting says busy instead of sleeping.
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "more", 4) == status::ok);
+  BOOST_TEST(s.b->event_arm() == status::busy);
+  BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return s.at_b.messages.size() == 2; }));
+}

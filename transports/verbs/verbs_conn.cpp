@@ -199,7 +199,9 @@ status verbs_conn::send_grant() {
   req.wr.opcode = IBV_WR_SEND;
   req.wr.sg_list = &sge;
   req.wr.num_sge = 1;
-  return post(req);
+  const status posted = post(req);
+  if (posted == status::ok) ++grants_sent_;
+  return posted;
 }
 
 bool verbs_conn::pending_can_run() const {

@@ -124,6 +124,8 @@ public:
   status send_grant();
   /// True when parked operations may be able to run now.
   bool pending_can_run() const;
+  /// Explicit grants sent so far.
+  uint64_t grants_sent() const { return grants_sent_; }
 
 private:
   void abort_operations(status reason);
@@ -151,6 +153,7 @@ private:
   uint32_t reads_in_flight_ = 0;
   uint32_t max_reads_ = 1;
   bool fence_next_ = false;
+  uint64_t grants_sent_ = 0;
   std::deque<tx_entry> outstanding_;
 };
 
