@@ -13,6 +13,7 @@
 
 #include "base/rkey.hpp"
 #include "verbs/testdev/testdev.hpp"
+#include "verbs/verbs_cm.hpp"
 #include "verbs/verbs_component.hpp"
 #include "verbs/verbs_ep.hpp"
 #include "verbs/verbs_iface.hpp"
@@ -684,4 +685,167 @@ BOOST_AUTO_TEST_CASE(the_completion_channel_wakes_a_blocked_receiver) {
   BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "more", 4) == status::ok);
   BOOST_TEST(s.b->event_arm() == status::busy);
   BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return s.at_b.messages.size() == 2; }));
+}
+
+// -- the rdmacm connection manager ----------------------------------------------------------------
+
+namespace {
+
+/// Records a connection manager's callbacks; keeps the requests handed over.
+struct cm_recorder : tl::cm_handler {
+  struct request {
+    std::unique_ptr<tl::cm_conn> conn;
+    std::vector<uint8_t> data;
+  };
+  std::vector<request> requests;
+  std::vector<std::vector<uint8_t>> established;
+  std::vector<status> failures;
+
+  void on_request(tl::cm_listener*, std::unique_ptr<tl::cm_conn> conn, const uint8_t* data,
+                  size_t length) override {
+    requests.push_back({std::move(conn), std::vector<uint8_t>(data, data + length)});
+  }
+  void on_established(tl::cm_conn*, const uint8_t* data, size_t length) override {
+    established.emplace_back(data, data + length);
+  }
+  void on_failed(tl::cm_conn*, status reason) override { failures.push_back(reason); }
+};
+
+/// A server and a client connection manager on the verbs test device.
+struct cm_pair {
+  td::fabric_scope fabric{{td::roce_device("testdev0", "10.0.0.1"),
+                           td::roce_device("testdev1", "10.0.0.2")}};
+  std::unique_ptr<tl::component> component = verbs::make_verbs_component(td::table());
+  cm_recorder server_events;
+  cm_recorder client_events;
+  std::unique_ptr<tl::cm> server;
+  std::unique_ptr<tl::cm> client;
+  std::unique_ptr<tl::cm_listener> listener;
+
+  cm_pair() {
+    BOOST_REQUIRE(component->open_cm(tl::cm_params{"", &server_events}, server) == status::ok);
+    BOOST_REQUIRE(component->open_cm(tl::cm_params{"", &client_events}, client) == status::ok);
+    BOOST_REQUIRE(server->listen("10.0.0.2:0", 16, listener) == status::ok);
+    BOOST_REQUIRE(listener->port() != 0);
+  }
+  ~cm_pair() {
+    server_events.requests.clear();
+    listener.reset();
+    server.reset();
+    client.reset();
+    BOOST_TEST(fabric.finish() == 0u, "objects left on the verbs test device");
+  }
+  std::string address() const { return "10.0.0.2:" + std::to_string(listener->port()); }
+  bool run_until(const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    for (int round = 0; round < 1'000'000; ++round) {
+      server->progress();
+      client->progress();
+      if (done()) return true;
+      if (std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return false;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(cm_exchanges_private_data_of_its_own_length_both_ways) {
+  cm_pair p;
+  const std::vector<uint8_t> hello = {'h', 'e', 'y'};
+  tl::cm_conn* out = nullptr;
+  BOOST_REQUIRE(p.client->connect(p.address(), hello.data(), hello.size(), 5000, &out) ==
+                status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return !p.server_events.requests.empty(); }));
+  BOOST_TEST(p.server_events.requests[0].data == hello, "3 bytes, not the padded field");
+  BOOST_TEST(p.listener->requests() == 1u);
+  BOOST_TEST(!p.server_events.requests[0].conn->peer_address().empty());
+  const auto reply = pattern(verbs::max_cm_accept_data, 5);
+  BOOST_REQUIRE(p.server->accept(std::move(p.server_events.requests[0].conn), reply.data(),
+                                 reply.size(), 5000, nullptr) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] {
+    return p.client_events.established.size() == 1 && p.server_events.established.size() == 1;
+  }));
+  BOOST_TEST(p.client_events.established[0] == reply);
+  BOOST_TEST(p.server_events.established[0].empty());
+  BOOST_TEST(p.client_events.failures.empty());
+  BOOST_TEST(p.server_events.failures.empty());
+  BOOST_REQUIRE(p.run_until([&] { return !p.client->active(); }));
+}
+
+BOOST_AUTO_TEST_CASE(cm_reject_unanswered_request_and_nobody_listening) {
+  cm_pair p;
+  tl::cm_conn* out = nullptr;
+  BOOST_REQUIRE(p.client->connect(p.address(), nullptr, 0, 5000, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.server_events.requests.size() == 1; }));
+  p.server_events.requests[0].conn->reject();
+  BOOST_REQUIRE(p.run_until([&] { return p.client_events.failures.size() == 1; }));
+  BOOST_TEST(p.client_events.failures[0] == status::rejected);
+  // A request dropped unanswered is a reject too.
+  BOOST_REQUIRE(p.client->connect(p.address(), nullptr, 0, 5000, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.server_events.requests.size() == 2; }));
+  p.server_events.requests[1].conn.reset();
+  BOOST_REQUIRE(p.run_until([&] { return p.client_events.failures.size() == 2; }));
+  BOOST_TEST(p.client_events.failures[1] == status::rejected);
+  // Nobody on that port.
+  BOOST_REQUIRE(p.client->connect("10.0.0.2:1", nullptr, 0, 5000, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.client_events.failures.size() == 3; }));
+  BOOST_TEST(p.client_events.failures[2] == status::unreachable);
+}
+
+BOOST_AUTO_TEST_CASE(cm_limits_and_timeouts) {
+  cm_pair p;
+  tl::cm_conn* out = nullptr;
+  const auto too_long = pattern(verbs::max_cm_connect_data + 1, 1);
+  BOOST_TEST(p.client->connect(p.address(), too_long.data(), too_long.size(), 5000, &out) ==
+             status::exceeds_limit);
+  BOOST_TEST(p.client->connect("not an address", nullptr, 0, 5000, &out) == status::invalid_addr);
+  std::unique_ptr<tl::cm> keyed;
+  cm_recorder ignored;
+  BOOST_TEST(p.component->open_cm(tl::cm_params{"secret", &ignored}, keyed) == status::unsupported);
+  // The server holds the request without answering: the client times out.
+  BOOST_REQUIRE(p.client->connect(p.address(), nullptr, 0, 100, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.client_events.failures.size() == 1; }));
+  BOOST_TEST(p.client_events.failures[0] == status::endpoint_timeout);
+  BOOST_REQUIRE(p.server_events.requests.size() == 1u);
+  const auto reply_too_long = pattern(verbs::max_cm_accept_data + 1, 2);
+  BOOST_TEST(p.server->accept(std::move(p.server_events.requests[0].conn), reply_too_long.data(),
+                              reply_too_long.size(), 5000, nullptr) == status::exceeds_limit);
+}
+
+BOOST_AUTO_TEST_CASE(cm_refuses_a_request_without_valid_private_data_and_keeps_serving) {
+  cm_pair p;
+  // A raw rdmacm client on the test device sends private data that is not ours.
+  const comm::verbs::api& t = td::table();
+  rdma_event_channel* channel = t.create_event_channel();
+  rdma_cm_id* id = nullptr;
+  BOOST_REQUIRE(t.create_id(channel, &id, nullptr, RDMA_PS_TCP) == 0);
+  sockaddr_storage target{};
+  BOOST_REQUIRE(verbs::parse_address(p.address(), &target));
+  BOOST_REQUIRE(t.resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&target), 1000) == 0);
+  auto next_event = [&]() {
+    rdma_cm_event* event = nullptr;
+    BOOST_REQUIRE(t.get_cm_event(channel, &event) == 0);
+    const rdma_cm_event_type type = event->event;
+    t.ack_cm_event(event);
+    return type;
+  };
+  BOOST_REQUIRE(next_event() == RDMA_CM_EVENT_ADDR_RESOLVED);
+  BOOST_REQUIRE(t.resolve_route(id, 1000) == 0);
+  BOOST_REQUIRE(next_event() == RDMA_CM_EVENT_ROUTE_RESOLVED);
+  const uint8_t garbage[20] = {0xde, 0xad, 0xbe, 0xef, 200};
+  rdma_conn_param param{};
+  param.private_data = garbage;
+  param.private_data_len = sizeof(garbage);
+  param.qp_num = 1;
+  BOOST_REQUIRE(t.connect(id, &param) == 0);
+  for (int i = 0; i < 100; ++i) p.server->progress();
+  BOOST_TEST(next_event() == RDMA_CM_EVENT_REJECTED);
+  BOOST_TEST(p.server_events.requests.empty(), "nothing reached the handler");
+  t.destroy_id(id);
+  t.destroy_event_channel(channel);
+  // A good client still gets through.
+  tl::cm_conn* out = nullptr;
+  BOOST_REQUIRE(p.client->connect(p.address(), nullptr, 0, 5000, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.server_events.requests.size() == 1; }));
 }
