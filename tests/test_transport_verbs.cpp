@@ -849,3 +849,137 @@ BOOST_AUTO_TEST_CASE(cm_refuses_a_request_without_valid_private_data_and_keeps_s
   BOOST_REQUIRE(p.client->connect(p.address(), nullptr, 0, 5000, &out) == status::ok);
   BOOST_REQUIRE(p.run_until([&] { return p.server_events.requests.size() == 1; }));
 }
+
+// -- faults ---------------------------------------------------------------------------------------
+
+namespace {
+
+/// Waits until a's error handler was told once, then checks it stays once.
+void expect_one_failure(two_sides& s, status reason) {
+  BOOST_REQUIRE_MESSAGE(progress_until({s.a.get(), s.b.get()},
+                                       [&] { return !s.failures_a.entries.empty(); }),
+                        "the error handler was never called");
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_REQUIRE(s.failures_a.entries.size() == 1u);
+  BOOST_TEST(s.failures_a.entries[0].ep == s.ab.get());
+  BOOST_TEST(s.failures_a.entries[0].reason == reason);
+}
+
+/// Starts a read that stays in flight (responses held) and a zcopy behind it.
+struct outstanding_ops {
+  std::vector<uint8_t> local = std::vector<uint8_t>(256);
+  std::vector<uint8_t> payload = pattern(200, 4);
+  completion_probe read;
+  completion_probe send;
+  explicit outstanding_ops(two_sides& s, remote_buffer& remote) {
+    td::hold_read_responses(true);
+    tl::iov into{local.data(), local.size()};
+    BOOST_REQUIRE(s.ab->get_zcopy(&into, 1, remote.address(), remote.key, &read) ==
+                  status::in_progress);
+    tl::iov from{payload.data(), payload.size()};
+    BOOST_REQUIRE(s.ab->am_zcopy(3, nullptr, 0, &from, 1, &send) == status::in_progress);
+    read.release();
+    send.release();
+  }
+  ~outstanding_ops() { td::hold_read_responses(false); }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(retry_exceeded_fails_the_operation_and_the_endpoint_with_a_timeout) {
+  two_sides s;
+  BOOST_REQUIRE(td::fail_next_send(conn_of(*s.ab).qp()) == 0);
+  const auto payload = pattern(100, 1);
+  tl::iov iov{payload.data(), payload.size()};
+  completion_probe first;
+  completion_probe second;
+  BOOST_REQUIRE(s.ab->am_zcopy(3, nullptr, 0, &iov, 1, &first) == status::in_progress);
+  BOOST_REQUIRE(s.ab->am_zcopy(3, nullptr, 0, &iov, 1, &second) == status::in_progress);
+  first.release();
+  second.release();
+  expect_one_failure(s, status::endpoint_timeout);
+  BOOST_TEST(first.calls == 1);
+  BOOST_TEST(first.result == status::endpoint_timeout);
+  BOOST_TEST(second.calls == 1);
+  BOOST_TEST(second.result == status::endpoint_timeout);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::endpoint_timeout);
+  BOOST_TEST(s.ab->flush(nullptr) == status::endpoint_timeout);
+  BOOST_TEST(s.at_b.messages.empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_qp_moved_to_error_fails_everything_outstanding) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  outstanding_ops ops(s, remote);
+  completion_probe flushed;
+  BOOST_REQUIRE(s.ab->flush(&flushed) == status::in_progress);
+  flushed.release();
+  BOOST_REQUIRE(td::fail_qp(conn_of(*s.ab).qp()) == 0);
+  expect_one_failure(s, status::io_error);
+  BOOST_TEST(ops.read.calls == 1);
+  BOOST_TEST(ops.read.result == status::io_error);
+  BOOST_TEST(ops.send.calls == 1);
+  BOOST_TEST(flushed.calls == 1, "a flush under way does not hang");
+  BOOST_TEST(flushed.result == status::io_error);
+}
+
+BOOST_AUTO_TEST_CASE(a_cq_overrun_fails_the_endpoints_on_it) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  outstanding_ops ops(s, remote);
+  auto& a = static_cast<verbs::verbs_iface&>(*s.a);
+  BOOST_REQUIRE(td::overrun_cq(a.completion_queue()) == 0);
+  expect_one_failure(s, status::io_error);
+  BOOST_TEST(ops.read.calls == 1);
+  BOOST_TEST(ops.read.result == status::io_error);
+  BOOST_TEST(ops.send.calls == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_peer_process_that_exits_resets_the_endpoint) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  outstanding_ops ops(s, remote);
+  BOOST_REQUIRE(td::peer_gone("testdev1", td::peer_failure::process_exit) == 0);
+  expect_one_failure(s, status::connection_reset);
+  BOOST_TEST(ops.read.calls == 1);
+  BOOST_TEST(ops.read.result == status::connection_reset);
+  BOOST_TEST(ops.send.calls == 1);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::connection_reset);
+}
+
+BOOST_AUTO_TEST_CASE(a_lost_peer_host_is_noticed_by_retries_on_the_next_send) {
+  two_sides s;
+  BOOST_REQUIRE(td::peer_gone("testdev1", td::peer_failure::host_lost) == 0);
+  progress_for({s.a.get()}, 20ms);
+  BOOST_TEST(s.failures_a.entries.empty(), "nothing announced the loss");
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "anyone?", 7) == status::ok);
+  expect_one_failure(s, status::endpoint_timeout);
+  BOOST_TEST(td::stats().ack_timeouts > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(the_error_handler_may_destroy_the_endpoint) {
+  two_sides s;
+  struct destroyer {
+    std::unique_ptr<tl::ep>* ep;
+    int calls = 0;
+  } d{&s.ab};
+  s.a->set_error_handler(
+      [](void* arg, tl::ep*, status) {
+        auto* self = static_cast<destroyer*>(arg);
+        ++self->calls;
+        self->ep->reset();
+      },
+      &d);
+  BOOST_REQUIRE(td::fail_qp(conn_of(*s.ab).qp()) == 0);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return d.calls == 1; }));
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(d.calls == 1);
+  BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.a).connections() == 0u);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] {
+    return static_cast<verbs::verbs_iface&>(*s.b).connections() == 0;
+  }));
+  // A new endpoint to the same peer works.
+  s.ab = s.connect(*s.a, *s.b);
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "again", 5) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+}

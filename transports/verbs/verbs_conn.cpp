@@ -163,7 +163,7 @@ void verbs_conn::send_completed(uint64_t seq, ibv_wc_status st) {
   complete_until(seq - 1, status::ok);
   COMM_LOG(info, log_name, "qp %u: work request failed: %s", qp_->qp_num,
            owner_.table().wc_status_str(st));
-  fail(status_of(st));
+  fail(st == IBV_WC_WR_FLUSH_ERR ? status::io_error : status_of(st));
 }
 
 uint16_t verbs_conn::take_credits_to_return() {

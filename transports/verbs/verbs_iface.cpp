@@ -676,9 +676,17 @@ unsigned verbs_iface::handle_stash() {
 void verbs_iface::handle_wc(const ibv_wc& wc) {
   if ((wc.wr_id & rx_flag) != 0) {
     handle_receive(wc);
-  } else if (verbs_conn* c = conn_of_qp(wc.qp_num)) {
-    c->send_completed(wc.wr_id, wc.status);
+    return;
   }
+  verbs_conn* c = conn_of_qp(wc.qp_num);
+  if (c != nullptr && wc.status == IBV_WC_WR_FLUSH_ERR && c->state() != conn_state::failed) {
+    // Flushed without an error completion first: the cause is an async event or a disconnect
+    // not read yet. Read them, so the endpoint fails with the cause rather than the flush.
+    poll_async_events();
+    poll_cm_events();
+    c = conn_of_qp(wc.qp_num);
+  }
+  if (c != nullptr) c->send_completed(wc.wr_id, wc.status);
 }
 
 void verbs_iface::handle_receive(const ibv_wc& wc) {

@@ -100,6 +100,8 @@ public:
   int connect_qp(ibv_qp* qp, uint32_t local_psn, const handshake& peer);
   /// Connections alive now (for tests and info).
   size_t connections() const { return conns_.size(); }
+  /// The completion queue (for tests that inject faults into it).
+  ibv_cq* completion_queue() const { return cq_; }
   /// Receive buffers posted on the shared receive queue now.
   size_t rx_posted() const { return rx_posted_; }
 
