@@ -17,6 +17,8 @@
 #include "verbs/verbs_component.hpp"
 #include "verbs/verbs_ep.hpp"
 #include "verbs/verbs_iface.hpp"
+#include "verbs/verbs_wire.hpp"
+#include "verbs_util.hpp"
 
 #include <comm/transport/transport.hpp>
 
@@ -982,4 +984,161 @@ BOOST_AUTO_TEST_CASE(the_error_handler_may_destroy_the_endpoint) {
   s.ab = s.connect(*s.a, *s.b);
   BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "again", 5) == status::ok);
   BOOST_REQUIRE(s.deliver_to_b(1));
+}
+
+// -- hostile peers --------------------------------------------------------------------------------
+
+namespace {
+
+/// A peer written by hand against the test device's table: it connects to an interface's
+/// listener with whatever handshake it likes, then posts whatever SENDs it likes.
+struct raw_peer {
+  const comm::verbs::api& t = td::table();
+  ibv_context* ctx;
+  comm::test::verbs::endpoint e;
+  rdma_event_channel* channel = nullptr;
+  rdma_cm_id* id = nullptr;
+
+  explicit raw_peer(const std::string& device) : ctx(comm::test::verbs::open_device(t, device)) {
+    comm::test::verbs::build(t, e, ctx);
+    BOOST_REQUIRE(comm::test::verbs::to_init(t, e) == 0);
+    channel = t.create_event_channel();
+    BOOST_REQUIRE(t.create_id(channel, &id, nullptr, RDMA_PS_TCP) == 0);
+  }
+  ~raw_peer() {
+    t.destroy_id(id);
+    t.destroy_event_channel(channel);
+    e.release();
+    t.close_device(ctx);
+  }
+
+  /// The next rdmacm event (waits up to 5 s while `iface` progresses), with its private data.
+  rdma_cm_event_type next_event(tl::iface& iface, std::vector<uint8_t>* data = nullptr) {
+    rdma_cm_event_type type = RDMA_CM_EVENT_TIMEWAIT_EXIT;
+    const bool got = progress_until({&iface}, [&] {
+      if (!comm::test::verbs::readable(channel->fd)) return false;
+      rdma_cm_event* event = nullptr;
+      if (t.get_cm_event(channel, &event) != 0) return false;
+      type = event->event;
+      const auto* p = static_cast<const uint8_t*>(event->param.conn.private_data);
+      if (data != nullptr && p != nullptr) data->assign(p, p + event->param.conn.private_data_len);
+      t.ack_cm_event(event);
+      return true;
+    }, 5s);
+    BOOST_REQUIRE_MESSAGE(got, "no rdmacm event");
+    return type;
+  }
+
+  /// Resolves the listener of `iface` and connects with `handshake_bytes`.
+  void connect(tl::iface& iface, const void* handshake_bytes, uint8_t length) {
+    verbs::iface_address_record rec;
+    BOOST_REQUIRE(verbs::parse_iface_address(iface.iface_address(), &rec));
+    sockaddr_storage target{};
+    std::memcpy(&target, &rec.listener, sizeof(rec.listener));
+    BOOST_REQUIRE(t.resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&target), 1000) == 0);
+    BOOST_REQUIRE(next_event(iface) == RDMA_CM_EVENT_ADDR_RESOLVED);
+    BOOST_REQUIRE(t.resolve_route(id, 1000) == 0);
+    BOOST_REQUIRE(next_event(iface) == RDMA_CM_EVENT_ROUTE_RESOLVED);
+    rdma_conn_param param{};
+    param.private_data = handshake_bytes;
+    param.private_data_len = length;
+    param.qp_num = e.qp->qp_num;
+    param.responder_resources = 4;
+    param.initiator_depth = 4;
+    BOOST_REQUIRE(t.connect(id, &param) == 0);
+  }
+
+  /// A handshake as the transport would send it for this peer's QP.
+  verbs::handshake good_handshake() {
+    const auto address = comm::test::verbs::port_address(t, ctx, 1);
+    verbs::handshake h;
+    h.magic = verbs::handshake_magic;
+    h.version = verbs::handshake_version;
+    h.length = sizeof(h);
+    h.qp_num = e.qp->qp_num;
+    h.psn = 0;
+    h.rd_atom = 4;
+    h.mtu = IBV_MTU_1024;
+    std::memcpy(h.gid, address.gid.raw, sizeof(h.gid));
+    h.iface_id = 42;
+    h.credits = 8;
+    h.link_layer = IBV_LINK_LAYER_ETHERNET;
+    return h;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_handshake_that_is_not_one_is_rejected) {
+  two_sides s(small_config(), {td::roce_device("testdev0", "10.0.0.1"),
+                               td::roce_device("testdev1", "10.0.0.2"),
+                               td::roce_device("testdev2", "10.0.0.3")});
+  {
+    raw_peer peer("testdev2");
+    verbs::handshake h = peer.good_handshake();
+    h.qp_num = 0x1000000;  // beyond 24 bits
+    peer.connect(*s.b, &h, sizeof(h));
+    BOOST_TEST(peer.next_event(*s.b) == RDMA_CM_EVENT_REJECTED);
+  }
+  BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.b).connections() == 1u);
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "still", 5) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+}
+
+BOOST_AUTO_TEST_CASE(a_peer_sending_garbage_loses_its_connection_and_nobody_else_does) {
+  two_sides s(small_config(), {td::roce_device("testdev0", "10.0.0.1"),
+                               td::roce_device("testdev1", "10.0.0.2"),
+                               td::roce_device("testdev2", "10.0.0.3")});
+  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
+  {
+    raw_peer peer("testdev2");
+    const verbs::handshake h = peer.good_handshake();
+    peer.connect(*s.b, &h, sizeof(h));
+    std::vector<uint8_t> data;
+    BOOST_REQUIRE(peer.next_event(*s.b, &data) == RDMA_CM_EVENT_CONNECT_RESPONSE);
+    verbs::handshake reply;
+    BOOST_REQUIRE(verbs::parse_handshake(data.data(), data.size(), &reply));
+    BOOST_TEST(uint16_t{reply.credits} == small_config().credits);
+    // Connect the raw QP to the interface's, as the handshake says.
+    ibv_qp_attr rtr{};
+    rtr.qp_state = IBV_QPS_RTR;
+    rtr.path_mtu = IBV_MTU_1024;
+    rtr.dest_qp_num = reply.qp_num;
+    rtr.rq_psn = reply.psn;
+    rtr.max_dest_rd_atomic = 4;
+    rtr.min_rnr_timer = 1;
+    rtr.ah_attr.port_num = 1;
+    rtr.ah_attr.is_global = 1;
+    std::memcpy(rtr.ah_attr.grh.dgid.raw, reply.gid, 16);
+    rtr.ah_attr.grh.sgid_index =
+        static_cast<uint8_t>(comm::test::verbs::port_address(peer.t, peer.ctx, 1).gid_index);
+    rtr.ah_attr.grh.hop_limit = 64;
+    BOOST_REQUIRE(peer.t.modify_qp(peer.e.qp, &rtr,
+                                   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                       IBV_QP_MIN_RNR_TIMER) == 0);
+    BOOST_REQUIRE(comm::test::verbs::to_rts(peer.t, peer.e, 0) == 0);
+    BOOST_REQUIRE(peer.t.establish(peer.id) == 0);
+    BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == 2; }));
+    // A valid message first: delivered.
+    verbs::message_header good;
+    good.am_id = 3;
+    good.kind = static_cast<uint8_t>(verbs::message_kind::am);
+    uint8_t bytes[16] = {};
+    std::memcpy(bytes, &good, sizeof(good));
+    BOOST_REQUIRE(comm::test::verbs::post(peer.t, peer.e.qp, IBV_WR_SEND,
+                                          {ibv_sge{reinterpret_cast<uintptr_t>(bytes), 16, 0}}, 1,
+                                          IBV_SEND_INLINE) == 0);
+    BOOST_REQUIRE(s.deliver_to_b(1));
+    // Then 4 bytes, shorter than any header: the connection is closed, b keeps running.
+    BOOST_REQUIRE(comm::test::verbs::post(peer.t, peer.e.qp, IBV_WR_SEND,
+                                          {ibv_sge{reinterpret_cast<uintptr_t>(bytes), 4, 0}}, 2,
+                                          IBV_SEND_INLINE) == 0);
+    BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == 1; }));
+    BOOST_TEST(peer.next_event(*s.b) == RDMA_CM_EVENT_DISCONNECTED);
+  }
+  BOOST_TEST(s.failures_b.entries.empty(), "no endpoint of b was involved");
+  BOOST_TEST(b.rx_posted() == small_config().rx_buffers, "every receive buffer went back");
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "still", 5) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(2));
 }

@@ -603,6 +603,15 @@ void verbs_iface::handle_connect_request(const cm_event_copy& copy) {
   }
 }
 
+unsigned verbs_iface::poll_events() {
+  pollfd fds[2] = {{cm_channel_->fd, POLLIN, 0}, {ctx_->async_fd, POLLIN, 0}};
+  if (::poll(fds, 2, 0) <= 0) return 0;
+  unsigned n = 0;
+  if (fds[0].revents != 0) n += poll_cm_events();
+  if (fds[1].revents != 0) n += poll_async_events();
+  return n;
+}
+
 // -- async events --------------------------------------------------------------------------------
 
 unsigned verbs_iface::poll_async_events() {
@@ -763,7 +772,7 @@ unsigned verbs_iface::progress() {
   in_progress_ = true;
   unsigned n = handle_stash() + poll_cq();
   if (armed_) drain_cq_events();
-  if (n == 0 || (++tick_ & 15) == 0) n += poll_cm_events() + poll_async_events();
+  if ((++tick_ & 15) == 0) n += poll_events();
   send_grants();
   n += dispatch_pending();
   in_progress_ = false;
@@ -779,12 +788,12 @@ void verbs_iface::send_grants() {
 }
 
 unsigned verbs_iface::dispatch_pending() {
-  std::vector<uint64_t> ready;
+  ready_.clear();
   for (auto& [serial, c] : conns_) {
-    if (c->pending_can_run()) ready.push_back(serial);
+    if (c->pending_can_run()) ready_.push_back(serial);
   }
   unsigned n = 0;
-  for (uint64_t serial : ready) {
+  for (uint64_t serial : ready_) {
     const auto found = conns_.find(serial);
     if (found != conns_.end()) n += found->second->pending.dispatch();
   }

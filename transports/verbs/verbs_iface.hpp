@@ -122,6 +122,7 @@ private:
   void deliver(verbs_conn& c, tl::am_id id, uint32_t buffer, size_t length);
   bool repost(uint32_t buffer);
   void drain_cq_events();
+  unsigned poll_events();
   unsigned poll_cm_events();
   void handle_cm_event(cm_event_copy& copy);
   void handle_connect_request(const cm_event_copy& copy);
@@ -190,6 +191,7 @@ private:
   std::unordered_map<rdma_cm_id*, verbs_conn*> by_id_;
   std::vector<uint64_t> failed_;  // serials whose failure is still to be reported
   std::vector<uint64_t> closing_; // serials to destroy at the end of progress()
+  std::vector<uint64_t> ready_;   // serials whose pending queues may run (reused)
   uint64_t next_serial_ = 1;
   uint32_t next_psn_ = 0;
   uint64_t dropped_ = 0;
