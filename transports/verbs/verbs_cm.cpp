@@ -312,12 +312,13 @@ unsigned rdmacm_cm::progress() {
   while (t_.get_cm_event(channel_, &event) == 0) {
     const rdma_cm_event copy = *event;
     uint8_t data[256] = {};
-    const size_t size = std::min<size_t>(event->param.conn.private_data_len, sizeof(data));
+    size_t size = 0;
     if (event->param.conn.private_data != nullptr) {
+      size = std::min<size_t>(event->param.conn.private_data_len, sizeof(data));
       std::memcpy(data, event->param.conn.private_data, size);
     }
     t_.ack_cm_event(event);
-    handle(copy, data, event->param.conn.private_data != nullptr ? size : 0);
+    handle(copy, data, size);
     ++n;
   }
   expire();
