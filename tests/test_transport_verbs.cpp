@@ -1142,3 +1142,28 @@ BOOST_AUTO_TEST_CASE(a_peer_sending_garbage_loses_its_connection_and_nobody_else
   BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "still", 5) == status::ok);
   BOOST_REQUIRE(s.deliver_to_b(2));
 }
+
+BOOST_AUTO_TEST_CASE(a_connection_is_not_shared_before_both_sides_are_established) {
+  two_sides s;
+  auto c = s.open("testdev0:1");
+  recorder at_c;
+  at_c.install(*c, 3);
+  std::unique_ptr<tl::ep> cb;
+  BOOST_REQUIRE(c->create_ep(s.b->device_address(), s.b->iface_address(), cb) == status::ok);
+  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
+  // c sends its request; b accepts it, but c has not read the answer yet.
+  const size_t before = b.connections();
+  for (int i = 0; i < 64; ++i) c->progress();
+  BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == before + 1; }));
+  // b's endpoint towards c must not use that connection yet: c's QP cannot answer.
+  std::unique_ptr<tl::ep> bc;
+  BOOST_REQUIRE(s.b->create_ep(c->device_address(), c->iface_address(), bc) == status::ok);
+  BOOST_REQUIRE(progress_until({s.b.get(), c.get()}, [&] {
+    return bc->am_short(3, nullptr, 0, "early", 5) == status::ok;
+  }));
+  BOOST_REQUIRE(progress_until({s.b.get(), c.get()}, [&] { return at_c.messages.size() == 1; }));
+  BOOST_TEST(td::stats().ack_timeouts == 0u, "no request went to a QP that could not answer");
+  bc.reset();
+  cb.reset();
+  c.reset();
+}

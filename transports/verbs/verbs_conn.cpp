@@ -50,11 +50,13 @@ int verbs_conn::connected(const handshake& peer) {
   tx_credits_ = peer.credits;
   const uint32_t local = owner_.attr().max_outstanding_reads;
   max_reads_ = std::max<uint32_t>(1, std::min<uint32_t>(local, peer.rd_atom));
-  state_ = conn_state::ready;
   return 0;
 }
 
-void verbs_conn::established() { established_ = true; }
+void verbs_conn::established() {
+  established_ = true;
+  if (state_ == conn_state::connecting) state_ = conn_state::ready;
+}
 
 void verbs_conn::fail(status reason) {
   if (state_ == conn_state::failed) return;

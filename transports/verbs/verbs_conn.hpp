@@ -75,10 +75,11 @@ public:
   /// The endpoint using it, or null.
   verbs_ep* ep = nullptr;
 
-  /// The peer's handshake arrived and the QP is connected: ready to send. Returns 0 or the errno
-  /// of the QP transition.
+  /// The peer's handshake arrived and the QP is connected. Returns 0 or the errno of the QP
+  /// transition.
   int connected(const handshake& peer);
-  /// The QP and rdmacm id are connected on both sides.
+  /// Both QPs are connected (the client called rdma_establish, or the server saw ESTABLISHED):
+  /// ready to send. Until then the peer's QP may not be ready to answer.
   void established();
   /// Fails the connection with `reason`: every outstanding operation completes with it, the QP
   /// goes to error, the endpoint's error handler is scheduled. Later calls do nothing.
