@@ -137,6 +137,11 @@ struct failure_log {
 
 verbs::verbs_conn& conn_of(tl::ep& ep) { return *static_cast<verbs::verbs_ep&>(ep).conn(); }
 
+/// Two RoCE devices of the verbs test device.
+std::vector<td::device_spec> two_roce_devices() {
+  return {td::roce_device("testdev0", "10.0.0.1"), td::roce_device("testdev1", "10.0.0.2")};
+}
+
 /// Two RoCE test devices ("two processes"), the verbs component over the test device, one
 /// interface on each, an endpoint from a to b; leaks are checked at the end.
 struct two_sides {
@@ -151,8 +156,7 @@ struct two_sides {
   failure_log failures_b;
 
   explicit two_sides(verbs::verbs_config config = small_config(),
-                     std::vector<td::device_spec> devices = {td::roce_device("testdev0", "10.0.0.1"),
-                                                             td::roce_device("testdev1", "10.0.0.2")})
+                     std::vector<td::device_spec> devices = two_roce_devices())
       : fabric(devices), component(verbs::make_verbs_component(td::table(), config)) {
     a = open(devices[0].name + ":1");
     b = open(devices.size() > 1 ? devices[1].name + ":1" : devices[0].name + ":1");
@@ -185,8 +189,8 @@ struct two_sides {
   std::unique_ptr<tl::ep> connect(tl::iface& from, tl::iface& to) {
     std::unique_ptr<tl::ep> ep;
     BOOST_REQUIRE(from.create_ep(to.device_address(), to.iface_address(), ep) == status::ok);
-    BOOST_REQUIRE_MESSAGE(progress_until({&from, &to},
-                                         [&] { return conn_of(*ep).state() != verbs::conn_state::connecting; }),
+    const auto up = [&] { return conn_of(*ep).state() != verbs::conn_state::connecting; };
+    BOOST_REQUIRE_MESSAGE(progress_until({&from, &to}, up),
                           "the connection on the verbs test device never came up");
     BOOST_REQUIRE(conn_of(*ep).state() == verbs::conn_state::ready);
     return ep;
@@ -335,7 +339,8 @@ BOOST_AUTO_TEST_CASE(a_reply_endpoint_shares_the_connection_both_ways) {
   BOOST_TEST(conn_of(*ba).passive(), "b's endpoint reuses the connection a opened");
   BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.b).connections() == 1u);
   BOOST_REQUIRE(ba->am_short(3, nullptr, 0, "pong", 4) == status::ok);
-  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return s.at_a.messages.size() == 1; }));
+  BOOST_REQUIRE(
+      progress_until({s.a.get(), s.b.get()}, [&] { return s.at_a.messages.size() == 1; }));
   BOOST_TEST(std::string(s.at_a.messages[0].begin(), s.at_a.messages[0].end()) == "pong");
   ba.reset();
 }
@@ -539,7 +544,8 @@ BOOST_AUTO_TEST_CASE(a_stale_rkey_fails_the_operation_and_the_endpoint_once) {
     BOOST_REQUIRE(s.b->memory_domain()->mem_dereg(handle) == status::ok);  // the MR is gone
   }
   tl::remote_key key;
-  BOOST_REQUIRE(s.a->memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+  tl::md& md = *s.a->memory_domain();
+  BOOST_REQUIRE(md.rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
   std::vector<uint8_t> local(64);
   tl::iov iov{local.data(), local.size()};
   completion_probe got;

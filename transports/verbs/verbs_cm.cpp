@@ -65,7 +65,8 @@ class rdmacm_cm;
 /// One connection of the rdmacm connection manager.
 class rdmacm_conn final : public tl::cm_conn {
 public:
-  rdmacm_conn(rdmacm_cm* owner, rdma_cm_id* id, bool server) : owner(owner), id(id), server(server) {}
+  rdmacm_conn(rdmacm_cm* owner, rdma_cm_id* id, bool server)
+      : owner(owner), id(id), server(server) {}
   ~rdmacm_conn() override;
   std::string peer_address() const override { return peer; }
   void reject() override;
@@ -299,8 +300,9 @@ void rdmacm_cm::close(tl::cm_conn* conn) {
 
 void rdmacm_cm::finish(rdmacm_conn& c) {
   c.done = true;
-  const auto mine = std::find_if(owned_.begin(), owned_.end(),
-                                 [&](const std::unique_ptr<rdmacm_conn>& p) { return p.get() == &c; });
+  const auto mine = std::find_if(owned_.begin(), owned_.end(), [&](const auto& p) {
+    return p.get() == &c;
+  });
   if (mine == owned_.end()) return;
   finished_.push_back(std::move(*mine));
   owned_.erase(mine);

@@ -4,6 +4,7 @@
 
 #include <comm/log.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 namespace comm::verbs {

@@ -36,7 +36,7 @@ struct tx_entry {
 
 /// What one posted work request needs.
 struct tx_request {
-  ibv_send_wr wr{};                   ///< opcode, sg_list, remote address... (wr_id, flags set here)
+  ibv_send_wr wr{};                   ///< opcode, sg_list, remote address (wr_id, flags: post)
   tl::completion* comp = nullptr;     ///< completion, or null
   int32_t buffer = -1;                ///< send buffer it uses, or -1
   bool needs_credit = false;          ///< a SEND that consumes a peer receive buffer

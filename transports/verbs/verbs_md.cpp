@@ -104,7 +104,8 @@ bool verbs_md::user_lkey(uintptr_t address, size_t length, uint32_t* lkey) const
 }
 
 void verbs_md::evict_idle() {
-  for (auto it = implicit_.end(); implicit_index_.size() >= cache_limit_ && it != implicit_.begin();) {
+  auto it = implicit_.end();
+  while (implicit_index_.size() >= cache_limit_ && it != implicit_.begin()) {
     --it;
     if (it->in_flight != 0) continue;
     t_.dereg_mr(it->mr);
@@ -120,7 +121,8 @@ cached_mr* verbs_md::implicit_mr(uintptr_t address, size_t length) {
     return &*found->second;
   }
   evict_idle();
-  ibv_mr* mr = t_.reg_mr(pd_, reinterpret_cast<void*>(address), length, access_flags);
+  // Local access only: an implicit registration's key is never given to a peer.
+  ibv_mr* mr = t_.reg_mr(pd_, reinterpret_cast<void*>(address), length, IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) {
     COMM_LOG(warn, log_name, "reg_mr(%zu bytes) for zcopy: %s", length, std::strerror(errno));
     return nullptr;
