@@ -257,6 +257,10 @@ BOOST_AUTO_TEST_CASE(test_device_ports_are_listed_and_attributes_are_honest) {
     std::unique_ptr<tl::iface> unknown;
     params.device = "testdev9:1";
     BOOST_TEST(component->open(params, unknown) == status::no_elem);
+    params.device = "testdev0:1";
+    params.auth_key = "secret";
+    BOOST_TEST(component->open(params, unknown) == status::unsupported,
+               "a cluster secret it cannot enforce is refused, not ignored");
   }
   BOOST_TEST(fabric.finish() == 0u);
 }

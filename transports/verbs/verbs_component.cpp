@@ -2,6 +2,8 @@
 
 #include "verbs/verbs_cm.hpp"
 
+#include <comm/log.hpp>
+
 #include <algorithm>
 
 namespace comm::verbs {
@@ -32,6 +34,11 @@ public:
       return params.device.empty() || p.name() == params.device;
     });
     if (port == ports.end()) return status::no_elem;
+    if (!params.auth_key.empty()) {
+      // Admitting every peer under a cluster secret would be a silent hole: refuse instead.
+      COMM_LOG(error, "verbs", "a cluster auth key is not supported by the verbs transport yet");
+      return status::unsupported;
+    }
     verbs_config config = config_;
     if (params.fifo_size != 0) config.rx_buffers = params.fifo_size;
     if (params.segment_size != 0) config.segment_size = params.segment_size;
