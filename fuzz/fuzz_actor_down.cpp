@@ -1,6 +1,7 @@
 // Fuzzes the actor node's reader of a down frame's payload, the exit reason of a remote actor
 // (read_reason_payload, actors/src/payload.*). The reason must be read within the payload's bytes:
-// no allocation beyond what they can fill (libFuzzer's -malloc_limit_mb catches one).
+// no allocation beyond what they can fill (libFuzzer's -malloc_limit_mb catches one); a reason
+// read is written again (write_reason_payload) and reads back to the same bytes.
 #include "actor_env.hpp"
 #include "check.hpp"
 #include "payload.hpp"
@@ -36,7 +37,16 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace comm::actors::detail;
+  auto* ctx = &comm::fuzz::env().ctx;
   caf::error reason;
-  (void)comm::actors::detail::read_reason_payload(&comm::fuzz::env().ctx, data, size, reason);
+  if (read_reason_payload(ctx, data, size, reason)) return 0;
+  std::vector<char> once;
+  comm::fuzz::require(!write_reason_payload(ctx, reason, once), "a reason read cannot be written");
+  caf::error again;
+  std::vector<char> twice;
+  comm::fuzz::require(!read_reason_payload(ctx, once.data(), once.size(), again) &&
+                          !write_reason_payload(ctx, again, twice) && once == twice,
+                      "a reason reads back differently after writing it");
   return 0;
 }

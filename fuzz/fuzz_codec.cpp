@@ -13,6 +13,8 @@
 
 #include "schema/actor.capnp.h"
 #include "schema/wire.capnp.h"
+#include "shm/shm.capnp.h"
+#include "tcp/tcp.capnp.h"
 
 #include <capnp/dynamic.h>
 #include <capnp/serialize.h>

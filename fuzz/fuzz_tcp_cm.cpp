@@ -15,6 +15,7 @@
 #include "seeds.hpp"
 
 #include "schema/wire.capnp.h"
+#include "tcp/tcp.capnp.h"
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>

@@ -1,7 +1,9 @@
 // Shared fixture of the protocol-layer suites: two workers of one context restricted to a single
 // transport, connected both ways, plus bounded progress loops, completion trackers and data
 // patterns. Every protocol test runs once per transport that has devices here (see
-// transports_under_test), so adding a transport adds it to every suite.
+// transport_list.hpp: the list comes from the component registry), so adding a transport adds it
+// to every suite; suites that start processes use interprocess_transports(), which leaves out (and
+// names) a transport whose device exists only in this process.
 #pragma once
 
 #include <boost/test/data/monomorphic.hpp>
@@ -12,6 +14,7 @@
 #include <comm/transport/transport.hpp>
 #include <comm/worker.hpp>
 
+#include "transport_list.hpp"
 #include "worker_impl.hpp"
 
 #include <chrono>
@@ -20,47 +23,12 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 namespace comm::test {
 
 // -- transports ----------------------------------------------------------------------------------
-
-/// Transports the protocol suites run over: every built-in transport with at least one device
-/// here, or the comma-separated list in COMM_TEST_TLS when set (to focus on one transport).
-inline std::vector<std::string> transports_under_test() {
-  std::vector<std::string> out;
-  if (const char* only = std::getenv("COMM_TEST_TLS"); only != nullptr && *only != '\0') {
-    std::stringstream list(only);
-    for (std::string name; std::getline(list, name, ',');) {
-      if (!name.empty()) out.push_back(name);
-    }
-    return out;
-  }
-  for (tl::component* c : tl::all_components()) {
-    if (!c->devices().empty()) out.push_back(std::string(c->name()));
-  }
-  return out;
-}
-
-/// Transports that reach another process (every one under test except self).
-inline std::vector<std::string> interprocess_transports() {
-  std::vector<std::string> out;
-  for (const std::string& name : transports_under_test()) {
-    if (name != "self") out.push_back(name);
-  }
-  return out;
-}
-
-/// True when `name` is built in and has a device here.
-inline bool transport_available(const std::string& name) {
-  for (tl::component* c : tl::all_components()) {
-    if (c->name() == name) return !c->devices().empty();
-  }
-  return false;
-}
 
 /// Dataset for BOOST_DATA_TEST_CASE: one sample per transport under test.
 inline auto each_transport() { return boost::unit_test::data::make(transports_under_test()); }

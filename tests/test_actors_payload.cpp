@@ -11,13 +11,19 @@
 #include "attachments.hpp"
 #include "payload.hpp"
 #include "process_harness.hpp"
+#include "test_actors_forged.hpp"
 
 #include <caf/all.hpp>
 
+#include <pthread.h>
 #include <sys/resource.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -79,6 +85,32 @@ struct codec_fixture {
   caf::scoped_execution_unit ctx;
 };
 
+/// Of `samples` random bit patterns read as Real, how many pack_real writes other than CAF's
+/// pack754 (normal numbers), or how unpack754 does not read back (subnormals: the value when
+/// CAF's format holds it, from 2^-bias up, else zero).
+template <class Real>
+int pack_real_mismatches(int samples) {
+  using trait = caf::detail::ieee_754_trait<Real>;
+  using packed = typename trait::packed_type;
+  const packed exponent = ((packed{1} << trait::expbits) - 1) << (trait::bits - trait::expbits - 1);
+  const Real smallest = std::numeric_limits<Real>::min() / 2;  // exponent bits 0 in CAF's format
+  std::mt19937_64 random(11);
+  int mismatches = 0;
+  for (int i = 0; i < samples; ++i) {
+    auto bits = static_cast<packed>(random());
+    if (i % 4 == 0) bits &= ~exponent;  // a subnormal (or zero)
+    Real x;
+    std::memcpy(&x, &bits, sizeof(x));
+    if (std::isnormal(x)) {
+      mismatches += pack_real(x) != caf::detail::pack754(x);
+    } else if (std::isfinite(x)) {
+      const Real expected = std::fabs(x) >= smallest ? x : Real{0};
+      mismatches += caf::detail::unpack754(pack_real(x)) != expected;
+    }
+  }
+  return mismatches;
+}
+
 /// Peak resident memory of this process so far, in KiB.
 long peak_rss_kib() {
   rusage usage{};
@@ -94,6 +126,33 @@ rlim_t address_space_bytes() {
   }
   return 0;
 }
+
+/// Runs `body` on a thread of its own with a stack of `bytes` and returns what it returned.
+int on_stack_of(size_t bytes, const std::function<int()>& body) {
+  struct call {
+    const std::function<int()>* body;
+    int result;
+  } c{&body, -1};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, bytes);
+  pthread_t thread;
+  const int created = pthread_create(
+      &thread, &attr,
+      [](void* arg) -> void* {
+        auto* c = static_cast<call*>(arg);
+        c->result = (*c->body)();
+        return nullptr;
+      },
+      &c);
+  pthread_attr_destroy(&attr);
+  if (created != 0) return -2;
+  pthread_join(thread, nullptr);
+  return c.result;
+}
+
+/// musl's default thread stack, the smallest in common use.
+constexpr size_t small_stack = 128 * 1024;
 
 /// A message with one value of every plain type.
 caf::message plain_message() {
@@ -246,6 +305,195 @@ BOOST_AUTO_TEST_CASE(a_huge_sequence_length_is_an_error_before_any_allocation) {
     return peak_rss_kib() - peak_before < (64 << 10) ? 0 : 4;
   });
   BOOST_TEST(comm::test::wait_child(child) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(nesting_is_refused_before_it_outgrows_a_small_stack) {
+  using comm::test::actors::nested_lists;
+  using comm::test::actors::nested_messages;
+  // In a child, so that a stack overflow is a failed test rather than the end of this one.
+  const pid_t child = comm::test::fork_child([&] {
+    return on_stack_of(small_stack, [&] {
+      caf::message back;
+      if (read(nested_messages(40000), {}, 1, back)) return 3;
+      if (read(nested_lists(300000), {}, 1, back)) return 4;
+      return 0;
+    });
+  });
+  BOOST_TEST(comm::test::wait_child(child) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(nesting_as_deep_as_applications_go_reads_back) {
+  // The deepest nesting read on a small stack: deeper is refused (the bound depends on the
+  // build's frame sizes; max_read_stack is what is fixed). In a child, as above.
+  const auto deepest = [&](std::vector<char> (*make)(size_t)) {
+    comm::test::channel depth_of;
+    const pid_t child = comm::test::fork_child([&] {
+      return on_stack_of(small_stack, [&] {
+        caf::message back;
+        uint64_t depth = 0;
+        while (depth < 100000 && read(make(depth + 1), {}, 1, back)) ++depth;
+        depth_of.send_word(depth);
+        return 0;
+      });
+    });
+    uint64_t depth = 0;
+    const bool told = depth_of.receive_word(&depth);
+    return comm::test::wait_child(child) == 0 && told ? depth : 0;
+  };
+  const uint64_t messages = deepest(comm::test::actors::nested_messages);
+  const uint64_t lists = deepest(comm::test::actors::nested_lists);
+  BOOST_TEST_MESSAGE("deepest nesting read: " << messages << " messages, " << lists << " lists");
+  BOOST_TEST(messages >= 32u);
+  BOOST_TEST(lists >= 32u);
+  BOOST_TEST(messages < 40000u);
+  // What CAF writes for a message 32 deep reads back equal.
+  caf::message nested = caf::make_message(int32_t{1});
+  for (int i = 0; i < 31; ++i) nested = caf::make_message(nested);
+  caf::message back;
+  BOOST_REQUIRE(read(written_by_caf(nested), {}, 1, back));
+  BOOST_TEST(caf::to_string(back) == caf::to_string(nested));
+}
+
+BOOST_AUTO_TEST_CASE(an_error_inside_a_nested_message_fails_the_payload) {
+  using comm::test::actors::put_message_start;
+  using comm::test::actors::put_size;
+  // A message holding a message of one byte vector that claims 1000 bytes and has none: CAF 0.17
+  // drops the inner message's error and reads on, which here finds the payload's end.
+  std::vector<char> payload;
+  put_message_start(payload, "@<>+@message");
+  put_message_start(payload, "@<>+@charbuf");
+  put_size(payload, 1000);
+  caf::message back;
+  BOOST_TEST(!read(payload, {}, 1, back));
+  // The same with CAF's own reader goes through, holding an empty message.
+  caf::binary_deserializer source{&ctx, payload};
+  BOOST_TEST(!source(back));
+  BOOST_TEST(source.remaining() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_reason_reads_back_and_one_claiming_4_gib_is_an_error) {
+  const caf::error reason = caf::make_error(caf::sec::runtime_error, std::string("why"));
+  std::vector<char> payload;
+  BOOST_REQUIRE(!write_reason_payload(&ctx, reason, payload));
+  caf::error back;
+  BOOST_REQUIRE(!read_reason_payload(&ctx, payload.data(), payload.size(), back));
+  BOOST_TEST((back == reason));
+  BOOST_TEST(sys.render(back) == sys.render(reason));
+  payload.push_back(0);
+  BOOST_TEST(static_cast<bool>(read_reason_payload(&ctx, payload.data(), payload.size(), back)));
+  // In a child, so that its peak resident memory tells whether the claimed 4 GiB were filled.
+  const auto lying = comm::test::actors::lying_reason();
+  const pid_t child = comm::test::fork_child([&] {
+    const long peak_before = peak_rss_kib();
+    if (!read_reason_payload(&ctx, lying.data(), lying.size(), back)) return 3;
+    return peak_rss_kib() - peak_before < (64 << 10) ? 0 : 4;
+  });
+  BOOST_TEST(comm::test::wait_child(child) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(what_the_reader_remembers_of_type_names_stays_small) {
+  // 300 messages, each naming a different list of 8,000 types: a reader that remembered every
+  // list (256 at a time) would keep 2 million default values, about 100 MB.
+  content_reader reader;
+  for (int list = 0; list < 300; ++list) {
+    std::string names = "@<>";
+    for (int i = 0; i < 8000; ++i) names += i == list ? "+@u8" : "+@i8";
+    std::vector<char> payload;
+    comm::test::actors::put_message_start(payload, names);
+    payload.resize(payload.size() + 8000, '\1');
+    message_payload body;
+    attachment_source none;
+    BOOST_REQUIRE(!read_message_payload(&ctx, reader, payload.data(), payload.size(), none, false,
+                                        false, 8000, body));
+    BOOST_REQUIRE(body.content.size() == 8000u);
+  }
+  BOOST_TEST(reader.remembered_values() == 0u);
+  // Short lists are still remembered.
+  const auto two = written_by_caf(caf::make_message(int32_t{1}, int32_t{2}));
+  message_payload body;
+  attachment_source none;
+  BOOST_REQUIRE(!read_message_payload(&ctx, reader, two.data(), two.size(), none, false, false, 2,
+                                      body));
+  BOOST_TEST(reader.remembered_values() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(infinities_and_nans_are_written_and_read_back) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // In a child given 20 s: CAF 0.17.6's pack754 never returns for an infinity.
+  const pid_t child = comm::test::fork_child([&] {
+    // Plain (the direct writer), then with a nested message (CAF's serialiser), then as a reason.
+    const caf::message plain = caf::make_message(inf, -inf, nan, -1.5f);
+    const caf::message nested = caf::make_message(plain, -inf);
+    for (const caf::message& msg : {plain, nested}) {
+      auto elem = caf::make_mailbox_element(nullptr, caf::make_message_id(), {}, msg);
+      std::vector<char> payload;
+      content_writer writer;
+      attachment_list attached;
+      if (write_message_payload(&ctx, writer, *elem, false, false, payload, attached)) return 2;
+      caf::message back;
+      if (!read(payload, {}, msg.size(), back)) return 3;
+      const caf::message& values = msg.size() == 4 ? back : back.get_as<caf::message>(0);
+      if (values.get_as<double>(0) != inf || values.get_as<double>(1) != -inf) return 4;
+      if (!std::isinf(values.get_as<float>(2)) || values.get_as<float>(3) != -1.5f) return 5;
+      if (msg.size() == 2 && back.get_as<double>(1) != -inf) return 6;
+    }
+    std::vector<char> reason;
+    if (write_reason_payload(&ctx, caf::make_error(caf::sec::runtime_error, inf), reason)) return 7;
+    caf::error back;
+    if (read_reason_payload(&ctx, reason.data(), reason.size(), back)) return 8;
+    if (back.context().get_as<double>(0) != inf) return 9;
+    return 0;
+  });
+  BOOST_TEST(comm::test::wait_child(child) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(finite_reals_are_written_in_cafs_format) {
+  // Normal numbers as CAF writes them (the wire is unchanged); subnormals, which pack754 turns
+  // into huge numbers of the other sign, as close as CAF's format holds them.
+  BOOST_TEST(pack_real_mismatches<double>(200000) == 0);
+  BOOST_TEST(pack_real_mismatches<float>(200000) == 0);
+  // 1.5 x 2^-1023, a subnormal CAF's format holds exactly.
+  const double tiny = std::numeric_limits<double>::denorm_min() * (uint64_t{3} << 50);
+  BOOST_TEST(caf::detail::unpack754(pack_real(-tiny)) == -tiny);
+  BOOST_TEST(pack_real(std::numeric_limits<double>::denorm_min()) == 0u);
+  BOOST_TEST(pack_real(-0.0f) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(durations_of_unknown_units_are_refused) {
+  using comm::test::actors::put_int;
+  using comm::test::actors::put_message_start;
+  // CAF's to_string(duration) reads the unit's name from a table indexed by the unit.
+  const auto duration_payload = [](uint32_t unit) {
+    std::vector<char> out;
+    put_message_start(out, "@<>+@duration");
+    put_int(out, unit);
+    put_int(out, uint64_t{5});
+    return out;
+  };
+  caf::message back;
+  BOOST_TEST(read(duration_payload(3), {}, 1, back));
+  BOOST_TEST(caf::to_string(back) == "(5ms)");
+  // Errors and exit reasons without a context are looked into too.
+  const auto none = caf::make_message(caf::error{}, caf::exit_msg{}, caf::down_msg{});
+  BOOST_TEST(read(written_by_caf(none), {}, 3, back));
+  caf::error no_reason;
+  std::vector<char> normal;
+  BOOST_REQUIRE(!write_reason_payload(&ctx, caf::exit_reason::normal, normal));
+  BOOST_TEST(!read_reason_payload(&ctx, normal.data(), normal.size(), no_reason));
+  BOOST_TEST(!read(duration_payload(0xfe3ee39a), {}, 1, back));
+  std::vector<char> nested;
+  put_message_start(nested, "@<>+@message");
+  const auto bad = duration_payload(6);
+  nested.insert(nested.end(), bad.begin(), bad.end());
+  BOOST_TEST(!read(nested, {}, 1, back));
+  // In a down frame's reason: an error whose context holds that message.
+  std::vector<char> reason;
+  reason.push_back(1);
+  put_int(reason, static_cast<uint64_t>(caf::atom("system")));
+  reason.insert(reason.end(), nested.begin(), nested.end());
+  caf::error read_back;
+  BOOST_TEST(static_cast<bool>(read_reason_payload(&ctx, reason.data(), reason.size(), read_back)));
 }
 
 BOOST_AUTO_TEST_CASE(every_truncation_and_a_wrong_count_are_errors) {

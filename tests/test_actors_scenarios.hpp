@@ -121,6 +121,7 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
         return caf::make_error(caf::sec::invalid_argument, "failed on request");
       },
       [](echo_atom, std::vector<char>& data) { return std::move(data); },
+      [](echo_atom, double x, float y) -> caf::result<double, float> { return {x, y}; },
       [](echo_atom, blob& data) { return data; },
       [](echo_atom, blob& a, std::string& b, std::vector<char>& c, blob& d, std::string& e)
           -> caf::result<blob, std::string, std::vector<char>, blob, std::string> {
@@ -159,9 +160,9 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
         return self->delegate(self->spawn(watcher), a, who, observer);
       },
       [self](stop_atom, const caf::actor& v) { self->send_exit(v, caf::exit_reason::user_shutdown); },
-      [self](stats_atom) -> caf::result<uint64_t, uint64_t, uint64_t, uint64_t> {
+      [self](stats_atom) -> caf::result<uint64_t, uint64_t, uint64_t, uint64_t, uint64_t> {
         auto s = comm::actors::node::get(self->home_system())->stats();
-        return {s.peers, s.proxies, s.remote_monitors, s.frames_held};
+        return {s.peers, s.proxies, s.remote_monitors, s.frames_held, s.peak_bytes_held};
       },
   };
 }
@@ -388,9 +389,10 @@ inline std::string check_mixed_ordering(caf::actor_system& sys, const caf::actor
       caf::after(std::chrono::seconds(60)) >> [] {});
   self->request(svc, std::chrono::seconds(5), stats_atom::value)
       .receive(
-          [](uint64_t, uint64_t, uint64_t, uint64_t held) {
-            std::printf("mixed ordering: the service node held %llu frames for order\n",
-                        static_cast<unsigned long long>(held));
+          [](uint64_t, uint64_t, uint64_t, uint64_t held, uint64_t peak) {
+            std::printf("mixed ordering: the service node held %llu frames for order, at most "
+                        "%.1f MiB at once\n",
+                        static_cast<unsigned long long>(held), static_cast<double>(peak) / (1 << 20));
           },
           [](caf::error&) {});
   return failure;

@@ -16,6 +16,8 @@
 
 #include <comm/wire/codec.hpp>
 
+#include "tcp/tcp.capnp.h"
+
 #include <arpa/inet.h>
 #include <capnp/message.h>
 #include <capnp/serialize.h>

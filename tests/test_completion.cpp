@@ -22,7 +22,10 @@ struct posted_recv {
 
 /// A pair whose receive FIFOs hold only a few messages, so senders run out of resources.
 std::unique_ptr<worker_pair> small_fifo_pair(const std::string& tl_name) {
-  return std::make_unique<worker_pair>(tl_name, [](config& c) { c.shm_fifo_size = 4; });
+  return std::make_unique<worker_pair>(tl_name, [](config& c) {
+    c.transport_options = {
+        {"COMM_SELF_FIFO_SIZE", "4"}, {"COMM_SHM_FIFO_SIZE", "4"}, {"COMM_TCP_WINDOW", "4"}};
+  });
 }
 
 /// Sends 8-byte messages with force_immediate from ab until the transport refuses one; returns

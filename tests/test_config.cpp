@@ -1,11 +1,13 @@
 // Configuration: the COMM_ environment variables parsed by config::from_environment (sizes with
-// suffixes, transport lists), malformed values ignored with the defaults kept, and the
-// thresholds taking effect on endpoints of every transport.
+// suffixes, transport lists), malformed values of libcomm's knobs ignored with the defaults kept,
+// the transports' own COMM_<TL>_* knobs checked by their transport (a bad value refuses the
+// context), and the knobs taking effect on endpoints of every transport.
 #define BOOST_TEST_MODULE config
 #include "fixture.hpp"
 
 #include <cstdlib>
 #include <map>
+#include <stdexcept>
 
 using namespace comm;
 using namespace comm::test;
@@ -14,7 +16,23 @@ namespace config_test {
 
 const char* const all_variables[] = {"COMM_TLS",          "COMM_SHORT_THRESH", "COMM_ZCOPY_THRESH",
                                      "COMM_RNDV_THRESH",  "COMM_SHM_FIFO_SIZE",
-                                     "COMM_SHM_SEG_SIZE"};
+                                     "COMM_SHM_SEG_SIZE", "COMM_SHM_FIFO_SZ",
+                                     "COMM_SELF_FIFO_SIZE", "COMM_TCP_WINDOW",
+                                     "COMM_NOSUCH_KNOB"};
+
+/// The variable that sizes the receive queue (or send window) of transport `name`.
+const std::map<std::string, const char*> queue_knob = {
+    {"self", "COMM_SELF_FIFO_SIZE"}, {"shm", "COMM_SHM_FIFO_SIZE"}, {"tcp", "COMM_TCP_WINDOW"}};
+
+/// The message of the std::invalid_argument a context made with `cfg` throws; empty if none.
+std::string context_refusal(const config& cfg) {
+  try {
+    context ctx(cfg);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
 
 /// Sets COMM_ variables for one scope, restoring the previous values afterwards.
 class env_scope {
@@ -51,8 +69,7 @@ BOOST_AUTO_TEST_CASE(defaults_without_variables) {
   BOOST_CHECK_EQUAL(cfg.short_thresh, defaults.short_thresh);
   BOOST_CHECK_EQUAL(cfg.zcopy_thresh, defaults.zcopy_thresh);
   BOOST_CHECK_EQUAL(cfg.rndv_thresh, defaults.rndv_thresh);
-  BOOST_CHECK_EQUAL(cfg.shm_fifo_size, defaults.shm_fifo_size);
-  BOOST_CHECK_EQUAL(cfg.shm_segment_size, defaults.shm_segment_size);
+  BOOST_CHECK(cfg.transport_options.empty());
   BOOST_CHECK(cfg.transport_enabled("shm"));
   BOOST_CHECK(cfg.transport_enabled("anything"));
 }
@@ -69,8 +86,9 @@ BOOST_AUTO_TEST_CASE(every_variable_is_read) {
   BOOST_CHECK_EQUAL(cfg.short_thresh, 100u);
   BOOST_CHECK_EQUAL(cfg.zcopy_thresh, 32u << 10);
   BOOST_CHECK_EQUAL(cfg.rndv_thresh, 1u << 20);
-  BOOST_CHECK_EQUAL(cfg.shm_fifo_size, 64u);
-  BOOST_CHECK_EQUAL(cfg.shm_segment_size, 16u << 10);
+  // Transport variables are kept as text for their transport to parse.
+  BOOST_CHECK((cfg.transport_options ==
+               tl::options{{"COMM_SHM_FIFO_SIZE", "64"}, {"COMM_SHM_SEG_SIZE", "16K"}}));
   BOOST_CHECK(cfg.transport_enabled("shm"));
   BOOST_CHECK(cfg.transport_enabled("self"));
   BOOST_CHECK(!cfg.transport_enabled("tcp"));
@@ -99,28 +117,11 @@ BOOST_AUTO_TEST_CASE(malformed_values_are_ignored) {
     BOOST_TEST_CONTEXT("value '" << text << "'") {
       env_scope env({{"COMM_SHORT_THRESH", text},
                      {"COMM_ZCOPY_THRESH", text},
-                     {"COMM_RNDV_THRESH", text},
-                     {"COMM_SHM_FIFO_SIZE", text},
-                     {"COMM_SHM_SEG_SIZE", text}});
+                     {"COMM_RNDV_THRESH", text}});
       const config cfg = config::from_environment();
       BOOST_CHECK_EQUAL(cfg.short_thresh, defaults.short_thresh);
       BOOST_CHECK_EQUAL(cfg.zcopy_thresh, defaults.zcopy_thresh);
       BOOST_CHECK_EQUAL(cfg.rndv_thresh, defaults.rndv_thresh);
-      BOOST_CHECK_EQUAL(cfg.shm_fifo_size, defaults.shm_fifo_size);
-      BOOST_CHECK_EQUAL(cfg.shm_segment_size, defaults.shm_segment_size);
-    }
-  }
-  // Well-formed sizes that a knob does not accept.
-  for (const char* fifo : {"3", "2", "0", "100", "1g"}) {
-    BOOST_TEST_CONTEXT("COMM_SHM_FIFO_SIZE=" << fifo) {
-      env_scope env({{"COMM_SHM_FIFO_SIZE", fifo}});
-      BOOST_CHECK_EQUAL(config::from_environment().shm_fifo_size, defaults.shm_fifo_size);
-    }
-  }
-  for (const char* segment : {"100", "0", "70000", "1g"}) {
-    BOOST_TEST_CONTEXT("COMM_SHM_SEG_SIZE=" << segment) {
-      env_scope env({{"COMM_SHM_SEG_SIZE", segment}});
-      BOOST_CHECK_EQUAL(config::from_environment().shm_segment_size, defaults.shm_segment_size);
     }
   }
   // A bad value of one variable does not disturb the others.
@@ -148,6 +149,47 @@ BOOST_AUTO_TEST_CASE(transport_lists) {
     env_scope env({{"COMM_TLS", ""}});
     BOOST_CHECK(config::from_environment().transports.empty());
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_transport_refuses_its_own_bad_values) {
+  // Malformed or outside the limits shm accepts: the context refuses to be made, naming the
+  // variable, rather than sending same-host traffic over another transport.
+  const std::pair<const char*, const char*> bad[] = {
+      {"COMM_SHM_SEG_SIZE", "2m"},  {"COMM_SHM_SEG_SIZE", "100"}, {"COMM_SHM_SEG_SIZE", "1000"},
+      {"COMM_SHM_SEG_SIZE", "abc"}, {"COMM_SHM_FIFO_SIZE", "3"},  {"COMM_SHM_FIFO_SIZE", "0"},
+      {"COMM_SHM_FIFO_SIZE", "1g"}, {"COMM_SHM_FIFO_SIZE", ""},   {"COMM_SHM_FIFO_SZ", "64"},
+      {"COMM_TCP_WINDOW", "1"},     {"COMM_SELF_FIFO_SIZE", "0"}};
+  for (const auto& [name, value] : bad) {
+    BOOST_TEST_CONTEXT(name << "=" << value) {
+      env_scope env({{name, value}});
+      const std::string why = context_refusal(config::from_environment());
+      BOOST_TEST(why.find(std::string(name) + "=" + value + " refused") != std::string::npos,
+                 "refusal: '" << why << "'");
+    }
+  }
+  // The same knob set in code is refused the same way.
+  config in_code;
+  in_code.transport_options["COMM_SHM_SEG_SIZE"] = "2m";
+  BOOST_TEST(context_refusal(in_code).find("COMM_SHM_SEG_SIZE=2m refused") != std::string::npos);
+  // A name no transport reads, set in code, is refused; in the environment it is not collected.
+  config unowned;
+  unowned.transport_options["COMM_NOSUCH_KNOB"] = "1";
+  BOOST_TEST(context_refusal(unowned).find("no transport reads it") != std::string::npos);
+  env_scope env({{"COMM_NOSUCH_KNOB", "1"}});
+  BOOST_TEST(config::from_environment().transport_options.empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_disabled_transport_does_not_check_its_values) {
+  env_scope env({{"COMM_TLS", "self,tcp"}, {"COMM_SHM_SEG_SIZE", "2m"}});
+  BOOST_TEST(context_refusal(config::from_environment()).empty());
+}
+
+BOOST_AUTO_TEST_CASE(good_values_open_with_the_knob_in_force) {
+  env_scope env({{"COMM_TLS", "shm"}, {"COMM_SHM_SEG_SIZE", "16k"}});
+  context ctx(config::from_environment());
+  auto w = worker::create(ctx);
+  BOOST_REQUIRE(w);
+  BOOST_TEST(w->info().find("16384 bytes per cell") != std::string::npos, w->info());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -197,10 +239,11 @@ BOOST_DATA_TEST_CASE(thresholds_take_effect, each_transport(), tl_name) {
     BOOST_CHECK(tag_roundtrip(p, 100, 2, true));  // above the short threshold: bcopy
   }
   {
-    // A fifo size from the environment reaches the transports' receive queues.
-    env_scope env({{"COMM_SHM_FIFO_SIZE", "16"}});
+    // The transport's own queue size from the environment reaches its receive queue.
+    const char* knob = queue_knob.at(tl_name);
+    env_scope env({{knob, "16"}});
     worker_pair p(tl_name);
-    BOOST_CHECK_EQUAL(p.cfg.shm_fifo_size, 16u);
+    BOOST_CHECK_EQUAL(p.cfg.transport_options.at(knob), "16");
     int went = 0;
     request_params fi;
     fi.flags = request_force_immediate;

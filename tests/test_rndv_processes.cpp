@@ -1,5 +1,6 @@
-// Rendezvous between two real processes over shared memory, and peers killed with SIGKILL in the
-// middle of a rendezvous: both sides end cleanly, nothing hangs, nothing stays registered.
+// Rendezvous between two real processes, over every transport that reaches another process
+// (fixture.hpp's interprocess_transports), and peers killed with SIGKILL in the middle of a
+// rendezvous: both sides end cleanly, nothing hangs, nothing stays registered.
 #define BOOST_TEST_MODULE rndv_processes
 #include "fixture.hpp"
 
@@ -12,7 +13,7 @@
 using namespace comm;
 using namespace comm::test;
 
-namespace {
+namespace rndv_processes {
 
 /// Writes a length-prefixed blob.
 bool send_blob(int fd, const std::vector<uint8_t>& blob) {
@@ -35,9 +36,10 @@ std::vector<uint8_t> read_blob(int fd) {
   return blob;
 }
 
-/// One side of a two-process test: a context on shm and a worker.
+/// One side of a two-process test: a context on one transport and a worker.
 struct side {
-  side() : ctx(config_for("shm")), w(worker::create(ctx)) {}
+  explicit side(const std::string& transport)
+      : ctx(config_for(transport)), w(worker::create(ctx)) {}
   context ctx;
   std::unique_ptr<worker> w;
 };
@@ -71,10 +73,10 @@ constexpr tag_t tag_data = 0xda7a;
 
 /// Child: connects to the parent, then runs `body` and exits with its result (never returns).
 template <class Body>
-[[noreturn]] void run_child(int sock, Body&& body) {
+[[noreturn]] void run_child(const std::string& transport, int sock, Body&& body) {
   int rc = 1;
   {
-    side s;
+    side s(transport);
     if (send_blob(sock, s.w->address())) {
       auto parent = read_blob(sock);
       endpoint* ep = nullptr;
@@ -84,16 +86,20 @@ template <class Body>
   ::_exit(rc);
 }
 
-}  // namespace
+}  // namespace rndv_processes
 
-BOOST_AUTO_TEST_CASE(large_messages_both_ways_between_processes) {
+// Named, not anonymous: the data-driven cases are templates whose lambdas capture these types.
+using namespace rndv_processes;
+
+BOOST_DATA_TEST_CASE(large_messages_both_ways_between_processes,
+                     boost::unit_test::data::make(interprocess_transports()), tl_name) {
   int fds[2];
   BOOST_REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
   const pid_t pid = ::fork();
   BOOST_REQUIRE(pid >= 0);
   if (pid == 0) {
     ::close(fds[0]);
-    run_child(fds[1], [](side& s, endpoint* ep, int) {
+    run_child(tl_name, fds[1], [](side& s, endpoint* ep, int) {
       std::vector<uint8_t> buf(big);
       for (int i = 0; i < 3; ++i) {
         op r = s.w->tag_recv(buf.data(), big, tag_data, tag_mask_full);
@@ -106,7 +112,7 @@ BOOST_AUTO_TEST_CASE(large_messages_both_ways_between_processes) {
     });
   }
   ::close(fds[1]);
-  side s;
+  side s(tl_name);
   auto child = read_blob(fds[0]);
   BOOST_REQUIRE(!child.empty());
   BOOST_REQUIRE(send_blob(fds[0], s.w->address()));
@@ -127,14 +133,15 @@ BOOST_AUTO_TEST_CASE(large_messages_both_ways_between_processes) {
   ::close(fds[0]);
 }
 
-BOOST_AUTO_TEST_CASE(receiver_killed_before_fetching_fails_the_send_and_releases_it) {
+BOOST_DATA_TEST_CASE(receiver_killed_before_fetching_fails_the_send_and_releases_it,
+                     boost::unit_test::data::make(interprocess_transports()), tl_name) {
   int fds[2];
   BOOST_REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
   const pid_t pid = ::fork();
   BOOST_REQUIRE(pid >= 0);
   if (pid == 0) {
     ::close(fds[0]);
-    run_child(fds[1], [](side& s, endpoint*, int sock) {
+    run_child(tl_name, fds[1], [](side& s, endpoint*, int sock) {
       // Wait for the announcement, say so, then never receive it.
       tag_recv_info info;
       for (int i = 0; i < 3000000 && !s.w->tag_probe(tag_data, tag_mask_full, &info); ++i) {
@@ -146,7 +153,7 @@ BOOST_AUTO_TEST_CASE(receiver_killed_before_fetching_fails_the_send_and_releases
     });
   }
   ::close(fds[1]);
-  side s;
+  side s(tl_name);
   auto child = read_blob(fds[0]);
   BOOST_REQUIRE(!child.empty());
   BOOST_REQUIRE(send_blob(fds[0], s.w->address()));
@@ -177,14 +184,15 @@ BOOST_AUTO_TEST_CASE(receiver_killed_before_fetching_fails_the_send_and_releases
   ::close(fds[0]);
 }
 
-BOOST_AUTO_TEST_CASE(sender_killed_after_announcing_leaves_no_stale_message) {
+BOOST_DATA_TEST_CASE(sender_killed_after_announcing_leaves_no_stale_message,
+                     boost::unit_test::data::make(interprocess_transports()), tl_name) {
   int fds[2];
   BOOST_REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
   const pid_t pid = ::fork();
   BOOST_REQUIRE(pid >= 0);
   if (pid == 0) {
     ::close(fds[0]);
-    run_child(fds[1], [](side& s, endpoint* ep, int sock) {
+    run_child(tl_name, fds[1], [](side& s, endpoint* ep, int sock) {
       auto data = pattern(big, 80);
       op snd = ep->tag_send(tag_data, data.data(), big);
       if (snd.failed()) return 7;
@@ -194,7 +202,7 @@ BOOST_AUTO_TEST_CASE(sender_killed_after_announcing_leaves_no_stale_message) {
     });
   }
   ::close(fds[1]);
-  side s;
+  side s(tl_name);
   auto child = read_blob(fds[0]);
   BOOST_REQUIRE(!child.empty());
   BOOST_REQUIRE(send_blob(fds[0], s.w->address()));

@@ -1,7 +1,9 @@
-// The shm transport: delivery within a process and across fork(), the FIFO's flow control and
-// pending queue, zcopy completion, blocking progress, malformed cells, peer failure, and leaks;
+// What is particular to the shm transport: its attributes and configuration limits, address
+// validation, zcopy from unmapped memory, malformed cells, many threads into one FIFO, memfd leaks;
 // endpoints to one peer sharing its mapping; addresses naming what is not the peer's sealed segment
-// (a FIFO, a device, files, unsealed memfds, a reused pid) refused without opening it.
+// (a FIFO, a device, files, unsealed memfds, a reused pid) refused without opening it. Delivery,
+// flow control and the pending queue, zcopy completion, blocking progress and peer failure are
+// checked for every transport in test_conformance.cpp.
 // Every wait is bounded in iterations and time; nothing asserts on timing.
 #define BOOST_TEST_MODULE transport_shm
 #include "hostile_peer.hpp"
@@ -14,11 +16,11 @@
 
 #include "../transports/shm/shm_peer_fd.hpp"
 #include "../transports/shm/shm_segment.hpp"
+#include "shm/shm.capnp.h"
 
 #include <linux/sched.h>
 
 #include <dirent.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -110,26 +112,11 @@ bool progress_until(std::initializer_list<tl::iface*> ifaces, const std::functio
   return false;
 }
 
-std::vector<uint8_t> pattern(size_t length, uint8_t seed) {
-  std::vector<uint8_t> bytes(length);
-  for (size_t i = 0; i < length; ++i) bytes[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
-  return bytes;
-}
-
 struct completion_probe : tl::completion {
   int calls = 0;
   completion_probe() {
     count = 1;
     func = [](tl::completion* self) { ++static_cast<completion_probe*>(self)->calls; };
-  }
-};
-
-struct bcopy_source {
-  const std::vector<uint8_t>* bytes;
-  static size_t pack(void* dest, void* arg) {
-    const auto* source = static_cast<bcopy_source*>(arg)->bytes;
-    std::memcpy(dest, source->data(), source->size());
-    return source->size();
   }
 };
 
@@ -238,74 +225,6 @@ std::vector<uint8_t> forged_address(pid_t pid, int fd, const tl::shm::geometry& 
   return address.pack();
 }
 
-// -- fork helpers ---------------------------------------------------------------------------------
-
-
-// The messages the cross-process test sends each way.
-constexpr tl::am_id id_short = 3, id_bcopy = 4, id_zcopy = 5;
-const std::vector<uint8_t> short_header = pattern(8, 1);
-const std::vector<uint8_t> short_payload = pattern(40, 2);
-const std::vector<uint8_t> bcopy_bytes = pattern(6000, 3);
-const std::vector<uint8_t> zcopy_header = pattern(24, 4);
-const std::vector<uint8_t> zcopy_part1 = pattern(70000, 5);
-const std::vector<uint8_t> zcopy_part2 = pattern(13, 6);
-
-std::vector<uint8_t> concat(std::initializer_list<const std::vector<uint8_t>*> parts) {
-  std::vector<uint8_t> all;
-  for (const auto* part : parts) all.insert(all.end(), part->begin(), part->end());
-  return all;
-}
-
-/// Sends one short, one bcopy and one zcopy message on `ep`, then sleeps on `sender`'s event fd
-/// until the zcopy completes (the receiver's ack wakes us). Returns the zcopy completion's result,
-/// or timed_out when nobody woke us.
-status send_three(tl::iface& sender, tl::ep& ep) {
-  if (ep.am_short(id_short, short_header.data(), short_header.size(), short_payload.data(),
-                  short_payload.size()) != status::ok) {
-    return status::io_error;
-  }
-  bcopy_source source{&bcopy_bytes};
-  if (ep.am_bcopy(id_bcopy, &bcopy_source::pack, &source) !=
-      static_cast<ssize_t>(bcopy_bytes.size())) {
-    return status::io_error;
-  }
-  const tl::iov entries[] = {{zcopy_part1.data(), zcopy_part1.size()},
-                             {zcopy_part2.data(), zcopy_part2.size()}};
-  completion_probe done;
-  const status st =
-      ep.am_zcopy(id_zcopy, zcopy_header.data(), zcopy_header.size(), entries, 2, &done);
-  if (st == status::ok) return status::ok;
-  if (st != status::in_progress) return st;
-  for (int round = 0; round < 1000 && done.calls == 0; ++round) {
-    if (sender.event_arm() == status::ok) {
-      pollfd pfd{sender.event_fd(), POLLIN, 0};
-      if (::poll(&pfd, 1, 10000) != 1) return status::timed_out;
-    }
-    sender.progress();
-  }
-  return done.calls == 1 ? done.result : status::timed_out;
-}
-
-/// Installs recorders for the three ids on `iface`.
-struct three_recorders {
-  recorder shorts, bcopies, zcopies;
-  explicit three_recorders(tl::iface& iface) {
-    shorts.install(iface, id_short);
-    bcopies.install(iface, id_bcopy);
-    zcopies.install(iface, id_zcopy);
-  }
-  bool all_arrived() const {
-    return shorts.messages.size() == 1 && bcopies.messages.size() == 1 &&
-           zcopies.messages.size() == 1;
-  }
-  bool contents_match() const {
-    return all_arrived() && !shorts.misaligned && !bcopies.misaligned && !zcopies.misaligned &&
-           shorts.messages[0].bytes == concat({&short_header, &short_payload}) &&
-           bcopies.messages[0].bytes == bcopy_bytes &&
-           zcopies.messages[0].bytes == concat({&zcopy_header, &zcopy_part1, &zcopy_part2});
-  }
-};
-
 }  // namespace
 
 // -- tests ----------------------------------------------------------------------------------------
@@ -376,249 +295,6 @@ BOOST_AUTO_TEST_CASE(addresses_are_validated) {
   BOOST_TEST(!ep);
 }
 
-BOOST_AUTO_TEST_CASE(short_bcopy_zcopy_in_one_process) {
-  auto sender = open_iface();
-  auto receiver = open_iface();
-  three_recorders got(*receiver);
-  auto ep = connect(*sender, *receiver);
-
-  BOOST_TEST(ep->am_short(id_short, short_header.data(), short_header.size(),
-                          short_payload.data(), short_payload.size()) == status::ok);
-  bcopy_source source{&bcopy_bytes};
-  BOOST_TEST(ep->am_bcopy(id_bcopy, &bcopy_source::pack, &source) ==
-             static_cast<ssize_t>(bcopy_bytes.size()));
-  const tl::iov entries[] = {{zcopy_part1.data(), zcopy_part1.size()},
-                             {zcopy_part2.data(), zcopy_part2.size()}};
-  completion_probe done;
-  BOOST_TEST(ep->am_zcopy(id_zcopy, zcopy_header.data(), zcopy_header.size(), entries, 2,
-                          &done) == status::in_progress);
-  BOOST_TEST(progress_until({receiver.get(), sender.get()},
-                            [&] { return got.all_arrived() && done.calls == 1; }));
-  BOOST_TEST(got.contents_match());
-  BOOST_TEST(done.result == status::ok);
-
-  // Largest sizes, and an empty message.
-  const tl::iface_attr& attr = receiver->attr();
-  const auto biggest_short = pattern(attr.max_short, 9);
-  BOOST_TEST(ep->am_short(id_short, biggest_short.data(), 10, biggest_short.data() + 10,
-                          attr.max_short - 10) == status::ok);
-  BOOST_TEST(ep->am_short(id_short, nullptr, 0, nullptr, 0) == status::ok);
-  BOOST_TEST(ep->am_short(id_short, biggest_short.data(), attr.max_short, biggest_short.data(),
-                          1) == status::invalid_param);
-  const auto biggest_bcopy = pattern(attr.max_bcopy, 10);
-  bcopy_source big{&biggest_bcopy};
-  BOOST_TEST(ep->am_bcopy(id_bcopy, &bcopy_source::pack, &big) ==
-             static_cast<ssize_t>(attr.max_bcopy));
-  BOOST_TEST(ep->am_short(tl::am_id_count, nullptr, 0, nullptr, 0) == status::invalid_param);
-  BOOST_TEST(progress_until({receiver.get()}, [&] {
-    return got.shorts.messages.size() == 3 && got.bcopies.messages.size() == 2;
-  }));
-  BOOST_TEST(got.shorts.messages[1].bytes == biggest_short);
-  BOOST_TEST(got.shorts.messages[2].bytes.empty());
-  BOOST_TEST(got.bcopies.messages[1].bytes == biggest_bcopy);
-  BOOST_TEST(ep->flush(nullptr) == status::ok);
-}
-
-BOOST_AUTO_TEST_CASE(loopback_to_own_interface) {
-  auto iface = open_iface();
-  recorder got;
-  got.install(*iface, 7);
-  auto ep = connect(*iface, *iface);
-  const uint64_t value = 0x1122334455667788;
-  BOOST_TEST(ep->am_short(7, &value, sizeof(value), nullptr, 0) == status::ok);
-  BOOST_TEST(progress_until({iface.get()}, [&] { return got.messages.size() == 1; }));
-  BOOST_TEST(got.messages[0].bytes.size() == sizeof(value));
-}
-
-BOOST_AUTO_TEST_CASE(short_bcopy_zcopy_across_processes) {
-  channel to_child, to_parent;
-  auto parent_iface = open_iface();
-  const pid_t child = fork_child([&]() -> int {
-    auto iface = open_iface();
-    three_recorders got(*iface);
-    send_addresses(to_parent, *iface);
-    std::vector<uint8_t> device, address;
-    CHILD_CHECK(receive_addresses(to_child, &device, &address));
-    CHILD_CHECK(progress_until({iface.get()}, [&] { return got.all_arrived(); }));
-    CHILD_CHECK(got.contents_match());
-    // Now the other way round: the child sends, the parent checks.
-    auto ep = connect(*iface, device, address);
-    CHILD_CHECK(send_three(*iface, *ep) == status::ok);
-    std::vector<uint8_t> verdict;
-    CHILD_CHECK(to_child.receive(&verdict));
-    return 0;
-  });
-  BOOST_REQUIRE(child > 0);
-  std::vector<uint8_t> device, address;
-  BOOST_REQUIRE(receive_addresses(to_parent, &device, &address));
-  send_addresses(to_child, *parent_iface);
-  three_recorders got(*parent_iface);
-  auto ep = connect(*parent_iface, device, address);
-  BOOST_TEST(send_three(*parent_iface, *ep) == status::ok);
-  BOOST_TEST(progress_until({parent_iface.get()}, [&] { return got.all_arrived(); }));
-  BOOST_TEST(got.contents_match());
-  to_child.send({1});
-  BOOST_TEST(wait_child(child) == 0);
-}
-
-namespace {
-
-/// A parked am_short carrying a sequence number.
-struct numbered_send : tl::pending_req {
-  tl::ep* ep = nullptr;
-  uint64_t seq = 0;
-  int calls = 0;
-  numbered_send() {
-    func = [](tl::pending_req* self) {
-      auto* req = static_cast<numbered_send*>(self);
-      ++req->calls;
-      return req->ep->am_short(1, &req->seq, sizeof(req->seq), nullptr, 0);
-    };
-  }
-};
-
-std::vector<uint64_t> sequence_numbers(const recorder& got) {
-  std::vector<uint64_t> seqs;
-  for (const auto& m : got.messages) {
-    uint64_t seq = ~uint64_t{0};
-    if (m.bytes.size() == sizeof(seq)) std::memcpy(&seq, m.bytes.data(), sizeof(seq));
-    seqs.push_back(seq);
-  }
-  return seqs;
-}
-
-}  // namespace
-
-BOOST_AUTO_TEST_CASE(full_fifo_parks_and_resumes_in_order) {
-  constexpr size_t fifo = 8;
-  auto sender = open_iface();
-  auto receiver = open_iface(fifo);
-  recorder got;
-  got.install(*receiver, 1);
-  auto ep = connect(*sender, *receiver);
-
-  uint64_t seq = 0;
-  while (seq < 100 && ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok) ++seq;
-  BOOST_TEST(seq == fifo);  // the FIFO holds exactly fifo_size cells
-  BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::no_resource);
-  bcopy_source source{&bcopy_bytes};
-  BOOST_TEST(ep->am_bcopy(1, &bcopy_source::pack, &source) ==
-             static_cast<ssize_t>(status::no_resource));
-
-  std::vector<numbered_send> parked(20);
-  for (auto& req : parked) {
-    req.ep = ep.get();
-    req.seq = seq++;
-    BOOST_TEST(ep->pending_add(&req) == status::ok);
-  }
-  // While requests are parked, new sends queue behind them.
-  BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::no_resource);
-  // The sender alone cannot make room.
-  for (int i = 0; i < 100; ++i) sender->progress();
-  BOOST_TEST(got.messages.empty());
-  BOOST_TEST(parked.front().calls <= 1);  // tried at most once, when it looked like room
-
-  BOOST_TEST(progress_until({receiver.get(), sender.get()},
-                            [&] { return got.messages.size() == fifo + parked.size(); }));
-  std::vector<uint64_t> expected(fifo + parked.size());
-  for (size_t i = 0; i < expected.size(); ++i) expected[i] = i;
-  BOOST_TEST(sequence_numbers(got) == expected, boost::test_tools::per_element());
-  for (const auto& req : parked) BOOST_TEST(req.calls >= 1);
-
-  // Nothing parked any more: pending_add says "send now".
-  numbered_send extra;
-  extra.ep = ep.get();
-  BOOST_TEST(ep->pending_add(&extra) == status::busy);
-  BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok);
-}
-
-BOOST_AUTO_TEST_CASE(pending_purge_hands_back_every_request) {
-  auto sender = open_iface();
-  auto receiver = open_iface(2);
-  auto ep = connect(*sender, *receiver);
-  uint64_t seq = 0;
-  while (ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok) ++seq;
-  std::vector<numbered_send> parked(3);
-  for (auto& req : parked) {
-    req.ep = ep.get();
-    BOOST_TEST(ep->pending_add(&req) == status::ok);
-  }
-  std::vector<tl::pending_req*> purged;
-  ep->pending_purge(
-      [](tl::pending_req* req, void* arg) {
-        static_cast<std::vector<tl::pending_req*>*>(arg)->push_back(req);
-      },
-      &purged);
-  BOOST_TEST(purged.size() == 3u);
-  BOOST_TEST((purged[0] == &parked[0] && purged[2] == &parked[2]));
-}
-
-BOOST_AUTO_TEST_CASE(zcopy_completes_only_after_the_receiver_has_the_data) {
-  auto sender = open_iface();
-  auto receiver = open_iface();
-  recorder got;
-  got.install(*receiver, 2);
-  auto ep = connect(*sender, *receiver);
-  std::vector<uint8_t> payload = pattern(100000, 11);
-  const uint64_t header = 42;
-  const tl::iov entry{payload.data(), payload.size()};
-  completion_probe done, flushed;
-  BOOST_TEST(ep->am_zcopy(2, &header, sizeof(header), &entry, 1, &done) == status::in_progress);
-  BOOST_TEST(ep->flush(&flushed) == status::in_progress);
-  for (int i = 0; i < 1000; ++i) sender->progress();
-  BOOST_TEST(done.calls == 0);
-  BOOST_TEST(flushed.calls == 0);
-  // The sender may sleep: the receiver wakes it when it acks.
-  BOOST_TEST(sender->event_arm() == status::ok);
-  pollfd sender_fd{sender->event_fd(), POLLIN, 0};
-  BOOST_TEST(::poll(&sender_fd, 1, 0) == 0);
-
-  receiver->progress();
-  BOOST_TEST(got.messages.size() == 1u);
-  BOOST_TEST(::poll(&sender_fd, 1, 10000) == 1);
-  BOOST_TEST(sender->event_arm() == status::busy);  // the ack is there
-  // The receiver read the payload from our buffer: change it now, its copy must not change.
-  const std::vector<uint8_t> original = payload;
-  std::fill(payload.begin(), payload.end(), 0);
-  BOOST_TEST(progress_until({sender.get()}, [&] { return done.calls == 1; }));
-  BOOST_TEST(flushed.calls == 1);
-  BOOST_TEST(done.result == status::ok);
-  BOOST_TEST(got.messages[0].bytes.size() == sizeof(header) + original.size());
-  BOOST_TEST(std::equal(original.begin(), original.end(),
-                        got.messages[0].bytes.begin() + sizeof(header)));
-  BOOST_TEST(ep->flush(nullptr) == status::ok);
-
-  // Many in flight complete in order.
-  std::vector<int> order;
-  struct ordered : tl::completion {
-    std::vector<int>* order;
-    int n;
-  };
-  std::vector<ordered> comps(10);
-  for (int i = 0; i < 10; ++i) {
-    comps[i].count = 1;
-    comps[i].order = &order;
-    comps[i].n = i;
-    comps[i].func = [](tl::completion* c) {
-      auto* o = static_cast<ordered*>(c);
-      o->order->push_back(o->n);
-    };
-    BOOST_TEST(ep->am_zcopy(2, &header, sizeof(header), &entry, 1, &comps[i]) ==
-               status::in_progress);
-  }
-  BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] { return order.size() == 10; }));
-  BOOST_TEST(order == std::vector<int>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}),
-             boost::test_tools::per_element());
-
-  // Limits.
-  const tl::iov too_big{payload.data(), receiver->attr().max_zcopy + 1};
-  BOOST_TEST(ep->am_zcopy(2, &header, sizeof(header), &too_big, 1, &done) ==
-             status::invalid_param);
-  std::vector<tl::iov> too_many(receiver->attr().max_iov + 1, entry);
-  BOOST_TEST(ep->am_zcopy(2, &header, sizeof(header), too_many.data(), too_many.size(), &done) ==
-             status::invalid_param);
-}
-
 BOOST_AUTO_TEST_CASE(zcopy_from_freed_memory_completes_with_an_error) {
   auto sender = open_iface();
   auto receiver = open_iface();
@@ -634,61 +310,6 @@ BOOST_AUTO_TEST_CASE(zcopy_from_freed_memory_completes_with_an_error) {
   BOOST_TEST(done.result == status::io_error);
   BOOST_TEST(got.messages.empty());
   BOOST_TEST(receiver->info().find("shm: zcopy read errors 1") != std::string::npos);
-}
-
-BOOST_AUTO_TEST_CASE(event_fd_arm_busy_and_wakeup_in_one_process) {
-  auto sender = open_iface();
-  auto receiver = open_iface();
-  recorder got;
-  got.install(*receiver, 1);
-  auto ep = connect(*sender, *receiver);
-  pollfd pfd{receiver->event_fd(), POLLIN, 0};
-
-  BOOST_TEST(receiver->event_arm() == status::ok);
-  BOOST_TEST(::poll(&pfd, 1, 0) == 0);
-  const uint64_t value = 5;
-  BOOST_TEST(ep->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
-  BOOST_TEST(::poll(&pfd, 1, 10000) == 1);  // the send woke us
-  BOOST_TEST(receiver->event_arm() == status::busy);  // a message is waiting
-  BOOST_TEST(progress_until({receiver.get()}, [&] { return got.messages.size() == 1; }));
-  BOOST_TEST(receiver->event_arm() == status::ok);
-  BOOST_TEST(::poll(&pfd, 1, 0) == 0);  // the wakeup was consumed by arming
-  // Unarmed: senders do not wake anybody, and nothing extra happens.
-  receiver->progress();
-  BOOST_TEST(ep->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
-  BOOST_TEST(ep->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
-  BOOST_TEST(progress_until({receiver.get()}, [&] { return got.messages.size() == 3; }));
-}
-
-BOOST_AUTO_TEST_CASE(sleeping_receiver_wakes_on_a_send_from_another_process) {
-  channel to_child, to_parent;
-  auto receiver = open_iface();
-  recorder got;
-  got.install(*receiver, 1);
-  const pid_t child = fork_child([&]() -> int {
-    auto iface = open_iface();
-    std::vector<uint8_t> device, address, go;
-    CHILD_CHECK(receive_addresses(to_child, &device, &address));
-    auto ep = connect(*iface, device, address);
-    CHILD_CHECK(to_child.receive(&go));  // the parent is about to sleep
-    std::this_thread::sleep_for(50ms);
-    const uint64_t value = 0xfeed;
-    CHILD_CHECK(ep->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
-    CHILD_CHECK(to_child.receive(&go));
-    return 0;
-  });
-  BOOST_REQUIRE(child > 0);
-  send_addresses(to_child, *receiver);
-  BOOST_TEST(receiver->event_arm() == status::ok);
-  to_child.send({1});
-  pollfd pfd{receiver->event_fd(), POLLIN, 0};
-  BOOST_TEST(::poll(&pfd, 1, 10000) == 1);
-  BOOST_TEST(progress_until({receiver.get()}, [&] { return got.messages.size() == 1; }));
-  uint64_t value = 0;
-  if (got.messages.size() == 1) std::memcpy(&value, got.messages[0].bytes.data(), sizeof(value));
-  BOOST_TEST(value == 0xfeedu);
-  to_child.send({1});
-  BOOST_TEST(wait_child(child) == 0);
 }
 
 namespace {
@@ -765,100 +386,6 @@ BOOST_AUTO_TEST_CASE(malformed_cells_are_logged_skipped_and_survived) {
     BOOST_TEST(ep->am_short(1, &i, sizeof(i), nullptr, 0) == status::ok);
     BOOST_TEST(progress_until({receiver.get()}, [&] { return got.messages.size() == i + 2; }));
   }
-}
-
-BOOST_AUTO_TEST_CASE(killed_peer_is_reported_and_outstanding_zcopy_fails) {
-  channel to_parent;
-  const pid_t child = fork_child([&]() -> int {
-    auto iface = open_iface();
-    send_addresses(to_parent, *iface);
-    std::this_thread::sleep_for(30s);  // never progresses; killed long before
-    return 0;
-  });
-  BOOST_REQUIRE(child > 0);
-  std::vector<uint8_t> device, address;
-  BOOST_REQUIRE(receive_addresses(to_parent, &device, &address));
-
-  auto survivor = open_iface();
-  struct failure_log {
-    int calls = 0;
-    tl::ep* ep = nullptr;
-    status reason = status::ok;
-  } failures;
-  survivor->set_error_handler(
-      [](void* arg, tl::ep* failed, status reason) {
-        auto* log = static_cast<failure_log*>(arg);
-        ++log->calls;
-        log->ep = failed;
-        log->reason = reason;
-      },
-      &failures);
-  auto ep = connect(*survivor, device, address);
-  const uint64_t header = 9;
-  const std::vector<uint8_t> payload = pattern(5000, 1);
-  const tl::iov entry{payload.data(), payload.size()};
-  completion_probe done, flushed;
-  BOOST_TEST(ep->am_zcopy(2, &header, sizeof(header), &entry, 1, &done) == status::in_progress);
-  BOOST_TEST(ep->flush(&flushed) == status::in_progress);
-  BOOST_TEST(ep->am_short(1, &header, sizeof(header), nullptr, 0) == status::ok);
-
-  BOOST_REQUIRE(::kill(child, SIGKILL) == 0);
-  // Not reaped yet: a zombie is dead enough.
-  BOOST_TEST(progress_until({survivor.get()}, [&] { return failures.calls > 0; }));
-  BOOST_TEST(failures.calls == 1);
-  BOOST_TEST(failures.ep == ep.get());
-  BOOST_TEST(failures.reason == status::connection_reset);
-  BOOST_TEST(done.calls == 1);
-  BOOST_TEST(done.result == status::connection_reset);
-  BOOST_TEST(flushed.calls == 1);
-  BOOST_TEST(ep->am_short(1, &header, sizeof(header), nullptr, 0) == status::connection_reset);
-  BOOST_TEST(ep->flush(nullptr) == status::connection_reset);
-  for (int i = 0; i < 1000; ++i) survivor->progress();
-  BOOST_TEST(failures.calls == 1);  // reported once
-  ep.reset();
-  int wstatus = 0;
-  BOOST_TEST(::waitpid(child, &wstatus, 0) == child);
-  BOOST_TEST(WIFSIGNALED(wstatus));
-}
-
-BOOST_AUTO_TEST_CASE(sleeping_survivor_wakes_when_its_peer_dies) {
-  channel to_parent;
-  const pid_t child = fork_child([&]() -> int {
-    auto iface = open_iface();
-    send_addresses(to_parent, *iface);
-    std::this_thread::sleep_for(30s);
-    return 0;
-  });
-  BOOST_REQUIRE(child > 0);
-  std::vector<uint8_t> device, address;
-  BOOST_REQUIRE(receive_addresses(to_parent, &device, &address));
-  auto survivor = open_iface();
-  int failures = 0;
-  survivor->set_error_handler([](void* arg, tl::ep*, status) { ++*static_cast<int*>(arg); },
-                              &failures);
-  auto ep = connect(*survivor, device, address);
-  BOOST_TEST(survivor->event_arm() == status::ok);
-  BOOST_REQUIRE(::kill(child, SIGKILL) == 0);
-  pollfd pfd{survivor->event_fd(), POLLIN, 0};
-  BOOST_TEST(::poll(&pfd, 1, 10000) == 1);
-  // A woken worker arms again before sleeping: that notices the death and says busy.
-  BOOST_TEST(survivor->event_arm() == status::busy);
-  BOOST_TEST(progress_until({survivor.get()}, [&] { return failures == 1; }));
-  BOOST_TEST(survivor->event_arm() == status::ok);  // nothing left to report
-  ::waitpid(child, nullptr, 0);
-}
-
-BOOST_AUTO_TEST_CASE(destroyed_peer_interface_is_reported) {
-  auto survivor = open_iface();
-  auto peer = open_iface();
-  int failures = 0;
-  survivor->set_error_handler([](void* arg, tl::ep*, status) { ++*static_cast<int*>(arg); },
-                              &failures);
-  auto ep = connect(*survivor, *peer);
-  peer.reset();
-  BOOST_TEST(progress_until({survivor.get()}, [&] { return failures == 1; }));
-  const uint64_t value = 1;
-  BOOST_TEST(ep->am_short(1, &value, sizeof(value), nullptr, 0) == status::connection_reset);
 }
 
 BOOST_AUTO_TEST_CASE(many_senders_into_one_fifo) {

@@ -74,7 +74,7 @@ caf::error save_blob(caf::serializer& sink, const blob& x) {
   size_t size = x.size();
   if (auto err = sink.begin_sequence(size)) return err;
   auto* frame = dynamic_cast<frame_serializer*>(&sink);
-  if (frame != nullptr && size >= attach_threshold) {
+  if (frame != nullptr && frame->attaches() && size >= attach_threshold) {
     frame->attach(x);
   } else if (size != 0) {
     if (auto err = sink.apply_raw(size, const_cast<char*>(x.data()))) return err;
@@ -91,7 +91,7 @@ caf::error load_blob(caf::deserializer& source, blob& x) {
     return source.end_sequence();
   }
   // A length from the wire must fit what is left to read before anything is allocated for it.
-  if (frame != nullptr && size > frame->remaining()) return caf::sec::end_of_stream;
+  if (frame != nullptr && size > frame->remaining()) return frame->fail(caf::sec::end_of_stream);
   if (auto* bytes = dynamic_cast<caf::binary_deserializer*>(&source);
       bytes != nullptr && size > bytes->remaining()) {
     return caf::sec::end_of_stream;
@@ -118,8 +118,8 @@ caf::error frame_serializer::begin_sequence(size_t& size) { return inner_.begin_
 caf::error frame_serializer::end_sequence() { return inner_.end_sequence(); }
 
 caf::error frame_serializer::apply_raw(size_t num_bytes, void* data) {
-  if (num_bytes < attach_threshold) return inner_.apply_raw(num_bytes, data);
-  out_.add(blob(data, num_bytes));
+  if (out_ == nullptr || num_bytes < attach_threshold) return inner_.apply_raw(num_bytes, data);
+  out_->add(blob(data, num_bytes));
   return caf::error{};
 }
 
@@ -131,8 +131,16 @@ caf::error frame_serializer::apply_impl(int32_t& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(uint32_t& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(int64_t& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(uint64_t& x) { return inner_(x); }
-caf::error frame_serializer::apply_impl(float& x) { return inner_(x); }
-caf::error frame_serializer::apply_impl(double& x) { return inner_(x); }
+caf::error frame_serializer::apply_impl(float& x) {
+  auto bits = pack_real(x);
+  return inner_(bits);
+}
+
+caf::error frame_serializer::apply_impl(double& x) {
+  auto bits = pack_real(x);
+  return inner_(bits);
+}
+
 caf::error frame_serializer::apply_impl(long double& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(std::u16string& x) { return inner_(x); }
 caf::error frame_serializer::apply_impl(std::u32string& x) { return inner_(x); }
@@ -178,43 +186,63 @@ void attachment_source::own() {
 
 // -- frame_deserializer --------------------------------------------------------------------------
 
-caf::error frame_deserializer::begin_object(uint16_t& nr, std::string& name) {
-  return inner_.begin_object(nr, name);
+caf::error frame_deserializer::check_nesting() const {
+  // Stacks grow down on every Linux target but one (HPPA): compare either way.
+  const auto here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  const uintptr_t used = here < stack_base_ ? stack_base_ - here : here - stack_base_;
+  if (used <= max_read_stack) return caf::error{};
+  return caf::make_error(caf::sec::invalid_argument, "nested deeper than the reader allows");
 }
 
-caf::error frame_deserializer::end_object() { return inner_.end_object(); }
+caf::error frame_deserializer::fail(caf::error err) {
+  if (err && !failure_) failure_ = err;
+  return err;
+}
+
+caf::error frame_deserializer::begin_object(uint16_t& nr, std::string& name) {
+  if (failure_) return failure_;
+  // Every level of a nested message starts here, before CAF reads (and recurses into) it.
+  if (auto err = check_nesting()) return fail(std::move(err));
+  return fail(inner_.begin_object(nr, name));
+}
+
+caf::error frame_deserializer::end_object() { return fail(inner_.end_object()); }
 
 caf::error frame_deserializer::begin_sequence(size_t& size) {
-  if (auto err = inner_.begin_sequence(size)) return err;
+  if (failure_) return failure_;
+  // Every level of nested containers starts here.
+  if (auto err = check_nesting()) return fail(std::move(err));
+  if (auto err = inner_.begin_sequence(size)) return fail(std::move(err));
   // Every element takes at least a byte of the frame: a longer sequence is forged, and CAF would
   // size a byte sequence (resize) before reading it.
   if (size > inner_.remaining() + from_.remaining()) {
-    return caf::make_error(caf::sec::end_of_stream, "sequence longer than its frame");
+    return fail(caf::make_error(caf::sec::end_of_stream, "sequence longer than its frame"));
   }
   return caf::error{};
 }
 
-caf::error frame_deserializer::end_sequence() { return inner_.end_sequence(); }
+caf::error frame_deserializer::end_sequence() { return fail(inner_.end_sequence()); }
 
 caf::error frame_deserializer::apply_raw(size_t num_bytes, void* data) {
-  if (!from_.has(num_bytes)) return inner_.apply_raw(num_bytes, data);
+  if (failure_) return failure_;
+  if (!from_.has(num_bytes)) return fail(inner_.apply_raw(num_bytes, data));
   from_.copy(num_bytes, data);
   return caf::error{};
 }
 
-caf::error frame_deserializer::apply_impl(int8_t& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(uint8_t& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(int16_t& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(uint16_t& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(int32_t& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(uint32_t& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(int64_t& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(uint64_t& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(float& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(double& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(long double& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(std::u16string& x) { return inner_(x); }
-caf::error frame_deserializer::apply_impl(std::u32string& x) { return inner_(x); }
+caf::error frame_deserializer::apply_impl(int8_t& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(uint8_t& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(int16_t& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(uint16_t& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(int32_t& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(uint32_t& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(int64_t& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(uint64_t& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(float& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(double& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(long double& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(std::u16string& x) { return fail(inner_(x)); }
+caf::error frame_deserializer::apply_impl(std::u32string& x) { return fail(inner_(x)); }
 
 caf::error frame_deserializer::apply_impl(std::string& x) {
   size_t size = 0;
@@ -223,10 +251,10 @@ caf::error frame_deserializer::apply_impl(std::string& x) {
     x.resize(size);
     from_.copy(size, x.data());
   } else {
-    if (size > inner_.remaining()) return caf::sec::end_of_stream;
+    if (size > inner_.remaining()) return fail(caf::sec::end_of_stream);
     x.resize(size);
     if (size != 0) {
-      if (auto err = inner_.apply_raw(size, x.data())) return err;
+      if (auto err = inner_.apply_raw(size, x.data())) return fail(std::move(err));
     }
   }
   return end_sequence();

@@ -16,9 +16,14 @@
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
 #include <caf/deserializer.hpp>
+#include <caf/detail/ieee_754.hpp>
 #include <caf/serializer.hpp>
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -45,15 +50,43 @@ struct attachment_list {
   bool empty() const noexcept { return runs.empty(); }
 };
 
-/// CAF's binary serialiser, moving raw runs of attach_threshold bytes or more to `out`.
+/// The bits of `x` in CAF's binary format, which caf::detail::unpack754 reads: IEEE 754 except
+/// that an exponent of all zeros means 1.m x 2^-bias and one of all ones means an infinity (a NaN
+/// arrives as an infinity of its sign). CAF's own writer, caf::detail::pack754 (0.17.6), gives
+/// the IEEE bits for normal numbers only: it never returns for an infinity, casts a NaN to an
+/// integer, and turns a subnormal into a huge number of the other sign.
+template <class Real>
+typename caf::detail::ieee_754_trait<Real>::packed_type pack_real(Real x) noexcept {
+  using packed = typename caf::detail::ieee_754_trait<Real>::packed_type;
+  using limits = std::numeric_limits<Real>;
+  static_assert(limits::is_iec559 && sizeof(packed) == sizeof(Real));
+  packed bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if (!(std::fabs(x) < limits::min())) return bits;  // normal, infinite or NaN
+  // Zero or subnormal: 1.m x 2^(min_exponent - 2) has exponent bits 0; below that is zero.
+  const Real scaled = std::ldexp(std::fabs(x), 2 - limits::min_exponent);
+  if (scaled < 1) return 0;
+  const packed sign = bits & (packed{1} << (sizeof(packed) * 8 - 1));
+  return sign | static_cast<packed>(std::ldexp(scaled - 1, limits::digits - 1));
+}
+
+/// CAF's binary serialiser with two changes: raw runs of attach_threshold bytes or more go to
+/// `out` when there is one, and floating-point values are written with pack_real.
 class frame_serializer final : public caf::serializer {
 public:
   /// Appends to `buf`; attachments go to `out`.
   frame_serializer(caf::execution_unit* ctx, std::vector<char>& buf, attachment_list& out)
-      : caf::serializer(ctx), inner_(ctx, buf), out_(out) {}
+      : caf::serializer(ctx), inner_(ctx, buf), out_(&out) {}
 
-  /// Attaches the bytes of `x` by reference (the caller wrote its length).
-  void attach(const blob& x) { out_.add(x); }
+  /// Appends to `buf`, large runs included (for frames that cannot have attachments).
+  frame_serializer(caf::execution_unit* ctx, std::vector<char>& buf)
+      : caf::serializer(ctx), inner_(ctx, buf) {}
+
+  /// True when large runs become attachments.
+  bool attaches() const noexcept { return out_ != nullptr; }
+
+  /// Attaches the bytes of `x` by reference (the caller wrote its length); only when attaches().
+  void attach(const blob& x) { out_->add(x); }
 
   caf::error begin_object(uint16_t& nr, std::string& name) override;
   caf::error end_object() override;
@@ -79,7 +112,7 @@ protected:
 
 private:
   caf::binary_serializer inner_;
-  attachment_list& out_;
+  attachment_list* out_ = nullptr;
 };
 
 /// Where a received frame's attachments are: a byte range, and who may take it over.
@@ -133,17 +166,39 @@ private:
   void* am_data_ = nullptr;
 };
 
-/// CAF's binary deserialiser, taking raw runs of attach_threshold bytes or more from `from`, and
-/// refusing sequences longer than the bytes left to read (payload and attachments).
+/// Stack that reading one payload may take below where its frame_deserializer was made. CAF reads
+/// nested values by recursion (a message inside a message, a container inside a container), and a
+/// payload of 600 KB can nest 40,000 messages or 300,000 lists deep: far more than any thread's
+/// stack holds. Nesting that would go deeper than this is refused before CAF recurses further. It
+/// is far below the smallest stack a frame is read on: the progress thread's and CAF's workers'
+/// (the process's stack limit, 8 MiB by default) or that of a thread sending to a full connection,
+/// which progresses the worker itself (musl's default of 128 KiB is the smallest in common use).
+inline constexpr size_t max_read_stack = 64 * 1024;
+
+/// CAF's binary deserialiser for bytes a peer sent, taking raw runs of attach_threshold bytes or
+/// more from `from`, refusing sequences longer than the bytes left to read (payload and
+/// attachments) and nesting beyond max_read_stack, and failing for good after its first error.
 class frame_deserializer final : public caf::deserializer {
 public:
-  /// Reads the payload `data`/`length`; attachments come from `from`.
+  /// Reads the payload `data`/`length`; attachments come from `from`. Nesting is measured from
+  /// the caller's stack frame.
   frame_deserializer(caf::execution_unit* ctx, const void* data, size_t length,
                      attachment_source& from)
-      : caf::deserializer(ctx), inner_(ctx, static_cast<const char*>(data), length), from_(from) {}
+      : caf::deserializer(ctx),
+        inner_(ctx, static_cast<const char*>(data), length),
+        from_(from),
+        stack_base_(reinterpret_cast<uintptr_t>(__builtin_frame_address(0))) {}
 
   /// Payload bytes not read yet.
   size_t remaining() const noexcept { return inner_.remaining(); }
+
+  /// The first error any read met, also when CAF dropped it: CAF 0.17 loads a message nested in
+  /// a value (an element, an error's context) through a function that ignores the message's
+  /// error, and reads on after it. Every read after a failure fails again.
+  const caf::error& failure() const noexcept { return failure_; }
+
+  /// Makes `err` the failure when it is the first one; returns it.
+  caf::error fail(caf::error err);
 
   /// The attachments.
   attachment_source& attachments() noexcept { return from_; }
@@ -171,8 +226,13 @@ protected:
   caf::error apply_impl(std::u32string& x) override;
 
 private:
+  /// An error when reading has taken more than max_read_stack of stack.
+  caf::error check_nesting() const;
+
   caf::binary_deserializer inner_;
   attachment_source& from_;
+  uintptr_t stack_base_;  ///< the stack frame reading started in
+  caf::error failure_;    ///< the first error
 };
 
 }  // namespace comm::actors::detail

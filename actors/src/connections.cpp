@@ -184,6 +184,7 @@ void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) 
   forget(p);
   fail_lookups(*p, was_ready, reason);
   p->held.clear();
+  p->held_bytes = 0;
   p->last_receiver = nullptr;
   p->last_sender = nullptr;
   fail_requests(*p);
@@ -364,6 +365,15 @@ caf::strong_actor_ptr node_state::make_proxy(caf::node_id nid, caf::actor_id aid
         connected = by_node_.count(nid) != 0;
       }
       if (!connected) proxies_.erase(nid);
+    });
+    return nullptr;
+  }
+  if (p->proxies.load(std::memory_order_relaxed) >= params_.max_proxies) {
+    // Closing takes the registry's lock, held here: later, on the progress thread.
+    post_task([this, p] {
+      if (p->alive.load(std::memory_order_relaxed)) {
+        violation(p, "more proxies of its actors than max_proxies");
+      }
     });
     return nullptr;
   }

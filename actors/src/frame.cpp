@@ -1,7 +1,7 @@
 // Envelope and hello codecs (see frame.hpp).
 #include "frame.hpp"
+#include "payload.hpp"
 
-#include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
 
 #include <capnp/serialize.h>
@@ -85,8 +85,12 @@ std::optional<node_hello> decode_hello(caf::actor_system& sys, const uint8_t* da
     out = node_hello{caf::node_id{}, std::string(root.getAddress().cStr())};
   });
   if (failure != nullptr || !out) return std::nullopt;
-  caf::binary_deserializer source{sys, id};
-  if (source(out->id) || !out->id) return std::nullopt;
+  attachment_source none;
+  if (read_guarded(sys.dummy_execution_unit(), id.data(), id.size(), none,
+                   [&](frame_deserializer& source) { return source(out->id); }) ||
+      !out->id) {
+    return std::nullopt;
+  }
   return out;
 }
 

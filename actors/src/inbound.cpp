@@ -10,6 +10,8 @@
 #include <caf/actor_proxy.hpp>
 #include <caf/sec.hpp>
 
+#include <map>
+
 namespace comm::actors::detail {
 
 namespace {
@@ -17,8 +19,9 @@ namespace {
 /// How far ahead of the expected frame a peer's frame may be.
 constexpr uint32_t max_hold_distance = 1u << 20;
 
-/// Frames held per connection at most.
-constexpr size_t max_held = 1u << 16;
+/// What holding a frame costs beyond its bytes: the frame and the map's node around it.
+constexpr size_t held_frame_overhead =
+    sizeof(std::map<uint32_t, held_frame>::value_type) + 4 * sizeof(void*);
 
 /// Longest name a lookup may ask for.
 constexpr size_t max_name_length = 4096;
@@ -42,39 +45,14 @@ comm::status node_state::on_frame(void* arg, const void* header, size_t header_l
                ? decode_envelope(header, envelope_writer::size())
                : std::nullopt;
   frame_parts parts;
-  if (!h || !self->split_frame(*h, header, header_length, data, length,
-                               (params.attr & comm::am_recv_data_persistent) != 0, parts)) {
+  comm::worker* owner =
+      (params.attr & comm::am_recv_data_persistent) != 0 ? self->worker_.get() : nullptr;
+  if (!h || !split_frame(*h, header, header_length, data, length, owner, parts)) {
     self->violation(p, "malformed envelope");
     return comm::status::ok;
   }
   self->receive(p, *h, parts);
   return comm::status::ok;  // data this frame kept is detached from the worker by now
-}
-
-bool node_state::split_frame(const frame_header& h, const void* header, size_t header_length,
-                             void* data, size_t length, bool persistent, frame_parts& out) {
-  const size_t inline_length = header_length - envelope_writer::size();
-  if (h.attached == 0) {
-    out.payload = data;
-    out.length = length;
-    return inline_length == 0;
-  }
-  if (h.kind != frame_kind::message) return false;
-  comm::worker* owner = persistent ? worker_.get() : nullptr;
-  auto* bytes = static_cast<const char*>(data);
-  if (inline_length != 0) {
-    // The payload came in the AM header; the data holds the attachments only.
-    if (h.attached != length) return false;
-    out.payload = static_cast<const char*>(header) + envelope_writer::size();
-    out.length = inline_length;
-    out.attached = attachment_source(bytes, length, owner, data);
-    return true;
-  }
-  if (h.attached > length) return false;
-  out.payload = bytes;
-  out.length = length - h.attached;
-  out.attached = attachment_source(bytes + out.length, h.attached, owner, data);
-  return true;
 }
 
 void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h,
@@ -92,6 +70,7 @@ void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h,
     if (it == p->held.end()) break;
     held_frame next = std::move(it->second);
     p->held.erase(it);
+    p->held_bytes -= next.cost;
     frame_parts kept{next.payload.data(), next.payload.size(), std::move(next.attached)};
     dispatch(p, next.header, kept);
     ++p->recv_seq;
@@ -100,15 +79,22 @@ void node_state::receive(const std::shared_ptr<peer>& p, const frame_header& h,
 
 void node_state::hold(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts) {
   const uint32_t ahead = h.seq - p->recv_seq;
-  if (ahead > max_hold_distance || p->held.size() >= max_held || p->held.count(h.seq) != 0) {
+  if (ahead > max_hold_distance || p->held.count(h.seq) != 0) {
     violation(p, "frame out of sequence");
+    return;
+  }
+  const size_t cost = parts.length + parts.attached.remaining() + held_frame_overhead;
+  if (p->held_bytes + cost > params_.max_held_bytes) {
+    violation(p, "more bytes waiting for an earlier frame than max_held_bytes");
     return;
   }
   const auto* bytes = static_cast<const char*>(parts.payload);
   parts.attached.own();
   p->held.emplace(h.seq, held_frame{h, std::vector<char>(bytes, bytes + parts.length),
-                                    std::move(parts.attached)});
+                                    std::move(parts.attached), cost});
+  p->held_bytes += cost;
   frames_held_.add(1);
+  if (p->held_bytes > peak_bytes_held_.get()) peak_bytes_held_.set(p->held_bytes);
 }
 
 void node_state::dispatch(const std::shared_ptr<peer>& p, const frame_header& h,

@@ -5,11 +5,14 @@
 // middleman stays invalid). It starts the node with the system and stops it after every actor is
 // done.
 #include <comm/actors/node.hpp>
+#include <comm/log.hpp>
 
 #include "node_state.hpp"
 
 #include <caf/actor_system_config.hpp>
 
+#include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
@@ -48,6 +51,41 @@ namespace comm::actors {
 
 namespace {
 
+/// Parses a byte count with an optional k, m or g suffix (as the COMM_ variables take sizes).
+/// @returns false for anything else, or a count beyond size_t
+bool parse_size(std::string_view text, size_t& out) {
+  const auto digits = text.find_first_not_of("0123456789");
+  const std::string_view number = text.substr(0, digits);
+  const std::string_view suffix = digits == std::string_view::npos ? "" : text.substr(digits);
+  unsigned shift = 0;
+  if (suffix == "k" || suffix == "K") {
+    shift = 10;
+  } else if (suffix == "m" || suffix == "M") {
+    shift = 20;
+  } else if (suffix == "g" || suffix == "G") {
+    shift = 30;
+  } else if (!suffix.empty()) {
+    return false;
+  }
+  size_t value = 0;
+  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+  if (number.empty() || ec != std::errc{} || value > (SIZE_MAX >> shift)) return false;
+  out = value << shift;
+  return true;
+}
+
+/// The size named by the environment variable `name`, else (also when malformed) `fallback`.
+size_t size_from_environment(const char* name, size_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return fallback;
+  size_t size = 0;
+  if (!parse_size(value, size)) {
+    COMM_LOG(warn, "actors", "%s=%s is not a size (e.g. 64m); ignored", name, value);
+    return fallback;
+  }
+  return size;
+}
+
 /// Renders errors of error_category: the status's name.
 std::string render_status(uint8_t code, caf::atom_value, const caf::message&) {
   return std::string("comm::") + comm::to_string(static_cast<comm::status>(-int{code}));
@@ -67,6 +105,18 @@ std::chrono::microseconds default_spin_time() {
   const long long us = value != nullptr ? std::strtoll(value, &end, 10) : -1;
   if (value == nullptr || end == value || *end != '\0' || us < 0) return std::chrono::microseconds(200);
   return std::chrono::microseconds(us);
+}
+
+size_t default_max_held_bytes() {
+  return size_from_environment("COMM_ACTORS_MAX_HELD", size_t{64} << 20);
+}
+
+size_t default_max_queued_bytes() {
+  return size_from_environment("COMM_ACTORS_MAX_QUEUED", size_t{256} << 20);
+}
+
+size_t default_max_proxies() {
+  return size_from_environment("COMM_ACTORS_MAX_PROXIES", size_t{1} << 18);
 }
 
 caf::error make_error(comm::status st) {

@@ -354,6 +354,7 @@ node_stats node_state::stats() const {
   s.bytes_sent = bytes_sent_.get();
   s.bytes_received = bytes_received_.get();
   s.frames_held = frames_held_.get();
+  s.peak_bytes_held = peak_bytes_held_.get();
   return s;
 }
 

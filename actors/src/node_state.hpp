@@ -49,6 +49,8 @@ public:
   void add(uint64_t n = 1) noexcept { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
   /// Subtracts `n`.
   void sub(uint64_t n = 1) noexcept { v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
+  /// Sets the value to `n`.
+  void set(uint64_t n) noexcept { v_.store(n, std::memory_order_relaxed); }
   /// The value.
   uint64_t get() const noexcept { return v_.load(std::memory_order_relaxed); }
 
@@ -172,8 +174,6 @@ private:
 
   static comm::status on_frame(void* arg, const void* header, size_t header_length, void* data,
                                size_t length, const comm::am_recv_params& params);
-  bool split_frame(const frame_header& h, const void* header, size_t header_length, void* data,
-                   size_t length, bool persistent, frame_parts& out);
   void receive(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
   void hold(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
   void dispatch(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
@@ -200,6 +200,7 @@ private:
   frame_header message_header(const peer& to, caf::actor_id receiver,
                               const caf::mailbox_element& what);
   void sent_frame(peer& p, const frame_header& h);
+  void queue_up(outgoing& item);
   static void on_sent(comm::request* req, comm::status st, void* user_data);
   void track_request(peer& p, const frame_header& h);
   void prune_requests(peer& p);
@@ -263,6 +264,7 @@ private:
   gauge bytes_sent_;
   gauge bytes_received_;
   gauge frames_held_;
+  gauge peak_bytes_held_;
 };
 
 }  // namespace comm::actors::detail

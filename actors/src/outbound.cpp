@@ -188,6 +188,7 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
   rp.flags = comm::request_reply_endpoint | (immediate ? comm::request_force_immediate : 0u);
   rp.send_cb = immediate ? nullptr : &node_state::on_sent;
   rp.user_data = immediate ? nullptr : &item;
+  if (!immediate) queue_up(item);
   const void* head = envelope_.encode(h);
   size_t head_length = envelope_writer::size();
   const void* data = item.payload.data();
@@ -205,6 +206,7 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
     if (!on_progress_thread()) wake();
     return true;
   }
+  if (!immediate) p.queued_bytes -= queued_cost(item);  // not queued after all
   if (o.failed()) {
     COMM_LOG(debug, "actors", "send on connection %llu failed: %s",
              static_cast<unsigned long long>(p.serial), comm::to_string(o.st));
@@ -250,8 +252,23 @@ void node_state::sent_frame(peer& p, const frame_header& h) {
   }
 }
 
+void node_state::queue_up(outgoing& item) {
+  peer& p = *item.to;
+  const size_t before = p.queued_bytes;
+  p.queued_bytes += queued_cost(item);
+  if (before > params_.max_queued_bytes || p.queued_bytes <= params_.max_queued_bytes) return;
+  // The first frame beyond the limit: the peer goes once this send is done with.
+  post_task([this, to = item.to] {
+    if (to->alive.load(std::memory_order_relaxed)) {
+      violation(to, "more bytes waiting to be sent than max_queued_bytes");
+    }
+  });
+}
+
 void node_state::on_sent(comm::request*, comm::status, void* user_data) {
-  delete static_cast<outgoing*>(user_data);
+  auto* item = static_cast<outgoing*>(user_data);
+  item->to->queued_bytes -= queued_cost(*item);
+  delete item;
 }
 
 void node_state::track_request(peer& p, const frame_header& h) {

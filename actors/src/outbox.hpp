@@ -54,6 +54,12 @@ struct outgoing {
   ~outgoing() { buffer_pool::give(std::move(payload)); }
 };
 
+/// What a frame waiting in libcomm's send queue counts for against node_params::max_queued_bytes:
+/// its payload buffer and itself (attachments are the sender's buffers).
+inline size_t queued_cost(const outgoing& item) noexcept {
+  return item.payload.capacity() + sizeof(outgoing);
+}
+
 /// A multi-producer, single-consumer queue of outgoing items. push is lock-free; the consumer
 /// takes everything at once, in the order it was pushed per producer.
 class outbox {

@@ -3,11 +3,12 @@
 #include "plain_message.hpp"
 
 #include <caf/actor_system.hpp>
-#include <caf/binary_deserializer.hpp>
-#include <caf/binary_serializer.hpp>
 #include <caf/detail/dynamic_message_data.hpp>
 #include <caf/detail/ieee_754.hpp>
+#include <caf/duration.hpp>
+#include <caf/exit_reason.hpp>
 #include <caf/sec.hpp>
+#include <caf/system_messages.hpp>
 #include <caf/uniform_type_info_map.hpp>
 
 #include <algorithm>
@@ -18,8 +19,11 @@ namespace comm::actors::detail {
 
 namespace {
 
-/// Name lists a content_reader remembers at most (then it starts over).
+/// Name lists a content_reader remembers at most (then it starts over), and the most types a list
+/// it remembers may name (longer ones are looked up for each message): the names come from peers,
+/// and this keeps what is remembered under 256 x 64 prototypes (about 1 MiB) whatever they send.
 constexpr size_t max_known_lists = 256;
+constexpr size_t max_known_types = 64;
 
 /// The name list of a message without elements.
 constexpr const char* empty_names = "@<>";
@@ -37,7 +41,7 @@ caf::error read_byte_run(detail::frame_deserializer& source, caf::type_erased_va
   size_t size = 0;
   if (auto err = source.begin_sequence(size)) return err;
   const bool attached = source.attachments().has(size);
-  if (!attached && size > source.remaining()) return caf::sec::end_of_stream;
+  if (!attached && size > source.remaining()) return source.fail(caf::sec::end_of_stream);
   const char* from = attached ? source.attachments().next(size) : nullptr;
   void* x = value.get_mutable();
   if (value.type().first == caf::type_nr<std::string>::value) {
@@ -141,10 +145,10 @@ bool put_value(std::vector<char>& buf, uint16_t nr, const void* x) {
       buf.push_back(*static_cast<const bool*>(x) ? 1 : 0);
       return true;
     case plain_kind::real32:
-      put_int(buf, caf::detail::pack754(*static_cast<const float*>(x)));
+      put_int(buf, pack_real(*static_cast<const float*>(x)));
       return true;
     case plain_kind::real64:
-      put_int(buf, caf::detail::pack754(*static_cast<const double*>(x)));
+      put_int(buf, pack_real(*static_cast<const double*>(x)));
       return true;
     case plain_kind::run:
       break;
@@ -278,6 +282,48 @@ bool read_values(plain_cursor& in, const std::vector<caf::type_erased_value_ptr>
   return true;
 }
 
+/// The context of `err`, empty for no error (CAF 0.17's error::context() needs one).
+caf::message context_of(const caf::error& err) {
+  return err ? err.context() : caf::message{};
+}
+
+/// Adds the message inside element `i` of `msg` to `todo` when it holds one (a nested message, an
+/// error's context, a down or exit reason's context).
+/// @returns false for a caf::duration whose unit CAF 0.17.6 cannot print: to_string indexes its
+/// table of unit names with it, and CAF prints every message an actor does not expect
+bool check_element(const caf::message& msg, size_t i, std::vector<caf::message>& todo) {
+  if (msg.match_element<caf::duration>(i)) {
+    return msg.get_as<caf::duration>(i).unit <= caf::time_unit::nanoseconds;
+  }
+  if (msg.match_element<caf::message>(i)) {
+    todo.push_back(msg.get_as<caf::message>(i));
+  } else if (msg.match_element<caf::error>(i)) {
+    todo.push_back(context_of(msg.get_as<caf::error>(i)));
+  } else if (msg.match_element<caf::down_msg>(i)) {
+    todo.push_back(context_of(msg.get_as<caf::down_msg>(i).reason));
+  } else if (msg.match_element<caf::exit_msg>(i)) {
+    todo.push_back(context_of(msg.get_as<caf::exit_msg>(i).reason));
+  }
+  return true;
+}
+
+/// Refuses a message holding, at any depth, a caf::duration with a time unit CAF does not know
+/// (iterative: the depth is the peer's).
+caf::error check_durations(const caf::message& msg) {
+  std::vector<caf::message> todo;  // allocates only for a message with messages inside
+  caf::message next = msg;
+  for (;;) {
+    for (size_t i = 0; i < next.size(); ++i) {
+      if (!check_element(next, i, todo)) {
+        return caf::make_error(caf::sec::invalid_argument, "a duration of an unknown time unit");
+      }
+    }
+    if (todo.empty()) return caf::error{};
+    next = std::move(todo.back());
+    todo.pop_back();
+  }
+}
+
 }  // namespace
 
 // -- content_writer ------------------------------------------------------------------------------
@@ -387,6 +433,12 @@ bool content_reader::read_plain(caf::actor_system& sys, const char* data, size_t
   return true;
 }
 
+size_t content_reader::remembered_values() const noexcept {
+  size_t n = 0;
+  for (const auto& [names, protos] : known_) n += protos.values.size();
+  return n;
+}
+
 const content_reader::prototypes* content_reader::lookup(caf::actor_system& sys,
                                                          const char* names, size_t length) {
   if (last_ != nullptr && last_names_.size() == length &&
@@ -424,6 +476,11 @@ const content_reader::prototypes* content_reader::lookup(caf::actor_system& sys,
     made.values.push_back(std::move(proto));
     begin = end + 1;
   }
+  if (made.values.size() > max_known_types) {
+    long_list_ = std::move(made);
+    last_ = nullptr;
+    return &long_list_;
+  }
   if (known_.size() >= max_known_lists) known_.clear();
   last_names_ = names_;
   return last_ = &known_.emplace(names_, std::move(made)).first->second;
@@ -453,65 +510,82 @@ caf::error write_message_payload(caf::execution_unit* ctx, content_writer& write
 
 caf::error write_content_payload(caf::execution_unit* ctx, const caf::message& content,
                                  std::vector<char>& buf) {
-  caf::binary_serializer sink{ctx, buf};
+  frame_serializer sink{ctx, buf};
   return caf::message::save(sink, content);
+}
+
+bool split_frame(const frame_header& h, const void* header, size_t header_length, void* data,
+                 size_t length, comm::worker* owner, frame_parts& out) {
+  if (header_length < envelope_writer::size()) return false;
+  const size_t inline_length = header_length - envelope_writer::size();
+  if (h.attached == 0) {
+    out.payload = data;
+    out.length = length;
+    return inline_length == 0;
+  }
+  if (h.kind != frame_kind::message) return false;
+  auto* bytes = static_cast<const char*>(data);
+  if (inline_length != 0) {
+    // The payload came in the AM header; the data holds the attachments only.
+    if (h.attached != length) return false;
+    out.payload = static_cast<const char*>(header) + envelope_writer::size();
+    out.length = inline_length;
+    out.attached = attachment_source(bytes, length, owner, data);
+    return true;
+  }
+  if (h.attached > length) return false;
+  out.payload = bytes;
+  out.length = length - h.attached;
+  out.attached = attachment_source(bytes + out.length, h.attached, owner, data);
+  return true;
 }
 
 caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader,
                                 const void* data, size_t length, attachment_source& attached,
                                 bool with_sender, bool with_stages, size_t type_count,
                                 message_payload& out) {
-  // CAF sizes containers from lengths on the wire: a forged one may throw (bad_alloc), which
-  // must not cross libcomm's callback.
-  try {
-    return read_parts(ctx, reader, data, length, attached, with_sender, with_stages, type_count,
-                      out);
+  try {  // the direct reader allocates too (bad_alloc must not cross libcomm's callback)
+    const bool plain = !with_sender && !with_stages && attached.remaining() == 0 &&
+                       ctx != nullptr &&
+                       reader.read_plain(ctx->system(), static_cast<const char*>(data), length,
+                                         out.content);
+    if (!plain) {
+      auto err = read_guarded(ctx, data, length, attached, [&](frame_deserializer& source) {
+        if (with_sender) {
+          if (auto e = source(out.sender)) return e;
+        }
+        if (with_stages) {
+          if (auto e = source(out.stages)) return e;
+        }
+        return reader.read(source, out.content, &source);
+      });
+      if (err) return err;
+      if (auto bad = check_durations(out.content)) return bad;
+    }
   } catch (const std::exception& e) {
     return caf::make_error(caf::sec::invalid_argument, e.what());
   }
-}
-
-caf::error read_parts(caf::execution_unit* ctx, content_reader& reader, const void* data,
-                      size_t length, attachment_source& attached, bool with_sender,
-                      bool with_stages, size_t type_count, message_payload& out) {
-  if (!with_sender && !with_stages && attached.remaining() == 0 && ctx != nullptr &&
-      reader.read_plain(ctx->system(), static_cast<const char*>(data), length, out.content)) {
-    if (out.content.size() == type_count) return caf::error{};
-    return caf::make_error(caf::sec::invalid_argument, "malformed message payload");
-  }
-  frame_deserializer source{ctx, data, length, attached};
-  if (with_sender) {
-    if (auto err = source(out.sender)) return err;
-  }
-  if (with_stages) {
-    if (auto err = source(out.stages)) return err;
-  }
-  if (auto err = reader.read(source, out.content, &source)) return err;
-  if (source.remaining() != 0 || attached.remaining() != 0 || out.content.size() != type_count) {
-    return caf::make_error(caf::sec::invalid_argument, "malformed message payload");
+  if (out.content.size() != type_count) {
+    return caf::make_error(caf::sec::invalid_argument, "message of another length than announced");
   }
   return caf::error{};
 }
 
 caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reason,
                                 std::vector<char>& buf) {
-  caf::binary_serializer sink{ctx, buf};
+  frame_serializer sink{ctx, buf};
   caf::error copy = reason;
   return sink(copy);
 }
 
 caf::error read_reason_payload(caf::execution_unit* ctx, const void* data, size_t length,
                                caf::error& reason) {
-  caf::binary_deserializer source{ctx, static_cast<const char*>(data), length};
-  try {
-    if (auto err = source(reason)) return err;
-  } catch (const std::exception& e) {
-    return caf::make_error(caf::sec::invalid_argument, e.what());
+  attachment_source none;
+  if (auto err = read_guarded(ctx, data, length, none,
+                              [&](frame_deserializer& source) { return source(reason); })) {
+    return err;
   }
-  if (source.remaining() != 0) {
-    return caf::make_error(caf::sec::invalid_argument, "malformed down payload");
-  }
-  return caf::error{};
+  return check_durations(context_of(reason));
 }
 
 }  // namespace comm::actors::detail

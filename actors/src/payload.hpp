@@ -9,20 +9,29 @@
 //
 // Messages made only of "plain" values (CAF's builtin integers, bool, float, double, atoms,
 // std::string and std::vector<char> shorter than attach_threshold) are also written and read
-// directly, byte for byte as CAF's binary serialiser does, without a serialiser's virtual calls
-// and per-value error objects; anything else takes the generic path.
+// directly, byte for byte as CAF's binary serialiser does (floats and doubles as pack_real
+// writes them), without a serialiser's virtual calls and per-value error objects; anything else
+// takes the generic path.
+//
+// Bytes from peers are read here (read_message_payload, read_reason_payload, split_frame) and by
+// decode_envelope and decode_hello (frame.hpp): each works on a byte buffer, with an actor
+// system's execution unit but no running node, and all CAF-format reading goes through
+// read_guarded.
 #pragma once
 
 #include "attachments.hpp"
+#include "frame.hpp"
 
 #include <caf/deserializer.hpp>
 #include <caf/error.hpp>
 #include <caf/execution_unit.hpp>
 #include <caf/mailbox_element.hpp>
 #include <caf/message.hpp>
+#include <caf/sec.hpp>
 #include <caf/serializer.hpp>
 
 #include <cstddef>
+#include <exception>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -69,6 +78,9 @@ public:
   ///          which also reports what is wrong with them
   bool read_plain(caf::actor_system& sys, const char* data, size_t length, caf::message& out);
 
+  /// Default values this reader keeps for the name lists it remembers.
+  size_t remembered_values() const noexcept;
+
 private:
   /// Default values of the types of one name list.
   struct prototypes {
@@ -76,8 +88,8 @@ private:
     bool plain = false;                              ///< all of plain types
   };
 
-  /// The prototypes of the types named by names_, made and remembered on first use; null when
-  /// a name is unknown (`err` then says which).
+  /// The prototypes of the types named by names_, made on first use and remembered unless the
+  /// list is long; null when a name is unknown (`err` then says which).
   const prototypes* lookup(caf::actor_system& sys, caf::error& err);
 
   /// The prototypes of the `length` names at `names`: the last list's without looking further
@@ -88,6 +100,7 @@ private:
   std::unordered_map<std::string, prototypes> known_;
   std::string last_names_;           ///< the names of the list read last
   const prototypes* last_ = nullptr;  ///< its prototypes (an entry of known_), or null
+  prototypes long_list_;              ///< those of the last list too long to remember
 };
 
 /// What a message frame's payload holds once read.
@@ -111,25 +124,58 @@ caf::error write_message_payload(caf::execution_unit* ctx, content_writer& write
 caf::error write_content_payload(caf::execution_unit* ctx, const caf::message& content,
                                  std::vector<char>& buf);
 
+/// A received frame's payload and attachments (split_frame).
+struct frame_parts {
+  const void* payload = nullptr;
+  size_t length = 0;
+  attachment_source attached;
+};
+
+/// Finds the payload and the attachments of a frame with envelope `h`, received as an AM with
+/// `header` (the envelope, then the payload when the frame has one attachment) and `data`: the
+/// payload, then `h.attached` bytes of attachments. `owner`: the worker whose persistent AM data
+/// `data` is (attachments taken by reference then detach it), or null.
+/// @returns false when the lengths do not add up or a frame other than a message has attachments
+bool split_frame(const frame_header& h, const void* header, size_t header_length, void* data,
+                 size_t length, comm::worker* owner, frame_parts& out);
+
+/// The one way the node reads CAF's binary format from bytes a peer sent (message payloads, exit
+/// reasons, node ids): `read(source)` on a frame_deserializer of `data`/`length` and `attached`,
+/// so that no sequence claims more than the bytes left and no nesting takes more than
+/// max_read_stack; an error CAF dropped still fails the read; what CAF throws (bad_alloc, a variant
+/// index out of range) becomes an error; and every byte, attachments included, must be used.
+/// @returns an empty error, or what is wrong with the bytes
+template <class Read>
+caf::error read_guarded(caf::execution_unit* ctx, const void* data, size_t length,
+                        attachment_source& attached, Read&& read) {
+  try {
+    frame_deserializer source{ctx, data, length, attached};
+    if (auto err = read(source)) return err;
+    if (source.failure()) return source.failure();
+    if (source.remaining() == 0 && attached.remaining() == 0) return caf::error{};
+    return caf::make_error(caf::sec::invalid_argument, "bytes left over in a payload");
+  } catch (const std::exception& e) {
+    return caf::make_error(caf::sec::invalid_argument, e.what());
+  }
+}
+
 /// Reads a message frame's payload, taking its large runs from `attached`. Remote handles inside
-/// become proxies through ctx's proxy registry. Every byte, attachments included, must be used,
-/// and the message must have `type_count` elements.
+/// become proxies through ctx's proxy registry. Messages of plain values take a direct reader
+/// (iterative, every read checked against the bytes left), others read_guarded. Every byte,
+/// attachments included, must be used, and the message must have `type_count` elements. A
+/// caf::duration of a time unit CAF does not know (its to_string would read out of bounds) makes
+/// the payload unreadable, at any depth.
 /// @returns an empty error, or what is wrong (sec::unknown_type for a type this node lacks)
 caf::error read_message_payload(caf::execution_unit* ctx, content_reader& reader,
                                 const void* data, size_t length, attachment_source& attached,
                                 bool with_sender, bool with_stages, size_t type_count,
                                 message_payload& out);
 
-/// read_message_payload without its guard against exceptions.
-caf::error read_parts(caf::execution_unit* ctx, content_reader& reader, const void* data,
-                      size_t length, attachment_source& attached, bool with_sender,
-                      bool with_stages, size_t type_count, message_payload& out);
-
 /// Appends the payload of a down frame: the exit reason.
 caf::error write_reason_payload(caf::execution_unit* ctx, const caf::error& reason,
                                 std::vector<char>& buf);
 
-/// Reads a down frame's payload.
+/// Reads a down frame's payload (read_guarded); durations are checked as in read_message_payload.
 caf::error read_reason_payload(caf::execution_unit* ctx, const void* data, size_t length,
                                caf::error& reason);
 

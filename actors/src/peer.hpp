@@ -70,13 +70,7 @@ struct held_frame {
   frame_header header;
   std::vector<char> payload;
   attachment_source attached;  ///< its attachments, owned (see attachment_source::own)
-};
-
-/// A received frame's payload and attachments, as on_frame found them.
-struct frame_parts {
-  const void* payload = nullptr;
-  size_t length = 0;
-  attachment_source attached;
+  size_t cost = 0;             ///< bytes it counts for against node_params::max_held_bytes
 };
 
 /// One connection to another node. Shared by the node's maps, its proxies and queued frames; the
@@ -89,6 +83,7 @@ struct peer {
 
   const uint64_t serial;        ///< number of the connection on this node
   caf::node_id id;              ///< the peer's node id, set before the peer is shared
+  std::atomic<size_t> proxies{0};  ///< proxies of the peer's actors made through it, alive
   std::atomic<bool> alive{true};///< false once the connection failed or closed
 
   comm::endpoint* ep = nullptr; ///< the connection's endpoint
@@ -98,6 +93,8 @@ struct peer {
   uint32_t send_seq = 0;        ///< number of the next frame sent
   uint32_t recv_seq = 0;        ///< number of the next frame to handle
   std::map<uint32_t, held_frame> held;  ///< frames that arrived early, by number
+  size_t held_bytes = 0;        ///< their costs (held_frame::cost)
+  size_t queued_bytes = 0;      ///< costs of frames waiting in libcomm's send queue (queued_cost)
   /// Requests local actors sent to the peer's actors, waiting for a response: their message id.
   std::unordered_map<request_key, uint64_t, request_key_hash> pending;
   /// Pending requests above which those of terminated requesters are forgotten.

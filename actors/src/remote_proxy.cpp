@@ -10,9 +10,13 @@ namespace comm::actors::detail {
 remote_proxy::remote_proxy(caf::actor_config& cfg, node_state* node, std::shared_ptr<peer> link)
     : caf::actor_proxy(cfg), node_(node), link_(std::move(link)), count_(node->proxy_counter()) {
   count_->fetch_add(1, std::memory_order_relaxed);
+  link_->proxies.fetch_add(1, std::memory_order_relaxed);
 }
 
-remote_proxy::~remote_proxy() { count_->fetch_sub(1, std::memory_order_relaxed); }
+remote_proxy::~remote_proxy() {
+  count_->fetch_sub(1, std::memory_order_relaxed);
+  link_->proxies.fetch_sub(1, std::memory_order_relaxed);
+}
 
 void remote_proxy::enqueue(caf::mailbox_element_ptr what, caf::execution_unit* ctx) {
   if (killed_.load(std::memory_order_acquire)) {

@@ -174,8 +174,13 @@ void worker_impl::on_am_fragment(endpoint_impl* ep, const uint8_t* data, size_t 
     }
   } else if (handler->flags & am_flag_whole_msg) {
     if (rx.am_buffer == nullptr) {
+      // Counted for the whole announced length at once: that is what the buffer takes.
+      if (!charge_am_rx(ep, rx.total)) return;
       rx.am_buffer = aligned_block(params.am_alignment, rx.total);
-      if (rx.am_buffer == nullptr) return protocol_error(ep, "no memory to reassemble an AM");
+      if (rx.am_buffer == nullptr) {
+        release_am_rx(ep, rx.total);
+        return protocol_error(ep, "no memory to reassemble an AM");
+      }
     }
     std::memcpy(rx.am_buffer + rx.received, data, length);
   } else {
@@ -194,6 +199,7 @@ void worker_impl::on_am_fragment(endpoint_impl* ep, const uint8_t* data, size_t 
   std::vector<uint8_t> header = std::move(rx.am_header);
   rx = rx_fragments{};
   if (whole != nullptr) {
+    release_am_rx(ep, total);
     deliver_am(ep, id, flags, header.data(), header.size(), whole, total, am_recv_first, 0, total,
                msg_id, true);
   }

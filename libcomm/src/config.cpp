@@ -1,5 +1,6 @@
 #include <comm/config.hpp>
 #include <comm/log.hpp>
+#include <comm/transport/transport.hpp>
 
 #include <cerrno>
 #include <cstdlib>
@@ -60,7 +61,39 @@ void read_auth_key(std::string* key) {
   *key = line;
 }
 
-bool is_power_of_two(size_t n) { return n != 0 && (n & (n - 1)) == 0; }
+/// The COMM_<TL>_* variables of the environment for every transport built in.
+tl::options transport_variables() {
+  tl::options found;
+  const tl::options all = tl::environment_options();
+  for (tl::component* component : tl::all_components()) {
+    const std::string prefix = tl::option_prefix(component->name());
+    for (auto it = all.lower_bound(prefix); it != all.end() && it->first.starts_with(prefix); ++it)
+      found.insert(*it);
+  }
+  return found;
+}
+
+/// Reads a limit: a size of at least 1 (0 would refuse everything).
+void read_limit(const char* variable, size_t* field) {
+  size_t value = *field;
+  read_size(variable, &value);
+  if (value == 0) {
+    COMM_LOG(warn, "config", "%s=0 would refuse every message; using %zu", variable, *field);
+    return;
+  }
+  *field = value;
+}
+
+/// Reads the limits on what a peer may make a worker hold.
+void read_limits(peer_limits* limits) {
+  read_limit("COMM_UNEXPECTED_MAX_BYTES", &limits->unexpected_max_bytes);
+  read_limit("COMM_UNEXPECTED_EP_MAX_BYTES", &limits->unexpected_ep_max_bytes);
+  read_limit("COMM_UNEXPECTED_EP_MAX_MSGS", &limits->unexpected_ep_max_msgs);
+  read_limit("COMM_AM_RX_MAX_BYTES", &limits->am_rx_max_bytes);
+  read_limit("COMM_AM_RX_EP_MAX_BYTES", &limits->am_rx_ep_max_bytes);
+  read_limit("COMM_REPLY_EP_MAX_BYTES", &limits->reply_ep_max_bytes);
+  read_limit("COMM_PEER_EP_MAX", &limits->peer_ep_max);
+}
 
 }  // namespace
 
@@ -76,22 +109,9 @@ config config::from_environment() {
   read_size("COMM_SHORT_THRESH", &cfg.short_thresh);
   read_size("COMM_ZCOPY_THRESH", &cfg.zcopy_thresh);
   read_size("COMM_RNDV_THRESH", &cfg.rndv_thresh);
-  size_t fifo = cfg.shm_fifo_size;
-  read_size("COMM_SHM_FIFO_SIZE", &fifo);
-  if (is_power_of_two(fifo) && fifo >= 4 && fifo <= (1u << 16)) {
-    cfg.shm_fifo_size = fifo;
-  } else {
-    COMM_LOG(warn, "config", "COMM_SHM_FIFO_SIZE=%zu must be a power of two in [4, 65536]; using %zu",
-             fifo, cfg.shm_fifo_size);
-  }
-  size_t segment = cfg.shm_segment_size;
-  read_size("COMM_SHM_SEG_SIZE", &segment);
-  if (segment >= 256 && segment <= (64u << 20) && segment % 64 == 0) {
-    cfg.shm_segment_size = segment;
-  } else {
-    COMM_LOG(warn, "config", "COMM_SHM_SEG_SIZE=%zu must be a multiple of 64 in [256, 64m]", segment);
-  }
+  cfg.transport_options = transport_variables();
   read_auth_key(&cfg.auth_key);
+  read_limits(&cfg.limits);
   return cfg;
 }
 

@@ -5,16 +5,46 @@
 #include "topology.hpp"
 
 #include <sstream>
+#include <stdexcept>
 
 namespace comm {
 
+namespace {
+
+/// Throws std::invalid_argument when an entry of `opts` belongs to no transport built in.
+void refuse_unowned_options(const tl::options& opts) {
+  for (const auto& [variable, value] : opts) {
+    bool owned = false;
+    for (tl::component* component : tl::all_components())
+      owned = owned || variable.starts_with(tl::option_prefix(component->name()));
+    if (owned) continue;
+    const std::string why = variable + "=" + value + " refused: no transport reads it";
+    COMM_LOG(error, "context", "%s", why.c_str());
+    throw std::invalid_argument(why);
+  }
+}
+
+/// Throws std::invalid_argument, after logging it at level error, when `component` refuses one of
+/// its options in `opts`: a demanding user gets no traffic on another transport in its place.
+void check_options(const tl::component& component, const tl::options& opts) {
+  std::string why;
+  if (component.check_options(opts, &why) == status::ok) return;
+  why = "transport " + std::string(component.name()) + ": " + why;
+  COMM_LOG(error, "context", "%s", why.c_str());
+  throw std::invalid_argument(why);
+}
+
+}  // namespace
+
 context::context(config cfg) : cfg_(std::move(cfg)) {
+  refuse_unowned_options(cfg_.transport_options);
   for (tl::component* component : tl::all_components()) {
     const std::string name(component->name());
     if (!cfg_.transport_enabled(name)) continue;
-    if (component->devices().empty()) {
+    check_options(*component, cfg_.transport_options);
+    if (component->devices(cfg_.transport_options).empty()) {
       COMM_LOG(info, "context", "transport %s unavailable: %s", name.c_str(),
-               component->unavailable_reason().c_str());
+               component->unavailable_reason(cfg_.transport_options).c_str());
       continue;
     }
     components_.push_back(component);
@@ -36,11 +66,11 @@ std::string context::info() const {
   for (tl::component* component : tl::all_components()) {
     const std::string name(component->name());
     out << "transport " << name << ": ";
-    auto devices = component->devices();
+    auto devices = component->devices(cfg_.transport_options);
     if (!cfg_.transport_enabled(name)) {
       out << "disabled by COMM_TLS\n";
     } else if (devices.empty()) {
-      out << "unavailable (" << component->unavailable_reason() << ")\n";
+      out << "unavailable (" << component->unavailable_reason(cfg_.transport_options) << ")\n";
     } else {
       out << "devices";
       for (const auto& d : devices) out << ' ' << d;
@@ -49,9 +79,14 @@ std::string context::info() const {
   }
   out << "thresholds: short=" << (cfg_.short_thresh ? std::to_string(cfg_.short_thresh) : "auto")
       << " zcopy=" << cfg_.zcopy_thresh
-      << " rndv=" << (cfg_.rndv_thresh ? std::to_string(cfg_.rndv_thresh) : "auto")
-      << " shm_fifo=" << cfg_.shm_fifo_size << " shm_segment=" << cfg_.shm_segment_size << '\n';
+      << " rndv=" << (cfg_.rndv_thresh ? std::to_string(cfg_.rndv_thresh) : "auto") << '\n';
   out << detail::topology_summary() << '\n';
+  const peer_limits& limits = cfg_.limits;
+  out << "peer limits: unexpected=" << limits.unexpected_max_bytes
+      << " unexpected_ep=" << limits.unexpected_ep_max_bytes
+      << " unexpected_ep_msgs=" << limits.unexpected_ep_max_msgs
+      << " am_rx=" << limits.am_rx_max_bytes << " am_rx_ep=" << limits.am_rx_ep_max_bytes
+      << " reply_ep=" << limits.reply_ep_max_bytes << " peer_eps=" << limits.peer_ep_max << '\n';
   return out.str();
 }
 

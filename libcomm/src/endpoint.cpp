@@ -78,18 +78,27 @@ endpoint_impl::~endpoint_impl() {
   const status reason = failure != status::ok ? failure : status::canceled;
   for (request* req = pending_head, *next; req != nullptr; req = next) {
     next = req->next_pending;
-    if (req->type == request::kind::control) owner.free_request(req);
+    if (req->type == request::kind::control) drop_control(req);
   }
   pending_head = pending_tail = nullptr;
   for (request* req = outstanding_head; req != nullptr; req = req->next_outstanding) {
     if (req->st == status::in_progress) req->st = reason;
   }
   complete_in_order();
-  std::free(rx.am_buffer);
+  drop_rx();
+}
+
+void endpoint_impl::drop_rx() {
+  if (rx.am_buffer != nullptr) {
+    owner.release_am_rx(this, rx.total);
+    std::free(rx.am_buffer);
+  }
   if (rx.unexpected != nullptr) owner.free_unexpected(rx.unexpected);
+  rx = rx_fragments{};
 }
 
 void endpoint_impl::push_pending(request* req) {
+  if (req->type == request::kind::control) control_bytes += sizeof(request) + req->control.size();
   req->next_pending = nullptr;
   if (pending_tail != nullptr) {
     pending_tail->next_pending = req;
@@ -97,6 +106,11 @@ void endpoint_impl::push_pending(request* req) {
     pending_head = req;
   }
   pending_tail = req;
+}
+
+void endpoint_impl::drop_control(request* req) {
+  control_bytes -= sizeof(request) + req->control.size();
+  owner.free_request(req);
 }
 
 void endpoint_impl::push_outstanding(request* req) {
@@ -148,7 +162,7 @@ bool endpoint_impl::dispatch_pending() {
     pending_head = req->next_pending;
     if (pending_head == nullptr) pending_tail = nullptr;
     if (req->type == request::kind::control) {
-      owner.free_request(req);
+      drop_control(req);
     } else if (is_error(st)) {
       req->st = st;
     }
@@ -188,7 +202,7 @@ void endpoint_impl::fail(status reason) {
   for (request* req = pending_head, *next; req != nullptr; req = next) {
     next = req->next_pending;
     if (req->type == request::kind::control) {
-      owner.free_request(req);
+      drop_control(req);
     } else if (req->zcopy_done.count > 0) {
       // A zcopy stopped part-way: drop the guard its first fragment took, so it completes with
       // `reason` once the fragments in flight are over (ordered completion runs below).
@@ -203,7 +217,7 @@ void endpoint_impl::fail(status reason) {
   for (request* req = outstanding_head; req != nullptr; req = req->next_outstanding) {
     if (req->st == status::in_progress && req->zcopy_outstanding == 0) req->st = reason;
   }
-  owner.drop_unexpected_from(this, 0, true);
+  owner.forget_unexpected_from(this, worker_impl::eager_fate::keep);
   std::vector<request*> starved;
   for (auto& [id, req] : owner.rndv_recvs) {
     if (req->rndv_ep == this) starved.push_back(req);
@@ -211,6 +225,7 @@ void endpoint_impl::fail(status reason) {
   for (request* req : starved) {
     if (req->am_rndv) {
       owner.rndv_recvs.erase(req->rndv_id);
+      owner.release_am_rx(this, req->length);
       owner.release_large(req->iov.empty() ? nullptr : req->iov[0].buffer);
       owner.free_request(req);
     } else {
@@ -218,10 +233,9 @@ void endpoint_impl::fail(status reason) {
     }
   }
   if (rx.active) {
-    if (rx.recv != nullptr) owner.complete(rx.recv, reason);
-    if (rx.unexpected != nullptr) owner.free_unexpected(rx.unexpected);
-    std::free(rx.am_buffer);
-    rx = rx_fragments{};
+    request* matched = rx.recv;
+    drop_rx();
+    if (matched != nullptr) owner.complete(matched, reason);
   }
   COMM_LOG(info, "endpoint", "%s: endpoint to %s failed: %s", owner.params.name.c_str(),
            peer_name_.c_str(), to_string(reason));
@@ -338,6 +352,10 @@ std::string endpoint::info() const {
       << c.bytes_sent << " B, received " << c.messages_received << " msgs " << c.bytes_received
       << " B, retries " << c.retries << ", errors " << c.errors;
   if (ep.state == endpoint_impl::phase::failed) out << " (" << to_string(ep.failure) << ')';
+  if (ep.unexpected_msgs + ep.am_rx_bytes + ep.control_bytes != 0) {
+    out << "; holds unexpected " << ep.unexpected_bytes << " B in " << ep.unexpected_msgs
+        << " msgs, AMs " << ep.am_rx_bytes << " B, replies " << ep.control_bytes << " B";
+  }
   return out.str();
 }
 

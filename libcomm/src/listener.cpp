@@ -273,6 +273,7 @@ status worker_impl::open_cm() {
   if (cm) return status::ok;
   if (!cm_events) cm_events = std::make_unique<cm_bridge>(*this);
   tl::cm_params p;
+  p.opts = ctx.cfg().transport_options;
   p.auth_key = ctx.cfg().auth_key;
   p.handler = cm_events.get();
   for (tl::component* component : tl::all_components()) {

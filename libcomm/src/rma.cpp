@@ -42,6 +42,10 @@ using detail::worker_impl;
 namespace detail {
 namespace {
 
+/// Chunks of software gets in flight per endpoint. The owner answers each with a bcopy buffer of
+/// data, so this bounds what it queues for us to well below its COMM_REPLY_EP_MAX_BYTES.
+constexpr unsigned max_software_reads = 16;
+
 /// Checks [address, address + length) against the region of `key`.
 status check_range(const rkey& key, uint64_t address, size_t length) {
   if (address < key.base || address - key.base > key.length ||
@@ -65,7 +69,8 @@ status send_rma_by_messages(request* req) {
   if (!req->has_started) {
     status st = check_range(*req->key, req->remote_address, req->length);
     if (st != status::ok) return st;
-    if (is_get && (req->params.flags & request_fence) && ep.reads_in_flight > 0) {
+    if (is_get && (((req->params.flags & request_fence) && ep.reads_in_flight > 0) ||
+                   ep.reads_in_flight >= max_software_reads)) {
       return status::no_resource;
     }
     req->zcopy_done = tl::completion{on_zcopy_done, 1, status::ok};
@@ -75,6 +80,10 @@ status send_rma_by_messages(request* req) {
   const size_t room = ep.lane_attr->max_bcopy - 64;
   req->issuing = true;
   while (req->offset < req->length || !req->has_started) {
+    if (is_get && req->has_started && ep.reads_in_flight >= max_software_reads) {
+      req->issuing = false;
+      return status::no_resource;  // resumed as replies arrive (on_rma_reply)
+    }
     const size_t chunk = std::min(room, req->length - req->offset);
     wire::header_writer<wire::schema::RmaRequest> writer;
     auto h = writer.fields();
@@ -396,7 +405,16 @@ void worker_impl::on_rma_reply(const uint8_t* data, size_t length) {
   if (req->type == request::kind::get && !is_error(st) && payload != 0) {
     iov_scatter(req->iov, offset, data + used, payload);
   }
+  if (req->reads != 0) {
+    --req->reads;
+    --ep->reads_in_flight;
+  }
   tl::complete(&req->zcopy_done, is_error(st) ? st : status::ok);
+  // A get that stopped at max_software_reads goes on now that a chunk is back.
+  if (ep->pending_head != nullptr && ep->state == endpoint_impl::phase::connected &&
+      !ep->tl_pending_queued && !ep->dispatch_pending()) {
+    ep->wait_for_resources();
+  }
 }
 
 }  // namespace detail

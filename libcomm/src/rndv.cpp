@@ -215,9 +215,8 @@ void worker_impl::on_rndv_rts(const uint8_t* data, size_t length) {
   auto words = aligned_copy(data, length);
   uint32_t dst = 0;
   bool is_am = false;
-  uint64_t tag = 0, imm = 0, sreq = 0, total = 0, address = 0;
-  uint16_t am_id = 0, am_flags = 0;
-  std::vector<uint8_t> rkey, header;
+  uint64_t tag = 0, imm = 0;
+  deferred_am rts_fields;  // what an announcement of either kind carries
   kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
     capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
     auto rts = reader.getRoot<wire::schema::RndvRts>();
@@ -225,62 +224,70 @@ void worker_impl::on_rndv_rts(const uint8_t* data, size_t length) {
     is_am = rts.getIsAm();
     tag = rts.getTag();
     imm = rts.getImm();
-    sreq = rts.getSreqId();
-    total = rts.getLength();
-    address = rts.getAddress();
-    am_id = rts.getAmId();
-    am_flags = rts.getAmFlags();
+    rts_fields.sreq = rts.getSreqId();
+    rts_fields.length = rts.getLength();
+    rts_fields.address = rts.getAddress();
+    rts_fields.am_id = rts.getAmId();
+    rts_fields.am_flags = rts.getAmFlags();
     auto key = rts.getRkey();
-    rkey.assign(key.begin(), key.end());
+    rts_fields.rkey.assign(key.begin(), key.end());
     auto user = rts.getHeader();
-    header.assign(user.begin(), user.end());
+    rts_fields.header.assign(user.begin(), user.end());
   });
   if (failure != nullptr || length % 8 != 0) {
     return protocol_error(nullptr, "rendezvous announcement is not a valid message");
   }
   endpoint_impl* ep = receiving_ep(dst, "rendezvous for an unknown endpoint");
   if (ep == nullptr) return;
-  if (total > max_rndv_message) return protocol_error(ep, "rendezvous length beyond any buffer");
-  ++ep->counters_.messages_received;
-  if (is_am) {
-    const am_handler* handler = find_am_handler(am_id);
-    uint8_t* buffer = nullptr;
-    if (handler != nullptr) buffer = take_large(total);
-    request* req = alloc_request(request::kind::tag_recv, request_params{});
-    req->am_rndv = true;
-    req->am_id = am_id;
-    req->am_flags = am_flags;
-    req->control = std::move(header);
-    req->iov.assign(1, iov_entry{buffer, buffer != nullptr ? total : 0});
-    req->length = buffer != nullptr ? total : 0;
-    req->matched = true;
-    if (buffer == nullptr) {
-      ++ep->counters_.errors;
-      COMM_LOG(error, "rndv", "%s: cannot take rendezvous AM %u (%s); refused",
-               params.name.c_str(), am_id, handler == nullptr ? "no handler" : "no memory");
-      req->st = status::no_elem;
-    }
-    start_fetch(req, ep, sreq, address, total, rkey.data(), rkey.size());
-    return;
+  if (rts_fields.length > max_rndv_message) {
+    return protocol_error(ep, "rendezvous length beyond any buffer");
   }
+  ++ep->counters_.messages_received;
+  if (is_am) return on_rndv_am(ep, std::move(rts_fields));
+  std::vector<uint8_t>& rkey = rts_fields.rkey;
   tag_expected* e = matcher.match_expected(tag);
   if (e != nullptr) {
     request* req = request_of(e);
     req->matched = true;
     req->info.sender_tag = tag;
     req->info.imm = imm;
-    start_fetch(req, ep, sreq, address, total, rkey.data(), rkey.size());
+    start_fetch(req, ep, rts_fields.sreq, rts_fields.address, rts_fields.length, rkey.data(),
+                rkey.size());
     return;
   }
-  unexpected_msg* msg = new_unexpected(tag, imm, 0);
-  if (msg == nullptr) return protocol_error(ep, "no memory for an unexpected announcement");
+  unexpected_msg* msg = new_unexpected(ep, tag, imm, 0, rkey.size());
+  if (msg == nullptr) return;  // a limit failed the endpoint, or no memory (logged)
   msg->rndv = true;
   msg->ep = ep;
-  msg->sreq = sreq;
-  msg->address = address;
-  msg->length = total;
+  msg->sreq = rts_fields.sreq;
+  msg->address = rts_fields.address;
+  msg->length = rts_fields.length;
   msg->rkey = std::move(rkey);
   matcher.add_unexpected(msg);
+}
+
+void worker_impl::fetch_am(endpoint_impl* ep, deferred_am& am) {
+  const am_handler* handler = find_am_handler(am.am_id);
+  uint8_t* buffer = handler != nullptr ? take_large(am.length) : nullptr;
+  request* req = alloc_request(request::kind::tag_recv, request_params{});
+  req->am_rndv = true;
+  req->am_id = am.am_id;
+  req->am_flags = am.am_flags;
+  req->control = std::move(am.header);
+  req->iov.assign(1, iov_entry{buffer, buffer != nullptr ? am.length : 0});
+  req->length = buffer != nullptr ? am.length : 0;
+  req->matched = true;
+  if (buffer == nullptr) {
+    ++ep->counters_.errors;
+    COMM_LOG(error, "rndv", "%s: cannot take rendezvous AM %u (%s); refused",
+             params.name.c_str(), am.am_id, handler == nullptr ? "no handler" : "no memory");
+    req->st = status::no_elem;
+  } else {
+    // Counted until the handler has it (on_rndv_am checked that it fits).
+    ep->am_rx_bytes += req->length;
+    am_rx_bytes += req->length;
+  }
+  start_fetch(req, ep, am.sreq, am.address, am.length, am.rkey.data(), am.rkey.size());
 }
 
 void worker_impl::start_fetch(request* req, endpoint_impl* ep, uint64_t sreq, uint64_t address,
@@ -368,6 +375,7 @@ void worker_impl::finish_fetch(request* req) {
     std::vector<uint8_t> header = std::move(req->control);
     free_request(req);
     if (data == nullptr) return;
+    release_am_rx(ep, length);
     if (outcome != status::ok) {
       release_large(data);
       return;
@@ -390,7 +398,9 @@ void worker_impl::on_rndv_data(const uint8_t* data, size_t length) {
   endpoint_impl* ep = receiving_ep(h->getDstEp(), "rendezvous data for an unknown endpoint");
   if (ep == nullptr) return;
   auto it = rndv_recvs.find(h->getRreqId());
-  if (it == rndv_recvs.end()) return protocol_error(ep, "rendezvous data for no receive");
+  if (it == rndv_recvs.end() || it->second->rndv_ep != ep) {
+    return protocol_error(ep, "rendezvous data for no receive");
+  }
   request* req = it->second;
   const size_t payload = length - used;
   const size_t take = req->info.length;
@@ -413,6 +423,7 @@ void worker_impl::on_rndv_data(const uint8_t* data, size_t length) {
     std::vector<uint8_t> header = std::move(req->control);
     const size_t total = req->length;
     free_request(req);
+    release_am_rx(ep, total);
     deliver_am(ep, id, flags, header.data(), header.size(), buffer, total, am_recv_first, 0,
                total, 0, true);
     return;
@@ -425,7 +436,7 @@ void worker_impl::on_rndv_cancel(const uint8_t* data, size_t length) {
   if (!h) return protocol_error(nullptr, "truncated rendezvous cancel");
   endpoint_impl* ep = receiving_ep(h->getDstEp(), "rendezvous cancel for unknown endpoint");
   if (ep == nullptr) return;
-  drop_unexpected_from(ep, h->getSreqId(), false);
+  drop_announcement(ep, h->getSreqId());
 }
 
 void worker_impl::on_rndv_refuse(const uint8_t* data, size_t length) {
@@ -442,6 +453,7 @@ void worker_impl::on_rndv_refuse(const uint8_t* data, size_t length) {
   req->rndv_id = 0;
   const status st = static_cast<status>(h->getStatus());
   if (req->am_rndv) {
+    release_am_rx(ep, req->length);
     release_large(req->iov.empty() ? nullptr : req->iov[0].buffer);
     free_request(req);
     return;
@@ -451,6 +463,7 @@ void worker_impl::on_rndv_refuse(const uint8_t* data, size_t length) {
 
 void worker_impl::queue_control(endpoint_impl* ep, proto_id id, std::vector<uint8_t> bytes) {
   if (ep->state == endpoint_impl::phase::failed) return;
+  if (!reply_fits(ep, sizeof(request) + bytes.size())) return;
   request* req = alloc_request(request::kind::control, request_params{});
   req->ep = ep;
   req->control_id = static_cast<tl::am_id>(id);
@@ -459,18 +472,6 @@ void worker_impl::queue_control(endpoint_impl* ep, proto_id id, std::vector<uint
   ep->push_pending(req);
   if (idle && ep->state == endpoint_impl::phase::connected && !ep->dispatch_pending()) {
     ep->wait_for_resources();
-  }
-}
-
-void worker_impl::drop_unexpected_from(endpoint_impl* ep, uint64_t sreq, bool all) {
-  std::vector<unexpected_msg*> doomed_msgs;
-  matcher.for_each_unexpected([&](tag_unexpected* u) {
-    auto* msg = static_cast<unexpected_msg*>(u);
-    if (msg->rndv && msg->ep == ep && (all || msg->sreq == sreq)) doomed_msgs.push_back(msg);
-  });
-  for (unexpected_msg* msg : doomed_msgs) {
-    matcher.remove_unexpected(msg);
-    free_unexpected(msg);
   }
 }
 

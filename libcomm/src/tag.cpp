@@ -58,17 +58,28 @@ int unexpected_tier(size_t bytes) {
 
 }  // namespace
 
-unexpected_msg* worker_impl::new_unexpected(tag_t tag, uint64_t imm, size_t length) {
+unexpected_msg* worker_impl::new_unexpected(endpoint_impl* ep, tag_t tag, uint64_t imm,
+                                            size_t length, size_t extra) {
   const int tier = unexpected_tier(sizeof(unexpected_msg) + length);
+  const size_t footprint =
+      tier >= 0 ? unexpected_block_sizes[tier] : sizeof(unexpected_msg) + length;
+  if (!charge_unexpected(ep, footprint + extra, 1)) return nullptr;
   void* block = nullptr;
   if (tier >= 0 && !unexpected_pool[tier].empty()) {
     block = unexpected_pool[tier].back();
     unexpected_pool[tier].pop_back();
   } else {
-    block = std::malloc(tier >= 0 ? unexpected_block_sizes[tier] : sizeof(unexpected_msg) + length);
+    block = std::malloc(footprint);
   }
-  if (block == nullptr) return nullptr;
+  if (block == nullptr) {
+    uncharge_unexpected(ep, footprint + extra, 1);
+    COMM_LOG(error, "tag", "%s: out of memory for an unexpected message of %zu bytes",
+             params.name.c_str(), length);
+    return nullptr;
+  }
   auto* msg = new (block) unexpected_msg();
+  msg->from = ep;
+  msg->charged = footprint + extra;
   msg->pool_tier = static_cast<int8_t>(tier);
   msg->tag = tag;
   msg->imm = imm;
@@ -78,6 +89,7 @@ unexpected_msg* worker_impl::new_unexpected(tag_t tag, uint64_t imm, size_t leng
 }
 
 void worker_impl::free_unexpected(unexpected_msg* msg) {
+  uncharge_unexpected(msg->from, msg->charged, 1);
   std::free(msg->grown);
   const int tier = msg->pool_tier;
   msg->~unexpected_msg();
@@ -92,17 +104,23 @@ bool worker_impl::reserve_unexpected(unexpected_msg* msg, size_t needed) {
   if (needed <= msg->capacity) return true;
   size_t capacity = std::max<size_t>(msg->capacity * 2, 64 * 1024);
   capacity = std::min(std::max(capacity, needed), msg->length);
+  const size_t growth = capacity - msg->capacity;
+  if (!charge_unexpected(msg->from, growth, 0)) return false;
   void* bigger = std::realloc(msg->grown, capacity);
-  if (bigger == nullptr) return false;
+  if (bigger == nullptr) {
+    uncharge_unexpected(msg->from, growth, 0);
+    return false;
+  }
+  msg->charged += growth;
   msg->grown = static_cast<uint8_t*>(bigger);
   msg->data = msg->grown;
   msg->capacity = capacity;
   return true;
 }
 
-/// A whole message arrived: complete a matching receive or keep it as unexpected.
-static void deliver_tag(worker_impl& w, tag_t tag, uint64_t imm, const uint8_t* data,
-                        size_t length) {
+/// A whole message arrived on `ep`: complete a matching receive or keep it as unexpected.
+static void deliver_tag(worker_impl& w, endpoint_impl* ep, tag_t tag, uint64_t imm,
+                        const uint8_t* data, size_t length) {
   tag_expected* e = w.matcher.match_expected(tag);
   if (e != nullptr) {
     request* req = request_of(e);
@@ -114,12 +132,8 @@ static void deliver_tag(worker_impl& w, tag_t tag, uint64_t imm, const uint8_t* 
     w.finish_recv(req);
     return;
   }
-  unexpected_msg* msg = w.new_unexpected(tag, imm, length);
-  if (msg == nullptr) {
-    COMM_LOG(error, "tag", "%s: out of memory for an unexpected message of %zu bytes; dropped",
-             w.params.name.c_str(), length);
-    return;
-  }
+  unexpected_msg* msg = w.new_unexpected(ep, tag, imm, length);
+  if (msg == nullptr) return;  // a limit failed the endpoint, or no memory (logged)
   if (length != 0) std::memcpy(msg->data, data, length);
   msg->received = length;
   w.matcher.add_unexpected(msg);
@@ -146,7 +160,14 @@ void worker_impl::on_tag_eager(const uint8_t* data, size_t length, bool with_imm
   if (ep == nullptr) return;
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += length - used;
-  deliver_tag(*this, tag, imm, data + used, length - used);
+  deliver_tag(*this, ep, tag, imm, data + used, length - used);
+}
+
+void worker_impl::out_of_room(endpoint_impl* ep) {
+  // A limit has failed the endpoint already; otherwise memory ran out.
+  if (ep->state != endpoint_impl::phase::failed) {
+    protocol_error(ep, "no memory for an unexpected message");
+  }
 }
 
 void worker_impl::on_tag_eager_first(const uint8_t* data, size_t length) {
@@ -179,12 +200,10 @@ void worker_impl::on_tag_eager_first(const uint8_t* data, size_t length) {
     copy_to_recv(req, 0, data + used, payload);
     rx.recv = req;
   } else {
-    rx.unexpected = new_unexpected(h->getTag(), h->getImm(), 0);
-    if (rx.unexpected == nullptr) return protocol_error(ep, "no memory for an unexpected message");
+    rx.unexpected = new_unexpected(ep, h->getTag(), h->getImm(), 0);
+    if (rx.unexpected == nullptr) return out_of_room(ep);
     rx.unexpected->length = total;
-    if (!reserve_unexpected(rx.unexpected, payload)) {
-      return protocol_error(ep, "no memory for an unexpected message");
-    }
+    if (!reserve_unexpected(rx.unexpected, payload)) return out_of_room(ep);
     if (payload != 0) std::memcpy(rx.unexpected->data, data + used, payload);
   }
   if (rx.received == rx.total) finish_tag_fragments(ep);
@@ -207,9 +226,7 @@ void worker_impl::on_fragment(const uint8_t* data, size_t length, bool is_tag) {
   if (rx.recv != nullptr) {
     copy_to_recv(rx.recv, rx.received, data + used, payload);
   } else {
-    if (!reserve_unexpected(rx.unexpected, rx.received + payload)) {
-      return protocol_error(ep, "no memory for an unexpected message");
-    }
+    if (!reserve_unexpected(rx.unexpected, rx.received + payload)) return out_of_room(ep);
     std::memcpy(rx.unexpected->data + rx.received, data + used, payload);
   }
   rx.received += payload;

@@ -174,6 +174,7 @@ status worker_impl::new_ep(bool by_peer, endpoint_impl** out) {
   const uint32_t id = index | (ep_generation << 20);
   auto* ep = new endpoint_impl(*this, id, by_peer);
   ep_table[index] = ep;
+  if (by_peer) ++peer_eps;
   *out = ep;
   return status::ok;
 }
@@ -213,6 +214,7 @@ status worker_impl::create_ep(const void* data, size_t length, bool by_peer, end
     const uint32_t index = ep->id & 0xFFFFFu;
     ep_table[index] = nullptr;
     free_ep_slots.push_back(index);
+    if (by_peer) --peer_eps;
     delete ep;
     return st;
   }
@@ -223,7 +225,8 @@ status worker_impl::create_ep(const void* data, size_t length, bool by_peer, end
 void worker_impl::destroy_ep(endpoint_impl* ep) {
   const uint32_t index = ep->id & 0xFFFFFu;
   if (index < ep_table.size() && ep_table[index] == ep) {
-    drop_unexpected_from(ep, 0, true);
+    forget_unexpected_from(ep, eager_fate::detach);
+    if (ep->created_by_peer) --peer_eps;
     ep_table[index] = nullptr;
     free_ep_slots.push_back(index);
     closed_ids[closed_next++ % closed_ids.size()] = ep->id;
@@ -244,6 +247,9 @@ void worker_impl::on_wireup_request(const uint8_t* data, size_t length) {
   if (failure != nullptr || length % 8 != 0) {
     protocol_error(nullptr, "wireup request is not a valid message");
     return;
+  }
+  if (peer_eps >= ctx.cfg().limits.peer_ep_max && !make_room_for_peer_ep()) {
+    return refuse_wireup(address, src_ep);
   }
   endpoint_impl* ep = nullptr;
   status st = create_ep(address.data(), address.size(), true, &ep);

@@ -61,12 +61,11 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
   pin_to_cpus(params.cpus);
   epoll_fd = params.wakeup ? epoll_create1(EPOLL_CLOEXEC) : -1;
   tl::iface_params ip;
-  ip.fifo_size = ctx.cfg().shm_fifo_size;
-  ip.segment_size = ctx.cfg().shm_segment_size;
+  ip.opts = ctx.cfg().transport_options;
   ip.cpus = params.cpus;
   ip.auth_key = ctx.cfg().auth_key;
   for (tl::component* component : ctx.components()) {
-    ip.device = component->devices().front();
+    ip.device = component->devices(ip.opts).front();
     std::unique_ptr<tl::iface> iface;
     status st = component->open(ip, iface);
     if (st != status::ok) {
@@ -337,6 +336,7 @@ unsigned worker::progress() {
     events += n;
   }
   events += w.progress_cm();
+  if (w.deferred_ams != 0) w.start_deferred_ams();
   // Closed endpoints are deleted by the outermost call only: a callback that progresses again
   // returns into code still using the endpoint it was called for.
   if (--w.progress_depth == 0 && !w.doomed.empty()) {
@@ -466,6 +466,11 @@ std::string worker::info() const {
   out << "tag queues: expected " << w.matcher.expected_count() << " unexpected "
       << w.matcher.unexpected_count() << "; protocol errors " << w.protocol_errors
       << "; late messages for closed endpoints " << w.late_messages << '\n';
+  const peer_limits& c = w.ctx.cfg().limits;
+  out << "held for peers: unexpected " << w.unexpected_bytes << " of " << c.unexpected_max_bytes
+      << " B, AMs before delivery " << w.am_rx_bytes << " of " << c.am_rx_max_bytes
+      << " B (deferred " << w.deferred_ams << "), peer endpoints " << w.peer_eps << " of "
+      << c.peer_ep_max << "; limit errors " << w.limit_errors << '\n';
   for (const listener* l : w.listeners) {
     out << "listener " << l->address() << ": " << l->requests() << " requests\n";
   }
@@ -567,7 +572,10 @@ bool worker::tag_probe(tag_t tag, tag_t mask, tag_recv_info* info, message** out
       static_cast<detail::unexpected_msg*>(w.matcher.match_unexpected(tag, mask, out != nullptr));
   if (found == nullptr) return false;
   if (info != nullptr) *info = tag_recv_info{found->tag, found->length, found->imm};
-  if (out != nullptr) *out = reinterpret_cast<message*>(found);
+  if (out != nullptr) {
+    worker_impl::detach_unexpected(found);  // the user holds it now, not the peer
+    *out = reinterpret_cast<message*>(found);
+  }
   return true;
 }
 

@@ -11,6 +11,7 @@
 #include "tag_matcher.hpp"
 
 #include <array>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,6 +49,9 @@ inline constexpr uint16_t am_wire_reply_ep = 1u << 0;
 struct unexpected_msg : tag_unexpected {
   bool rndv = false;         ///< a rendezvous announcement: data still at the sender
   endpoint_impl* ep = nullptr; ///< rendezvous: endpoint back to the sender
+  /// The endpoint whose limits it counts against (it always counts for the worker's); null once
+  /// that endpoint is gone or the user took the message with tag_probe.
+  endpoint_impl* from = nullptr;
   uint64_t sreq = 0;         ///< rendezvous: the sender's request id
   uint64_t address = 0;      ///< rendezvous: where the data is
   std::vector<uint8_t> rkey; ///< rendezvous: the sender's packed key
@@ -58,6 +62,20 @@ struct unexpected_msg : tag_unexpected {
   uint8_t* grown = nullptr;  ///< a fragmented message's own buffer, grown as fragments arrive
   size_t capacity = 0;       ///< bytes `grown` holds
   int8_t pool_tier = -1;     ///< the worker's pool tier the descriptor came from, or -1
+  size_t charged = 0;        ///< bytes counted against the unexpected limits (all of its memory)
+};
+
+/// A rendezvous active message waiting for room under the AM receive limits
+/// (COMM_AM_RX_MAX_BYTES, COMM_AM_RX_EP_MAX_BYTES): fetched once earlier ones are delivered.
+struct deferred_am {
+  uint64_t sreq = 0;           ///< the sender's request id
+  uint64_t address = 0;        ///< where the data is
+  size_t length = 0;           ///< data bytes
+  uint16_t am_id = 0;          ///< its id
+  uint16_t am_flags = 0;       ///< its wire flags
+  std::vector<uint8_t> rkey;   ///< the sender's packed key
+  std::vector<uint8_t> header; ///< the user header
+  size_t charged = 0;          ///< bytes counted against the unexpected limits while it waits
 };
 
 /// A multi-fragment message arriving on an endpoint (fragments of one endpoint arrive in order).
@@ -125,8 +143,19 @@ public:
 
   rx_fragments rx;                          ///< multi-fragment message arriving
 
-  /// Appends `req` to the pending queue.
+  // What the peer makes us hold, against config::limits (limits.cpp).
+  size_t unexpected_bytes = 0;              ///< bytes of its unexpected messages
+  size_t unexpected_msgs = 0;               ///< their number (deferred AMs included)
+  size_t am_rx_bytes = 0;                   ///< bytes held for its AMs before delivery
+  size_t control_bytes = 0;                 ///< bytes of control messages queued to it
+  std::list<deferred_am> deferred_ams;      ///< its rendezvous AMs waiting for room, in order
+
+  /// Appends `req` to the pending queue (a control message counts in control_bytes).
   void push_pending(request* req);
+  /// Frees a control request that left the pending queue (sent or purged).
+  void drop_control(request* req);
+  /// Frees what the message being reassembled holds (its receive, if matched, is not completed).
+  void drop_rx();
   /// Appends `req` to the ordered completion queue.
   void push_outstanding(request* req);
   /// Unlinks `req` from the ordered completion queue (a send canceled by force).
@@ -221,6 +250,46 @@ public:
   unsigned closed_next = 0;
   uint64_t late_messages = 0;               ///< messages dropped for a recently closed endpoint
 
+  // -- limits on what peers make us hold (limits.cpp) -------------------------------------------
+  size_t unexpected_bytes = 0;              ///< bytes of unexpected messages, every endpoint's
+  size_t am_rx_bytes = 0;                   ///< bytes held for AMs before delivery
+  size_t peer_eps = 0;                      ///< live endpoints created by peers' wireup requests
+  size_t deferred_ams = 0;                  ///< rendezvous AMs waiting for room, all endpoints
+  bool starting_deferred = false;           ///< inside start_deferred_ams
+  uint64_t limit_errors = 0;                ///< endpoints failed or requests refused for a limit
+  /// Counts `bytes` and `msgs` unexpected messages from `ep` (COMM_UNEXPECTED_*); false, with
+  /// `ep` failed, when that would pass a limit.
+  bool charge_unexpected(endpoint_impl* ep, size_t bytes, size_t msgs);
+  /// Undoes charge_unexpected; `ep` may be null (the endpoint is gone).
+  void uncharge_unexpected(endpoint_impl* ep, size_t bytes, size_t msgs);
+  /// Stops counting `msg` against its endpoint's limits; it still counts for the worker's.
+  static void detach_unexpected(unexpected_msg* msg);
+  /// The variable of the AM receive limit that `bytes` more from `ep` would pass, or null;
+  /// `limit` gets its value.
+  const char* am_rx_limit(const endpoint_impl* ep, size_t bytes, size_t* limit) const;
+  /// Counts `bytes` held for an AM of `ep`; false, with `ep` failed, past a limit.
+  bool charge_am_rx(endpoint_impl* ep, size_t bytes);
+  /// Undoes charge_am_rx (or a fetch's count).
+  void release_am_rx(endpoint_impl* ep, size_t bytes);
+  /// Fails `ep` for passing the limit `variable` = `limit`: counted, logged at warn, its
+  /// unexpected messages dropped, the peer told (its endpoint closes).
+  void exceed_limit(endpoint_impl* ep, const char* variable, size_t limit);
+  /// Fails `ep` if `cost` more bytes of control messages would pass COMM_REPLY_EP_MAX_BYTES.
+  bool reply_fits(endpoint_impl* ep, size_t cost);
+  /// Releases failed endpoints created by peers; true when another one may be created.
+  bool make_room_for_peer_ep();
+  /// Answers a wireup request beyond COMM_PEER_EP_MAX with EXCEEDS_LIMIT.
+  void refuse_wireup(const std::vector<uint8_t>& address, uint32_t src_ep);
+  /// A rendezvous AM from `ep`: fetched now, deferred until it fits, or refused when it never can.
+  void on_rndv_am(endpoint_impl* ep, deferred_am&& am);
+  /// Refuses a rendezvous AM larger than the limit `variable` = `limit`: the sender's request
+  /// completes with EXCEEDS_LIMIT, the endpoint stays up.
+  void refuse_am(endpoint_impl* ep, const deferred_am& am, const char* variable, size_t limit);
+  /// Allocates the receive buffer of a rendezvous AM and fetches it.
+  void fetch_am(endpoint_impl* ep, deferred_am& am);
+  /// Fetches deferred rendezvous AMs that fit now, in order per endpoint.
+  void start_deferred_ams();
+
   // -- client-server (listener.cpp) -------------------------------------------------------------
   std::unique_ptr<tl::cm_handler> cm_events; ///< receives the connection manager's events
   std::unique_ptr<tl::cm> cm;               ///< connection manager, opened on first use
@@ -313,8 +382,17 @@ public:
   status cancel_rndv_send(request* req, cancel_mode mode);
   /// Releases what a rendezvous send holds (table entry, registration).
   void release_rndv_send(request* req);
-  /// Drops unexpected rendezvous announcements from `ep` (it failed or cancelled).
-  void drop_unexpected_from(endpoint_impl* ep, uint64_t sreq, bool all);
+  /// Drops the rendezvous announcement `sreq` of `ep` (its sender cancelled it).
+  void drop_announcement(endpoint_impl* ep, uint64_t sreq);
+  /// What forget_unexpected_from does with an endpoint's eager unexpected messages.
+  enum class eager_fate {
+    keep,    ///< they stay tied to the endpoint (it failed but still exists)
+    detach,  ///< they stay receivable, tied to no endpoint (it is going away)
+    drop,    ///< they are freed (the peer passed a limit)
+  };
+  /// Drops every rendezvous announcement and deferred AM of `ep` (their data stays at the peer)
+  /// and keeps, detaches or drops its eager messages.
+  void forget_unexpected_from(endpoint_impl* ep, eager_fate eager);
   /// Counts and logs malformed input; fails `ep` when it is known.
   void protocol_error(endpoint_impl* ep, const char* what);
 
@@ -322,11 +400,19 @@ public:
   /// Delivers `length` bytes at `offset` of a matched receive; returns bytes copied.
   static void copy_to_recv(request* req, size_t offset, const uint8_t* data, size_t length);
   void finish_recv(request* req);
-  unexpected_msg* new_unexpected(tag_t tag, uint64_t imm, size_t length);
+  /// A descriptor for an unexpected message from `ep` with room for `length` data bytes, counted
+  /// with `extra` bytes more against the unexpected limits. Null when a limit fails `ep`, or
+  /// (logged) without memory.
+  unexpected_msg* new_unexpected(endpoint_impl* ep, tag_t tag, uint64_t imm, size_t length,
+                                 size_t extra = 0);
   void free_unexpected(unexpected_msg* msg);
   /// Makes room for `needed` bytes in a fragmented unexpected message (doubling, so a header
-  /// that announces a huge message costs nothing until its data arrives); false without memory.
-  static bool reserve_unexpected(unexpected_msg* msg, size_t needed);
+  /// that announces a huge message costs nothing until its data arrives); false when a limit
+  /// failed its endpoint, or without memory.
+  bool reserve_unexpected(unexpected_msg* msg, size_t needed);
+  /// After new_unexpected or reserve_unexpected said no for a fragmented message of `ep`: fails
+  /// `ep` for lack of memory unless a limit failed it already.
+  void out_of_room(endpoint_impl* ep);
 
   // -- active messages -------------------------------------------------------------------------
   void deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags, const uint8_t* header,

@@ -1,5 +1,6 @@
 // comm_info: what libcomm sees on this machine (ucx_info's counterpart): transports and devices,
-// the limits of each transport's interface, thresholds, the hwloc topology, the info of a worker on
+// each transport's variables (COMM_<TL>_*) with their values and help, the limits of each
+// transport's interface, thresholds, the hwloc topology, the info of a worker on
 // each enabled transport, and the bootstrap backend a job started here would use.
 //
 //   comm_info [-t tls] [-h]
@@ -64,8 +65,7 @@ void print_iface_limits(comm::tl::component& component, const std::string& devic
                         const comm::config& cfg) {
   comm::tl::iface_params params;
   params.device = device;
-  params.fifo_size = cfg.shm_fifo_size;
-  params.segment_size = cfg.shm_segment_size;
+  params.opts = cfg.transport_options;
   std::unique_ptr<comm::tl::iface> iface;
   comm::status st = component.open(params, iface);
   std::printf("#   device %s\n", device.c_str());
@@ -83,11 +83,19 @@ void print_iface_limits(comm::tl::component& component, const std::string& devic
               a.bandwidth_bytes_per_s / 1e6, a.priority);
 }
 
+/// Prints the variables of `component`: value (or default), help and default.
+void print_knobs(const comm::tl::component& component, const comm::config& cfg) {
+  const std::string text = comm::tl::describe_knobs(component.knobs(), cfg.transport_options);
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) std::printf("#   %s\n", line.c_str());
+}
+
 /// Prints, for one enabled transport, its interface limits and the info of a worker using only it.
 void print_transport(comm::tl::component& component, const comm::config& base) {
   std::string name(component.name());
   std::printf("#\n# transport %s\n", name.c_str());
-  for (const std::string& device : component.devices())
+  print_knobs(component, base);
+  for (const std::string& device : component.devices(base.transport_options))
     print_iface_limits(component, device, base);
   comm::config cfg = base;
   cfg.transports = {name};

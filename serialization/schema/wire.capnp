@@ -1,5 +1,6 @@
 @0xc7d1e2f3a4b5c697;
-# Every header libcomm puts on the wire. Hot-path headers are data-only structs, so a receiver
+# Every header libcomm's protocol layer puts on the wire (a transport's own headers are in its
+# folder: transports/<tl>/<tl>.capnp). Hot-path headers are data-only structs, so a receiver
 # validates the root pointer word and then reads the fields in place (see comm/wire/codec.hpp).
 # Headers that carry variable data (addresses, keys) use pointers and are read with a checked reader.
 
@@ -83,22 +84,6 @@ struct ActiveMessageFirst { # first fragment of a multi-fragment user AM
   totalLength  @5 :UInt64;  # user header plus data
 }
 
-# -- shared-memory transport ----------------------------------------------------------------------
-
-struct ShmRemoteIov {
-  address @0 :UInt64;
-  length  @1 :UInt64;
-}
-
-struct ShmZcopyDescriptor { # an am_zcopy whose payload the receiver pulls with one copy
-  senderPid      @0 :Int32;
-  amId           @1 :UInt8;
-  headerLength   @2 :UInt32;    # protocol header bytes that follow this descriptor in the cell
-  completionAddr @3 :UInt64;    # sender word the receiver sets once it holds the data
-  completionSeq  @4 :UInt64;    # value written there
-  iov            @5 :List(ShmRemoteIov);
-}
-
 # -- rendezvous -----------------------------------------------------------------------------------
 
 struct RndvRts {            # ready to send: the receiver fetches `length` bytes at `address`
@@ -178,100 +163,7 @@ struct RndvRefuse {         # the sender no longer has the rendezvous send a Rnd
   status @2 :Int16;
 }
 
-# -- tcp transport --------------------------------------------------------------------------------
-
-struct TcpHello {           # the first bytes of every tcp connection, from the connecting interface
-  magic      @0 :UInt64;    # "COMMTCP\0", see transports/tcp/tcp_wire.hpp
-  version    @1 :UInt16;
-  srcPort    @2 :UInt16;    # the connecting interface's listening port (host byte order)
-  srcAddress @3 :UInt32;    # its IPv4 address (network byte order)
-  srcIfaceId @4 :UInt64;    # its random interface id
-  dstIfaceId @5 :UInt64;    # the interface the connection is meant for (from its address)
-  window     @6 :UInt32;    # frames the connecting interface accepts undelivered (its fifo_size)
-  nonce0     @7 :UInt64;    # the connector's fresh challenge to the acceptor (used with a key)
-  nonce1     @8 :UInt64;
-}
-
-struct TcpChallenge {       # the first bytes from the accepting interface, sent right after accept
-  magic   @0 :UInt64;       # "COMMTCPC"
-  version @1 :UInt16;
-  keyed   @2 :Bool;         # the acceptor admits only connectors that prove the key (and proves it)
-  ifaceId @3 :UInt64;       # the accepting interface's id
-  nonce0  @4 :UInt64;       # its fresh challenge to the connector
-  nonce1  @5 :UInt64;
-}
-
-struct TcpProof {           # connector to a keyed acceptor, after its challenge: HMAC-SHA256
-  magic  @0 :UInt64;        # "COMMTCPP"
-  proof0 @1 :UInt64;        # of the key over the acceptor's nonce and the connector's
-  proof1 @2 :UInt64;
-  proof2 @3 :UInt64;
-  proof3 @4 :UInt64;
-}
-
-enum TcpOutcome {
-  accepted  @0;             # frames flow on this connection from now on
-  duplicate @1;             # both connected at once: the acceptor's own connection is kept instead
-  refused   @2;             # authentication failed
-}
-
-struct TcpWelcome {         # acceptor to connector: the outcome of the handshake
-  magic   @0 :UInt64;       # "COMMTCPW"
-  outcome @1 :TcpOutcome;
-  proof0  @2 :UInt64;       # with a key: the acceptor's HMAC over the connector's nonce and its own
-  proof1  @3 :UInt64;
-  proof2  @4 :UInt64;
-  proof3  @5 :UInt64;
-}
-
-enum TcpFrameKind {
-  message @0;               # an active message for the handler of amId
-  ack     @1;               # nothing but `delivered` (length 0)
-  bye     @2;               # the sender has no endpoints left here and sends no more messages
-}
-
-struct TcpFrame {           # every record after the handshake, both ways: this header, `length` bytes
-  amId         @0 :UInt8;   # transport active-message id (< am_id_count)
-  length       @1 :UInt32;  # protocol header + payload; 0-7 zero bytes follow to a multiple of 8
-  ackRequested @2 :Bool;    # the receiver acknowledges without delay (a zcopy waits for it; on an
-                            # ack frame: a heartbeat, answered once the receiver's process reads it)
-  kind         @3 :TcpFrameKind;
-  delivered    @4 :UInt64;  # messages of the other direction delivered so far (a piggybacked ack)
-}
-
-# -- connection manager (client-server handshake on a socket) -------------------------------------
-# Each message on a CM socket is a 4-byte little-endian length followed by a CmMessage.
-# client -> hello; server -> challenge; client -> request; server -> reply; client -> confirm.
-
-struct CmHello {
-  version @0 :UInt16;       # 1
-  nonce   @1 :Data;         # the client's challenge to the server
-}
-
-struct CmChallenge {
-  nonce @0 :Data;           # the server's challenge to the client
-  proof @1 :Data;           # HMAC over the client's nonce (empty without a key)
-}
-
-struct CmRequest {
-  proof       @0 :Data;     # HMAC over the server's nonce (empty without a key)
-  privateData @1 :Data;
-}
-
-struct CmReply {
-  status      @0 :Int16;    # 0: accepted; otherwise why not (REJECTED)
-  privateData @1 :Data;
-}
-
-struct CmMessage {
-  union {
-    hello     @0 :CmHello;
-    challenge @1 :CmChallenge;
-    request   @2 :CmRequest;
-    reply     @3 :CmReply;
-    confirm   @4 :Void;
-  }
-}
+# -- connection manager private data --------------------------------------------------------------
 
 # What libcomm's client and server put in the CM private data: how to reach their worker, the
 # endpoint the peer must address, and the user's private data.

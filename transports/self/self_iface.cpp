@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <unordered_map>
@@ -15,11 +16,33 @@ namespace comm::tl::self {
 namespace {
 
 constexpr const char* log_name = "self";
-constexpr size_t default_fifo_size = 128;
-constexpr size_t default_segment_size = 8192;
 constexpr size_t max_fifo_size = 1u << 16;
 constexpr size_t max_segment_size = 1u << 24;
 constexpr size_t zcopy_max_hdr = 256;
+
+/// COMM_SELF_FIFO_SIZE.
+constexpr knob fifo_size_knob{"COMM_SELF_FIFO_SIZE",
+                              "messages an interface's mailbox holds, 1..65536", "256"};
+/// COMM_SELF_SEG_SIZE.
+constexpr knob segment_size_knob{"COMM_SELF_SEG_SIZE",
+                                 "bytes of a mailbox slot (the largest bcopy), 256..16m", "8192"};
+/// Every knob of self.
+constexpr std::array<knob, 2> self_knobs{fifo_size_knob, segment_size_knob};
+
+/// The knobs of one interface.
+struct self_config {
+  size_t fifo_size = 256;     ///< COMM_SELF_FIFO_SIZE
+  size_t segment_size = 8192; ///< COMM_SELF_SEG_SIZE
+};
+
+/// The knobs `opts` sets into `*out`: ok, or invalid_param with the refusal in `*why`.
+status parse_config(const options& opts, self_config* out, std::string* why) {
+  option_reader reader("self", self_knobs, opts);
+  out->fifo_size = reader.number(fifo_size_knob, out->fifo_size, 1, max_fifo_size);
+  out->segment_size = reader.size(segment_size_knob, out->segment_size, zcopy_max_hdr,
+                                  max_segment_size);
+  return reader.result(why);
+}
 constexpr size_t zcopy_max_iov = 16;
 constexpr unsigned progress_batch = 64;
 /// RMA limits (a copy has none of its own) and the reads in flight per endpoint we advertise.
@@ -80,7 +103,12 @@ bool device_matches(const std::vector<uint8_t>& bytes) {
 class self_component_impl final : public component {
 public:
   std::string_view name() const override { return "self"; }
-  std::vector<std::string> devices() const override { return {"memory"}; }
+  std::vector<std::string> devices(const options&) const override { return {"memory"}; }
+  std::span<const knob> knobs() const override { return self_knobs; }
+  status check_options(const options& opts, std::string* why) const override {
+    self_config config;
+    return parse_config(opts, &config, why);
+  }
   status open(const iface_params& params, std::unique_ptr<iface>& out) override {
     if (!params.device.empty() && params.device != "memory") return status::no_elem;
     auto created = std::make_unique<self_iface>(params);
@@ -132,8 +160,14 @@ void mailbox::hand_back(returned_completion done) {
 // -- self_iface -----------------------------------------------------------------------------------
 
 self_iface::self_iface(const iface_params& params) {
-  const size_t fifo = params.fifo_size != 0 ? params.fifo_size : default_fifo_size;
-  const size_t segment = params.segment_size != 0 ? params.segment_size : default_segment_size;
+  self_config config;
+  std::string why;
+  if ((open_status_ = parse_config(params.opts, &config, &why)) != status::ok) {
+    COMM_LOG(error, log_name, "%s", why.c_str());
+    return;
+  }
+  const size_t fifo = params.fifo_size != 0 ? params.fifo_size : config.fifo_size;
+  const size_t segment = params.segment_size != 0 ? params.segment_size : config.segment_size;
   if (fifo > max_fifo_size || segment < zcopy_max_hdr || segment > max_segment_size) {
     COMM_LOG(error, log_name, "bad parameters: fifo_size %zu, segment_size %zu", fifo, segment);
     open_status_ = status::invalid_param;

@@ -1,3 +1,4 @@
+#include "shm/shm_config.hpp"
 #include "shm/shm_iface.hpp"
 
 #include <sys/mman.h>
@@ -21,14 +22,21 @@ class shm_component_impl final : public component {
 public:
   std::string_view name() const override { return "shm"; }
 
-  std::vector<std::string> devices() const override {
-    if (!unavailable_reason().empty()) return {};
+  std::vector<std::string> devices(const options& opts) const override {
+    if (!unavailable_reason(opts).empty()) return {};
     return {"memory"};
   }
 
-  std::string unavailable_reason() const override {
+  std::string unavailable_reason(const options&) const override {
     static const std::string reason = probe();
     return reason;
+  }
+
+  std::span<const knob> knobs() const override { return shm_knobs; }
+
+  status check_options(const options& opts, std::string* why) const override {
+    shm_config config;
+    return shm_config::parse(opts, &config, why);
   }
 
   status open(const iface_params& params, std::unique_ptr<iface>& out) override {

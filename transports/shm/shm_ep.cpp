@@ -3,6 +3,7 @@
 #include "shm/shm_iface.hpp"
 #include "shm/shm_md.hpp"
 #include "shm/shm_peer_fd.hpp"
+#include "shm/shm.capnp.h"
 
 #include <comm/log.hpp>
 #include <comm/wire/codec.hpp>

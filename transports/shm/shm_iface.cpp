@@ -1,7 +1,9 @@
 #include "shm/shm_iface.hpp"
 
 #include "base/host_identity.hpp"
+#include "shm/shm_config.hpp"
 #include "shm/shm_ep.hpp"
+#include "shm/shm.capnp.h"
 
 #include <comm/log.hpp>
 #include <comm/wire/codec.hpp>
@@ -22,9 +24,7 @@ namespace comm::tl::shm {
 namespace {
 
 constexpr const char* log_name = "shm";
-constexpr uint32_t default_fifo_size = 256;
 constexpr uint32_t default_cell_size = 128;
-constexpr uint32_t default_segment_size = 8192;
 constexpr unsigned progress_batch = 64;
 /// progress() looks at the clock every this many calls...
 constexpr unsigned liveness_call_mask = 255;
@@ -59,11 +59,17 @@ uint64_t coarse_now_ns() {
 // -- open and close -------------------------------------------------------------------------------
 
 shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
+  shm_config config;
+  std::string why;
+  if ((open_status_ = shm_config::parse(params.opts, &config, &why)) != status::ok) {
+    COMM_LOG(error, log_name, "%s", why.c_str());
+    return;
+  }
   geometry geo;
-  geo.fifo_size = static_cast<uint32_t>(params.fifo_size != 0 ? params.fifo_size : default_fifo_size);
+  geo.fifo_size = static_cast<uint32_t>(params.fifo_size != 0 ? params.fifo_size : config.fifo_size);
   geo.cell_size = default_cell_size;
   geo.segment_size =
-      static_cast<uint32_t>(params.segment_size != 0 ? params.segment_size : default_segment_size);
+      static_cast<uint32_t>(params.segment_size != 0 ? params.segment_size : config.segment_size);
   if (params.fifo_size > (1u << 16) || params.segment_size > (1u << 20) || !geo.valid()) {
     COMM_LOG(error, log_name,
              "bad parameters: fifo_size %zu (a power of two, 2..65536), segment_size %zu "

@@ -1,7 +1,9 @@
 // The tcp connection manager: listeners, the handshake state machine, admission of clients under
 // load, timeouts (see tcp_cm.hpp).
 #include "tcp/tcp_cm.hpp"
+#include "tcp/tcp_config.hpp"
 #include "tcp/tcp_socket.hpp"
+#include "tcp/tcp.capnp.h"
 
 #include "base/auth.hpp"
 
@@ -187,36 +189,13 @@ struct cm_limits {
   milliseconds handshake_timeout{10000};
 };
 
-/// Reads a whole number from 1 to `max` from `variable` into `*field`; a malformed value is
-/// reported at level warn and ignored.
-void read_number(const char* variable, uint64_t max, uint64_t* field) {
-  const char* text = std::getenv(variable);
-  if (text == nullptr) return;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  if (*text < '0' || *text > '9' || *end != '\0' || errno == ERANGE || value == 0 ||
-      value > max) {
-    COMM_LOG(warn, log_name, "%s=%s is not a whole number from 1 to %llu; ignored", variable, text,
-             static_cast<unsigned long long>(max));
-    return;
-  }
-  *field = value;
-}
-
-/// The limits, from the COMM_TCP_CM_* variables where they are set.
-cm_limits limits_from_environment() {
-  constexpr uint64_t an_hour_ms = 3600 * 1000;
+/// The limits the COMM_TCP_CM_* knobs set.
+cm_limits limits_of(const tcp_config& config) {
   cm_limits limits;
-  uint64_t handshakes = limits.max_handshakes;
-  uint64_t hello_ms = static_cast<uint64_t>(limits.hello_timeout.count());
-  uint64_t whole_ms = static_cast<uint64_t>(limits.handshake_timeout.count());
-  read_number("COMM_TCP_CM_MAX_HANDSHAKES", uint64_t{1} << 20, &handshakes);
-  read_number("COMM_TCP_CM_HELLO_TIMEOUT", an_hour_ms, &hello_ms);
-  read_number("COMM_TCP_CM_HANDSHAKE_TIMEOUT", an_hour_ms, &whole_ms);
-  limits.max_handshakes = handshakes;
-  limits.handshake_timeout = milliseconds(whole_ms);
-  limits.hello_timeout = milliseconds(std::min(hello_ms, whole_ms));
+  limits.max_handshakes = config.cm_max_handshakes;
+  limits.handshake_timeout = milliseconds(config.cm_handshake_timeout_ms);
+  limits.hello_timeout =
+      milliseconds(std::min(config.cm_hello_timeout_ms, config.cm_handshake_timeout_ms));
   return limits;
 }
 
@@ -586,7 +565,9 @@ enum class outcome : uint8_t {
 /// The connection manager.
 class tcp_cm final : public cm {
 public:
-  explicit tcp_cm(const cm_params& params) : params_(params), limits_(limits_from_environment()) {
+  /// A connection manager with `params` and the limits of `config`.
+  tcp_cm(const cm_params& params, const tcp_config& config)
+      : params_(params), limits_(limits_of(config)) {
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     epoll_event ev{};
@@ -1264,7 +1245,13 @@ tcp_cm_listener::~tcp_cm_listener() {
 
 status open_tcp_cm(const cm_params& params, std::unique_ptr<cm>& out) {
   if (params.handler == nullptr) return status::invalid_param;
-  auto made = std::make_unique<tcp_cm>(params);
+  tcp_config config;
+  std::string why;
+  if (tcp_config::parse(params.opts, &config, &why) != status::ok) {
+    COMM_LOG(error, log_name, "%s", why.c_str());
+    return status::invalid_param;
+  }
+  auto made = std::make_unique<tcp_cm>(params, config);
   if (!made->ok()) return status::io_error;
   out = std::move(made);
   return status::ok;

@@ -26,8 +26,9 @@
 // manager (its owner, a worker) must not be destroyed inside its own callbacks: that aborts with a
 // message rather than using freed memory.
 //
-// Limits against hostile or broken clients (server side), the variables read when the connection
-// manager opens. A handshake is "unauthenticated" from accept until its request arrives:
+// Limits against hostile or broken clients (server side), knobs of tcp (tcp_config.hpp) read from
+// cm_params::opts when the connection manager opens (a bad value: it does not open). A handshake
+// is "unauthenticated" from accept until its request arrives:
 //   - COMM_TCP_CM_HELLO_TIMEOUT (ms, default 3000): the whole hello must arrive within this time of
 //     the accept; a silent or trickling socket is closed then.
 //   - COMM_TCP_CM_HANDSHAKE_TIMEOUT (ms, default 10000): the request must arrive within this time

@@ -1,4 +1,5 @@
 #include "tcp/tcp_cm.hpp"
+#include "tcp/tcp_config.hpp"
 #include "tcp/tcp_iface.hpp"
 
 #include <algorithm>
@@ -6,24 +7,36 @@
 namespace comm::tl::tcp {
 namespace {
 
+/// COMM_TCP_DEVICE as `opts` sets it (a refusal of the other knobs is check_options' to report).
+std::vector<std::string> wanted_devices(const options& opts) {
+  return option_reader("tcp", tcp_knobs, opts).list(device_knob);
+}
+
 class tcp_component_impl final : public component {
 public:
   std::string_view name() const override { return "tcp"; }
 
-  std::vector<std::string> devices() const override {
+  std::vector<std::string> devices(const options& opts) const override {
     std::vector<std::string> names;
-    for (const ipv4_device& d : usable_devices()) names.push_back(d.name);
+    for (const ipv4_device& d : usable_devices(wanted_devices(opts))) names.push_back(d.name);
     return names;
   }
 
-  std::string unavailable_reason() const override {
+  std::string unavailable_reason(const options& opts) const override {
     std::string why;
-    usable_devices(&why);
+    usable_devices(wanted_devices(opts), &why);
     return why;
   }
 
+  std::span<const knob> knobs() const override { return tcp_knobs; }
+
+  status check_options(const options& opts, std::string* why) const override {
+    tcp_config config;
+    return tcp_config::parse(opts, &config, why);
+  }
+
   status open(const iface_params& params, std::unique_ptr<iface>& out) override {
-    const std::vector<ipv4_device> devices = usable_devices();
+    const std::vector<ipv4_device> devices = usable_devices(wanted_devices(params.opts));
     if (devices.empty()) return status::no_elem;
     auto device = devices.begin();
     if (!params.device.empty()) {

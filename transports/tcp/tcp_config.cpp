@@ -1,46 +1,35 @@
 #include "tcp/tcp_config.hpp"
-
-#include <comm/log.hpp>
+#include "tcp/tcp_wire.hpp"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
-#include <sstream>
 
 namespace comm::tl::tcp {
 namespace {
 
-constexpr const char* log_name = "tcp";
 constexpr uint64_t ns_per_ms = 1'000'000;
 constexpr uint64_t min_check_period_ns = 250 * ns_per_ms;
 constexpr uint64_t max_check_period_ns = 1000 * ns_per_ms;
 /// The smallest TCP_RTO_MAX_MS the kernel accepts.
 constexpr unsigned min_probe_interval_ms = 1000;
 
-/// The value of `knob` in the environment: its default when unset, malformed or out of range
-/// (the last two reported).
-unsigned read_knob(const tcp_knob& knob) {
-  const char* text = std::getenv(knob.name);
-  if (text == nullptr) return knob.default_value;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long value = std::strtoul(text, &end, 10);
-  const bool whole = end != text && *end == '\0' && errno == 0 && text[0] != '-';
-  if (!whole || value < knob.min || value > knob.max) {
-    COMM_LOG(warn, log_name, "%s=%s ignored: expected %u..%u (%s); using %u", knob.name, text,
-             knob.min, knob.max, knob.help, knob.default_value);
-    return knob.default_value;
-  }
-  return static_cast<unsigned>(value);
-}
-
 }  // namespace
 
-tcp_config tcp_config::from_environment() {
+status tcp_config::parse(const options& opts, tcp_config* out, std::string* why) {
+  constexpr uint64_t an_hour_ms = 3600 * 1000;
+  option_reader reader("tcp", tcp_knobs, opts);
   tcp_config c;
-  c.peer_timeout_s = read_knob(peer_timeout_knob);
-  c.stall_timeout_s = read_knob(stall_timeout_knob);
-  return c;
+  c.devices = reader.list(device_knob);
+  c.window = static_cast<uint32_t>(reader.number(window_knob, c.window, min_window, max_window));
+  c.peer_timeout_s = static_cast<unsigned>(reader.number(peer_timeout_knob, c.peer_timeout_s, 4, 3600));
+  c.stall_timeout_s =
+      static_cast<unsigned>(reader.number(stall_timeout_knob, c.stall_timeout_s, 0, 86400));
+  c.cm_max_handshakes =
+      reader.number(cm_max_handshakes_knob, c.cm_max_handshakes, 1, uint64_t{1} << 20);
+  c.cm_hello_timeout_ms = reader.number(cm_hello_timeout_knob, c.cm_hello_timeout_ms, 1, an_hour_ms);
+  c.cm_handshake_timeout_ms =
+      reader.number(cm_handshake_timeout_knob, c.cm_handshake_timeout_ms, 1, an_hour_ms);
+  *out = std::move(c);
+  return reader.result(why);
 }
 
 int tcp_config::keepalive_interval_s() const {
@@ -74,17 +63,6 @@ std::string tcp_config::describe() const {
   text += stall_timeout_knob.name;
   text += "=" + std::to_string(stall_timeout_s) + " (" + stall_timeout_knob.help + ")\n";
   return text;
-}
-
-std::vector<std::string> wanted_device_names() {
-  std::vector<std::string> names;
-  const char* value = std::getenv(device_variable);
-  if (value == nullptr) return names;
-  std::stringstream list(value);
-  for (std::string name; std::getline(list, name, ',');) {
-    if (!name.empty()) names.push_back(name);
-  }
-  return names;
 }
 
 }  // namespace comm::tl::tcp

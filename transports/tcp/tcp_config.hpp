@@ -1,9 +1,11 @@
-// The tcp transport's own configuration: its COMM_TCP_* environment variables with their defaults,
-// limits and help text, and the socket timings derived from them. An interface reads them once,
-// when it opens.
+// The tcp transport's own configuration: its COMM_TCP_* variables with their defaults, limits and
+// help text, and the socket timings derived from them. Read from the options an interface or
+// connection manager is opened with (iface_params::opts, cm_params::opts).
 //
 //   COMM_TCP_DEVICE         comma-separated interface names to use, in that order (default: every
 //                           IPv4 interface that is up, loopback last)
+//   COMM_TCP_WINDOW         frames a sender may have undelivered per connection (2..1048576,
+//                           default 256); iface_params::fifo_size wins over it
 //   COMM_TCP_PEER_TIMEOUT   seconds a peer's host may leave our data, window probes and keepalives
 //                           unanswered before its endpoints fail with ENDPOINT_TIMEOUT (4..3600,
 //                           default 11). Only the host's kernel has to answer: a peer process that
@@ -11,43 +13,66 @@
 //   COMM_TCP_STALL_TIMEOUT  seconds a peer process may leave our messages undelivered without
 //                           answering a heartbeat before its endpoints fail with ENDPOINT_TIMEOUT
 //                           (0..86400, default 0: never; a stalled peer loses nothing).
+//   COMM_TCP_CM_*           the connection manager's limits on unauthenticated handshakes
+//                           (tcp_cm.hpp).
 //
-// A malformed or out-of-range value is reported at level warn and the default is used.
+// A malformed, out-of-range or unknown COMM_TCP_* value is refused: the interface or connection
+// manager does not open, and the message names the variable.
 #pragma once
 
+#include <comm/transport/options.hpp>
+
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace comm::tl::tcp {
 
-/// One numeric COMM_TCP_* variable: its name, what it means, its default and its limits.
-struct tcp_knob {
-  const char* name;        ///< the environment variable
-  const char* help;        ///< what it means, for warnings and info()
-  unsigned default_value;  ///< when unset, malformed or out of range
-  unsigned min;            ///< smallest value accepted
-  unsigned max;            ///< largest value accepted
-};
-
+/// COMM_TCP_DEVICE.
+inline constexpr knob device_knob{
+    "COMM_TCP_DEVICE", "comma-separated IPv4 interfaces to use, in that order",
+    "every interface that is up, loopback last"};
+/// COMM_TCP_WINDOW.
+inline constexpr knob window_knob{
+    "COMM_TCP_WINDOW", "frames a sender may have undelivered per connection, 2..1048576", "256"};
 /// COMM_TCP_PEER_TIMEOUT (seconds).
-inline constexpr tcp_knob peer_timeout_knob{
+inline constexpr knob peer_timeout_knob{
     "COMM_TCP_PEER_TIMEOUT",
-    "seconds a peer's host may leave data, window probes and keepalives unanswered", 11, 4, 3600};
+    "seconds a peer's host may leave data, window probes and keepalives unanswered, 4..3600", "11"};
 /// COMM_TCP_STALL_TIMEOUT (seconds, 0 = never).
-inline constexpr tcp_knob stall_timeout_knob{
+inline constexpr knob stall_timeout_knob{
     "COMM_TCP_STALL_TIMEOUT",
-    "seconds a peer process may leave our messages undelivered, 0 for never", 0, 0, 86400};
-/// COMM_TCP_DEVICE (a list of interface names).
-inline constexpr const char* device_variable = "COMM_TCP_DEVICE";
+    "seconds a peer process may leave our messages undelivered, 0 for never, 0..86400", "0"};
+/// COMM_TCP_CM_MAX_HANDSHAKES.
+inline constexpr knob cm_max_handshakes_knob{
+    "COMM_TCP_CM_MAX_HANDSHAKES",
+    "unauthenticated connection-manager handshakes held at once, 1..1048576", "1024"};
+/// COMM_TCP_CM_HELLO_TIMEOUT (ms).
+inline constexpr knob cm_hello_timeout_knob{
+    "COMM_TCP_CM_HELLO_TIMEOUT", "ms a connection-manager client has to send its hello, 1..3600000",
+    "3000"};
+/// COMM_TCP_CM_HANDSHAKE_TIMEOUT (ms).
+inline constexpr knob cm_handshake_timeout_knob{
+    "COMM_TCP_CM_HANDSHAKE_TIMEOUT",
+    "ms a connection-manager client has to complete its request, 1..3600000", "10000"};
+/// Every knob of tcp.
+inline constexpr std::array<knob, 7> tcp_knobs{
+    device_knob,           window_knob,           peer_timeout_knob,       stall_timeout_knob,
+    cm_max_handshakes_knob, cm_hello_timeout_knob, cm_handshake_timeout_knob};
 
-/// The knobs of one interface and the timings derived from them.
+/// The knobs of one interface or connection manager and the timings derived from them.
 struct tcp_config {
-  unsigned peer_timeout_s = peer_timeout_knob.default_value;    ///< COMM_TCP_PEER_TIMEOUT
-  unsigned stall_timeout_s = stall_timeout_knob.default_value;  ///< COMM_TCP_STALL_TIMEOUT
+  std::vector<std::string> devices;   ///< COMM_TCP_DEVICE, empty when unset
+  uint32_t window = 256;              ///< COMM_TCP_WINDOW
+  unsigned peer_timeout_s = 11;       ///< COMM_TCP_PEER_TIMEOUT
+  unsigned stall_timeout_s = 0;       ///< COMM_TCP_STALL_TIMEOUT
+  uint64_t cm_max_handshakes = 1024;  ///< COMM_TCP_CM_MAX_HANDSHAKES
+  uint64_t cm_hello_timeout_ms = 3000;       ///< COMM_TCP_CM_HELLO_TIMEOUT
+  uint64_t cm_handshake_timeout_ms = 10000;  ///< COMM_TCP_CM_HANDSHAKE_TIMEOUT
 
-  /// The knobs as the environment sets them (malformed values warned about and ignored).
-  static tcp_config from_environment();
+  /// The knobs `opts` sets into `*out`: ok, or invalid_param with the refusal in `*why`.
+  static status parse(const options& opts, tcp_config* out, std::string* why);
 
   /// Keepalive of an idle connection: first probe after this many idle seconds, then
   /// keepalive_probes() probes keepalive_interval_s() apart; all of it within the peer timeout.
@@ -70,11 +95,8 @@ struct tcp_config {
   /// COMM_TCP_STALL_TIMEOUT in nanoseconds; 0 when stalled peers are waited for forever.
   uint64_t stall_timeout_ns() const { return uint64_t{stall_timeout_s} * 1'000'000'000u; }
 
-  /// One line per knob with its value, for info().
+  /// One line per liveness knob with its value, for info().
   std::string describe() const;
 };
-
-/// The names in COMM_TCP_DEVICE, or empty when it is unset.
-std::vector<std::string> wanted_device_names();
 
 }  // namespace comm::tl::tcp

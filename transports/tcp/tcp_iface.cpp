@@ -78,8 +78,13 @@ uint64_t tcp_iface::now_ns() {
 tcp_iface::tcp_iface(const iface_params& params, const ipv4_device& device)
     : device_(device),
       iface_id_(random_nonzero_id()),
-      auth_key_(params.auth_key),
-      config_(tcp_config::from_environment()) {
+      auth_key_(params.auth_key) {
+  std::string why;
+  if ((open_status_ = tcp_config::parse(params.opts, &config_, &why)) != status::ok) {
+    COMM_LOG(error, log_name, "%s", why.c_str());
+    return;
+  }
+  window_ = config_.window;
   if (params.fifo_size != 0) {
     if (params.fifo_size < min_window || params.fifo_size > max_window) {
       COMM_LOG(error, log_name, "bad parameters: fifo_size %zu (%u..%u frames in flight)",

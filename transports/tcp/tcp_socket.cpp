@@ -54,10 +54,9 @@ sockaddr_in socket_address(uint32_t ipv4, uint16_t port) {
 
 }  // namespace
 
-std::vector<ipv4_device> usable_devices(std::string* why) {
+std::vector<ipv4_device> usable_devices(const std::vector<std::string>& wanted, std::string* why) {
   const std::vector<ipv4_device> all = interfaces_up();
   std::vector<ipv4_device> out;
-  const std::vector<std::string> wanted = wanted_device_names();
   if (!wanted.empty()) {
     for (const std::string& name : wanted) {
       for (const ipv4_device& d : all) {

@@ -28,9 +28,10 @@ struct ipv4_device {
 };
 
 /// The devices the tcp transport offers, in preference order: interfaces that are up with an
-/// IPv4 address, non-loopback ones first, then loopback. COMM_TCP_DEVICE (a comma-separated list of
-/// names) restricts and orders them. Sets `*why` when the list is empty.
-std::vector<ipv4_device> usable_devices(std::string* why = nullptr);
+/// IPv4 address, non-loopback ones first, then loopback. A non-empty `wanted` (the names
+/// COMM_TCP_DEVICE lists) restricts and orders them. Sets `*why` when the result is empty.
+std::vector<ipv4_device> usable_devices(const std::vector<std::string>& wanted,
+                                        std::string* why = nullptr);
 
 /// Dotted text of an IPv4 address in network byte order.
 std::string ipv4_text(uint32_t ipv4);

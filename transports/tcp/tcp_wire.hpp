@@ -39,6 +39,8 @@
 #include <comm/transport/transport.hpp>
 #include <comm/wire/codec.hpp>
 
+#include "tcp/tcp.capnp.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -101,7 +103,8 @@ struct [[gnu::packed]] device_addr {
   bool loopback() const;
 };
 
-/// Frames an endpoint may have undelivered when the interface's fifo_size is 0.
+/// Frames a connection assumes the peer accepts undelivered until its hello gives its window
+/// (an interface's own window is COMM_TCP_WINDOW, or iface_params::fifo_size when set).
 inline constexpr uint32_t default_window = 1024;
 /// Bounds of a window (fifo_size) an interface accepts.
 inline constexpr uint32_t min_window = 2;

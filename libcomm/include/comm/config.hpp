@@ -1,11 +1,45 @@
-// Run-time configuration: every knob is a field here and an environment variable COMM_<NAME>.
+// Run-time configuration: every knob of libcomm is a field here and an environment variable
+// COMM_<NAME>; every knob of a transport is an entry of transport_options under its variable's
+// name (COMM_<TL>_<NAME>), parsed and checked by the transport that owns it.
 #pragma once
+
+#include <comm/transport/options.hpp>
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
 namespace comm {
+
+/// Limits on what a peer can make a worker hold without the local user asking for it (see README
+/// "Reliability and limits"). A peer that passes one fails the endpoint it came through with
+/// EXCEEDS_LIMIT (its error handler is told, the peer's endpoint is closed, a warning names the
+/// variable); the worker's other endpoints keep working. `config::from_environment()` reads them;
+/// a value of 0 is refused (it would refuse every message) and the default kept.
+struct peer_limits {
+  /// Bytes a worker holds for unexpected tagged messages (COMM_UNEXPECTED_MAX_BYTES): eager data
+  /// that arrived before its receive (whole, or still arriving in fragments) and rendezvous
+  /// announcements, each counted with its descriptor. Messages keep counting after their
+  /// endpoint closes, until received.
+  size_t unexpected_max_bytes = size_t{1} << 30;
+  /// The same, for what one endpoint brought (COMM_UNEXPECTED_EP_MAX_BYTES).
+  size_t unexpected_ep_max_bytes = size_t{256} << 20;
+  /// Unexpected messages one endpoint brought (COMM_UNEXPECTED_EP_MAX_MSGS).
+  size_t unexpected_ep_max_msgs = 1000000;
+  /// Bytes a worker holds for active messages before their handler runs
+  /// (COMM_AM_RX_MAX_BYTES): whole-message reassembly buffers and rendezvous receive buffers.
+  /// A rendezvous AM that does not fit now waits (flow control) until earlier ones are delivered.
+  size_t am_rx_max_bytes = size_t{1} << 30;
+  /// The same, for one endpoint (COMM_AM_RX_EP_MAX_BYTES); a rendezvous AM larger than this is
+  /// refused (the sender's request completes with EXCEEDS_LIMIT) and the endpoint stays up.
+  size_t am_rx_ep_max_bytes = size_t{256} << 20;
+  /// Bytes of protocol replies (acknowledgements, RMA replies with their data) an endpoint may
+  /// queue for a peer that does not take them (COMM_REPLY_EP_MAX_BYTES).
+  size_t reply_ep_max_bytes = size_t{64} << 20;
+  /// Endpoints peers may create on a worker by connecting to its address (COMM_PEER_EP_MAX).
+  /// Beyond it a connecting peer is refused with EXCEEDS_LIMIT, after failed ones are released.
+  size_t peer_ep_max = 4096;
+};
 
 /// Configuration of a context. `from_environment()` reads the COMM_ variables; a field set in code
 /// afterwards wins.
@@ -19,16 +53,22 @@ struct config {
   size_t zcopy_thresh = 16384;
   /// Messages at least this large use rendezvous (COMM_RNDV_THRESH); 0: chosen per transport.
   size_t rndv_thresh = 0;
-  /// Entries of a worker's shared-memory receive FIFO (COMM_SHM_FIFO_SIZE), a power of two.
-  size_t shm_fifo_size = 256;
-  /// Bytes of one shared-memory receive buffer, the largest bcopy (COMM_SHM_SEG_SIZE).
-  size_t shm_segment_size = 8192;
+  /// The transports' own knobs by variable name, e.g. {"COMM_SHM_FIFO_SIZE", "1024"}: what
+  /// `comm_info` lists for each transport. A context refuses (throws std::invalid_argument) a
+  /// value its transport refuses, and a name no transport reads.
+  tl::options transport_options;
   /// Cluster secret for client-server authentication (COMM_AUTH_KEY, or the contents of the file
   /// named by COMM_AUTH_KEY_FILE); empty: no authentication, listeners default to loopback.
   std::string auth_key;
 
-  /// The defaults overridden by the COMM_ environment variables. Unknown or malformed values are
-  /// reported (log level warn) and ignored.
+  // -- protocol-layer limits ---------------------------------------------------------------------
+  /// What a peer may make a worker hold (COMM_UNEXPECTED_*, COMM_AM_RX_*, COMM_REPLY_EP_MAX_BYTES,
+  /// COMM_PEER_EP_MAX).
+  peer_limits limits;
+
+  /// The defaults overridden by the COMM_ environment variables, read once here. Malformed values
+  /// of libcomm's own knobs are reported (log level warn) and ignored; the COMM_<TL>_* variables of
+  /// every transport built in go to transport_options as they are, for their transport to check.
   static config from_environment();
 
   /// True when `name` is enabled by `transports`.

@@ -18,7 +18,8 @@ class component;
 /// process, then workers from it; it must outlive them.
 class context {
 public:
-  /// Creates a context with `cfg`.
+  /// Creates a context with `cfg`. Throws std::invalid_argument (after logging it at level error)
+  /// when an enabled transport refuses one of cfg.transport_options, or one belongs to none.
   explicit context(config cfg = config::from_environment());
   ~context();
   context(const context&) = delete;

@@ -46,6 +46,9 @@ class message;
 
 /// A worker: owns one interface per enabled transport, endpoints, the tag matching queues, AM
 /// handlers and requests, and progresses them all. Not thread-safe unless thread_mode::multi.
+///
+/// What peers can make a worker hold is bounded by config::limits (unexpected messages, active
+/// messages before delivery, replies a peer does not take, endpoints peers create); a peer that passes one fails the endpoint it came through with exceeds_limit.
 class worker {
 public:
   /// Creates a worker on `ctx`, which must outlive it.
@@ -87,7 +90,8 @@ public:
   /// Orders operations issued after the fence after those issued before.
   status fence();
 
-  /// Multi-line description: transports, interfaces, endpoints and their counters.
+  /// Multi-line description: transports, interfaces, endpoints and their counters, and what the
+  /// worker holds for peers against its limits.
   std::string info() const;
   /// Writes info() to `stream`.
   void print_info(std::FILE* stream) const;
@@ -95,7 +99,11 @@ public:
   // -- endpoints ---------------------------------------------------------------------------------
 
   /// Creates an endpoint to the worker whose packed address is given, on the best transport that
-  /// reaches it. Returns unreachable when none does, invalid_addr for bad bytes.
+  /// reaches it. Returns unreachable when none does, invalid_addr for bad bytes. The peer creates
+  /// an endpoint back (the reply endpoint of our messages there); a peer holding
+  /// peer_limits::peer_ep_max of those already fails ours with exceeds_limit. A peer-created
+  /// endpoint is the worker's: it is released when its peer closes, or once it failed and room is
+  /// needed for a new peer, so a reply endpoint must not be kept past its failure.
   status connect(const std::vector<uint8_t>& peer_address, endpoint** out);
 
   // -- client-server (comm/listener.hpp) ---------------------------------------------------------
@@ -151,7 +159,9 @@ public:
   op tag_recv_iov(const iov_entry* entries, size_t count, tag_t tag, tag_t mask,
                   const request_params& params = {});
   /// Looks for an arrived, unmatched message matching `tag` under `mask`. With `out` set the
-  /// message is removed from the unexpected queue and must be received with tag_recv_message.
+  /// message is removed from the unexpected queue and must be received with tag_recv_message
+  /// (until then it counts against peer_limits::unexpected_max_bytes, no longer against its
+  /// endpoint's limits).
   bool tag_probe(tag_t tag, tag_t mask, tag_recv_info* info, message** out = nullptr);
   /// Receives a message taken by tag_probe.
   op tag_recv_message(message* msg, void* buffer, size_t length,

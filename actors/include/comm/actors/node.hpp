@@ -74,6 +74,18 @@ delivery default_delivery();
 /// The spin time named by COMM_ACTORS_SPIN_US (microseconds), else 200 us.
 std::chrono::microseconds default_spin_time();
 
+/// The limit named by COMM_ACTORS_MAX_HELD (bytes; a k, m or g suffix multiplies by 2^10, 2^20,
+/// 2^30), else 64 MiB: see node_params::max_held_bytes.
+size_t default_max_held_bytes();
+
+/// The limit named by COMM_ACTORS_MAX_PROXIES (a count; k, m, g multiply as for sizes), else
+/// 2^18: see node_params::max_proxies.
+size_t default_max_proxies();
+
+/// The limit named by COMM_ACTORS_MAX_QUEUED (bytes, as COMM_ACTORS_MAX_HELD), else 256 MiB: see
+/// node_params::max_queued_bytes.
+size_t default_max_queued_bytes();
+
 /// Parameters of a node (node::load). Defaults come from the environment where noted; a field
 /// set in code wins.
 struct node_params {
@@ -93,6 +105,22 @@ struct node_params {
   std::chrono::milliseconds connect_timeout{5000};
   /// Cores the progress thread is pinned to; empty: not pinned.
   std::vector<int> cpus;
+  /// Bytes of frames one connection may have waiting for an earlier frame of it (a large one
+  /// still being fetched), counted with their attachments and a bookkeeping overhead per frame
+  /// (COMM_ACTORS_MAX_HELD). A peer that makes the node hold more is closed: its proxies go down
+  /// as for any lost peer.
+  size_t max_held_bytes = default_max_held_bytes();
+  /// Proxies of one connection's actors that may be alive at once (COMM_ACTORS_MAX_PROXIES). A
+  /// peer makes the node create one for every actor of its own that it names (as a sender, in a
+  /// message, in a lookup's answer); one that names more is closed as for max_held_bytes.
+  size_t max_proxies = default_max_proxies();
+  /// Bytes of frames to one connection that may wait in libcomm's send queue (because the peer
+  /// does not take them as fast as they come), counted with a bookkeeping overhead per frame;
+  /// the attachments of large messages, which live in the sender's own buffers anyway, are not
+  /// counted (COMM_ACTORS_MAX_QUEUED). A peer that falls further behind (one that sends requests
+  /// and lookups but never reads the answers, or one stopped while local actors send to it) is
+  /// closed as for max_held_bytes.
+  size_t max_queued_bytes = default_max_queued_bytes();
 };
 
 /// Counters of a node (node::stats), for tests and tools.
@@ -107,6 +135,7 @@ struct node_stats {
   uint64_t bytes_sent = 0;       ///< payload bytes of those sent
   uint64_t bytes_received = 0;   ///< payload bytes of those received
   uint64_t frames_held = 0;      ///< frames that arrived before an earlier one (kept for order)
+  uint64_t peak_bytes_held = 0;  ///< most bytes one connection held for order at once
 };
 
 /// The CAF error category of libcomm statuses (errors made by make_error(comm::status)).

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <comm/status.hpp>
+#include <comm/transport/options.hpp>
 
 #include <sys/types.h>
 
@@ -192,8 +193,11 @@ public:
 /// Parameters to open an interface.
 struct iface_params {
   std::string device;           ///< one of component::devices()
-  size_t fifo_size = 0;         ///< receive queue entries, 0 for the transport default
-  size_t segment_size = 0;      ///< bytes of one receive buffer, 0 for the transport default
+  /// The transport's own knobs (COMM_<TL>_* by name), the environment's unless the opener sets
+  /// them (libcomm passes comm::config::transport_options); unset ones take their defaults.
+  options opts = environment_options();
+  size_t fifo_size = 0;         ///< receive queue entries, 0 for the transport's knob
+  size_t segment_size = 0;      ///< bytes of one receive buffer, 0 for the transport's knob
   std::vector<int> cpus;        ///< cores the owner runs on (placement hints), may be empty
   /// Cluster secret: when set, a transport that accepts connections admits only peers that prove
   /// they know it (see base/auth.hpp); empty admits everyone.
@@ -303,6 +307,9 @@ public:
 
 /// Parameters of a connection manager.
 struct cm_params {
+  /// The transport's own knobs (COMM_<TL>_* by name), the environment's unless the opener sets
+  /// them (libcomm passes comm::config::transport_options).
+  options opts = environment_options();
   std::string auth_key;          ///< cluster secret; both sides must hold the same (or none)
   cm_handler* handler = nullptr; ///< told about every event
 };
@@ -342,11 +349,26 @@ public:
   /// Transport name, as used in COMM_TLS.
   virtual std::string_view name() const = 0;
 
-  /// Devices this transport can use here; empty when it cannot run on this machine.
-  virtual std::vector<std::string> devices() const = 0;
+  /// Devices this transport can use here under `opts`; empty when it cannot run on this machine.
+  virtual std::vector<std::string> devices(const options& opts) const = 0;
 
-  /// Why devices() is empty, for comm_info; empty when it is not.
-  virtual std::string unavailable_reason() const { return {}; }
+  /// devices() under the environment's options.
+  std::vector<std::string> devices() const { return devices(environment_options()); }
+
+  /// Why devices(opts) is empty, for comm_info; empty when it is not.
+  virtual std::string unavailable_reason(const options& opts) const { return {}; }
+
+  /// unavailable_reason() under the environment's options.
+  std::string unavailable_reason() const { return unavailable_reason(environment_options()); }
+
+  /// This transport's variables (COMM_<TL>_*), with help text and defaults, for comm_info.
+  virtual std::span<const knob> knobs() const { return {}; }
+
+  /// Checks this transport's options in `opts` (other transports' are ignored): ok, or
+  /// invalid_param with the refusal (variable, value, what it accepts) in `*why`.
+  virtual status check_options(const options& opts, std::string* why) const {
+    return option_reader(name(), knobs(), opts).result(why);
+  }
 
   /// Opens an interface.
   virtual status open(const iface_params& params, std::unique_ptr<iface>& out) = 0;

@@ -1,0 +1,149 @@
+// Which transports the suites run over, taken from the component registry (tl::all_components())
+// and never from a list of names: every built-in transport with a device here, or those named in
+// COMM_TEST_TLS (comma-separated) to focus on some. A transport without a device is reported as
+// skipped with its unavailable_reason. A transport whose device exists only inside this process
+// (a test-only device installed before the suites open it, like the verbs test device) is marked
+// with mark_in_process_only() before the suites' datasets are built (a global constructor), so
+// suites that start other processes skip it and say why.
+#pragma once
+
+#include "process_harness.hpp"
+
+#include <comm/transport/transport.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace comm::test {
+
+/// The registry's component called `name`, or null.
+inline tl::component* find_component(const std::string& name) {
+  for (tl::component* c : tl::all_components()) {
+    if (c->name() == name) return c;
+  }
+  return nullptr;
+}
+
+/// The names in COMM_TEST_TLS, empty when it is unset or empty.
+inline std::vector<std::string> requested_transports() {
+  std::vector<std::string> out;
+  const char* only = std::getenv("COMM_TEST_TLS");
+  if (only == nullptr) return out;
+  std::stringstream list(only);
+  for (std::string name; std::getline(list, name, ',');) {
+    if (!name.empty()) out.push_back(name);
+  }
+  return out;
+}
+
+/// True when COMM_TEST_TLS is unset or names `name`.
+inline bool requested(const std::string& name) {
+  const std::vector<std::string> only = requested_transports();
+  if (only.empty()) return true;
+  for (const std::string& n : only) {
+    if (n == name) return true;
+  }
+  return false;
+}
+
+/// Transports the suites run over: every built-in transport that has a device here and that
+/// COMM_TEST_TLS (when set) names, in registry order.
+inline std::vector<std::string> transports_under_test() {
+  std::vector<std::string> out;
+  for (tl::component* c : tl::all_components()) {
+    const std::string name(c->name());
+    if (requested(name) && !c->devices().empty()) out.push_back(name);
+  }
+  return out;
+}
+
+/// Built-in transports left out here, each with why: no device (its unavailable_reason), or not
+/// named in COMM_TEST_TLS.
+inline std::vector<std::pair<std::string, std::string>> transports_skipped() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (tl::component* c : tl::all_components()) {
+    const std::string name(c->name());
+    if (!requested(name)) {
+      out.emplace_back(name, "not named in COMM_TEST_TLS");
+    } else if (c->devices().empty()) {
+      const std::string why = c->unavailable_reason();
+      out.emplace_back(name, why.empty() ? "no device (and no reason given)" : why);
+    }
+  }
+  return out;
+}
+
+/// Transports marked as reachable only from inside this process, with the reason.
+inline std::map<std::string, std::string>& in_process_only_marks() {
+  static std::map<std::string, std::string> marks;
+  return marks;
+}
+
+/// Marks `name` as usable only inside this process (a test-only device), saying `why`; suites
+/// that start other processes skip it with that reason.
+inline void mark_in_process_only(const std::string& name, const std::string& why) {
+  in_process_only_marks()[name] = why;
+}
+
+/// Why `name` cannot reach another process (a test-only device marked so), or empty.
+inline std::string in_process_only_reason(const std::string& name) {
+  const auto& marks = in_process_only_marks();
+  const auto found = marks.find(name);
+  return found == marks.end() ? std::string() : found->second;
+}
+
+/// Why `name` cannot carry traffic between processes, or empty when it can: a test-only device
+/// marked in-process-only, or an interface opened on the first device in a forked child that an
+/// interface of this process finds unreachable (as self's, whose addresses name their process).
+inline std::string cannot_reach_other_processes(const std::string& name) {
+  const std::string marked = in_process_only_reason(name);
+  if (!marked.empty()) return marked;
+  tl::component* component = find_component(name);
+  if (component == nullptr || component->devices().empty()) return "no device here";
+  tl::iface_params params;
+  params.device = component->devices().front();
+  channel to_parent, to_child;
+  const pid_t child = fork_child([&]() -> int {
+    std::unique_ptr<tl::iface> iface;
+    CHILD_CHECK(component->open(params, iface) == status::ok);
+    send_addresses(to_parent, *iface);
+    std::vector<uint8_t> done;
+    CHILD_CHECK(to_child.receive(&done));
+    return 0;
+  });
+  if (child < 0) return "fork failed";
+  std::vector<uint8_t> device, address;
+  const bool got = receive_addresses(to_parent, &device, &address);
+  std::unique_ptr<tl::iface> local;
+  const bool reachable =
+      got && component->open(params, local) == status::ok && local->is_reachable(device, address);
+  to_child.send({1});
+  wait_child(child);
+  return reachable ? std::string() : "an interface in another process is not reachable";
+}
+
+/// Transports under test that carry traffic between processes (computed once per program); each
+/// one left out is named on stderr with the reason.
+inline const std::vector<std::string>& interprocess_transports() {
+  static const std::vector<std::string> list = [] {
+    std::vector<std::string> out;
+    for (const std::string& name : transports_under_test()) {
+      const std::string why = cannot_reach_other_processes(name);
+      if (why.empty()) {
+        out.push_back(name);
+      } else {
+        std::fprintf(stderr, "multi-process cases skip %s: %s\n", name.c_str(), why.c_str());
+      }
+    }
+    return out;
+  }();
+  return list;
+}
+
+}  // namespace comm::test
