@@ -18,7 +18,18 @@ namespace comm::verbs {
 std::unique_ptr<tl::component> make_verbs_component(const api& table,
                                                     const verbs_config& config = {});
 
-/// The verbs transport over rdma-core.
+/// The verbs transport over rdma-core: the one libcomm's registry lists.
 tl::component& verbs_component();
 
+/// Makes the registered verbs_component() call `table` from now on. For tests that run the
+/// registered transport over the verbs test device; call it before any interface is opened.
+void use_verbs_table(const api& table);
+
 }  // namespace comm::verbs
+
+namespace comm::tl::verbs {
+
+/// The registered verbs transport (the name the generated registry calls).
+tl::component& verbs_component();
+
+}  // namespace comm::tl::verbs

@@ -5,6 +5,7 @@
 // events and the rdmacm channel.
 #pragma once
 
+#include "verbs/verbs_config.hpp"
 #include "verbs/verbs_conn.hpp"
 #include "verbs/verbs_device.hpp"
 #include "verbs/verbs_md.hpp"
@@ -21,24 +22,6 @@
 namespace comm::verbs {
 
 struct cm_event_copy;
-
-/// Limits and timers of a verbs interface. Memory is bounded by them: rx_buffers and tx_buffers
-/// of segment_size bytes each, tx_queue send requests per connection, max_connections
-/// connections, reg_cache idle implicit registrations.
-struct verbs_config {
-  size_t rx_buffers = 1024;      ///< receive buffers on the shared receive queue
-  size_t segment_size = 8192;    ///< bytes of one receive or send buffer (header included)
-  size_t tx_buffers = 256;       ///< registered send buffers (bcopy, zcopy headers)
-  uint32_t tx_queue = 128;       ///< send work requests per connection
-  uint16_t credits = 32;         ///< receive buffers granted to each peer
-  uint32_t inline_size = 128;    ///< inline bytes asked for (am_short)
-  size_t reg_cache = 64;         ///< idle implicit registrations kept
-  uint8_t ack_timeout = 14;      ///< 4.096 us * 2^ack_timeout before a retry (14: 67 ms)
-  uint8_t retry_count = 7;       ///< retries before IBV_WC_RETRY_EXC_ERR
-  uint8_t rnr_retry = 7;         ///< RNR retries (7: for ever)
-  uint8_t min_rnr_timer = 12;    ///< RNR back-off asked of peers (12: 0.64 ms)
-  int connect_timeout_ms = 2000; ///< address and route resolution
-};
 
 /// One verbs interface. Not thread safe: its owner calls it from one thread.
 class verbs_iface final : public tl::iface {
