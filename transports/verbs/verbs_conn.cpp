@@ -132,13 +132,8 @@ status verbs_conn::flush(tl::completion* comp) {
   tx_request req;
   req.wr.opcode = IBV_WR_RDMA_WRITE;
   req.comp = comp;
-  ++comp->count;
   const status st = post(req);
-  if (st != status::ok) {
-    --comp->count;
-    return st;
-  }
-  return status::in_progress;
+  return st == status::ok ? status::in_progress : st;
 }
 
 void verbs_conn::complete_entry(tx_entry& e, status st) {

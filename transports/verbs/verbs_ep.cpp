@@ -113,13 +113,8 @@ status verbs_ep::am_zcopy(tl::am_id id, const void* header, size_t header_length
   if (header_length != 0) std::memcpy(bytes + sizeof(h), header, header_length);
   sges[0] = ibv_sge{reinterpret_cast<uintptr_t>(bytes),
                     static_cast<uint32_t>(sizeof(h) + header_length), owner_.tx_lkey()};
-  if (comp != nullptr) ++comp->count;
   const status posted = post_am(sges, static_cast<int>(count + 1), buffer, 0, comp, &pins);
-  if (posted != status::ok) {
-    if (comp != nullptr) --comp->count;
-    return posted;
-  }
-  return status::in_progress;
+  return posted == status::ok ? status::in_progress : posted;
 }
 
 status verbs_ep::rdma(ibv_wr_opcode opcode, const tl::iov* entries, size_t count,
@@ -151,13 +146,8 @@ status verbs_ep::rdma(ibv_wr_opcode opcode, const tl::iov* entries, size_t count
   req.wr.wr.rdma.rkey = rkey->index;
   req.comp = comp;
   req.signal = true;
-  if (comp != nullptr) ++comp->count;
   const status posted = conn_->post(req);
-  if (posted != status::ok) {
-    if (comp != nullptr) --comp->count;
-    return posted;
-  }
-  return status::in_progress;
+  return posted == status::ok ? status::in_progress : posted;
 }
 
 status verbs_ep::put_zcopy(const tl::iov* entries, size_t count, uint64_t remote_address,
