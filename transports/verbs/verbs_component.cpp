@@ -73,7 +73,12 @@ public:
       COMM_LOG(error, "verbs", "a cluster auth key is not supported by the verbs transport yet");
       return status::unsupported;
     }
-    if (params.fifo_size != 0) config.rx_buffers = params.fifo_size;
+    if (params.fifo_size != 0) {
+      // A small receive queue grants each peer at most half of it (and at least two).
+      config.rx_buffers = params.fifo_size;
+      config.credits = static_cast<uint16_t>(
+          std::clamp<size_t>(params.fifo_size / 2, 2, config.credits));
+    }
     if (params.segment_size != 0) config.segment_size = params.segment_size;
     auto created = std::make_unique<verbs_iface>(*t_, *port, config);
     if (created->open_status() != status::ok) return created->open_status();
