@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <vector>
 
 namespace comm::verbs {
 
@@ -130,6 +131,8 @@ public:
 
 private:
   void abort_operations(status reason);
+  /// Completes the flushes asked for while connecting with `st`.
+  void finish_connecting_flushes(status st);
   void complete_until(uint64_t seq, status st);
   void complete_entry(tx_entry& e, status st);
   bool wants_signal(const tx_request& req) const;
@@ -156,6 +159,7 @@ private:
   bool fence_next_ = false;
   uint64_t grants_sent_ = 0;
   std::deque<tx_entry> outstanding_;
+  std::vector<tl::completion*> flushes_while_connecting_;  ///< done once established (or failed)
 };
 
 /// The status of a failed work completion.
