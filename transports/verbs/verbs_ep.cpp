@@ -162,10 +162,9 @@ status verbs_ep::get_zcopy(const tl::iov* entries, size_t count, uint64_t remote
 
 status verbs_ep::pending_add(tl::pending_req* req) {
   if (req == nullptr) return status::invalid_param;
-  if (conn_ != nullptr && conn_->pending.empty() && conn_->can_post(true) == status::ok) {
-    return status::busy;
-  }
   if (conn_ == nullptr) return status::connection_reset;
+  if (conn_->state() == conn_state::failed) return conn_->failure();
+  if (conn_->pending.empty() && conn_->can_post(true) == status::ok) return status::busy;
   conn_->pending.push_back(req);
   return status::ok;
 }
