@@ -15,6 +15,7 @@
 #include "verbs/testdev/testdev.hpp"
 #include "verbs/verbs_cm.hpp"
 #include "verbs/verbs_component.hpp"
+#include "verbs/verbs_config.hpp"
 #include "verbs/verbs_ep.hpp"
 #include "verbs/verbs_iface.hpp"
 #include "verbs/verbs_wire.hpp"
@@ -261,6 +262,32 @@ BOOST_AUTO_TEST_CASE(test_device_ports_are_listed_and_attributes_are_honest) {
                "a cluster secret it cannot enforce is refused, not ignored");
   }
   BOOST_TEST(fabric.finish() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(comm_verbs_knobs_choose_ports_and_refuse_bad_values_on_the_test_device) {
+  td::fabric_scope fabric(two_roce_devices());
+  auto component = verbs::make_verbs_component(td::table());
+  BOOST_TEST(component->knobs().size() == verbs::verbs_knobs.size());
+  const tl::options second_only{{"COMM_VERBS_DEVICE", "testdev1:1,nosuch:1"}};
+  BOOST_TEST(component->devices(second_only) == (std::vector<std::string>{"testdev1:1"}));
+  const tl::options none{{"COMM_VERBS_DEVICE", "nosuch:1"}};
+  BOOST_TEST(component->devices(none).empty());
+  BOOST_TEST(component->unavailable_reason(none).find("COMM_VERBS_DEVICE") != std::string::npos);
+  std::string why;
+  BOOST_TEST(component->check_options({{"COMM_VERBS_CREDITS", "8"}}, &why) == status::ok);
+  for (const tl::options& bad : {tl::options{{"COMM_VERBS_CREDITS", "1"}},
+                                 tl::options{{"COMM_VERBS_RX_BUFFERS", "40"}},
+                                 tl::options{{"COMM_VERBS_SEG_SIZE", "12q"}},
+                                 tl::options{{"COMM_VERBS_CREDIT", "8"}}}) {
+    why.clear();
+    BOOST_TEST(component->check_options(bad, &why) == status::invalid_param);
+    BOOST_TEST(why.find(bad.begin()->first) != std::string::npos, why);
+    tl::iface_params params;
+    params.opts = bad;
+    std::unique_ptr<tl::iface> iface;
+    BOOST_TEST(component->open(params, iface) == status::invalid_param);
+    BOOST_TEST(!iface);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_test_device_with_its_port_down_is_not_listed) {
