@@ -1,0 +1,1191 @@
+// The verbs transport (transports/verbs) on the verbs test device, an in-process software stand-in
+// for RDMA hardware (transports/verbs/testdev): device and port discovery, honest iface_attr,
+// active messages (inline short, bcopy, zcopy with a gather list), credit flow control under a
+// burst (explicit grants and piggy-backed credits), the pending queue, RDMA WRITE/READ with rkeys,
+// reads in flight, fence and flush, the completion channel as the event fd, the registration
+// cache, the rdmacm connection manager, and injected faults (retry exceeded, QP to error, CQ
+// overrun, a peer gone). Nothing here measures RDMA: the test device's timings mean nothing.
+// Cases that need a real device skip with a message saying there is none here.
+// Every wait is bounded in rounds and time; nothing asserts on timing.
+#define BOOST_TEST_MODULE transport_verbs
+#include "test_util.hpp"
+#include <boost/test/unit_test.hpp>
+
+#include "base/rkey.hpp"
+#include "verbs/testdev/testdev.hpp"
+#include "verbs/verbs_cm.hpp"
+#include "verbs/verbs_component.hpp"
+#include "verbs/verbs_config.hpp"
+#include "verbs/verbs_ep.hpp"
+#include "verbs/verbs_iface.hpp"
+#include "verbs/verbs_wire.hpp"
+#include "verbs_util.hpp"
+
+#include <comm/transport/transport.hpp>
+
+#include <poll.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace comm;
+using namespace std::chrono_literals;
+namespace td = comm::verbs::testdev;
+
+namespace {
+
+// -- helpers --------------------------------------------------------------------------------------
+
+/// Small queues and short timers so tests reach the limits and see timeouts quickly.
+verbs::verbs_config small_config() {
+  verbs::verbs_config c;
+  c.rx_buffers = 64;
+  c.segment_size = 1024;
+  c.tx_buffers = 32;
+  c.tx_queue = 32;
+  c.credits = 8;
+  c.inline_size = 64;
+  c.reg_cache = 4;
+  c.ack_timeout = 8;   // 1 ms
+  c.retry_count = 3;
+  c.min_rnr_timer = 1;
+  return c;
+}
+
+/// Calls progress on `ifaces` until `done()` holds, at most `limit` long.
+bool progress_until(std::initializer_list<tl::iface*> ifaces, const std::function<bool()>& done,
+                    std::chrono::milliseconds limit = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (uint64_t round = 0; round < 20'000'000; ++round) {
+    for (tl::iface* iface : ifaces) iface->progress();
+    if (done()) return true;
+    if ((round & 255) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+  }
+  return false;
+}
+
+/// Progresses `ifaces` for `duration`.
+void progress_for(std::initializer_list<tl::iface*> ifaces, std::chrono::milliseconds duration) {
+  progress_until(ifaces, [] { return false; }, duration);
+}
+
+std::vector<uint8_t> pattern(size_t length, uint8_t seed) {
+  std::vector<uint8_t> bytes(length);
+  for (size_t i = 0; i < length; ++i) bytes[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
+  return bytes;
+}
+
+/// Records every message delivered to the handlers it is installed on.
+struct recorder {
+  std::vector<std::vector<uint8_t>> messages;
+  bool misaligned = false;
+  std::vector<void*> kept;  ///< descriptors held (keep == true)
+  bool keep = false;
+
+  static status handler(void* arg, void* data, size_t length, unsigned flags) {
+    auto* self = static_cast<recorder*>(arg);
+    if (reinterpret_cast<uintptr_t>(data) % 8 != 0) self->misaligned = true;
+    const auto* p = static_cast<const uint8_t*>(data);
+    self->messages.emplace_back(p, p + length);
+    if (self->keep && (flags & tl::am_flag_desc) != 0) {
+      self->kept.push_back(data);
+      return status::in_progress;
+    }
+    return status::ok;
+  }
+  void install(tl::iface& iface, tl::am_id id) { iface.set_am_handler(id, &handler, this); }
+};
+
+struct completion_probe : tl::completion {
+  int calls = 0;
+  completion_probe() { reset(); }
+  void reset() {
+    count = 1;
+    result = status::ok;
+    calls = 0;
+    func = [](tl::completion* self) { ++static_cast<completion_probe*>(self)->calls; };
+  }
+};
+
+struct bcopy_source {
+  std::vector<uint8_t> bytes;
+  static size_t pack(void* dest, void* arg) {
+    const auto& b = static_cast<bcopy_source*>(arg)->bytes;
+    if (!b.empty()) std::memcpy(dest, b.data(), b.size());
+    return b.size();
+  }
+};
+
+/// Records what the error handler was told.
+struct failure_log {
+  struct entry {
+    tl::ep* ep;
+    status reason;
+  };
+  std::vector<entry> entries;
+  static void handler(void* arg, tl::ep* ep, status reason) {
+    static_cast<failure_log*>(arg)->entries.push_back({ep, reason});
+  }
+  void install(tl::iface& iface) { iface.set_error_handler(&handler, this); }
+};
+
+verbs::verbs_conn& conn_of(tl::ep& ep) { return *static_cast<verbs::verbs_ep&>(ep).conn(); }
+
+/// Two RoCE devices of the verbs test device.
+std::vector<td::device_spec> two_roce_devices() {
+  return {td::roce_device("testdev0", "10.0.0.1"), td::roce_device("testdev1", "10.0.0.2")};
+}
+
+/// Two RoCE test devices ("two processes"), the verbs component over the test device, one
+/// interface on each, an endpoint from a to b; leaks are checked at the end.
+struct two_sides {
+  td::fabric_scope fabric;
+  std::unique_ptr<tl::component> component;
+  std::unique_ptr<tl::iface> a;
+  std::unique_ptr<tl::iface> b;
+  std::unique_ptr<tl::ep> ab;
+  recorder at_b;
+  recorder at_a;
+  failure_log failures_a;
+  failure_log failures_b;
+
+  explicit two_sides(verbs::verbs_config config = small_config(),
+                     std::vector<td::device_spec> devices = two_roce_devices())
+      : fabric(devices), component(verbs::make_verbs_component(td::table(), config)) {
+    a = open(devices[0].name + ":1");
+    b = open(devices.size() > 1 ? devices[1].name + ":1" : devices[0].name + ":1");
+    at_b.install(*b, 3);
+    at_a.install(*a, 3);
+    failures_a.install(*a);
+    failures_b.install(*b);
+    ab = connect(*a, *b);
+  }
+
+  ~two_sides() {
+    ab.reset();
+    a.reset();
+    b.reset();
+    component.reset();
+    BOOST_TEST(fabric.finish() == 0u, "objects left on the verbs test device");
+  }
+
+  std::unique_ptr<tl::iface> open(const std::string& device) {
+    tl::iface_params params;
+    params.device = device;
+    std::unique_ptr<tl::iface> iface;
+    const status st = component->open(params, iface);
+    BOOST_REQUIRE_MESSAGE(st == status::ok, "open " << device << " on the verbs test device: "
+                                                    << to_string(st));
+    return iface;
+  }
+
+  /// An endpoint from `from` to `to`, connected (its first message can go).
+  std::unique_ptr<tl::ep> connect(tl::iface& from, tl::iface& to) {
+    std::unique_ptr<tl::ep> ep;
+    BOOST_REQUIRE(from.create_ep(to.device_address(), to.iface_address(), ep) == status::ok);
+    const auto up = [&] { return conn_of(*ep).state() != verbs::conn_state::connecting; };
+    BOOST_REQUIRE_MESSAGE(progress_until({&from, &to}, up),
+                          "the connection on the verbs test device never came up");
+    BOOST_REQUIRE(conn_of(*ep).state() == verbs::conn_state::ready);
+    return ep;
+  }
+
+  bool deliver_to_b(size_t count) {
+    return progress_until({a.get(), b.get()}, [&] { return at_b.messages.size() >= count; });
+  }
+};
+
+}  // namespace
+
+// -- discovery ------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(real_backend_reports_no_rdma_device_here) {
+  auto real = verbs::make_verbs_component(verbs::rdma_core_api());
+  if (!real->devices().empty()) {
+    BOOST_TEST_MESSAGE("a real RDMA device exists: " << real->devices().front());
+    return;
+  }
+  BOOST_TEST(real->unavailable_reason().rfind("no RDMA device", 0) == 0,
+             "reason: " << real->unavailable_reason());
+  std::unique_ptr<tl::iface> iface;
+  BOOST_TEST(real->open(tl::iface_params{}, iface) == status::no_elem);
+}
+
+BOOST_AUTO_TEST_CASE(real_device_exchange_skips_without_hardware) {
+  auto real = verbs::make_verbs_component(verbs::rdma_core_api());
+  if (real->devices().empty()) {
+    BOOST_TEST_MESSAGE("skipped: no RDMA device exists on this machine ("
+                       << real->unavailable_reason() << ")");
+    return;
+  }
+  std::unique_ptr<tl::iface> iface;
+  tl::iface_params params;
+  params.device = real->devices().front();
+  BOOST_TEST(real->open(params, iface) == status::ok);
+}
+
+BOOST_AUTO_TEST_CASE(test_device_ports_are_listed_and_attributes_are_honest) {
+  td::device_spec roce = td::roce_device("testdev0", "10.0.0.1");
+  roce.limits.max_qp_init_rd_atom = 5;
+  td::fabric_scope fabric({roce, td::ib_device("testdev1", "10.1.0.2")});
+  {
+    auto component = verbs::make_verbs_component(td::table(), small_config());
+    BOOST_TEST(component->name() == "verbs");
+    const auto devices = component->devices();
+    BOOST_TEST(devices == (std::vector<std::string>{"testdev0:1", "testdev1:1"}));
+    BOOST_TEST(component->unavailable_reason().empty());
+    std::unique_ptr<tl::iface> iface;
+    tl::iface_params params;
+    params.device = "testdev0:1";
+    BOOST_REQUIRE(component->open(params, iface) == status::ok);
+    const tl::iface_attr& attr = iface->attr();
+    BOOST_TEST(attr.max_short == 64u - 8u);       // inline asked for, less the header
+    BOOST_TEST(attr.max_bcopy == 1024u - 8u);     // one receive buffer, less the header
+    BOOST_TEST(attr.max_zcopy + attr.max_hdr + 8u == 1024u);
+    BOOST_TEST(attr.max_outstanding_reads == 5u);  // the device's max_qp_init_rd_atom
+    BOOST_TEST(attr.max_iov == verbs::max_zcopy_iov);
+    BOOST_TEST((attr.caps & tl::cap_get_zcopy) != 0u);
+    BOOST_TEST((attr.caps & tl::cap_peer_failure) != 0u);
+    BOOST_TEST(iface->event_fd() >= 0);
+    BOOST_TEST(iface->info().find("testdev0:1 (RoCE") != std::string::npos, iface->info());
+    std::unique_ptr<tl::iface> unknown;
+    params.device = "testdev9:1";
+    BOOST_TEST(component->open(params, unknown) == status::no_elem);
+    params.device = "testdev0:1";
+    params.auth_key = "secret";
+    BOOST_TEST(component->open(params, unknown) == status::unsupported,
+               "a cluster secret it cannot enforce is refused, not ignored");
+  }
+  BOOST_TEST(fabric.finish() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(comm_verbs_knobs_choose_ports_and_refuse_bad_values_on_the_test_device) {
+  td::fabric_scope fabric(two_roce_devices());
+  auto component = verbs::make_verbs_component(td::table());
+  BOOST_TEST(component->knobs().size() == verbs::verbs_knobs.size());
+  const tl::options second_only{{"COMM_VERBS_DEVICE", "testdev1:1,nosuch:1"}};
+  BOOST_TEST(component->devices(second_only) == (std::vector<std::string>{"testdev1:1"}));
+  const tl::options none{{"COMM_VERBS_DEVICE", "nosuch:1"}};
+  BOOST_TEST(component->devices(none).empty());
+  BOOST_TEST(component->unavailable_reason(none).find("COMM_VERBS_DEVICE") != std::string::npos);
+  std::string why;
+  BOOST_TEST(component->check_options({{"COMM_VERBS_CREDITS", "8"}}, &why) == status::ok);
+  for (const tl::options& bad : {tl::options{{"COMM_VERBS_CREDITS", "1"}},
+                                 tl::options{{"COMM_VERBS_RX_BUFFERS", "40"}},
+                                 tl::options{{"COMM_VERBS_SEG_SIZE", "12q"}},
+                                 tl::options{{"COMM_VERBS_CREDIT", "8"}}}) {
+    why.clear();
+    BOOST_TEST(component->check_options(bad, &why) == status::invalid_param);
+    BOOST_TEST(why.find(bad.begin()->first) != std::string::npos, why);
+    tl::iface_params params;
+    params.opts = bad;
+    std::unique_ptr<tl::iface> iface;
+    BOOST_TEST(component->open(params, iface) == status::invalid_param);
+    BOOST_TEST(!iface);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_test_device_with_its_port_down_is_not_listed) {
+  td::fabric_scope fabric({td::roce_device("testdev0", "10.0.0.1")});
+  auto component = verbs::make_verbs_component(td::table(), small_config());
+  BOOST_REQUIRE(td::set_port_state("testdev0", 1, IBV_PORT_DOWN) == 0);
+  BOOST_TEST(component->devices().empty());
+  BOOST_TEST(component->unavailable_reason().rfind("no RDMA device", 0) == 0u,
+             component->unavailable_reason());
+  BOOST_TEST(fabric.finish() == 0u);
+}
+
+// -- active messages ------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(am_short_bcopy_and_zcopy_arrive_intact_over_the_test_device) {
+  two_sides s;
+  const auto header = pattern(16, 1);
+  const auto payload = pattern(40, 2);
+  BOOST_REQUIRE(s.ab->am_short(3, header.data(), header.size(), payload.data(), payload.size()) ==
+                status::ok);
+  bcopy_source source{pattern(s.a->attr().max_bcopy, 3)};
+  BOOST_REQUIRE(s.ab->am_bcopy(3, &bcopy_source::pack, &source) ==
+                static_cast<ssize_t>(source.bytes.size()));
+  const auto zheader = pattern(s.a->attr().max_hdr, 4);
+  const auto part1 = pattern(300, 5);
+  const auto part2 = pattern(s.a->attr().max_zcopy - 300, 6);
+  tl::iov iov[2] = {{part1.data(), part1.size()}, {part2.data(), part2.size()}};
+  completion_probe done;
+  BOOST_REQUIRE(s.ab->am_zcopy(3, zheader.data(), zheader.size(), iov, 2, &done) ==
+                status::in_progress);
+  BOOST_REQUIRE(s.deliver_to_b(3));
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return done.calls == 1; }));
+  BOOST_TEST(done.result == status::ok);
+  std::vector<uint8_t> expect_short = header;
+  expect_short.insert(expect_short.end(), payload.begin(), payload.end());
+  BOOST_TEST(s.at_b.messages[0] == expect_short);
+  BOOST_TEST(s.at_b.messages[1] == source.bytes);
+  std::vector<uint8_t> expect_zcopy = zheader;
+  expect_zcopy.insert(expect_zcopy.end(), part1.begin(), part1.end());
+  expect_zcopy.insert(expect_zcopy.end(), part2.begin(), part2.end());
+  BOOST_TEST(s.at_b.messages[2] == expect_zcopy);
+  BOOST_TEST(!s.at_b.misaligned);
+}
+
+BOOST_AUTO_TEST_CASE(oversized_and_invalid_sends_are_refused_on_the_test_device) {
+  two_sides s;
+  const auto big = pattern(s.a->attr().max_short + 1, 1);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, big.data(), big.size()) == status::invalid_param);
+  BOOST_TEST(s.ab->am_short(tl::am_id_count, nullptr, 0, big.data(), 1) == status::invalid_param);
+  bcopy_source source{pattern(s.a->attr().max_bcopy + 1, 2)};
+  BOOST_TEST(s.ab->am_bcopy(3, &bcopy_source::pack, &source) ==
+             static_cast<ssize_t>(status::exceeds_limit));
+  const auto zbig = pattern(s.a->attr().max_zcopy + 1, 3);
+  tl::iov iov{zbig.data(), zbig.size()};
+  BOOST_TEST(s.ab->am_zcopy(3, nullptr, 0, &iov, 1, nullptr) == status::invalid_param);
+  // Nothing went out, and the interface still works.
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, big.data(), 8) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+  BOOST_TEST(s.at_b.messages.size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(infiniband_ports_connect_by_lid_on_the_test_device) {
+  // rdmacm reaches an InfiniBand port by its IPoIB address: the host's loopback address here.
+  two_sides s(small_config(), {td::ib_device("testdev0", "127.0.0.1")});
+  const uint64_t word = 0x1122334455667788ull;
+  BOOST_REQUIRE(s.ab->am_short(3, &word, sizeof(word), nullptr, 0) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+  BOOST_TEST(s.at_b.messages[0].size() == sizeof(word));
+  BOOST_TEST(s.b->info().find("InfiniBand") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_reply_endpoint_shares_the_connection_both_ways) {
+  two_sides s;
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "ping", 4) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+  auto ba = s.connect(*s.b, *s.a);
+  BOOST_TEST(conn_of(*ba).passive(), "b's endpoint reuses the connection a opened");
+  BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.b).connections() == 1u);
+  BOOST_REQUIRE(ba->am_short(3, nullptr, 0, "pong", 4) == status::ok);
+  BOOST_REQUIRE(
+      progress_until({s.a.get(), s.b.get()}, [&] { return s.at_a.messages.size() == 1; }));
+  BOOST_TEST(std::string(s.at_a.messages[0].begin(), s.at_a.messages[0].end()) == "pong");
+  ba.reset();
+}
+
+// -- credits and the pending queue ----------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(a_burst_stops_at_the_credits_granted_and_resumes_on_grants) {
+  two_sides s;
+  const uint16_t credits = small_config().credits;
+  // b does not progress: a may send exactly the receive buffers b granted, then no_resource.
+  unsigned sent = 0;
+  while (sent < 100 && s.ab->am_short(3, nullptr, 0, &sent, sizeof(sent)) == status::ok) ++sent;
+  BOOST_TEST(sent == credits);
+  BOOST_TEST(conn_of(*s.ab).tx_credits() == 0u);
+  // b delivers them and, having nothing to piggy-back the credits on, sends an explicit grant.
+  BOOST_REQUIRE(s.deliver_to_b(credits));
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                               [&] { return conn_of(*s.ab).tx_credits() == credits; }));
+  BOOST_TEST(td::stats().rnr_naks == 0u, "the receiver was never overrun");
+  // A long burst through the pending queue: every message arrives, in order.
+  struct parked : tl::pending_req {
+    tl::ep* ep = nullptr;
+    unsigned next = 0;
+    unsigned total = 0;
+  } op;
+  op.ep = s.ab.get();
+  op.total = 500;
+  op.func = [](tl::pending_req* self) {
+    auto* p = static_cast<parked*>(self);
+    while (p->next < p->total) {
+      const status st = p->ep->am_short(3, nullptr, 0, &p->next, sizeof(p->next));
+      if (st == status::no_resource) return status::no_resource;
+      ++p->next;
+    }
+    return status::ok;
+  };
+  s.at_b.messages.clear();
+  BOOST_TEST(s.ab->pending_add(&op) == status::busy);  // resources free now: the caller retries
+  while (op.next < op.total && op.func(&op) == status::ok) {
+  }
+  BOOST_REQUIRE(s.ab->pending_add(&op) == status::ok);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::no_resource,
+             "a new send may not overtake the parked one");
+  BOOST_REQUIRE(s.deliver_to_b(op.total));
+  bool in_order = true;
+  for (unsigned i = 0; i < op.total; ++i) {
+    unsigned got = 0;
+    std::memcpy(&got, s.at_b.messages[i].data(), sizeof(got));
+    in_order = in_order && got == i;
+  }
+  BOOST_TEST(in_order);
+  BOOST_TEST(td::stats().rnr_naks == 0u);
+  BOOST_TEST(conn_of(*s.ab).grants_sent() == 0u, "a only sent");
+  auto ba = s.connect(*s.b, *s.a);
+  BOOST_TEST(conn_of(*ba).grants_sent() > 0u, "b returned credits by explicit grants");
+}
+
+BOOST_AUTO_TEST_CASE(credits_ride_back_piggy_backed_on_replies) {
+  two_sides s;
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "hi", 2) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+  auto ba = s.connect(*s.b, *s.a);
+  // Ping-pong: each reply carries the credit of the ping it answers, so no grant is ever needed.
+  for (unsigned round = 0; round < 100; ++round) {
+    BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, &round, sizeof(round)) == status::ok);
+    BOOST_REQUIRE(s.deliver_to_b(round + 2));
+    BOOST_REQUIRE(ba->am_short(3, nullptr, 0, &round, sizeof(round)) == status::ok);
+    BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                                 [&] { return s.at_a.messages.size() == round + 1; }));
+  }
+  BOOST_TEST(conn_of(*ba).grants_sent() == 0u);
+  BOOST_TEST(conn_of(*s.ab).grants_sent() == 0u);
+  BOOST_TEST(conn_of(*s.ab).tx_credits() >= small_config().credits - 1u);
+}
+
+BOOST_AUTO_TEST_CASE(kept_descriptors_hold_their_credits_until_released) {
+  two_sides s;
+  s.at_b.keep = true;
+  const uint16_t credits = small_config().credits;
+  for (unsigned i = 0; i < credits; ++i) {
+    BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, &i, sizeof(i)) == status::ok);
+  }
+  BOOST_REQUIRE(s.deliver_to_b(credits));
+  progress_for({s.a.get(), s.b.get()}, 50ms);
+  BOOST_TEST(conn_of(*s.ab).tx_credits() == 0u, "buffers b keeps are not granted back");
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::no_resource);
+  for (void* desc : s.at_b.kept) s.b->release_am_desc(desc);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                               [&] { return conn_of(*s.ab).tx_credits() == credits; }));
+  BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.b).rx_posted() == small_config().rx_buffers);
+}
+
+BOOST_AUTO_TEST_CASE(send_slots_run_out_before_credits_with_a_short_send_queue) {
+  verbs::verbs_config config = small_config();
+  config.tx_queue = 4;
+  config.credits = 16;
+  two_sides s(config);
+  // Unsignaled inline sends hold their slots until a signaled completion frees them.
+  unsigned sent = 0;
+  while (sent < 100 && s.ab->am_short(3, nullptr, 0, &sent, sizeof(sent)) == status::ok) ++sent;
+  BOOST_TEST(sent <= 4u);
+  BOOST_TEST(conn_of(*s.ab).tx_credits() > 0u, "it was the send queue, not the credits");
+  progress_for({s.a.get()}, 10ms);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, &sent, sizeof(sent)) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(sent + 1));
+}
+
+// -- RDMA, fence, flush -------------------------------------------------------------------------
+
+namespace {
+
+/// A buffer of b's registered with b's memory domain, its key unpacked by a.
+struct remote_buffer {
+  tl::iface& owner;
+  tl::iface& user;
+  std::vector<uint8_t> bytes;
+  tl::mem_handle* handle = nullptr;
+  tl::remote_key key;
+
+  remote_buffer(tl::iface& owner, tl::iface& user, size_t size)
+      : owner(owner), user(user), bytes(pattern(size, 9)) {
+    BOOST_REQUIRE(owner.memory_domain()->mem_reg(bytes.data(), bytes.size(), &handle) ==
+                  status::ok);
+    std::vector<uint8_t> packed;
+    BOOST_REQUIRE(owner.memory_domain()->rkey_pack(handle, packed) == status::ok);
+    BOOST_REQUIRE(packed.size() == sizeof(tl::packed_rkey));
+    BOOST_REQUIRE(user.memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) ==
+                  status::ok);
+  }
+  ~remote_buffer() {
+    user.memory_domain()->rkey_release(&key);
+    owner.memory_domain()->mem_dereg(handle);
+  }
+  uint64_t address(size_t offset = 0) const {
+    return reinterpret_cast<uint64_t>(bytes.data()) + offset;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(put_and_get_zcopy_move_registered_memory_on_the_test_device) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 64 * 1024);
+  // get: two local entries filled in order from one remote range.
+  std::vector<uint8_t> first(1000), second(3000);
+  tl::iov into[2] = {{first.data(), first.size()}, {second.data(), second.size()}};
+  completion_probe got;
+  BOOST_REQUIRE(s.ab->get_zcopy(into, 2, remote.address(100), remote.key, &got) ==
+                status::in_progress);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return got.calls == 1; }));
+  BOOST_TEST(got.result == status::ok);
+  BOOST_TEST(std::memcmp(first.data(), remote.bytes.data() + 100, first.size()) == 0);
+  BOOST_TEST(std::memcmp(second.data(), remote.bytes.data() + 1100, second.size()) == 0);
+  // put: a registered local buffer (user region) and an unregistered one (implicit).
+  tl::mem_handle* local_handle = nullptr;
+  auto registered = pattern(2048, 20);
+  BOOST_REQUIRE(s.a->memory_domain()->mem_reg(registered.data(), registered.size(),
+                                              &local_handle) == status::ok);
+  const auto loose = pattern(512, 21);
+  tl::iov from[2] = {{registered.data(), registered.size()}, {loose.data(), loose.size()}};
+  completion_probe put;
+  BOOST_REQUIRE(s.ab->put_zcopy(from, 2, remote.address(8192), remote.key, &put) ==
+                status::in_progress);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return put.calls == 1; }));
+  BOOST_TEST(put.result == status::ok);
+  BOOST_TEST(std::memcmp(remote.bytes.data() + 8192, registered.data(), registered.size()) == 0);
+  BOOST_TEST(std::memcmp(remote.bytes.data() + 8192 + 2048, loose.data(), loose.size()) == 0);
+  auto& md = static_cast<verbs::verbs_md&>(*s.a->memory_domain());
+  BOOST_TEST(md.implicit_misses() == 3u, "first, second and loose were registered implicitly");
+  BOOST_TEST(s.a->memory_domain()->mem_dereg(local_handle) == status::ok);
+}
+
+BOOST_AUTO_TEST_CASE(rdma_outside_the_key_is_refused_before_it_leaves) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  std::vector<uint8_t> local(100);
+  tl::iov iov{local.data(), local.size()};
+  BOOST_TEST(s.ab->get_zcopy(&iov, 1, remote.address(4000), remote.key, nullptr) ==
+             status::length_error);
+  BOOST_TEST(s.ab->put_zcopy(&iov, 1, remote.address() - 200, remote.key, nullptr) ==
+             status::protection_error);
+  tl::remote_key foreign;
+  BOOST_TEST(s.ab->get_zcopy(&iov, 1, remote.address(), foreign, nullptr) == status::invalid_param);
+  const uint8_t garbage[48] = {1, 2, 3};
+  tl::remote_key bad;
+  BOOST_TEST(s.a->memory_domain()->rkey_unpack(garbage, sizeof(garbage), &bad) ==
+             status::invalid_param);
+  BOOST_TEST((conn_of(*s.ab).state() == verbs::conn_state::ready));
+}
+
+BOOST_AUTO_TEST_CASE(a_stale_rkey_fails_the_operation_and_the_endpoint_once) {
+  two_sides s;
+  std::vector<uint8_t> packed;
+  auto bytes = pattern(4096, 3);
+  {
+    tl::mem_handle* handle = nullptr;
+    BOOST_REQUIRE(s.b->memory_domain()->mem_reg(bytes.data(), bytes.size(), &handle) == status::ok);
+    BOOST_REQUIRE(s.b->memory_domain()->rkey_pack(handle, packed) == status::ok);
+    BOOST_REQUIRE(s.b->memory_domain()->mem_dereg(handle) == status::ok);  // the MR is gone
+  }
+  tl::remote_key key;
+  tl::md& md = *s.a->memory_domain();
+  BOOST_REQUIRE(md.rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+  std::vector<uint8_t> local(64);
+  tl::iov iov{local.data(), local.size()};
+  completion_probe got;
+  BOOST_REQUIRE(s.ab->get_zcopy(&iov, 1, reinterpret_cast<uint64_t>(bytes.data()), key, &got) ==
+                status::in_progress);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return got.calls == 1; }));
+  BOOST_TEST(got.result == status::protection_error);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                               [&] { return !s.failures_a.entries.empty(); }));
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_REQUIRE(s.failures_a.entries.size() == 1u);
+  BOOST_TEST(s.failures_a.entries[0].ep == s.ab.get());
+  BOOST_TEST(s.failures_a.entries[0].reason == status::protection_error);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::protection_error);
+  s.a->memory_domain()->rkey_release(&key);
+}
+
+BOOST_AUTO_TEST_CASE(reads_in_flight_stay_within_both_sides_limits) {
+  td::device_spec d0 = td::roce_device("testdev0", "10.0.0.1");
+  td::device_spec d1 = td::roce_device("testdev1", "10.0.0.2");
+  d0.limits.max_qp_init_rd_atom = 6;  // a may have 6 in flight...
+  d1.limits.max_qp_rd_atom = 3;       // ...but b answers 3 at once
+  two_sides s(small_config(), {d0, d1});
+  BOOST_TEST(conn_of(*s.ab).max_reads() == 3u);
+  remote_buffer remote(*s.b, *s.a, 4096);
+  td::hold_read_responses(true);
+  std::vector<uint8_t> local(8 * 64);
+  completion_probe got;
+  unsigned posted = 0;
+  for (unsigned i = 0; i < 8; ++i) {
+    tl::iov iov{local.data() + i * 64, 64};
+    const status st = s.ab->get_zcopy(&iov, 1, remote.address(i * 64), remote.key, &got);
+    if (st != status::in_progress) {
+      BOOST_TEST(st == status::no_resource);
+      break;
+    }
+    ++posted;
+  }
+  BOOST_TEST(posted == 3u);
+  td::hold_read_responses(false);
+  got.count = static_cast<int>(posted);  // one per read, none answered yet
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return got.calls == 1; }));
+  BOOST_TEST(got.result == status::ok);
+  BOOST_TEST(std::memcmp(local.data(), remote.bytes.data(), 3 * 64) == 0);
+  BOOST_TEST(conn_of(*s.ab).reads_in_flight() == 0u);
+  BOOST_TEST(s.failures_b.entries.empty(), "b never saw more reads than it answers");
+}
+
+BOOST_AUTO_TEST_CASE(a_fence_keeps_a_put_behind_an_earlier_get) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  const auto original = remote.bytes;
+  std::vector<uint8_t> read_back(256);
+  const auto overwrite = pattern(256, 77);
+  td::hold_read_responses(true);
+  tl::iov get_iov{read_back.data(), read_back.size()};
+  completion_probe got;
+  BOOST_REQUIRE(s.ab->get_zcopy(&get_iov, 1, remote.address(), remote.key, &got) ==
+                status::in_progress);
+  BOOST_REQUIRE(s.ab->fence() == status::ok);
+  tl::iov put_iov{overwrite.data(), overwrite.size()};
+  completion_probe put;
+  BOOST_REQUIRE(s.ab->put_zcopy(&put_iov, 1, remote.address(), remote.key, &put) ==
+                status::in_progress);
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(std::memcmp(remote.bytes.data(), original.data(), 256) == 0,
+             "the fenced put waits for the read");
+  td::hold_read_responses(false);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return got.calls + put.calls == 2; }));
+  BOOST_TEST(std::memcmp(read_back.data(), original.data(), 256) == 0, "the read saw old bytes");
+  BOOST_TEST(std::memcmp(remote.bytes.data(), overwrite.data(), 256) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(flush_completes_after_everything_before_it) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  BOOST_TEST(s.ab->flush(nullptr) == status::ok, "nothing outstanding");
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "a", 1) == status::ok);  // unsignaled
+  td::hold_read_responses(true);
+  std::vector<uint8_t> local(128);
+  tl::iov iov{local.data(), local.size()};
+  BOOST_REQUIRE(s.ab->get_zcopy(&iov, 1, remote.address(), remote.key, nullptr) ==
+                status::in_progress);
+  completion_probe flushed;
+  BOOST_REQUIRE(s.ab->flush(&flushed) == status::in_progress);
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(flushed.calls == 0, "the read is still in flight");
+  td::hold_read_responses(false);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return flushed.calls == 1; }));
+  BOOST_TEST(flushed.result == status::ok);
+  BOOST_TEST(std::memcmp(local.data(), remote.bytes.data(), local.size()) == 0);
+  BOOST_TEST(s.ab->flush(nullptr) == status::ok);
+}
+
+// -- memory domain --------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(registrations_are_cached_counted_and_bounded) {
+  two_sides s;
+  tl::md& md = *s.a->memory_domain();
+  auto& vmd = static_cast<verbs::verbs_md&>(md);
+  std::vector<uint8_t> buffer(8192);
+  tl::mem_handle* h1 = nullptr;
+  tl::mem_handle* h2 = nullptr;
+  BOOST_REQUIRE(md.mem_reg(buffer.data(), buffer.size(), &h1) == status::ok);
+  BOOST_REQUIRE(md.mem_reg(buffer.data(), buffer.size(), &h2) == status::ok);
+  BOOST_TEST(h1 == h2, "the same range is one registration");
+  BOOST_TEST(vmd.user_regions() == 1u);
+  BOOST_TEST(md.mem_dereg(h1) == status::ok);
+  BOOST_TEST(vmd.user_regions() == 1u, "one reference left");
+  BOOST_TEST(md.mem_dereg(h2) == status::ok);
+  BOOST_TEST(vmd.user_regions() == 0u);
+  BOOST_TEST(md.mem_dereg(h2) == status::invalid_param, "a released handle is refused");
+  // zcopy from many distinct unregistered buffers: the implicit cache stays within its bound.
+  remote_buffer remote(*s.b, *s.a, 64 * 1024);
+  std::vector<std::vector<uint8_t>> sources;
+  for (int i = 0; i < 20; ++i) sources.push_back(pattern(100 + i, static_cast<uint8_t>(i)));
+  for (auto& source : sources) {
+    tl::iov iov{source.data(), source.size()};
+    completion_probe put;
+    BOOST_REQUIRE(s.ab->put_zcopy(&iov, 1, remote.address(), remote.key, &put) ==
+                  status::in_progress);
+    BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return put.calls == 1; }));
+    BOOST_TEST(vmd.cached() <= small_config().reg_cache);
+  }
+  BOOST_TEST(vmd.implicit_misses() == 20u);
+}
+
+// -- the event fd ---------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(the_completion_channel_wakes_a_blocked_receiver) {
+  two_sides s;
+  progress_for({s.a.get(), s.b.get()}, 5ms);
+  BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return s.b->event_arm() == status::ok; }));
+  pollfd p{s.b->event_fd(), POLLIN, 0};
+  BOOST_TEST(::poll(&p, 1, 0) == 0, "armed and idle: not readable");
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "wake", 4) == status::ok);
+  BOOST_TEST(::poll(&p, 1, 5000) == 1, "the message made the event fd readable");
+  BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return s.at_b.messages.size() == 1; }));
+  // Arming with a completion already waiting says busy instead of sleeping.
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "more", 4) == status::ok);
+  BOOST_TEST(s.b->event_arm() == status::busy);
+  BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return s.at_b.messages.size() == 2; }));
+}
+
+// -- the rdmacm connection manager ----------------------------------------------------------------
+
+namespace {
+
+/// Records a connection manager's callbacks; keeps the requests handed over.
+struct cm_recorder : tl::cm_handler {
+  struct request {
+    std::unique_ptr<tl::cm_conn> conn;
+    std::vector<uint8_t> data;
+  };
+  std::vector<request> requests;
+  std::vector<std::vector<uint8_t>> established;
+  std::vector<status> failures;
+
+  void on_request(tl::cm_listener*, std::unique_ptr<tl::cm_conn> conn, const uint8_t* data,
+                  size_t length) override {
+    requests.push_back({std::move(conn), std::vector<uint8_t>(data, data + length)});
+  }
+  void on_established(tl::cm_conn*, const uint8_t* data, size_t length) override {
+    established.emplace_back(data, data + length);
+  }
+  void on_failed(tl::cm_conn*, status reason) override { failures.push_back(reason); }
+};
+
+/// A server and a client connection manager on the verbs test device.
+struct cm_pair {
+  td::fabric_scope fabric{{td::roce_device("testdev0", "10.0.0.1"),
+                           td::roce_device("testdev1", "10.0.0.2")}};
+  std::unique_ptr<tl::component> component = verbs::make_verbs_component(td::table());
+  cm_recorder server_events;
+  cm_recorder client_events;
+  std::unique_ptr<tl::cm> server;
+  std::unique_ptr<tl::cm> client;
+  std::unique_ptr<tl::cm_listener> listener;
+
+  cm_pair() {
+    BOOST_REQUIRE(component->open_cm(tl::cm_params{tl::options{}, "", &server_events}, server) == status::ok);
+    BOOST_REQUIRE(component->open_cm(tl::cm_params{tl::options{}, "", &client_events}, client) == status::ok);
+    BOOST_REQUIRE(server->listen("10.0.0.2:0", 16, listener) == status::ok);
+    BOOST_REQUIRE(listener->port() != 0);
+  }
+  ~cm_pair() {
+    server_events.requests.clear();
+    listener.reset();
+    server.reset();
+    client.reset();
+    BOOST_TEST(fabric.finish() == 0u, "objects left on the verbs test device");
+  }
+  std::string address() const { return "10.0.0.2:" + std::to_string(listener->port()); }
+  bool run_until(const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    for (int round = 0; round < 1'000'000; ++round) {
+      server->progress();
+      client->progress();
+      if (done()) return true;
+      if (std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return false;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(cm_exchanges_private_data_of_its_own_length_both_ways) {
+  cm_pair p;
+  const std::vector<uint8_t> hello = {'h', 'e', 'y'};
+  tl::cm_conn* out = nullptr;
+  BOOST_REQUIRE(p.client->connect(p.address(), hello.data(), hello.size(), 5000, &out) ==
+                status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return !p.server_events.requests.empty(); }));
+  BOOST_TEST(p.server_events.requests[0].data == hello, "3 bytes, not the padded field");
+  BOOST_TEST(p.listener->requests() == 1u);
+  BOOST_TEST(!p.server_events.requests[0].conn->peer_address().empty());
+  const auto reply = pattern(verbs::max_cm_accept_data, 5);
+  BOOST_REQUIRE(p.server->accept(std::move(p.server_events.requests[0].conn), reply.data(),
+                                 reply.size(), 5000, nullptr) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] {
+    return p.client_events.established.size() == 1 && p.server_events.established.size() == 1;
+  }));
+  BOOST_TEST(p.client_events.established[0] == reply);
+  BOOST_TEST(p.server_events.established[0].empty());
+  BOOST_TEST(p.client_events.failures.empty());
+  BOOST_TEST(p.server_events.failures.empty());
+  BOOST_REQUIRE(p.run_until([&] { return !p.client->active(); }));
+}
+
+BOOST_AUTO_TEST_CASE(cm_reject_unanswered_request_and_nobody_listening) {
+  cm_pair p;
+  tl::cm_conn* out = nullptr;
+  BOOST_REQUIRE(p.client->connect(p.address(), nullptr, 0, 5000, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.server_events.requests.size() == 1; }));
+  p.server_events.requests[0].conn->reject();
+  BOOST_REQUIRE(p.run_until([&] { return p.client_events.failures.size() == 1; }));
+  BOOST_TEST(p.client_events.failures[0] == status::rejected);
+  // A request dropped unanswered is a reject too.
+  BOOST_REQUIRE(p.client->connect(p.address(), nullptr, 0, 5000, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.server_events.requests.size() == 2; }));
+  p.server_events.requests[1].conn.reset();
+  BOOST_REQUIRE(p.run_until([&] { return p.client_events.failures.size() == 2; }));
+  BOOST_TEST(p.client_events.failures[1] == status::rejected);
+  // Nobody on that port.
+  BOOST_REQUIRE(p.client->connect("10.0.0.2:1", nullptr, 0, 5000, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.client_events.failures.size() == 3; }));
+  BOOST_TEST(p.client_events.failures[2] == status::unreachable);
+}
+
+BOOST_AUTO_TEST_CASE(cm_limits_and_timeouts) {
+  cm_pair p;
+  tl::cm_conn* out = nullptr;
+  const auto too_long = pattern(verbs::max_cm_connect_data + 1, 1);
+  BOOST_TEST(p.client->connect(p.address(), too_long.data(), too_long.size(), 5000, &out) ==
+             status::exceeds_limit);
+  BOOST_TEST(p.client->connect("not an address", nullptr, 0, 5000, &out) == status::invalid_addr);
+  std::unique_ptr<tl::cm> keyed;
+  cm_recorder ignored;
+  BOOST_TEST(p.component->open_cm(tl::cm_params{tl::options{}, "secret", &ignored}, keyed) == status::unsupported);
+  // The server holds the request without answering: the client times out.
+  BOOST_REQUIRE(p.client->connect(p.address(), nullptr, 0, 100, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.client_events.failures.size() == 1; }));
+  BOOST_TEST(p.client_events.failures[0] == status::endpoint_timeout);
+  BOOST_REQUIRE(p.server_events.requests.size() == 1u);
+  const auto reply_too_long = pattern(verbs::max_cm_accept_data + 1, 2);
+  BOOST_TEST(p.server->accept(std::move(p.server_events.requests[0].conn), reply_too_long.data(),
+                              reply_too_long.size(), 5000, nullptr) == status::exceeds_limit);
+}
+
+BOOST_AUTO_TEST_CASE(cm_refuses_a_request_without_valid_private_data_and_keeps_serving) {
+  cm_pair p;
+  // A raw rdmacm client on the test device sends private data that is not ours.
+  const comm::verbs::api& t = td::table();
+  rdma_event_channel* channel = t.create_event_channel();
+  rdma_cm_id* id = nullptr;
+  BOOST_REQUIRE(t.create_id(channel, &id, nullptr, RDMA_PS_TCP) == 0);
+  sockaddr_storage target{};
+  BOOST_REQUIRE(verbs::parse_address(p.address(), &target));
+  BOOST_REQUIRE(t.resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&target), 1000) == 0);
+  auto next_event = [&]() {
+    rdma_cm_event* event = nullptr;
+    BOOST_REQUIRE(t.get_cm_event(channel, &event) == 0);
+    const rdma_cm_event_type type = event->event;
+    t.ack_cm_event(event);
+    return type;
+  };
+  BOOST_REQUIRE(next_event() == RDMA_CM_EVENT_ADDR_RESOLVED);
+  BOOST_REQUIRE(t.resolve_route(id, 1000) == 0);
+  BOOST_REQUIRE(next_event() == RDMA_CM_EVENT_ROUTE_RESOLVED);
+  const uint8_t garbage[20] = {0xde, 0xad, 0xbe, 0xef, 200};
+  rdma_conn_param param{};
+  param.private_data = garbage;
+  param.private_data_len = sizeof(garbage);
+  param.qp_num = 1;
+  BOOST_REQUIRE(t.connect(id, &param) == 0);
+  for (int i = 0; i < 100; ++i) p.server->progress();
+  BOOST_TEST(next_event() == RDMA_CM_EVENT_REJECTED);
+  BOOST_TEST(p.server_events.requests.empty(), "nothing reached the handler");
+  t.destroy_id(id);
+  t.destroy_event_channel(channel);
+  // A good client still gets through.
+  tl::cm_conn* out = nullptr;
+  BOOST_REQUIRE(p.client->connect(p.address(), nullptr, 0, 5000, &out) == status::ok);
+  BOOST_REQUIRE(p.run_until([&] { return p.server_events.requests.size() == 1; }));
+}
+
+// -- faults ---------------------------------------------------------------------------------------
+
+namespace {
+
+/// Waits until a's error handler was told once, then checks it stays once.
+void expect_one_failure(two_sides& s, status reason) {
+  BOOST_REQUIRE_MESSAGE(progress_until({s.a.get(), s.b.get()},
+                                       [&] { return !s.failures_a.entries.empty(); }),
+                        "the error handler was never called");
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_REQUIRE(s.failures_a.entries.size() == 1u);
+  BOOST_TEST(s.failures_a.entries[0].ep == s.ab.get());
+  BOOST_TEST(s.failures_a.entries[0].reason == reason);
+}
+
+/// Starts a read that stays in flight (responses held) and a zcopy behind it.
+struct outstanding_ops {
+  std::vector<uint8_t> local = std::vector<uint8_t>(256);
+  std::vector<uint8_t> payload = pattern(200, 4);
+  completion_probe read;
+  completion_probe send;
+  explicit outstanding_ops(two_sides& s, remote_buffer& remote) {
+    td::hold_read_responses(true);
+    tl::iov into{local.data(), local.size()};
+    BOOST_REQUIRE(s.ab->get_zcopy(&into, 1, remote.address(), remote.key, &read) ==
+                  status::in_progress);
+    tl::iov from{payload.data(), payload.size()};
+    BOOST_REQUIRE(s.ab->am_zcopy(3, nullptr, 0, &from, 1, &send) == status::in_progress);
+  }
+  ~outstanding_ops() { td::hold_read_responses(false); }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(retry_exceeded_fails_the_operation_and_the_endpoint_with_a_timeout) {
+  two_sides s;
+  BOOST_REQUIRE(td::fail_next_send(conn_of(*s.ab).qp()) == 0);
+  const auto payload = pattern(100, 1);
+  tl::iov iov{payload.data(), payload.size()};
+  completion_probe first;
+  completion_probe second;
+  BOOST_REQUIRE(s.ab->am_zcopy(3, nullptr, 0, &iov, 1, &first) == status::in_progress);
+  BOOST_REQUIRE(s.ab->am_zcopy(3, nullptr, 0, &iov, 1, &second) == status::in_progress);
+  expect_one_failure(s, status::endpoint_timeout);
+  BOOST_TEST(first.calls == 1);
+  BOOST_TEST(first.result == status::endpoint_timeout);
+  BOOST_TEST(second.calls == 1);
+  BOOST_TEST(second.result == status::endpoint_timeout);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::endpoint_timeout);
+  BOOST_TEST(s.ab->flush(nullptr) == status::endpoint_timeout);
+  BOOST_TEST(s.at_b.messages.empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_qp_moved_to_error_fails_everything_outstanding) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  outstanding_ops ops(s, remote);
+  completion_probe flushed;
+  BOOST_REQUIRE(s.ab->flush(&flushed) == status::in_progress);
+  BOOST_REQUIRE(td::fail_qp(conn_of(*s.ab).qp()) == 0);
+  expect_one_failure(s, status::io_error);
+  BOOST_TEST(ops.read.calls == 1);
+  BOOST_TEST(ops.read.result == status::io_error);
+  BOOST_TEST(ops.send.calls == 1);
+  BOOST_TEST(flushed.calls == 1, "a flush under way does not hang");
+  BOOST_TEST(flushed.result == status::io_error);
+}
+
+BOOST_AUTO_TEST_CASE(a_cq_overrun_fails_the_endpoints_on_it) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  outstanding_ops ops(s, remote);
+  auto& a = static_cast<verbs::verbs_iface&>(*s.a);
+  BOOST_REQUIRE(td::overrun_cq(a.completion_queue()) == 0);
+  expect_one_failure(s, status::io_error);
+  BOOST_TEST(ops.read.calls == 1);
+  BOOST_TEST(ops.read.result == status::io_error);
+  BOOST_TEST(ops.send.calls == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_peer_process_that_exits_resets_the_endpoint) {
+  two_sides s;
+  remote_buffer remote(*s.b, *s.a, 4096);
+  outstanding_ops ops(s, remote);
+  BOOST_REQUIRE(td::peer_gone("testdev1", td::peer_failure::process_exit) == 0);
+  expect_one_failure(s, status::connection_reset);
+  BOOST_TEST(ops.read.calls == 1);
+  BOOST_TEST(ops.read.result == status::connection_reset);
+  BOOST_TEST(ops.send.calls == 1);
+  BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::connection_reset);
+}
+
+BOOST_AUTO_TEST_CASE(a_lost_peer_host_is_noticed_by_retries_on_the_next_send) {
+  two_sides s;
+  BOOST_REQUIRE(td::peer_gone("testdev1", td::peer_failure::host_lost) == 0);
+  progress_for({s.a.get()}, 20ms);
+  BOOST_TEST(s.failures_a.entries.empty(), "nothing announced the loss");
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "anyone?", 7) == status::ok);
+  expect_one_failure(s, status::endpoint_timeout);
+  BOOST_TEST(td::stats().ack_timeouts > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(the_error_handler_may_destroy_the_endpoint) {
+  two_sides s;
+  struct destroyer {
+    std::unique_ptr<tl::ep>* ep;
+    int calls = 0;
+  } d{&s.ab};
+  s.a->set_error_handler(
+      [](void* arg, tl::ep*, status) {
+        auto* self = static_cast<destroyer*>(arg);
+        ++self->calls;
+        self->ep->reset();
+      },
+      &d);
+  BOOST_REQUIRE(td::fail_qp(conn_of(*s.ab).qp()) == 0);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return d.calls == 1; }));
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(d.calls == 1);
+  BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.a).connections() == 0u);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] {
+    return static_cast<verbs::verbs_iface&>(*s.b).connections() == 0;
+  }));
+  // A new endpoint to the same peer works.
+  s.ab = s.connect(*s.a, *s.b);
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "again", 5) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+}
+
+// -- hostile peers --------------------------------------------------------------------------------
+
+namespace {
+
+/// A peer written by hand against the test device's table: it connects to an interface's
+/// listener with whatever handshake it likes, then posts whatever SENDs it likes.
+struct raw_peer {
+  const comm::verbs::api& t = td::table();
+  ibv_context* ctx;
+  comm::test::verbs::endpoint e;
+  rdma_event_channel* channel = nullptr;
+  rdma_cm_id* id = nullptr;
+
+  explicit raw_peer(const std::string& device) : ctx(comm::test::verbs::open_device(t, device)) {
+    comm::test::verbs::build(t, e, ctx);
+    BOOST_REQUIRE(comm::test::verbs::to_init(t, e) == 0);
+    channel = t.create_event_channel();
+    BOOST_REQUIRE(t.create_id(channel, &id, nullptr, RDMA_PS_TCP) == 0);
+  }
+  ~raw_peer() {
+    t.destroy_id(id);
+    t.destroy_event_channel(channel);
+    e.release();
+    t.close_device(ctx);
+  }
+
+  /// The next rdmacm event (waits up to 5 s while `iface` progresses), with its private data.
+  rdma_cm_event_type next_event(tl::iface& iface, std::vector<uint8_t>* data = nullptr) {
+    rdma_cm_event_type type = RDMA_CM_EVENT_TIMEWAIT_EXIT;
+    const bool got = progress_until({&iface}, [&] {
+      if (!comm::test::verbs::readable(channel->fd)) return false;
+      rdma_cm_event* event = nullptr;
+      if (t.get_cm_event(channel, &event) != 0) return false;
+      type = event->event;
+      const auto* p = static_cast<const uint8_t*>(event->param.conn.private_data);
+      if (data != nullptr && p != nullptr) data->assign(p, p + event->param.conn.private_data_len);
+      t.ack_cm_event(event);
+      return true;
+    }, 5s);
+    BOOST_REQUIRE_MESSAGE(got, "no rdmacm event");
+    return type;
+  }
+
+  /// Resolves the listener of `iface` and connects with `handshake_bytes`.
+  void connect(tl::iface& iface, const void* handshake_bytes, uint8_t length) {
+    verbs::iface_address_record rec;
+    BOOST_REQUIRE(verbs::parse_iface_address(iface.iface_address(), &rec));
+    sockaddr_storage target{};
+    std::memcpy(&target, &rec.listener, sizeof(rec.listener));
+    BOOST_REQUIRE(t.resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&target), 1000) == 0);
+    BOOST_REQUIRE(next_event(iface) == RDMA_CM_EVENT_ADDR_RESOLVED);
+    BOOST_REQUIRE(t.resolve_route(id, 1000) == 0);
+    BOOST_REQUIRE(next_event(iface) == RDMA_CM_EVENT_ROUTE_RESOLVED);
+    rdma_conn_param param{};
+    param.private_data = handshake_bytes;
+    param.private_data_len = length;
+    param.qp_num = e.qp->qp_num;
+    param.responder_resources = 4;
+    param.initiator_depth = 4;
+    BOOST_REQUIRE(t.connect(id, &param) == 0);
+  }
+
+  /// A handshake as the transport would send it for this peer's QP.
+  verbs::handshake good_handshake() {
+    const auto address = comm::test::verbs::port_address(t, ctx, 1);
+    verbs::handshake h;
+    h.magic = verbs::handshake_magic;
+    h.version = verbs::handshake_version;
+    h.length = sizeof(h);
+    h.qp_num = e.qp->qp_num;
+    h.psn = 0;
+    h.rd_atom = 4;
+    h.mtu = IBV_MTU_1024;
+    std::memcpy(h.gid, address.gid.raw, sizeof(h.gid));
+    h.iface_id = 42;
+    h.credits = 8;
+    h.link_layer = IBV_LINK_LAYER_ETHERNET;
+    return h;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_handshake_that_is_not_one_is_rejected) {
+  two_sides s(small_config(), {td::roce_device("testdev0", "10.0.0.1"),
+                               td::roce_device("testdev1", "10.0.0.2"),
+                               td::roce_device("testdev2", "10.0.0.3")});
+  {
+    raw_peer peer("testdev2");
+    verbs::handshake h = peer.good_handshake();
+    h.qp_num = 0x1000000;  // beyond 24 bits
+    peer.connect(*s.b, &h, sizeof(h));
+    BOOST_TEST(peer.next_event(*s.b) == RDMA_CM_EVENT_REJECTED);
+  }
+  BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.b).connections() == 1u);
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "still", 5) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+}
+
+BOOST_AUTO_TEST_CASE(a_peer_sending_garbage_loses_its_connection_and_nobody_else_does) {
+  two_sides s(small_config(), {td::roce_device("testdev0", "10.0.0.1"),
+                               td::roce_device("testdev1", "10.0.0.2"),
+                               td::roce_device("testdev2", "10.0.0.3")});
+  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
+  {
+    raw_peer peer("testdev2");
+    const verbs::handshake h = peer.good_handshake();
+    peer.connect(*s.b, &h, sizeof(h));
+    std::vector<uint8_t> data;
+    BOOST_REQUIRE(peer.next_event(*s.b, &data) == RDMA_CM_EVENT_CONNECT_RESPONSE);
+    verbs::handshake reply;
+    BOOST_REQUIRE(verbs::parse_handshake(data.data(), data.size(), &reply));
+    BOOST_TEST(uint16_t{reply.credits} == small_config().credits);
+    // Connect the raw QP to the interface's, as the handshake says.
+    ibv_qp_attr rtr{};
+    rtr.qp_state = IBV_QPS_RTR;
+    rtr.path_mtu = IBV_MTU_1024;
+    rtr.dest_qp_num = reply.qp_num;
+    rtr.rq_psn = reply.psn;
+    rtr.max_dest_rd_atomic = 4;
+    rtr.min_rnr_timer = 1;
+    rtr.ah_attr.port_num = 1;
+    rtr.ah_attr.is_global = 1;
+    std::memcpy(rtr.ah_attr.grh.dgid.raw, reply.gid, 16);
+    rtr.ah_attr.grh.sgid_index =
+        static_cast<uint8_t>(comm::test::verbs::port_address(peer.t, peer.ctx, 1).gid_index);
+    rtr.ah_attr.grh.hop_limit = 64;
+    BOOST_REQUIRE(peer.t.modify_qp(peer.e.qp, &rtr,
+                                   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                       IBV_QP_MIN_RNR_TIMER) == 0);
+    BOOST_REQUIRE(comm::test::verbs::to_rts(peer.t, peer.e, 0) == 0);
+    BOOST_REQUIRE(peer.t.establish(peer.id) == 0);
+    BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == 2; }));
+    // A valid message first: delivered.
+    verbs::message_header good;
+    good.am_id = 3;
+    good.kind = static_cast<uint8_t>(verbs::message_kind::am);
+    uint8_t bytes[16] = {};
+    std::memcpy(bytes, &good, sizeof(good));
+    BOOST_REQUIRE(comm::test::verbs::post(peer.t, peer.e.qp, IBV_WR_SEND,
+                                          {ibv_sge{reinterpret_cast<uintptr_t>(bytes), 16, 0}}, 1,
+                                          IBV_SEND_INLINE) == 0);
+    BOOST_REQUIRE(s.deliver_to_b(1));
+    // Then 4 bytes, shorter than any header: the connection is closed, b keeps running.
+    BOOST_REQUIRE(comm::test::verbs::post(peer.t, peer.e.qp, IBV_WR_SEND,
+                                          {ibv_sge{reinterpret_cast<uintptr_t>(bytes), 4, 0}}, 2,
+                                          IBV_SEND_INLINE) == 0);
+    BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == 1; }));
+    BOOST_TEST(peer.next_event(*s.b) == RDMA_CM_EVENT_DISCONNECTED);
+  }
+  BOOST_TEST(s.failures_b.entries.empty(), "no endpoint of b was involved");
+  BOOST_TEST(b.rx_posted() == small_config().rx_buffers, "every receive buffer went back");
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "still", 5) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(2));
+}
+
+BOOST_AUTO_TEST_CASE(a_connection_is_not_shared_before_both_sides_are_established) {
+  two_sides s;
+  auto c = s.open("testdev0:1");
+  recorder at_c;
+  at_c.install(*c, 3);
+  std::unique_ptr<tl::ep> cb;
+  BOOST_REQUIRE(c->create_ep(s.b->device_address(), s.b->iface_address(), cb) == status::ok);
+  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
+  // c sends its request; b accepts it, but c has not read the answer yet.
+  const size_t before = b.connections();
+  for (int i = 0; i < 64; ++i) c->progress();
+  BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == before + 1; }));
+  // b's endpoint towards c must not use that connection yet: c's QP cannot answer.
+  std::unique_ptr<tl::ep> bc;
+  BOOST_REQUIRE(s.b->create_ep(c->device_address(), c->iface_address(), bc) == status::ok);
+  BOOST_REQUIRE(progress_until({s.b.get(), c.get()}, [&] {
+    return bc->am_short(3, nullptr, 0, "early", 5) == status::ok;
+  }));
+  BOOST_REQUIRE(progress_until({s.b.get(), c.get()}, [&] { return at_c.messages.size() == 1; }));
+  BOOST_TEST(td::stats().ack_timeouts == 0u, "no request went to a QP that could not answer");
+  bc.reset();
+  cb.reset();
+  c.reset();
+}
