@@ -496,6 +496,39 @@ BOOST_AUTO_TEST_CASE(durations_of_unknown_units_are_refused) {
   BOOST_TEST(static_cast<bool>(read_reason_payload(&ctx, reason.data(), reason.size(), read_back)));
 }
 
+BOOST_AUTO_TEST_CASE(durations_inside_stream_messages_are_refused) {
+  // CAF's stream handshake and stream frames carry a message or an error too, and an actor that
+  // does not stream prints an open_stream_msg it receives (print_and_drop), nested message and all.
+  const caf::duration bad{static_cast<caf::time_unit>(0x7ffffff0), 5};
+  const caf::duration good{caf::time_unit::milliseconds, 5};
+  const auto in_error = [](const caf::duration& d) {
+    return caf::make_error(caf::sec::runtime_error, caf::make_message(d));
+  };
+  const auto open = [](const caf::duration& d) {
+    return caf::make_message(caf::open_stream_msg{caf::stream_slot{1}, caf::make_message(d),
+                                                  nullptr, nullptr, caf::stream_priority::normal});
+  };
+  const auto batch = [](const caf::duration& d) {
+    return caf::make_message(caf::downstream_msg{
+        caf::stream_slots{1, 2}, nullptr, caf::downstream_msg::batch{1, caf::make_message(d), 1}});
+  };
+  const auto closed = [&](const caf::duration& d) {
+    return caf::make_message(caf::downstream_msg{caf::stream_slots{1, 2}, nullptr,
+                                                 caf::downstream_msg::forced_close{in_error(d)}});
+  };
+  const auto dropped = [&](const caf::duration& d) {
+    return caf::make_message(caf::upstream_msg{caf::stream_slots{1, 2}, nullptr,
+                                               caf::upstream_msg::forced_drop{in_error(d)}});
+  };
+  caf::message back;
+  for (const caf::message& fine : {open(good), batch(good), closed(good), dropped(good)}) {
+    BOOST_TEST(read(written_by_caf(fine), {}, 1, back));
+  }
+  for (const caf::message& forged : {open(bad), batch(bad), closed(bad), dropped(bad)}) {
+    BOOST_TEST(!read(written_by_caf(forged), {}, 1, back));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(every_truncation_and_a_wrong_count_are_errors) {
   const caf::message msg = plain_message();
   const auto whole = written_by_caf(msg);

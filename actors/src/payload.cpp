@@ -5,11 +5,13 @@
 #include <caf/actor_system.hpp>
 #include <caf/detail/dynamic_message_data.hpp>
 #include <caf/detail/ieee_754.hpp>
+#include <caf/downstream_msg.hpp>
 #include <caf/duration.hpp>
-#include <caf/exit_reason.hpp>
 #include <caf/sec.hpp>
 #include <caf/system_messages.hpp>
+#include <caf/type_nr.hpp>
 #include <caf/uniform_type_info_map.hpp>
+#include <caf/upstream_msg.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -287,22 +289,48 @@ caf::message context_of(const caf::error& err) {
   return err ? err.context() : caf::message{};
 }
 
-/// Adds the message inside element `i` of `msg` to `todo` when it holds one (a nested message, an
-/// error's context, a down or exit reason's context).
+/// Adds the messages inside element `i` of `msg` to `todo` (a nested message, an error's context,
+/// a down or exit reason's context, what a stream handshake or stream frame carries): CAF prints
+/// them with the element.
 /// @returns false for a caf::duration whose unit CAF 0.17.6 cannot print: to_string indexes its
 /// table of unit names with it, and CAF prints every message an actor does not expect
 bool check_element(const caf::message& msg, size_t i, std::vector<caf::message>& todo) {
-  if (msg.match_element<caf::duration>(i)) {
-    return msg.get_as<caf::duration>(i).unit <= caf::time_unit::nanoseconds;
-  }
-  if (msg.match_element<caf::message>(i)) {
-    todo.push_back(msg.get_as<caf::message>(i));
-  } else if (msg.match_element<caf::error>(i)) {
-    todo.push_back(context_of(msg.get_as<caf::error>(i)));
-  } else if (msg.match_element<caf::down_msg>(i)) {
-    todo.push_back(context_of(msg.get_as<caf::down_msg>(i).reason));
-  } else if (msg.match_element<caf::exit_msg>(i)) {
-    todo.push_back(context_of(msg.get_as<caf::exit_msg>(i).reason));
+  switch (msg.type(i).first) {
+    case caf::type_nr<caf::duration>::value:
+      return msg.get_as<caf::duration>(i).unit <= caf::time_unit::nanoseconds;
+    case caf::type_nr<caf::message>::value:
+      todo.push_back(msg.get_as<caf::message>(i));
+      break;
+    case caf::type_nr<caf::error>::value:
+      todo.push_back(context_of(msg.get_as<caf::error>(i)));
+      break;
+    case caf::type_nr<caf::down_msg>::value:
+      todo.push_back(context_of(msg.get_as<caf::down_msg>(i).reason));
+      break;
+    case caf::type_nr<caf::exit_msg>::value:
+      todo.push_back(context_of(msg.get_as<caf::exit_msg>(i).reason));
+      break;
+    case caf::type_nr<caf::open_stream_msg>::value:
+      todo.push_back(msg.get_as<caf::open_stream_msg>(i).msg);
+      break;
+    case caf::type_nr<caf::downstream_msg>::value: {
+      const auto& content = msg.get_as<caf::downstream_msg>(i).content;
+      if (const auto* batch = caf::get_if<caf::downstream_msg::batch>(&content)) {
+        todo.push_back(batch->xs);
+      } else if (const auto* closed = caf::get_if<caf::downstream_msg::forced_close>(&content)) {
+        todo.push_back(context_of(closed->reason));
+      }
+      break;
+    }
+    case caf::type_nr<caf::upstream_msg>::value: {
+      const auto& content = msg.get_as<caf::upstream_msg>(i).content;
+      if (const auto* dropped = caf::get_if<caf::upstream_msg::forced_drop>(&content)) {
+        todo.push_back(context_of(dropped->reason));
+      }
+      break;
+    }
+    default:
+      break;
   }
   return true;
 }
