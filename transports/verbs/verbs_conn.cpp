@@ -185,8 +185,14 @@ uint16_t verbs_conn::take_credits_to_return() {
   return static_cast<uint16_t>(n);
 }
 
+uint32_t verbs_conn::grant_threshold() const { return std::max(1u, owner_.config().credits / 2u); }
+
 bool verbs_conn::grant_due() const {
-  return state_ == conn_state::ready && rx_to_return_ >= std::max(1u, owner_.config().credits / 2u);
+  return state_ == conn_state::ready && rx_to_return_ >= grant_threshold();
+}
+
+void verbs_conn::receive_reposted() {
+  if (++rx_to_return_ >= grant_threshold()) owner_.watch(*this);
 }
 
 status verbs_conn::send_grant() {
@@ -219,6 +225,10 @@ status verbs_conn::send_grant() {
 
 bool verbs_conn::pending_can_run() const {
   return !pending.empty() && state_ == conn_state::ready && sq_free_ != 0 && tx_credits_ != 0;
+}
+
+bool verbs_conn::needs_watching() const {
+  return state_ != conn_state::failed && (rx_to_return_ >= grant_threshold() || !pending.empty());
 }
 
 }  // namespace comm::verbs

@@ -75,6 +75,8 @@ public:
   uint32_t psn() const { return psn_; }
   /// The endpoint using it, or null.
   verbs_ep* ep = nullptr;
+  /// On its interface's watch list (progress() looks at it for grants and parked operations).
+  bool watched = false;
 
   /// The peer's handshake arrived and the QP is connected. Returns 0 or the errno of the QP
   /// transition.
@@ -116,8 +118,9 @@ public:
   void send_completed(uint64_t seq, ibv_wc_status st);
   /// The peer returned `n` credits.
   void add_credits(uint16_t n) { tx_credits_ += n; }
-  /// One of this connection's receive buffers was reposted: a credit to return.
-  void receive_reposted() { ++rx_to_return_; }
+  /// One of this connection's receive buffers was reposted: a credit to return (watched once a
+  /// grant is due).
+  void receive_reposted();
   /// Credits to return now (piggy-backed or in a grant); resets the count.
   uint16_t take_credits_to_return();
   /// True when enough credits wait to justify an explicit grant.
@@ -126,6 +129,8 @@ public:
   status send_grant();
   /// True when parked operations may be able to run now.
   bool pending_can_run() const;
+  /// True while it has a grant to send or parked operations, and has not failed.
+  bool needs_watching() const;
   /// Explicit grants sent so far.
   uint64_t grants_sent() const { return grants_sent_; }
 
@@ -136,6 +141,8 @@ private:
   void complete_until(uint64_t seq, status st);
   void complete_entry(tx_entry& e, status st);
   bool wants_signal(const tx_request& req) const;
+  /// Credits waiting to be returned that justify an explicit grant.
+  uint32_t grant_threshold() const;
 
   verbs_iface& owner_;
   uint64_t serial_;

@@ -73,6 +73,8 @@ public:
   uint32_t max_inline() const { return max_inline_; }
   /// Schedules the error handler for `c`'s endpoint (called from progress, never re-entrantly).
   void report_failure(verbs_conn& c);
+  /// Has progress() look at `c` for a grant and parked operations until it needs neither.
+  void watch(verbs_conn& c);
   /// Closes `c` now, or at the end of the current progress() call.
   void close_conn(verbs_conn& c);
   /// Creates an RC QP on this interface's PD, CQ and SRQ, moved to INIT; null on failure.
@@ -113,8 +115,7 @@ private:
   void send_connect(verbs_conn& c);
   unsigned poll_async_events();
   void handle_async_event(const ibv_async_event& event);
-  unsigned dispatch_pending();
-  void send_grants();
+  unsigned serve_watched();
   void report_failures();
   void reap_closed();
   void fail_all(status reason);
@@ -174,7 +175,7 @@ private:
   std::unordered_map<rdma_cm_id*, verbs_conn*> by_id_;
   std::vector<uint64_t> failed_;  // serials whose failure is still to be reported
   std::vector<uint64_t> closing_; // serials to destroy at the end of progress()
-  std::vector<uint64_t> ready_;   // serials whose pending queues may run (reused)
+  std::vector<uint64_t> watched_; // serials with a grant due or parked operations
   uint64_t next_serial_ = 1;
   uint32_t next_psn_ = 0;
   uint64_t dropped_ = 0;
