@@ -476,6 +476,29 @@ BOOST_AUTO_TEST_CASE(send_slots_run_out_before_credits_with_a_short_send_queue) 
   BOOST_REQUIRE(s.deliver_to_b(sent + 1));
 }
 
+BOOST_AUTO_TEST_CASE(bcopy_bursts_on_many_connections_never_strand_every_send_buffer) {
+  // bcopy sends go unsignaled (every 16th of a 32-entry queue is signaled): their send buffers come
+  // back with a later signaled completion. Three connections could then hold 3 x 15 of the 32
+  // buffers with no completion coming; once half are taken, a send holding one is signaled.
+  two_sides s;
+  std::unique_ptr<tl::ep> more[2] = {s.connect(*s.a, *s.b), s.connect(*s.a, *s.b)};
+  tl::ep* eps[3] = {s.ab.get(), more[0].get(), more[1].get()};
+  BOOST_REQUIRE(&conn_of(*eps[1]) != &conn_of(*eps[2]));
+  constexpr unsigned per_ep = 200;
+  unsigned sent[3] = {};
+  bcopy_source source{pattern(64, 7)};
+  const bool all_sent = progress_until({s.a.get(), s.b.get()}, [&] {
+    for (int i = 0; i < 3; ++i) {
+      if (sent[i] < per_ep && eps[i]->am_bcopy(3, &bcopy_source::pack, &source) > 0) ++sent[i];
+    }
+    return sent[0] == per_ep && sent[1] == per_ep && sent[2] == per_ep;
+  });
+  BOOST_TEST(all_sent, "sent " << sent[0] << ", " << sent[1] << ", " << sent[2] << " of " << per_ep);
+  BOOST_REQUIRE(s.deliver_to_b(3 * per_ep));
+  BOOST_TEST(s.at_b.messages.size() == 3 * per_ep);
+  BOOST_TEST(s.at_b.messages.back() == source.bytes);
+}
+
 // -- RDMA, fence, flush -------------------------------------------------------------------------
 
 namespace {

@@ -103,8 +103,9 @@ status verbs_conn::can_post(bool needs_credit) const {
 }
 
 bool verbs_conn::wants_signal(const tx_request& req) const {
-  return req.signal || req.comp != nullptr || req.buffer >= 0 || req.pins.count != 0 ||
-         req.wr.opcode == IBV_WR_RDMA_READ || unsignaled_ + 1 >= owner_.config().tx_queue / 2;
+  return req.signal || req.comp != nullptr || req.pins.count != 0 ||
+         req.wr.opcode == IBV_WR_RDMA_READ || (req.buffer >= 0 && owner_.tx_buffers_low()) ||
+         unsignaled_ + 1 >= owner_.config().tx_queue / 2;
 }
 
 status verbs_conn::post(tx_request& req) {

@@ -63,6 +63,9 @@ public:
   verbs_md& md() { return *md_; }
   /// A free send buffer, or -1 when all are in use.
   int32_t take_tx_buffer();
+  /// True when fewer than half the send buffers are free: a send holding one then asks for a
+  /// completion, so the buffers held behind unsignaled sends can never be all of them.
+  bool tx_buffers_low() const { return free_tx_.size() < config_.tx_buffers / 2; }
   /// Returns a send buffer.
   void return_tx_buffer(int32_t index) { free_tx_.push_back(index); }
   /// Address of send buffer `index`.
