@@ -92,6 +92,10 @@ public:
   ibv_cq* completion_queue() const { return cq_; }
   /// Receive buffers posted on the shared receive queue now.
   size_t rx_posted() const { return rx_posted_; }
+  /// Send buffers free now (for tests).
+  size_t tx_buffers_free() const { return free_tx_.size(); }
+  /// Connections progress() looks at for a grant or parked operations (for tests).
+  size_t watched_connections() const { return watched_.size(); }
 
 private:
   bool open_device();

@@ -285,6 +285,12 @@ counters stats() {
   return f ? f->stats : counters{};
 }
 
+uint64_t send_completions(ibv_qp* handle) {
+  locked_fabric f;
+  const qp_obj* qp = f ? find(f->qps, handle) : nullptr;
+  return qp != nullptr ? qp->send_cqes : 0;
+}
+
 int fail_next_send(ibv_qp* handle, ibv_wc_status status) {
   locked_fabric f;
   qp_obj* qp = f ? find(f->qps, handle) : nullptr;
