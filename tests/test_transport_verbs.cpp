@@ -763,6 +763,23 @@ BOOST_AUTO_TEST_CASE(a_fence_keeps_a_put_behind_an_earlier_get) {
   BOOST_TEST(std::memcmp(remote.bytes.data(), overwrite.data(), 256) == 0);
 }
 
+BOOST_AUTO_TEST_CASE(flush_of_an_endpoint_still_connecting_is_done_at_once) {
+  two_sides s;
+  std::unique_ptr<tl::ep> fresh;
+  BOOST_REQUIRE(s.a->create_ep(s.b->device_address(), s.b->iface_address(), fresh) == status::ok);
+  BOOST_REQUIRE(conn_of(*fresh).state() == verbs::conn_state::connecting);
+  // Nothing can have been started on it: there is nothing to wait for, and no completion comes.
+  completion_probe untouched;
+  BOOST_TEST(fresh->flush(&untouched) == status::ok);
+  BOOST_TEST(fresh->flush(nullptr) == status::ok);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] {
+    return conn_of(*fresh).state() != verbs::conn_state::connecting;
+  }));
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(untouched.calls == 0);
+  BOOST_TEST(fresh->flush(nullptr) == status::ok);
+}
+
 BOOST_AUTO_TEST_CASE(flush_completes_after_everything_before_it) {
   two_sides s;
   remote_buffer remote(*s.b, *s.a, 4096);

@@ -56,15 +56,7 @@ int verbs_conn::connected(const handshake& peer) {
 
 void verbs_conn::established() {
   established_ = true;
-  if (state_ != conn_state::connecting) return;
-  state_ = conn_state::ready;
-  finish_connecting_flushes(status::ok);
-}
-
-void verbs_conn::finish_connecting_flushes(status st) {
-  std::vector<tl::completion*> waiting;
-  waiting.swap(flushes_while_connecting_);
-  for (tl::completion* comp : waiting) tl::complete(comp, st);
+  if (state_ == conn_state::connecting) state_ = conn_state::ready;
 }
 
 void verbs_conn::fail(status reason) {
@@ -86,7 +78,6 @@ void verbs_conn::abort_operations(status reason) {
     outstanding_.pop_front();
     complete_entry(e, reason);
   }
-  finish_connecting_flushes(reason);
 }
 
 void verbs_conn::disconnect() {
@@ -135,12 +126,8 @@ status verbs_conn::post(tx_request& req) {
 
 status verbs_conn::flush(tl::completion* comp) {
   if (state_ == conn_state::failed) return failure_;
-  if (outstanding_.empty() && state_ == conn_state::ready) return status::ok;
-  if (state_ == conn_state::connecting && comp != nullptr) {
-    flushes_while_connecting_.push_back(comp);
-    return status::in_progress;
-  }
-  if (state_ != conn_state::ready) return status::no_resource;
+  // Nothing is posted before the connection is ready: while connecting, nothing was started.
+  if (outstanding_.empty()) return status::ok;
   // Unsignaled sends leave the queue only behind a signaled one: post one if none follows them.
   if (comp == nullptr && (unsignaled_ == 0 || sq_free_ == 0)) return status::in_progress;
   if (sq_free_ == 0) return status::no_resource;

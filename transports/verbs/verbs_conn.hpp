@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <vector>
 
 namespace comm::verbs {
 
@@ -98,7 +97,8 @@ public:
   /// Posts `req` (can_post() was ok); ok, or the failure status when the post failed.
   status post(tx_request& req);
   /// Posts a signaled zero-length RDMA WRITE if the last request was unsignaled, so that `comp`
-  /// (may be null) is told when every operation so far is done. ok when none are outstanding.
+  /// (may be null) is told when every operation so far is done. ok when none are outstanding
+  /// (always so while connecting: nothing can be posted before).
   status flush(tl::completion* comp);
   /// The next request waits for every RDMA READ before it.
   void fence() { fence_next_ = true; }
@@ -136,8 +136,6 @@ public:
 
 private:
   void abort_operations(status reason);
-  /// Completes the flushes asked for while connecting with `st`.
-  void finish_connecting_flushes(status st);
   void complete_until(uint64_t seq, status st);
   void complete_entry(tx_entry& e, status st);
   bool wants_signal(const tx_request& req) const;
@@ -166,7 +164,6 @@ private:
   bool fence_next_ = false;
   uint64_t grants_sent_ = 0;
   std::deque<tx_entry> outstanding_;
-  std::vector<tl::completion*> flushes_while_connecting_;  ///< done once established (or failed)
 };
 
 /// The status of a failed work completion.
