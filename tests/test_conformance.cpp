@@ -511,13 +511,19 @@ BOOST_DATA_TEST_CASE(zcopy_completes_only_once_the_peer_holds_the_data, each_tra
   BOOST_REQUIRE((st == status::ok || st == status::in_progress));
   if (st == status::in_progress) {
     BOOST_TEST(ep->flush(&flushed) == status::in_progress);
-    // The sender alone cannot finish it: nobody has taken the data yet.
-    progress_rounds({sender.get()}, 1000);
-    BOOST_TEST(done.calls == 0);
-    BOOST_TEST(flushed.calls == 0);
-    BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] { return done.calls == 1; }));
-    BOOST_TEST(progress_until({sender.get()}, [&] { return flushed.calls == 1; }));
-    BOOST_TEST(!completed_before_delivery);
+    if (comm::test::acknowledged_by_device(transport)) {
+      // The peer's device takes the data: the sender alone finishes (checked below: it is there).
+      BOOST_TEST(progress_until({sender.get()}, [&] { return flushed.calls == 1; }));
+    } else {
+      // The sender alone cannot finish it: nobody has taken the data yet.
+      progress_rounds({sender.get()}, 1000);
+      BOOST_TEST(done.calls == 0);
+      BOOST_TEST(flushed.calls == 0);
+      BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] { return done.calls == 1; }));
+      BOOST_TEST(progress_until({sender.get()}, [&] { return flushed.calls == 1; }));
+      BOOST_TEST(!completed_before_delivery);
+    }
+    BOOST_TEST(done.calls == 1);
     BOOST_TEST(!flushed_before_done);
     BOOST_TEST(done.result == status::ok);
     BOOST_TEST(flushed.result == status::ok);
@@ -624,7 +630,10 @@ BOOST_DATA_TEST_CASE(a_put_before_a_fence_lands_before_a_message_after_it, each_
   const auto data = pattern(target.size(), 21);
   const tl::iov entry{data.data(), data.size()};
   completion_probe put;
-  const status st = ep->put_zcopy(&entry, 1, reinterpret_cast<uintptr_t>(target.data()), key, &put);
+  // A fresh endpoint may answer no_resource while its connection is set up.
+  const status st = retry_while_busy({sender.get(), receiver.get()}, [&] {
+    return ep->put_zcopy(&entry, 1, reinterpret_cast<uintptr_t>(target.data()), key, &put);
+  });
   BOOST_TEST((st == status::ok || st == status::in_progress));
   BOOST_TEST(ep->fence() == status::ok);
   BOOST_TEST(retry_while_busy({sender.get(), receiver.get()}, [&] {
@@ -833,11 +842,21 @@ BOOST_DATA_TEST_CASE(event_fd_wakes_a_sender_for_its_zcopy_completion, each_tran
   const status st = start_zcopy(*ep, 1, {}, {{data.data(), data.size()}}, done);
   BOOST_REQUIRE((st == status::ok || st == status::in_progress));
   if (st == status::ok) return;  // complete at once: nothing to wake for
-  progress_rounds({sender.get()}, 100);
-  BOOST_TEST(settle_and_arm({sender.get()}, *sender));
-  BOOST_TEST(progress_until({receiver.get()}, [&] { return got.size() == 2; }));
-  BOOST_TEST(readable(sender->event_fd(), 10000));
-  BOOST_TEST(progress_until({sender.get()}, [&] { return done.calls == 1; }));
+  if (comm::test::acknowledged_by_device(transport)) {
+    // Without the receiver: the completion is there when arming (busy), or it wakes the sender.
+    const status armed = sender->event_arm();
+    const bool told = armed == status::busy ||
+                      (armed == status::ok && readable(sender->event_fd(), 10000));
+    BOOST_TEST(told, "event_arm: " << armed);
+    BOOST_TEST(progress_until({sender.get()}, [&] { return done.calls == 1; }));
+    BOOST_TEST(progress_until({receiver.get()}, [&] { return got.size() == 2; }));
+  } else {
+    progress_rounds({sender.get()}, 100);
+    BOOST_TEST(settle_and_arm({sender.get()}, *sender));
+    BOOST_TEST(progress_until({receiver.get()}, [&] { return got.size() == 2; }));
+    BOOST_TEST(readable(sender->event_fd(), 10000));
+    BOOST_TEST(progress_until({sender.get()}, [&] { return done.calls == 1; }));
+  }
   BOOST_TEST(done.result == status::ok);
 }
 
@@ -895,7 +914,8 @@ BOOST_DATA_TEST_CASE(destroyed_peer_interface_fails_outstanding_operations, each
   // Without cap_peer_failure too, nothing outstanding is left hanging.
   if (st == status::in_progress) {
     BOOST_TEST(progress_until({survivor.get()}, [&] { return done.calls == 1; }));
-    BOOST_TEST(is_error(done.result));
+    // The peer's device may have taken it before the peer went.
+    if (!comm::test::acknowledged_by_device(transport)) BOOST_TEST(is_error(done.result));
   }
   if (flush == status::in_progress) {
     BOOST_TEST(progress_until({survivor.get()}, [&] { return flushed.calls == 1; }));

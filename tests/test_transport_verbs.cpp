@@ -476,6 +476,124 @@ BOOST_AUTO_TEST_CASE(send_slots_run_out_before_credits_with_a_short_send_queue) 
   BOOST_REQUIRE(s.deliver_to_b(sent + 1));
 }
 
+BOOST_AUTO_TEST_CASE(bcopy_bursts_on_many_connections_never_strand_every_send_buffer) {
+  // bcopy sends go unsignaled (every 16th of a 32-entry queue is signaled): their send buffers come
+  // back with a later signaled completion. Three connections could then hold 3 x 15 of the 32
+  // buffers with no completion coming; once half are taken, a send holding one is signaled.
+  two_sides s;
+  std::unique_ptr<tl::ep> more[2] = {s.connect(*s.a, *s.b), s.connect(*s.a, *s.b)};
+  tl::ep* eps[3] = {s.ab.get(), more[0].get(), more[1].get()};
+  BOOST_REQUIRE(&conn_of(*eps[1]) != &conn_of(*eps[2]));
+  constexpr unsigned per_ep = 200;
+  unsigned sent[3] = {};
+  bcopy_source source{pattern(64, 7)};
+  const bool all_sent = progress_until({s.a.get(), s.b.get()}, [&] {
+    for (int i = 0; i < 3; ++i) {
+      if (sent[i] < per_ep && eps[i]->am_bcopy(3, &bcopy_source::pack, &source) > 0) ++sent[i];
+    }
+    return sent[0] == per_ep && sent[1] == per_ep && sent[2] == per_ep;
+  });
+  BOOST_TEST(all_sent, "sent " << sent[0] << ", " << sent[1] << ", " << sent[2] << " of " << per_ep);
+  BOOST_REQUIRE(s.deliver_to_b(3 * per_ep));
+  BOOST_TEST(s.at_b.messages.size() == 3 * per_ep);
+  BOOST_TEST(s.at_b.messages.back() == source.bytes);
+}
+
+BOOST_AUTO_TEST_CASE(bcopy_sends_are_unsignaled_until_half_the_send_buffers_are_taken) {
+  // A send queue long enough that its every-tx_queue/2-th signal never comes into play, and
+  // credits for every send: only the send-buffer rule decides which bcopy sends are signaled.
+  verbs::verbs_config config = small_config();
+  config.tx_queue = 128;
+  config.credits = 32;
+  config.rx_buffers = 128;
+  two_sides s(config);
+  auto& a = static_cast<verbs::verbs_iface&>(*s.a);
+  ibv_qp* const qp = conn_of(*s.ab).qp();
+  const uint64_t before = td::send_completions(qp);
+  bcopy_source source{pattern(64, 9)};
+  // 24 sends take 24 of 32 buffers: the 17th and later find fewer than 16 free and are signaled.
+  for (unsigned i = 0; i < 24; ++i) {
+    BOOST_REQUIRE(s.ab->am_bcopy(3, &bcopy_source::pack, &source) > 0);
+  }
+  BOOST_REQUIRE(s.deliver_to_b(24));
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return a.tx_buffers_free() == 32; }));
+  BOOST_TEST(td::send_completions(qp) - before == 8u, "one per signaled send on the device");
+  // With most buffers free, sends stay unsignaled and keep their buffers until a flush.
+  for (unsigned i = 0; i < 10; ++i) {
+    BOOST_REQUIRE(s.ab->am_bcopy(3, &bcopy_source::pack, &source) > 0);
+  }
+  BOOST_REQUIRE(s.deliver_to_b(34));
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(td::send_completions(qp) - before == 8u, "no completion for unsignaled sends");
+  BOOST_TEST(a.tx_buffers_free() == 22u, "held behind the unsignaled sends");
+  BOOST_TEST(s.ab->flush(nullptr) == status::in_progress);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                               [&] { return s.ab->flush(nullptr) == status::ok; }));
+  BOOST_TEST(td::send_completions(qp) - before == 9u, "the flush's one signaled request");
+  BOOST_TEST(a.tx_buffers_free() == 32u);
+}
+
+namespace {
+
+/// A parked am_short that counts its runs.
+struct parked_short : tl::pending_req {
+  tl::ep* ep = nullptr;
+  int runs = 0;
+  parked_short() {
+    func = [](tl::pending_req* self) {
+      auto* p = static_cast<parked_short*>(self);
+      ++p->runs;
+      return p->ep->am_short(3, nullptr, 0, "p", 1);
+    };
+  }
+};
+
+/// Sends on `ep` until it runs out of credits; true when it did within 100 sends.
+bool use_every_credit(tl::ep& ep) {
+  for (unsigned i = 0; i < 100; ++i) {
+    if (ep.am_short(3, nullptr, 0, &i, sizeof(i)) == status::no_resource) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(progress_watches_only_connections_with_a_grant_due_or_parked_operations) {
+  two_sides s;
+  auto& a = static_cast<verbs::verbs_iface&>(*s.a);
+  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
+  std::unique_ptr<tl::ep> more[2] = {s.connect(*s.a, *s.b), s.connect(*s.a, *s.b)};
+  for (auto& ep : more) BOOST_REQUIRE(ep->am_short(3, nullptr, 0, "m", 1) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(2));
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(a.watched_connections() == 0u, "idle connections are not looked at");
+  BOOST_TEST(b.watched_connections() == 0u, "one credit each to return: no grant due");
+  // A parked operation watches its connection alone, until it has run.
+  BOOST_REQUIRE(use_every_credit(*s.ab));
+  parked_short op;
+  op.ep = s.ab.get();
+  BOOST_REQUIRE(s.ab->pending_add(&op) == status::ok);
+  BOOST_TEST(a.watched_connections() == 1u);
+  progress_for({s.a.get()}, 20ms);
+  BOOST_TEST(op.runs == 0, "no credits came back: nothing to run it for");
+  BOOST_TEST(a.watched_connections() == 1u);
+  const size_t delivered = s.at_b.messages.size();
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return op.runs == 1; }));
+  BOOST_TEST(a.watched_connections() == 0u);
+  BOOST_REQUIRE(s.deliver_to_b(delivered + 1));
+  BOOST_TEST(b.watched_connections() == 0u, "its grants went out; one credit left to return");
+  // A connection closed with an operation parked leaves the list.
+  BOOST_REQUIRE(use_every_credit(*more[0]));
+  parked_short orphan;
+  orphan.ep = more[0].get();
+  BOOST_REQUIRE(more[0]->pending_add(&orphan) == status::ok);
+  BOOST_TEST(a.watched_connections() == 1u);
+  more[0].reset();
+  s.a->progress();
+  BOOST_TEST(a.watched_connections() == 0u);
+  BOOST_TEST(orphan.runs == 0);
+}
+
 // -- RDMA, fence, flush -------------------------------------------------------------------------
 
 namespace {
@@ -643,6 +761,23 @@ BOOST_AUTO_TEST_CASE(a_fence_keeps_a_put_behind_an_earlier_get) {
   BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return got.calls + put.calls == 2; }));
   BOOST_TEST(std::memcmp(read_back.data(), original.data(), 256) == 0, "the read saw old bytes");
   BOOST_TEST(std::memcmp(remote.bytes.data(), overwrite.data(), 256) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(flush_of_an_endpoint_still_connecting_is_done_at_once) {
+  two_sides s;
+  std::unique_ptr<tl::ep> fresh;
+  BOOST_REQUIRE(s.a->create_ep(s.b->device_address(), s.b->iface_address(), fresh) == status::ok);
+  BOOST_REQUIRE(conn_of(*fresh).state() == verbs::conn_state::connecting);
+  // Nothing can have been started on it: there is nothing to wait for, and no completion comes.
+  completion_probe untouched;
+  BOOST_TEST(fresh->flush(&untouched) == status::ok);
+  BOOST_TEST(fresh->flush(nullptr) == status::ok);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] {
+    return conn_of(*fresh).state() != verbs::conn_state::connecting;
+  }));
+  progress_for({s.a.get(), s.b.get()}, 20ms);
+  BOOST_TEST(untouched.calls == 0);
+  BOOST_TEST(fresh->flush(nullptr) == status::ok);
 }
 
 BOOST_AUTO_TEST_CASE(flush_completes_after_everything_before_it) {
@@ -928,6 +1063,25 @@ BOOST_AUTO_TEST_CASE(retry_exceeded_fails_the_operation_and_the_endpoint_with_a_
   BOOST_TEST(second.calls == 1);
   BOOST_TEST(second.result == status::endpoint_timeout);
   BOOST_TEST(s.ab->am_short(3, nullptr, 0, "x", 1) == status::endpoint_timeout);
+  BOOST_TEST(s.ab->flush(nullptr) == status::endpoint_timeout);
+  BOOST_TEST(s.at_b.messages.empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_unsignaled_bcopy_fails_the_endpoint_and_returns_its_buffers) {
+  two_sides s;
+  auto& a = static_cast<verbs::verbs_iface&>(*s.a);
+  ibv_qp* const qp = conn_of(*s.ab).qp();
+  BOOST_REQUIRE(td::fail_next_send(qp) == 0);
+  bcopy_source source{pattern(64, 5)};
+  // Two unsignaled sends: the first fails (retry exceeded), the second is flushed behind it.
+  BOOST_REQUIRE(s.ab->am_bcopy(3, &bcopy_source::pack, &source) > 0);
+  BOOST_REQUIRE(s.ab->am_bcopy(3, &bcopy_source::pack, &source) > 0);
+  BOOST_TEST(a.tx_buffers_free() == small_config().tx_buffers - 2);
+  expect_one_failure(s, status::endpoint_timeout);
+  BOOST_TEST(td::send_completions(qp) == 2u, "error completions come signaled or not");
+  BOOST_TEST(a.tx_buffers_free() == small_config().tx_buffers);
+  BOOST_TEST(s.ab->am_bcopy(3, &bcopy_source::pack, &source) ==
+             static_cast<ssize_t>(status::endpoint_timeout));
   BOOST_TEST(s.ab->flush(nullptr) == status::endpoint_timeout);
   BOOST_TEST(s.at_b.messages.empty());
 }

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <memory>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -96,6 +97,23 @@ inline std::string in_process_only_reason(const std::string& name) {
   const auto& marks = in_process_only_marks();
   const auto found = marks.find(name);
   return found == marks.end() ? std::string() : found->second;
+}
+
+/// Transports marked with mark_acknowledged_by_device().
+inline std::set<std::string>& device_ack_marks() {
+  static std::set<std::string> marks;
+  return marks;
+}
+
+/// Marks `name` as a transport whose zcopy sends, puts and flushes complete once the peer's
+/// device holds the data, without the peer calling progress() (RDMA's hardware acknowledgement;
+/// UCT's zcopy completion allows both). Unmarked transports are held to more: their completions
+/// wait for the peer's progress().
+inline void mark_acknowledged_by_device(const std::string& name) { device_ack_marks().insert(name); }
+
+/// True when `name` was marked with mark_acknowledged_by_device().
+inline bool acknowledged_by_device(const std::string& name) {
+  return device_ack_marks().count(name) != 0;
 }
 
 /// Why `name` cannot carry traffic between processes, or empty when it can: a test-only device

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "verbs/verbs_api.hpp"
+#include "verbs/verbs_device.hpp"
 
 #include <poll.h>
 
@@ -67,22 +68,15 @@ inline std::vector<ibv_wc> poll_for(const api& t, ibv_cq* cq, std::chrono::milli
   return got;
 }
 
-/// Opens the device called `name`; throws when it is not listed.
+/// Opens the device called `name` (verbs_device.hpp's lookup); throws when it cannot.
 inline ibv_context* open_device(const api& t, const std::string& name) {
-  int n = 0;
-  ibv_device** list = t.get_device_list(&n);
-  if (list == nullptr) throw std::runtime_error("get_device_list failed");
-  ibv_context* ctx = nullptr;
-  for (int i = 0; i < n; ++i) {
-    if (name == t.get_device_name(list[i])) ctx = t.open_device(list[i]);
-  }
-  t.free_device_list(list);
+  ibv_context* ctx = comm::verbs::open_device_named(t, name);
   if (ctx == nullptr) throw std::runtime_error("cannot open " + name);
   return ctx;
 }
 
-/// The GID a RoCE connection uses, as transports choose it: RoCE v2 with an IPv4-mapped address,
-/// else any RoCE v2, else RoCE v1; InfiniBand uses GID 0 and the LID.
+/// A port's attributes and the GID its connections use, chosen as the transport chooses it
+/// (comm::verbs::choose_gid).
 struct address {
   ibv_port_attr port{};
   int gid_index = -1;
@@ -92,21 +86,9 @@ struct address {
 inline address port_address(const api& t, ibv_context* ctx, uint8_t port_num) {
   address a;
   if (t.query_port(ctx, port_num, &a.port) != 0) throw std::runtime_error("query_port failed");
-  int best = -1;
-  for (int i = 0; i < a.port.gid_tbl_len; ++i) {
-    ibv_gid_entry e{};
-    if (t.query_gid_ex(ctx, port_num, static_cast<uint32_t>(i), &e, 0) != 0) continue;
-    const bool v4 = e.gid.raw[10] == 0xff && e.gid.raw[11] == 0xff;
-    int rank = e.gid_type == IBV_GID_TYPE_ROCE_V2   ? (v4 ? 3 : 2)
-               : e.gid_type == IBV_GID_TYPE_ROCE_V1 ? 1
-                                                    : 0;
-    if (a.port.link_layer == IBV_LINK_LAYER_INFINIBAND) rank = i == 0 ? 3 : -1;
-    if (rank > best) {
-      best = rank;
-      a.gid_index = i;
-      a.gid = e.gid;
-    }
-  }
+  const comm::verbs::gid_choice chosen = comm::verbs::choose_gid(t, ctx, port_num, a.port);
+  a.gid_index = chosen.index;
+  a.gid = chosen.gid;
   return a;
 }
 

@@ -56,15 +56,7 @@ int verbs_conn::connected(const handshake& peer) {
 
 void verbs_conn::established() {
   established_ = true;
-  if (state_ != conn_state::connecting) return;
-  state_ = conn_state::ready;
-  finish_connecting_flushes(status::ok);
-}
-
-void verbs_conn::finish_connecting_flushes(status st) {
-  std::vector<tl::completion*> waiting;
-  waiting.swap(flushes_while_connecting_);
-  for (tl::completion* comp : waiting) tl::complete(comp, st);
+  if (state_ == conn_state::connecting) state_ = conn_state::ready;
 }
 
 void verbs_conn::fail(status reason) {
@@ -86,7 +78,6 @@ void verbs_conn::abort_operations(status reason) {
     outstanding_.pop_front();
     complete_entry(e, reason);
   }
-  finish_connecting_flushes(reason);
 }
 
 void verbs_conn::disconnect() {
@@ -103,8 +94,9 @@ status verbs_conn::can_post(bool needs_credit) const {
 }
 
 bool verbs_conn::wants_signal(const tx_request& req) const {
-  return req.signal || req.comp != nullptr || req.buffer >= 0 || req.pins.count != 0 ||
-         req.wr.opcode == IBV_WR_RDMA_READ || unsignaled_ + 1 >= owner_.config().tx_queue / 2;
+  return req.signal || req.comp != nullptr || req.pins.count != 0 ||
+         req.wr.opcode == IBV_WR_RDMA_READ || (req.buffer >= 0 && owner_.tx_buffers_low()) ||
+         unsignaled_ + 1 >= owner_.config().tx_queue / 2;
 }
 
 status verbs_conn::post(tx_request& req) {
@@ -134,12 +126,8 @@ status verbs_conn::post(tx_request& req) {
 
 status verbs_conn::flush(tl::completion* comp) {
   if (state_ == conn_state::failed) return failure_;
-  if (outstanding_.empty() && state_ == conn_state::ready) return status::ok;
-  if (state_ == conn_state::connecting && comp != nullptr) {
-    flushes_while_connecting_.push_back(comp);
-    return status::in_progress;
-  }
-  if (state_ != conn_state::ready) return status::no_resource;
+  // Nothing is posted before the connection is ready: while connecting, nothing was started.
+  if (outstanding_.empty()) return status::ok;
   // Unsignaled sends leave the queue only behind a signaled one: post one if none follows them.
   if (comp == nullptr && (unsignaled_ == 0 || sq_free_ == 0)) return status::in_progress;
   if (sq_free_ == 0) return status::no_resource;
@@ -185,8 +173,14 @@ uint16_t verbs_conn::take_credits_to_return() {
   return static_cast<uint16_t>(n);
 }
 
+uint32_t verbs_conn::grant_threshold() const { return std::max(1u, owner_.config().credits / 2u); }
+
 bool verbs_conn::grant_due() const {
-  return state_ == conn_state::ready && rx_to_return_ >= std::max(1u, owner_.config().credits / 2u);
+  return state_ == conn_state::ready && rx_to_return_ >= grant_threshold();
+}
+
+void verbs_conn::receive_reposted() {
+  if (++rx_to_return_ >= grant_threshold()) owner_.watch(*this);
 }
 
 status verbs_conn::send_grant() {
@@ -219,6 +213,10 @@ status verbs_conn::send_grant() {
 
 bool verbs_conn::pending_can_run() const {
   return !pending.empty() && state_ == conn_state::ready && sq_free_ != 0 && tx_credits_ != 0;
+}
+
+bool verbs_conn::needs_watching() const {
+  return state_ != conn_state::failed && (rx_to_return_ >= grant_threshold() || !pending.empty());
 }
 
 }  // namespace comm::verbs

@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <vector>
 
 namespace comm::verbs {
 
@@ -75,6 +74,8 @@ public:
   uint32_t psn() const { return psn_; }
   /// The endpoint using it, or null.
   verbs_ep* ep = nullptr;
+  /// On its interface's watch list (progress() looks at it for grants and parked operations).
+  bool watched = false;
 
   /// The peer's handshake arrived and the QP is connected. Returns 0 or the errno of the QP
   /// transition.
@@ -96,7 +97,8 @@ public:
   /// Posts `req` (can_post() was ok); ok, or the failure status when the post failed.
   status post(tx_request& req);
   /// Posts a signaled zero-length RDMA WRITE if the last request was unsignaled, so that `comp`
-  /// (may be null) is told when every operation so far is done. ok when none are outstanding.
+  /// (may be null) is told when every operation so far is done. ok when none are outstanding
+  /// (always so while connecting: nothing can be posted before).
   status flush(tl::completion* comp);
   /// The next request waits for every RDMA READ before it.
   void fence() { fence_next_ = true; }
@@ -116,8 +118,9 @@ public:
   void send_completed(uint64_t seq, ibv_wc_status st);
   /// The peer returned `n` credits.
   void add_credits(uint16_t n) { tx_credits_ += n; }
-  /// One of this connection's receive buffers was reposted: a credit to return.
-  void receive_reposted() { ++rx_to_return_; }
+  /// One of this connection's receive buffers was reposted: a credit to return (watched once a
+  /// grant is due).
+  void receive_reposted();
   /// Credits to return now (piggy-backed or in a grant); resets the count.
   uint16_t take_credits_to_return();
   /// True when enough credits wait to justify an explicit grant.
@@ -126,16 +129,18 @@ public:
   status send_grant();
   /// True when parked operations may be able to run now.
   bool pending_can_run() const;
+  /// True while it has a grant to send or parked operations, and has not failed.
+  bool needs_watching() const;
   /// Explicit grants sent so far.
   uint64_t grants_sent() const { return grants_sent_; }
 
 private:
   void abort_operations(status reason);
-  /// Completes the flushes asked for while connecting with `st`.
-  void finish_connecting_flushes(status st);
   void complete_until(uint64_t seq, status st);
   void complete_entry(tx_entry& e, status st);
   bool wants_signal(const tx_request& req) const;
+  /// Credits waiting to be returned that justify an explicit grant.
+  uint32_t grant_threshold() const;
 
   verbs_iface& owner_;
   uint64_t serial_;
@@ -159,7 +164,6 @@ private:
   bool fence_next_ = false;
   uint64_t grants_sent_ = 0;
   std::deque<tx_entry> outstanding_;
-  std::vector<tl::completion*> flushes_while_connecting_;  ///< done once established (or failed)
 };
 
 /// The status of a failed work completion.

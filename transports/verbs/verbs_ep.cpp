@@ -166,6 +166,7 @@ status verbs_ep::pending_add(tl::pending_req* req) {
   if (conn_->state() == conn_state::failed) return conn_->failure();
   if (conn_->pending.empty() && conn_->can_post(true) == status::ok) return status::busy;
   conn_->pending.push_back(req);
+  owner_.watch(*conn_);
   return status::ok;
 }
 

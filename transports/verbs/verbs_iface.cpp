@@ -773,30 +773,37 @@ unsigned verbs_iface::progress() {
   unsigned n = handle_stash() + poll_cq();
   if (armed_) drain_cq_events();
   if ((++tick_ & 15) == 0) n += poll_events();
-  send_grants();
-  n += dispatch_pending();
+  n += serve_watched();
   in_progress_ = false;
   reap_closed();
   report_failures();
   return n;
 }
 
-void verbs_iface::send_grants() {
-  for (auto& [serial, c] : conns_) {
-    if (c->grant_due()) c->send_grant();
-  }
+void verbs_iface::watch(verbs_conn& c) {
+  if (c.watched) return;
+  c.watched = true;
+  watched_.push_back(c.serial());
 }
 
-unsigned verbs_iface::dispatch_pending() {
-  ready_.clear();
-  for (auto& [serial, c] : conns_) {
-    if (c->pending_can_run()) ready_.push_back(serial);
-  }
+unsigned verbs_iface::serve_watched() {
   unsigned n = 0;
-  for (uint64_t serial : ready_) {
+  size_t kept = 0;
+  // By index: a dispatched operation may park on another endpoint, which appends to the list.
+  for (size_t i = 0; i < watched_.size(); ++i) {
+    const uint64_t serial = watched_[i];
     const auto found = conns_.find(serial);
-    if (found != conns_.end()) n += found->second->pending.dispatch();
+    if (found == conns_.end()) continue;
+    verbs_conn& c = *found->second;
+    if (c.grant_due()) c.send_grant();
+    if (c.pending_can_run()) n += c.pending.dispatch();
+    if (c.needs_watching()) {
+      watched_[kept++] = serial;
+    } else {
+      c.watched = false;
+    }
   }
+  watched_.resize(kept);
   return n;
 }
 
@@ -826,8 +833,10 @@ void verbs_iface::report_failures() {
 
 status verbs_iface::event_arm() {
   if (!failed_.empty() || !closing_.empty() || !stash_.empty()) return status::busy;
-  for (auto& [serial, c] : conns_) {
-    if (c->grant_due() || c->pending_can_run()) return status::busy;
+  for (uint64_t serial : watched_) {
+    const auto found = conns_.find(serial);
+    if (found == conns_.end()) continue;
+    if (found->second->grant_due() || found->second->pending_can_run()) return status::busy;
   }
   if (t_.req_notify_cq(cq_, 0) != 0) return status::io_error;
   armed_ = true;

@@ -63,6 +63,9 @@ public:
   verbs_md& md() { return *md_; }
   /// A free send buffer, or -1 when all are in use.
   int32_t take_tx_buffer();
+  /// True when fewer than half the send buffers are free: a send holding one then asks for a
+  /// completion, so the buffers held behind unsignaled sends can never be all of them.
+  bool tx_buffers_low() const { return free_tx_.size() < config_.tx_buffers / 2; }
   /// Returns a send buffer.
   void return_tx_buffer(int32_t index) { free_tx_.push_back(index); }
   /// Address of send buffer `index`.
@@ -73,6 +76,8 @@ public:
   uint32_t max_inline() const { return max_inline_; }
   /// Schedules the error handler for `c`'s endpoint (called from progress, never re-entrantly).
   void report_failure(verbs_conn& c);
+  /// Has progress() look at `c` for a grant and parked operations until it needs neither.
+  void watch(verbs_conn& c);
   /// Closes `c` now, or at the end of the current progress() call.
   void close_conn(verbs_conn& c);
   /// Creates an RC QP on this interface's PD, CQ and SRQ, moved to INIT; null on failure.
@@ -87,6 +92,10 @@ public:
   ibv_cq* completion_queue() const { return cq_; }
   /// Receive buffers posted on the shared receive queue now.
   size_t rx_posted() const { return rx_posted_; }
+  /// Send buffers free now (for tests).
+  size_t tx_buffers_free() const { return free_tx_.size(); }
+  /// Connections progress() looks at for a grant or parked operations (for tests).
+  size_t watched_connections() const { return watched_.size(); }
 
 private:
   bool open_device();
@@ -113,8 +122,7 @@ private:
   void send_connect(verbs_conn& c);
   unsigned poll_async_events();
   void handle_async_event(const ibv_async_event& event);
-  unsigned dispatch_pending();
-  void send_grants();
+  unsigned serve_watched();
   void report_failures();
   void reap_closed();
   void fail_all(status reason);
@@ -174,7 +182,7 @@ private:
   std::unordered_map<rdma_cm_id*, verbs_conn*> by_id_;
   std::vector<uint64_t> failed_;  // serials whose failure is still to be reported
   std::vector<uint64_t> closing_; // serials to destroy at the end of progress()
-  std::vector<uint64_t> ready_;   // serials whose pending queues may run (reused)
+  std::vector<uint64_t> watched_; // serials with a grant due or parked operations
   uint64_t next_serial_ = 1;
   uint32_t next_psn_ = 0;
   uint64_t dropped_ = 0;

@@ -245,6 +245,7 @@ struct qp_obj {
   size_t executed = 0;     ///< sq[0, executed) have executed (or are flushed)
   uint32_t sq_slots = 0;   ///< posted, not yet freed by a polled completion
   uint32_t uncovered = 0;  ///< unsignaled sends completed since the last send completion
+  uint64_t send_cqes = 0;  ///< send completions generated (signaled or failed), for tests
   std::deque<recv_wqe> rq;
   uint32_t rq_slots = 0;
   unsigned reads_in_flight = 0;

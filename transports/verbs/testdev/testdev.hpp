@@ -106,6 +106,10 @@ struct counters {
 /// The counters since install().
 counters stats();
 
+/// Send completions `qp` has generated so far: one per signaled send and one per failed send
+/// (signaled or not), as hardware generates them; 0 for an unknown QP.
+uint64_t send_completions(ibv_qp* qp);
+
 // -- injected faults (each returns 0, or an errno value for an unknown object) --
 
 /// The next send work request the QP executes fails with `status` (retry exceeded by default)

@@ -229,26 +229,28 @@ void locked_fabric::unlock() {
 
 using namespace detail;
 
-device_spec roce_device(const std::string& name, const std::string& address) {
+namespace {
+
+device_spec one_port_device(const std::string& name, uint8_t link_layer, ibv_mtu mtu,
+                            const std::string& address) {
   device_spec spec;
   spec.name = name;
   port_spec port;
-  port.link_layer = IBV_LINK_LAYER_ETHERNET;
-  port.mtu = IBV_MTU_1024;
+  port.link_layer = link_layer;
+  port.mtu = mtu;
   port.addresses = {address};
   spec.ports = {port};
   return spec;
 }
 
+}  // namespace
+
+device_spec roce_device(const std::string& name, const std::string& address) {
+  return one_port_device(name, IBV_LINK_LAYER_ETHERNET, IBV_MTU_1024, address);
+}
+
 device_spec ib_device(const std::string& name, const std::string& address) {
-  device_spec spec;
-  spec.name = name;
-  port_spec port;
-  port.link_layer = IBV_LINK_LAYER_INFINIBAND;
-  port.mtu = IBV_MTU_4096;
-  port.addresses = {address};
-  spec.ports = {port};
-  return spec;
+  return one_port_device(name, IBV_LINK_LAYER_INFINIBAND, IBV_MTU_4096, address);
 }
 
 void install(const std::vector<device_spec>& devices) {
@@ -281,6 +283,12 @@ size_t live_objects() {
 counters stats() {
   locked_fabric f;
   return f ? f->stats : counters{};
+}
+
+uint64_t send_completions(ibv_qp* handle) {
+  locked_fabric f;
+  const qp_obj* qp = f ? find(f->qps, handle) : nullptr;
+  return qp != nullptr ? qp->send_cqes : 0;
 }
 
 int fail_next_send(ibv_qp* handle, ibv_wc_status status) {

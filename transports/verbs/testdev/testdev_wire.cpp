@@ -484,6 +484,7 @@ void fabric::complete_in_order(qp_obj& qp) {
       if (ok && wqe.opcode == IBV_WR_RDMA_READ) wc.byte_len = static_cast<uint32_t>(wqe.length);
       push_cqe(*qp.send_cq, wc, &qp.sq_slots, qp.uncovered + 1, false);
       qp.uncovered = 0;
+      ++qp.send_cqes;
     } else {
       ++qp.uncovered;
     }
