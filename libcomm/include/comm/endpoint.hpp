@@ -96,7 +96,8 @@ public:
   /// Name of the peer worker.
   const std::string& peer_name() const noexcept;
 
-  /// Transport the endpoint's lane uses ("shm", "self").
+  /// Transport the endpoint's lane uses: "self", "shm", "tcp" or "verbs"; "none" while a
+  /// client-server endpoint waits for the server's answer (or failed before it came).
   std::string_view transport() const noexcept;
 
   /// Counters of this endpoint.

@@ -110,7 +110,11 @@ public:
 
   /// Listens on a socket address; each client's request reaches params.on_request during
   /// progress(). Returns invalid_addr for an address that does not parse or resolve (a host name
-  /// is resolved here, blocking), busy when it is in use, unsupported without the tcp transport.
+  /// is resolved here, blocking), busy when it is in use. The socket is the tcp transport's
+  /// connection manager, which is built in whatever the context's transports (COMM_TLS): it only
+  /// carries the handshake. The connection's lane comes from the transports both sides enabled
+  /// (see accept): with COMM_TLS=self only clients in this process can be accepted, with shm
+  /// only clients on this host.
   status listen(const listener_params& params, std::unique_ptr<listener>* out);
 
   /// Connects to a listener at "host:port". The endpoint is returned at once; sends wait until
@@ -123,8 +127,10 @@ public:
 
   /// Accepts a connection request on this worker (any worker of the listener's context); the
   /// request is released. The client learns it through its on_connect, and this side's on_connect
-  /// runs once the client confirmed. Disconnection: endpoint::close on either side; the other
-  /// side's on_error is told not_connected (or connection_reset if the peer died).
+  /// runs once the client confirmed. Returns unreachable when no transport of this worker reaches
+  /// the client (e.g. COMM_TLS=self and a client in another process): the request is refused and
+  /// the client's endpoint fails with unreachable too. Disconnection: endpoint::close on either
+  /// side; the other side's on_error is told not_connected (or connection_reset if the peer died).
   status accept(conn_request* request, const endpoint_params& params, endpoint** out);
 
   // -- memory ------------------------------------------------------------------------------------
