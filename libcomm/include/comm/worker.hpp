@@ -159,11 +159,21 @@ public:
 
   /// Posts a receive for a message whose tag matches `tag` under `mask`. Completes with ok,
   /// message_truncated (the buffer was short: it holds the first `length` bytes), or canceled.
+  /// A posted receive belongs to the worker, not to an endpoint (as in UCX): a peer that dies
+  /// or fails its endpoint leaves it posted, to be matched by a message from any other peer or
+  /// cancelled (cancel, cancel_tag_recvs). Only a receive already matched to that peer's message
+  /// (its fragments or rendezvous data still arriving) completes with the endpoint's error.
   op tag_recv(void* buffer, size_t length, tag_t tag, tag_t mask,
               const request_params& params = {});
   /// Posts a receive into `count` entries, filled in order.
   op tag_recv_iov(const iov_entry* entries, size_t count, tag_t tag, tag_t mask,
                   const request_params& params = {});
+  /// Cancels every posted receive not yet matched to a message whose posted tag equals `tag` in
+  /// the bits of `mask` (mask 0: every posted receive), e.g. all those waiting for a sender whose
+  /// rank the tag's high bits carry once that sender is gone. Each completes with canceled and
+  /// its callback runs, in posting order; their requests stay the caller's to release.
+  /// @returns how many were cancelled
+  size_t cancel_tag_recvs(tag_t tag, tag_t mask);
   /// Looks for an arrived, unmatched message matching `tag` under `mask`. With `out` set the
   /// message is removed from the unexpected queue and must be received with tag_recv_message
   /// (until then it counts against peer_limits::unexpected_max_bytes, no longer against its
