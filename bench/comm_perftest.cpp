@@ -24,6 +24,7 @@
 #include <comm/worker.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -50,7 +51,6 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -113,7 +113,7 @@ struct options {
   memory_kind memory = memory_kind::host;
 };
 
-/// Seconds a client keeps retrying to reach the server.
+/// Seconds a client waits for the server's host to answer its connection.
 constexpr int connect_timeout_s = 10;
 /// Seconds a server waits for its client.
 constexpr int accept_timeout_s = 120;
@@ -232,7 +232,9 @@ void usage(std::FILE* out) {
       "  -R <rank>     percentile rank of the latency column (50.0)\n"
       "  -f            print only the final row\n"
       "  -m <memory>   host (posix_memalign) | shared (comm::mem_alloc) buffers, both sides (host)\n"
-      "  -h            show this help\n\n"
+      "  -h, --help    show this help\n\n"
+      "  The server must be listening when the client starts: a client that finds nobody at the\n"
+      "  port fails at once (connection refused).\n\n"
       "  Transports and thresholds come from COMM_TLS, COMM_SHORT_THRESH, ... (see README).\n");
 }
 
@@ -240,7 +242,11 @@ void usage(std::FILE* out) {
 options parse_options(int argc, char** argv) {
   options o;
   int c;
-  while ((c = getopt(argc, argv, "t:s:n:w:c:p:W:O:T:R:m:fh")) != -1) {
+  static const option long_options[] = {
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  while ((c = getopt_long(argc, argv, "t:s:n:w:c:p:W:O:T:R:m:fh", long_options, nullptr)) != -1) {
     switch (c) {
       case 't': o.test = parse_test(optarg); break;
       case 's': o.size = parse_number('s', optarg, 1, max_size); break;
@@ -435,41 +441,53 @@ fd_guard accept_client(uint16_t port) {
   return sock;
 }
 
-/// Tries once to connect to host:port; returns -1 when nobody listens yet.
-int try_connect(const std::string& host, uint16_t port) {
+/// Connects `fd` to `address` within connect_timeout_s; 0, or the errno of the failure (a refusal
+/// is ECONNREFUSED at once, a host that does not answer ETIMEDOUT).
+int connect_within(int fd, const sockaddr* address, socklen_t length) {
+  if (::connect(fd, address, length) == 0) return 0;
+  if (errno != EINPROGRESS) return errno;
+  pollfd p{fd, POLLOUT, 0};
+  int n;
+  do {
+    n = ::poll(&p, 1, connect_timeout_s * 1000);
+  } while (n < 0 && errno == EINTR);
+  if (n == 0) return ETIMEDOUT;
+  int error = 0;
+  socklen_t size = sizeof error;
+  if (n < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) return errno;
+  return error;
+}
+
+/// Connects to the server once: fails at once when nobody listens (the server must be started
+/// first, as with ucx_perftest), within connect_timeout_s when its host does not answer.
+fd_guard connect_server(const std::string& host, uint16_t port) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
-  std::string service = std::to_string(port);
-  int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
   if (rc != 0) fail("cannot resolve '%s': %s", host.c_str(), ::gai_strerror(rc));
-  int fd = -1;
-  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd >= 0 && ::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      ::close(fd);
-      fd = -1;
+  int error = 0;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    fd_guard sock(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                           ai->ai_protocol));
+    if (sock.get() < 0) {
+      error = errno;
+      continue;
     }
+    error = connect_within(sock.get(), ai->ai_addr, ai->ai_addrlen);
+    if (error != 0) continue;
+    ::freeaddrinfo(res);
+    const int flags = ::fcntl(sock.get(), F_GETFL);
+    ::fcntl(sock.get(), F_SETFL, flags & ~O_NONBLOCK);
+    int one = 1;
+    ::setsockopt(sock.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return sock;
   }
   ::freeaddrinfo(res);
-  return fd;
-}
-
-/// Connects to the server, retrying for connect_timeout_s while it is not listening yet.
-fd_guard connect_server(const std::string& host, uint16_t port) {
-  auto end = steady::now() + std::chrono::seconds(connect_timeout_s);
-  for (;;) {
-    int fd = try_connect(host, port);
-    if (fd >= 0) {
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      return fd_guard(fd);
-    }
-    if (steady::now() >= end)
-      fail("cannot connect to %s:%u within %d s", host.c_str(), port, connect_timeout_s);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  fail("cannot connect to %s:%u: %s%s", host.c_str(), port, std::strerror(error),
+       error == ECONNREFUSED ? " (is a comm_perftest server running on that port?)" : "");
 }
 
 /// Test parameters the client sends to the server.

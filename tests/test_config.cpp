@@ -18,7 +18,7 @@ const char* const all_variables[] = {"COMM_TLS",          "COMM_SHORT_THRESH", "
                                      "COMM_RNDV_THRESH",  "COMM_SHM_FIFO_SIZE",
                                      "COMM_SHM_SEG_SIZE", "COMM_SHM_FIFO_SZ",
                                      "COMM_SELF_FIFO_SIZE", "COMM_TCP_WINDOW",
-                                     "COMM_NOSUCH_KNOB"};
+                                     "COMM_TCP_DEVICE",   "COMM_NOSUCH_KNOB"};
 
 /// The variable that sizes the receive queue (or send window) of transport `name`.
 const std::map<std::string, const char*> queue_knob = {
@@ -215,6 +215,22 @@ BOOST_AUTO_TEST_CASE(context_uses_only_the_listed_transports) {
   context ctx(config::from_environment());
   BOOST_CHECK(ctx.components().empty());
   BOOST_CHECK(ctx.info().find("disabled") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_transport_knob_set_in_code_takes_effect) {
+  env_scope env({});
+  config cfg = config::from_environment();
+  cfg.transports = {"tcp"};
+  cfg.transport_options["COMM_TCP_DEVICE"] = "lo";
+  {
+    context ctx(cfg);
+    BOOST_REQUIRE_EQUAL(ctx.components().size(), 1u);
+    BOOST_TEST(ctx.info().find("transport tcp: devices lo\n") != std::string::npos, ctx.info());
+  }
+  cfg.transport_options["COMM_TCP_DEVICE"] = "nosuch0";
+  context ctx(cfg);
+  BOOST_TEST(ctx.components().empty());
+  BOOST_TEST(ctx.info().find("matches COMM_TCP_DEVICE") != std::string::npos, ctx.info());
 }
 
 BOOST_DATA_TEST_CASE(thresholds_take_effect, each_transport(), tl_name) {

@@ -13,11 +13,14 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 using namespace comm;
 using namespace comm::test;
@@ -183,6 +186,74 @@ BOOST_AUTO_TEST_CASE(reject_fails_the_client_endpoint_and_its_sends) {
   cli.w->release(sop.req);
   op c = cep->close();
   BOOST_TEST(c.done());
+}
+
+BOOST_AUTO_TEST_CASE(listening_works_whatever_the_transports_and_the_lane_follows_them) {
+  // The listener is the tcp connection manager whatever COMM_TLS says; the lane is picked from
+  // the transports both sides enabled (two contexts of one process: self reaches too).
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"self"}, "self"}, {{"shm"}, "shm"}, {{"shm", "self"}, "self"}, {{"tcp"}, "tcp"}};
+  for (const auto& [transports, lane] : cases) {
+    BOOST_TEST_CONTEXT("COMM_TLS=" << transports.front() << (transports.size() > 1 ? ",..." : "")) {
+      connected_pair p(config_with(transports), config_with(transports));
+      BOOST_REQUIRE(p.establish());
+      BOOST_TEST(p.cep->transport() == lane);
+      BOOST_TEST(p.sep->transport() == lane);
+      BOOST_TEST(tag_exchange(*p.cli.w, p.cep, *p.srv.w, 100, 5));
+      BOOST_TEST(tag_exchange(*p.srv.w, p.sep, *p.cli.w, 100, 6));
+    }
+  }
+}
+
+namespace {
+
+/// A child's exit code for the status its endpoint failed with.
+int exit_code_of(status st) {
+  if (st == status::unreachable) return 0;
+  if (st == status::rejected) return 2;
+  return 3;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_client_no_lane_reaches_is_told_unreachable_as_the_server_is) {
+  // COMM_TLS=self on both sides, the client in another process: the server's accept finds no
+  // lane to it. Both sides must see unreachable (the client was told rejected before).
+  channel to_child;
+  const pid_t child = fork_child([&] {
+    uint64_t port = 0;
+    CHILD_CHECK(to_child.receive_word(&port));
+    client cli(config_with({"self"}));
+    ep_events ce;
+    endpoint* cep = nullptr;
+    CHILD_CHECK(cli.w->connect("127.0.0.1:" + std::to_string(port), params_for(ce), &cep) ==
+                status::ok);
+    CHILD_CHECK(spin_until([&] { cli.w->progress(); }, [&] { return ce.errors == 1; }, 20));
+    CHILD_CHECK(ce.connects == 0);
+    CHILD_CHECK(cep->state() == ce.error);
+    CHILD_CHECK(cep->transport() == "none");
+    std::fprintf(stderr, "child: the client's endpoint failed with %s\n", to_string(ce.error));
+    return exit_code_of(ce.error);
+  });
+  server srv(config_with({"self"}));
+  to_child.send_word(srv.port);
+  BOOST_REQUIRE(spin_until([&] { srv.w->progress(); }, [&] { return !srv.requests.empty(); }, 20));
+  ep_events se;
+  endpoint* sep = nullptr;
+  BOOST_TEST(srv.w->accept(srv.requests.front(), params_for(se), &sep) == status::unreachable);
+  srv.requests.pop_front();
+  int code = -1;
+  spin_until([&] { srv.w->progress(); },
+             [&] {
+               int wstatus = 0;
+               if (::waitpid(child, &wstatus, WNOHANG) != child) return false;
+               code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+               return true;
+             },
+             20);
+  if (code == -1) code = wait_child(child, 100);
+  BOOST_TEST(code == 0);  // 2: the client was told rejected
+  BOOST_TEST(se.errors == 0);
 }
 
 BOOST_AUTO_TEST_CASE(nobody_listening_is_unreachable) {

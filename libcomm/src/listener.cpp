@@ -367,7 +367,7 @@ status worker::accept(conn_request* request, const endpoint_params& params, endp
     st = w.create_ep(owned->client_address.data(), owned->client_address.size(), false, &ep);
   }
   if (st != status::ok) {
-    owned->conn->reject();
+    owned->conn->reject(st);  // the client's endpoint fails with the same status (unreachable)
     return st;
   }
   ep->remote_id = owned->client_ep;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 namespace comm {
 
@@ -289,6 +290,21 @@ op endpoint::tag_send(tag_t tag, const void* buffer, size_t length, const reques
   }
   iov_entry entry{const_cast<void*>(buffer), length};
   return tag_send_iov(tag, &entry, 1, params);
+}
+
+size_t worker::cancel_tag_recvs(tag_t tag, tag_t mask) {
+  worker_impl& w = impl(*this);
+  worker_impl::guard g(w);
+  std::vector<request*> chosen;
+  w.matcher.for_each_expected([&](detail::tag_expected* e) {
+    if (((e->tag ^ tag) & mask) == 0) chosen.push_back(request::of_expected(e));
+  });
+  std::sort(chosen.begin(), chosen.end(),
+            [](const request* a, const request* b) { return a->expected.sn < b->expected.sn; });
+  // Out of the matcher first: a callback may post, cancel or release receives.
+  for (request* req : chosen) w.matcher.remove_expected(&req->expected);
+  for (request* req : chosen) w.complete(req, status::canceled);
+  return chosen.size();
 }
 
 op endpoint::tag_send_iov(tag_t tag, const iov_entry* entries, size_t count,

@@ -3,7 +3,7 @@
 // transport's interface, thresholds, the hwloc topology, the info of a worker on
 // each enabled transport, and the bootstrap backend a job started here would use.
 //
-//   comm_info [-t tls] [-h]
+//   comm_info [-t tls] [-h]   (also --tls=tls, --help)
 
 #include <comm/bootstrap.hpp>
 #include <comm/context.hpp>
@@ -23,13 +23,33 @@
 
 namespace {
 
+/// The names of the transports built in, comma-separated.
+std::string known_transports() {
+  std::string names;
+  for (const comm::tl::component* component : comm::tl::all_components()) {
+    if (!names.empty()) names += ", ";
+    names += component->name();
+  }
+  return names;
+}
+
+/// True when `name` is a transport built in, or "all" (what COMM_TLS accepts).
+bool is_known_transport(const std::string& name) {
+  if (name == "all") return true;
+  for (const comm::tl::component* component : comm::tl::all_components())
+    if (component->name() == name) return true;
+  return false;
+}
+
 /// Prints the usage text to `out`.
 void usage(std::FILE* out) {
   std::fprintf(out,
       "Usage: comm_info [-t tls] [-h]\n"
-      "  -t <tls>  comma-separated transports to show (like COMM_TLS), e.g. shm,self\n"
-      "  -h        show this help\n"
-      "Without -t, COMM_TLS (or every transport) decides.\n");
+      "  -t, --tls <tls>  comma-separated transports to show (like COMM_TLS), e.g. shm,self;\n"
+      "                   known: %s, all\n"
+      "  -h, --help       show this help\n"
+      "Without -t, COMM_TLS (or every transport) decides.\n",
+      known_transports().c_str());
 }
 
 /// Splits a comma-separated list, dropping empty items.
@@ -120,19 +140,45 @@ void print_bootstrap() {
               choice.usable ? "" : ", would fail", choice.reason.c_str());
 }
 
+/// Takes the -t list into `cfg`; false (with a message) when it names an unknown transport or
+/// none at all.
+bool take_transports(const char* list, comm::config& cfg) {
+  cfg.transports = split_list(list);
+  if (cfg.transports.empty()) {
+    std::fprintf(stderr, "comm_info: -t names no transport (known: %s, all)\n",
+                 known_transports().c_str());
+    return false;
+  }
+  for (const std::string& name : cfg.transports) {
+    if (is_known_transport(name)) continue;
+    std::fprintf(stderr, "comm_info: unknown transport '%s' (known: %s, all)\n", name.c_str(),
+                 known_transports().c_str());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   comm::config cfg = comm::config::from_environment();
+  static const option long_options[] = {
+      {"tls", required_argument, nullptr, 't'},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
   int c;
-  while ((c = getopt(argc, argv, "t:h")) != -1) {
+  while ((c = getopt_long(argc, argv, "t:h", long_options, nullptr)) != -1) {
     switch (c) {
-      case 't': cfg.transports = split_list(optarg); break;
+      case 't':
+        if (!take_transports(optarg, cfg)) return 2;
+        break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
   }
   if (optind < argc) {
+    std::fprintf(stderr, "comm_info: unexpected argument '%s'\n", argv[optind]);
     usage(stderr);
     return 2;
   }

@@ -385,16 +385,16 @@ public:
     own_nonce_ = auth::make_nonce();
   }
   ~socket_conn() override {
-    if (server_ && !answered_ && fd_ >= 0) reject();
+    if (server_ && !answered_ && fd_ >= 0) reject(status::rejected);
     close_socket();
   }
 
   std::string peer_address() const override { return address_text(peer_); }
 
-  void reject() override {
+  void reject(status reason) override {
     if (answered_ || fd_ < 0) return;
     answered_ = true;
-    queue_reply(status::rejected, nullptr, 0);
+    queue_reply(reason, nullptr, 0);
     // Best effort: the socket is idle, so the short reply goes out in one write.
     (void)flush();
     close_socket();

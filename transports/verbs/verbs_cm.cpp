@@ -69,7 +69,8 @@ public:
       : owner(owner), id(id), server(server) {}
   ~rdmacm_conn() override;
   std::string peer_address() const override { return peer; }
-  void reject() override;
+  /// Refuses the request; rdmacm carries no reason, so the client sees rejected whatever it is.
+  void reject(status reason) override;
 
   rdmacm_cm* owner;             ///< null once its connection manager is gone
   rdma_cm_id* id;               ///< null once destroyed
@@ -169,7 +170,7 @@ rdmacm_conn::~rdmacm_conn() {
   owner->table().destroy_id(id);
 }
 
-void rdmacm_conn::reject() {
+void rdmacm_conn::reject(status /*reason*/) {
   if (owner == nullptr || id == nullptr || !server || answered) return;
   answered = true;
   if (!gone) owner->table().reject(id, nullptr, 0);

@@ -53,9 +53,10 @@ struct config {
   size_t zcopy_thresh = 16384;
   /// Messages at least this large use rendezvous (COMM_RNDV_THRESH); 0: chosen per transport.
   size_t rndv_thresh = 0;
-  /// The transports' own knobs by variable name, e.g. {"COMM_SHM_FIFO_SIZE", "1024"}: what
-  /// `comm_info` lists for each transport. A context refuses (throws std::invalid_argument) a
-  /// value its transport refuses, and a name no transport reads.
+  /// The transports' own knobs by variable name, e.g. {"COMM_SHM_FIFO_SIZE", "1024"} or
+  /// {"COMM_TCP_DEVICE", "lo"}: every COMM_<TL>_* variable of the README's transport table, what
+  /// `comm_info` lists and tl::component::knobs() returns. A context refuses (throws
+  /// std::invalid_argument) a value its transport refuses, and a name no transport reads.
   tl::options transport_options;
   /// Cluster secret for client-server authentication (COMM_AUTH_KEY, or the contents of the file
   /// named by COMM_AUTH_KEY_FILE); empty: no authentication, listeners default to loopback.

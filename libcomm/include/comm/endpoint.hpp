@@ -21,7 +21,10 @@ struct endpoint_counters {
   uint64_t errors = 0;              ///< malformed input and failed operations
 };
 
-/// Called when an endpoint fails (the peer died, reset, or sent malformed bytes).
+/// Called when an endpoint fails (the peer died, reset, or sent malformed bytes). Its sends fail
+/// with `reason`; tag receives posted on the worker do not (they belong to the worker, not to an
+/// endpoint, and wait for a message from any peer): cancel those meant for this peer with
+/// worker::cancel_tag_recvs or worker::cancel.
 using endpoint_error_callback = void (*)(void* arg, endpoint* ep, status reason);
 
 /// An endpoint (ucp_ep): create it with worker::connect, close it with close(). Owned by its
@@ -96,7 +99,8 @@ public:
   /// Name of the peer worker.
   const std::string& peer_name() const noexcept;
 
-  /// Transport the endpoint's lane uses ("shm", "self").
+  /// Transport the endpoint's lane uses: "self", "shm", "tcp" or "verbs"; "none" while a
+  /// client-server endpoint waits for the server's answer (or failed before it came).
   std::string_view transport() const noexcept;
 
   /// Counters of this endpoint.

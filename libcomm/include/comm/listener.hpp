@@ -57,7 +57,9 @@ struct endpoint_params {
   /// Bytes for the peer: the client's reach the server's conn_request, the server's reach the
   /// client's on_connect. At most max_private_data bytes.
   std::vector<uint8_t> private_data;
-  endpoint_error_callback on_error = nullptr; ///< told when the endpoint fails (also REJECTED)
+  /// Told when the endpoint fails (also REJECTED, UNREACHABLE); posted tag receives stay posted
+  /// (see endpoint_error_callback).
+  endpoint_error_callback on_error = nullptr;
   void* error_arg = nullptr;              ///< passed to on_error
   connect_callback on_connect = nullptr;  ///< told when the connection is established
   void* connect_arg = nullptr;            ///< passed to on_connect

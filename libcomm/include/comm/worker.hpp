@@ -110,7 +110,11 @@ public:
 
   /// Listens on a socket address; each client's request reaches params.on_request during
   /// progress(). Returns invalid_addr for an address that does not parse or resolve (a host name
-  /// is resolved here, blocking), busy when it is in use, unsupported without the tcp transport.
+  /// is resolved here, blocking), busy when it is in use. The socket is the tcp transport's
+  /// connection manager, which is built in whatever the context's transports (COMM_TLS): it only
+  /// carries the handshake. The connection's lane comes from the transports both sides enabled
+  /// (see accept): with COMM_TLS=self only clients in this process can be accepted, with shm
+  /// only clients on this host.
   status listen(const listener_params& params, std::unique_ptr<listener>* out);
 
   /// Connects to a listener at "host:port". The endpoint is returned at once; sends wait until
@@ -123,8 +127,10 @@ public:
 
   /// Accepts a connection request on this worker (any worker of the listener's context); the
   /// request is released. The client learns it through its on_connect, and this side's on_connect
-  /// runs once the client confirmed. Disconnection: endpoint::close on either side; the other
-  /// side's on_error is told not_connected (or connection_reset if the peer died).
+  /// runs once the client confirmed. Returns unreachable when no transport of this worker reaches
+  /// the client (e.g. COMM_TLS=self and a client in another process): the request is refused and
+  /// the client's endpoint fails with unreachable too. Disconnection: endpoint::close on either
+  /// side; the other side's on_error is told not_connected (or connection_reset if the peer died).
   status accept(conn_request* request, const endpoint_params& params, endpoint** out);
 
   // -- memory ------------------------------------------------------------------------------------
@@ -153,11 +159,21 @@ public:
 
   /// Posts a receive for a message whose tag matches `tag` under `mask`. Completes with ok,
   /// message_truncated (the buffer was short: it holds the first `length` bytes), or canceled.
+  /// A posted receive belongs to the worker, not to an endpoint (as in UCX): a peer that dies
+  /// or fails its endpoint leaves it posted, to be matched by a message from any other peer or
+  /// cancelled (cancel, cancel_tag_recvs). Only a receive already matched to that peer's message
+  /// (its fragments or rendezvous data still arriving) completes with the endpoint's error.
   op tag_recv(void* buffer, size_t length, tag_t tag, tag_t mask,
               const request_params& params = {});
   /// Posts a receive into `count` entries, filled in order.
   op tag_recv_iov(const iov_entry* entries, size_t count, tag_t tag, tag_t mask,
                   const request_params& params = {});
+  /// Cancels every posted receive not yet matched to a message whose posted tag equals `tag` in
+  /// the bits of `mask` (mask 0: every posted receive), e.g. all those waiting for a sender whose
+  /// rank the tag's high bits carry once that sender is gone. Each completes with canceled and
+  /// its callback runs, in posting order; their requests stay the caller's to release.
+  /// @returns how many were cancelled
+  size_t cancel_tag_recvs(tag_t tag, tag_t mask);
   /// Looks for an arrived, unmatched message matching `tag` under `mask`. With `out` set the
   /// message is removed from the unexpected queue and must be received with tag_recv_message
   /// (until then it counts against peer_limits::unexpected_max_bytes, no longer against its

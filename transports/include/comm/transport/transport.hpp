@@ -267,8 +267,12 @@ public:
   virtual ~cm_conn() = default;
   /// The peer's socket address, "ip:port".
   virtual std::string peer_address() const = 0;
-  /// Server, request not yet answered: refuses it (the client sees status::rejected).
-  virtual void reject() = 0;
+  /// Server, request not yet answered: refuses it. The client's connection fails with `reason`
+  /// (rejected: the server said no; unreachable: the server cannot reach the client on any lane)
+  /// where the transport carries a reason, else with rejected (verbs).
+  virtual void reject(status reason) = 0;
+  /// reject(status::rejected): the server said no.
+  void reject() { reject(status::rejected); }
   /// The protocol layer's pointer for this connection.
   void* user_data = nullptr;
 };
