@@ -9,6 +9,7 @@
 #define BOOST_TEST_MODULE transport_conformance
 #include "process_harness.hpp"
 #include "test_util.hpp"
+#include "tl_helpers.hpp"
 #include "transport_list.hpp"
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
@@ -34,8 +35,13 @@
 using namespace comm;
 using namespace std::chrono_literals;
 using comm::test::channel;
+using comm::test::completion_probe;
+using comm::test::connect;
+using comm::test::failure_log;
 using comm::test::fork_child;
+using comm::test::numbered_send;
 using comm::test::receive_addresses;
+using comm::test::recorder;
 using comm::test::send_addresses;
 using comm::test::wait_child;
 
@@ -56,18 +62,6 @@ std::unique_ptr<tl::iface> open_iface(const std::string& transport, size_t fifo_
   const status st = component->open(params, iface);
   if (st != status::ok) throw std::runtime_error("open " + transport + ": " + to_string(st));
   return iface;
-}
-
-std::unique_ptr<tl::ep> connect(tl::iface& from, const std::vector<uint8_t>& device,
-                                const std::vector<uint8_t>& address) {
-  std::unique_ptr<tl::ep> ep;
-  const status st = from.create_ep(device, address, ep);
-  if (st != status::ok) throw std::runtime_error(std::string("create_ep: ") + to_string(st));
-  return ep;
-}
-
-std::unique_ptr<tl::ep> connect(tl::iface& from, tl::iface& to) {
-  return connect(from, to.device_address(), to.iface_address());
 }
 
 bool has(const tl::iface& iface, tl::cap flag) { return (iface.attr().caps & flag) != 0; }
@@ -141,67 +135,7 @@ size_t pack_vector(void* dest, void* arg) {
   return bytes->size();
 }
 
-/// The first 8 bytes of `bytes` as a sequence number, or all ones when shorter.
-uint64_t sequence_of(const std::vector<uint8_t>& bytes) {
-  uint64_t seq = ~uint64_t{0};
-  if (bytes.size() >= sizeof(seq)) std::memcpy(&seq, bytes.data(), sizeof(seq));
-  return seq;
-}
-
-// -- receiving -----------------------------------------------------------------------------------
-
-/// Records every message delivered to the ids it is installed on, in arrival order.
-struct recorder {
-  struct message {
-    tl::am_id id;
-    std::vector<uint8_t> bytes;
-  };
-  std::vector<message> messages;
-  bool misaligned = false;
-
-  void install(tl::iface& iface, tl::am_id id) {
-    slots_.push_back(std::make_unique<slot>(slot{this, id}));
-    iface.set_am_handler(id, &handler, slots_.back().get());
-  }
-  size_t size() const { return messages.size(); }
-  /// True when every message carries its index as sequence number.
-  bool in_sequence() const {
-    for (size_t i = 0; i < messages.size(); ++i) {
-      if (sequence_of(messages[i].bytes) != i) return false;
-    }
-    return true;
-  }
-
-private:
-  struct slot {
-    recorder* owner;
-    tl::am_id id;
-  };
-  static status handler(void* arg, void* data, size_t length, unsigned) {
-    auto* s = static_cast<slot*>(arg);
-    if (reinterpret_cast<uintptr_t>(data) % 8 != 0) s->owner->misaligned = true;
-    const auto* p = static_cast<const uint8_t*>(data);
-    s->owner->messages.push_back({s->id, std::vector<uint8_t>(p, p + length)});
-    return status::ok;
-  }
-  std::vector<std::unique_ptr<slot>> slots_;
-};
-
-// -- completions and pending requests ------------------------------------------------------------
-
-/// A completion that counts its calls and may run a check when called.
-struct completion_probe : tl::completion {
-  int calls = 0;
-  std::function<void()> on_call;
-  completion_probe() {
-    count = 1;
-    func = [](tl::completion* self) {
-      auto* probe = static_cast<completion_probe*>(self);
-      ++probe->calls;
-      if (probe->on_call) probe->on_call();
-    };
-  }
-};
+// -- completions --------------------------------------------------------------------------------
 
 /// Starts a zcopy on `ep`; when it completed at once, marks `probe` as called. Returns the status.
 status start_zcopy(tl::ep& ep, tl::am_id id, const std::vector<uint8_t>& header,
@@ -214,40 +148,6 @@ status start_zcopy(tl::ep& ep, tl::am_id id, const std::vector<uint8_t>& header,
   }
   return st;
 }
-
-/// A parked am_short carrying a sequence number.
-struct numbered_send : tl::pending_req {
-  tl::ep* ep = nullptr;
-  uint64_t seq = 0;
-  int calls = 0;
-  numbered_send() {
-    func = [](tl::pending_req* self) {
-      auto* req = static_cast<numbered_send*>(self);
-      ++req->calls;
-      return req->ep->am_short(1, &req->seq, sizeof(req->seq), nullptr, 0);
-    };
-  }
-};
-
-/// Records what the error handler was told.
-struct failure_log {
-  struct entry {
-    tl::ep* ep;
-    status reason;
-  };
-  std::vector<entry> entries;
-  /// When set, the endpoint the handler destroys if it is the failed one (allowed by the API).
-  std::unique_ptr<tl::ep>* destroy = nullptr;
-
-  void install(tl::iface& iface) { iface.set_error_handler(&handler, this); }
-
-private:
-  static void handler(void* arg, tl::ep* ep, status reason) {
-    auto* log = static_cast<failure_log*>(arg);
-    log->entries.push_back({ep, reason});
-    if (log->destroy != nullptr && log->destroy->get() == ep) log->destroy->reset();
-  }
-};
 
 // -- another process -----------------------------------------------------------------------------
 
@@ -1010,8 +910,10 @@ struct three_messages {
   bool arrived_intact(const recorder& got, bool zcopy) const {
     const size_t expected = zcopy ? 3 : 2;
     if (got.size() != expected || got.misaligned) return false;
-    return got.messages[0].bytes == short_bytes && got.messages[1].bytes == bcopy_bytes &&
-           (!zcopy || got.messages[2].bytes == concat(zcopy_header, zcopy_data));
+    return got.messages[0].id == id_short && got.messages[0].bytes == short_bytes &&
+           got.messages[1].id == id_bcopy && got.messages[1].bytes == bcopy_bytes &&
+           (!zcopy || (got.messages[2].id == id_zcopy &&
+                       got.messages[2].bytes == concat(zcopy_header, zcopy_data)));
   }
 };
 
