@@ -149,6 +149,30 @@ status start_zcopy(tl::ep& ep, tl::am_id id, const std::vector<uint8_t>& header,
   return st;
 }
 
+/// A region of `b` registered and its key unpacked on `a`'s side.
+struct remote_region {
+  tl::iface& owner;
+  tl::iface& user;
+  std::vector<uint8_t> bytes;
+  tl::mem_handle* handle = nullptr;
+  std::vector<uint8_t> packed;
+  tl::remote_key key;
+
+  remote_region(tl::iface& a, tl::iface& b, size_t size) : owner(b), user(a), bytes(pattern(size, 8)) {
+    BOOST_REQUIRE(owner.memory_domain()->mem_reg(bytes.data(), bytes.size(), &handle) == status::ok);
+    BOOST_REQUIRE(owner.memory_domain()->rkey_pack(handle, packed) == status::ok);
+    BOOST_REQUIRE(user.memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) ==
+                  status::ok);
+  }
+  ~remote_region() {
+    user.memory_domain()->rkey_release(&key);
+    if (handle != nullptr) owner.memory_domain()->mem_dereg(handle);
+  }
+  uint64_t at(int64_t offset) const {
+    return reinterpret_cast<uintptr_t>(bytes.data()) + static_cast<uint64_t>(offset);
+  }
+};
+
 // -- another process -----------------------------------------------------------------------------
 
 /// True when cross-process cases run over `transport`; otherwise reports the skip.
@@ -496,19 +520,11 @@ BOOST_DATA_TEST_CASE(a_put_before_a_fence_lands_before_a_message_after_it, each_
   auto sender = open_iface(transport);
   auto receiver = open_iface(transport);
   if (!has(*sender, tl::cap_put_zcopy)) return;
-  std::vector<uint8_t> target(4096, 0);
-  tl::mem_handle* handle = nullptr;
-  BOOST_REQUIRE(receiver->memory_domain()->mem_reg(target.data(), target.size(), &handle) ==
-                status::ok);
-  std::vector<uint8_t> packed;
-  BOOST_REQUIRE(receiver->memory_domain()->rkey_pack(handle, packed) == status::ok);
-  tl::remote_key key;
-  BOOST_REQUIRE(sender->memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) ==
-                status::ok);
+  remote_region target(*sender, *receiver, 4096);
   struct observer {
     const std::vector<uint8_t>* target;
     std::vector<uint8_t> seen;
-  } seen{&target, {}};
+  } seen{&target.bytes, {}};
   receiver->set_am_handler(
       1,
       [](void* arg, void*, size_t, unsigned) {
@@ -518,10 +534,10 @@ BOOST_DATA_TEST_CASE(a_put_before_a_fence_lands_before_a_message_after_it, each_
       },
       &seen);
   auto ep = connect(*sender, *receiver);
-  const auto data = pattern(target.size(), 21);
+  const auto data = pattern(target.bytes.size(), 21);
   const tl::iov entry{data.data(), data.size()};
   completion_probe put;
-  const status st = ep->put_zcopy(&entry, 1, reinterpret_cast<uintptr_t>(target.data()), key, &put);
+  const status st = ep->put_zcopy(&entry, 1, target.at(0), target.key, &put);
   BOOST_TEST((st == status::ok || st == status::in_progress));
   BOOST_TEST(ep->fence() == status::ok);
   BOOST_TEST(retry_while_busy({sender.get(), receiver.get()}, [&] {
@@ -532,8 +548,8 @@ BOOST_DATA_TEST_CASE(a_put_before_a_fence_lands_before_a_message_after_it, each_
   if (st == status::in_progress) {
     BOOST_TEST(progress_until({sender.get(), receiver.get()}, [&] { return put.calls == 1; }));
   }
-  sender->memory_domain()->rkey_release(&key);
-  BOOST_TEST(receiver->memory_domain()->mem_dereg(handle) == status::ok);
+  BOOST_TEST(receiver->memory_domain()->mem_dereg(target.handle) == status::ok);
+  target.handle = nullptr;
 }
 
 // -- ordering --------------------------------------------------------------------------------------
@@ -1029,30 +1045,6 @@ BOOST_DATA_TEST_CASE(endpoints_to_many_peers_and_from_many_senders, each_transpo
 // -- RMA with remote keys --------------------------------------------------------------------------
 
 namespace conformance {
-
-/// A region of `b` registered and its key unpacked on `a`'s side.
-struct remote_region {
-  tl::iface& owner;
-  tl::iface& user;
-  std::vector<uint8_t> bytes;
-  tl::mem_handle* handle = nullptr;
-  std::vector<uint8_t> packed;
-  tl::remote_key key;
-
-  remote_region(tl::iface& a, tl::iface& b, size_t size) : owner(b), user(a), bytes(pattern(size, 8)) {
-    BOOST_REQUIRE(owner.memory_domain()->mem_reg(bytes.data(), bytes.size(), &handle) == status::ok);
-    BOOST_REQUIRE(owner.memory_domain()->rkey_pack(handle, packed) == status::ok);
-    BOOST_REQUIRE(user.memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) ==
-                  status::ok);
-  }
-  ~remote_region() {
-    user.memory_domain()->rkey_release(&key);
-    if (handle != nullptr) owner.memory_domain()->mem_dereg(handle);
-  }
-  uint64_t at(int64_t offset) const {
-    return reinterpret_cast<uintptr_t>(bytes.data()) + static_cast<uint64_t>(offset);
-  }
-};
 
 /// Runs a put or get and waits for its completion; returns its final status.
 status finish_rma(iface_list ifaces, const std::function<status(tl::completion*)>& start) {
