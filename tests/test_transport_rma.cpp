@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE transport_rma
 #include "process_harness.hpp"
 #include "test_util.hpp"
+#include "tl_helpers.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <comm/transport/transport.hpp>
@@ -32,6 +33,8 @@
 using namespace comm;
 using namespace std::chrono_literals;
 using comm::test::channel;
+using comm::test::connect;
+using comm::test::failure_log;
 using comm::test::fork_child;
 using comm::test::receive_addresses;
 using comm::test::send_addresses;
@@ -56,18 +59,6 @@ std::unique_ptr<tl::iface> open_iface(const std::string& name) {
   const status st = component_named(name).open(tl::iface_params{}, iface);
   if (st != status::ok) throw std::runtime_error("open " + name + ": " + to_string(st));
   return iface;
-}
-
-std::unique_ptr<tl::ep> connect(tl::iface& from, const std::vector<uint8_t>& device,
-                                const std::vector<uint8_t>& address) {
-  std::unique_ptr<tl::ep> ep;
-  const status st = from.create_ep(device, address, ep);
-  if (st != status::ok) throw std::runtime_error(std::string("create_ep: ") + to_string(st));
-  return ep;
-}
-
-std::unique_ptr<tl::ep> connect(tl::iface& from, tl::iface& to) {
-  return connect(from, to.device_address(), to.iface_address());
 }
 
 std::vector<uint8_t> pattern(size_t length, uint8_t seed) {
@@ -708,19 +699,8 @@ BOOST_AUTO_TEST_CASE(killed_peer_gives_connection_reset_and_the_error_handler) {
     BOOST_REQUIRE(import_buffer(to_parent, &remote));
 
     auto survivor = open_iface("shm");
-    struct failure_log {
-      int calls = 0;
-      tl::ep* ep = nullptr;
-      status reason = status::ok;
-    } failures;
-    survivor->set_error_handler(
-        [](void* arg, tl::ep* failed, status reason) {
-          auto* log = static_cast<failure_log*>(arg);
-          ++log->calls;
-          log->ep = failed;
-          log->reason = reason;
-        },
-        &failures);
+    failure_log failures;
+    failures.install(*survivor);
     auto ep = connect(*survivor, remote.device, remote.address);
     unpacked key(*survivor->memory_domain(), remote.rkey);
     BOOST_REQUIRE(key.result == status::ok);
@@ -734,16 +714,16 @@ BOOST_AUTO_TEST_CASE(killed_peer_gives_connection_reset_and_the_error_handler) {
     BOOST_REQUIRE(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT) == 0);
     BOOST_TEST(ep->get_zcopy(&entry, 1, remote.base, key.key, nullptr) ==
                status::connection_reset);
-    BOOST_TEST(progress_until(*survivor, [&] { return failures.calls > 0; }));
-    BOOST_TEST(failures.calls == 1);
-    BOOST_TEST(failures.ep == ep.get());
-    BOOST_TEST(failures.reason == status::connection_reset);
+    BOOST_TEST(progress_until(*survivor, [&] { return !failures.entries.empty(); }));
+    BOOST_REQUIRE(failures.entries.size() == 1u);
+    BOOST_TEST(failures.entries[0].ep == ep.get());
+    BOOST_TEST(failures.entries[0].reason == status::connection_reset);
     BOOST_TEST(ep->get_zcopy(&entry, 1, remote.base, key.key, nullptr) ==
                status::connection_reset);
     BOOST_TEST(ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr) ==
                status::connection_reset);
     for (int i = 0; i < 1000; ++i) survivor->progress();
-    BOOST_TEST(failures.calls == 1);  // reported once
+    BOOST_TEST(failures.entries.size() == 1u);  // reported once
     ep.reset();
     int wstatus = 0;
     BOOST_TEST(::waitpid(child, &wstatus, 0) == child);
@@ -767,9 +747,8 @@ BOOST_AUTO_TEST_CASE(a_put_to_a_dead_peer_is_a_connection_reset) {
   exported remote;
   BOOST_REQUIRE(import_buffer(to_parent, &remote));
   auto survivor = open_iface("shm");
-  int failures = 0;
-  survivor->set_error_handler([](void* arg, tl::ep*, status) { ++*static_cast<int*>(arg); },
-                              &failures);
+  failure_log failures;
+  failures.install(*survivor);
   auto ep = connect(*survivor, remote.device, remote.address);
   unpacked key(*survivor->memory_domain(), remote.rkey);
   BOOST_REQUIRE(::kill(child, SIGKILL) == 0);
@@ -778,7 +757,7 @@ BOOST_AUTO_TEST_CASE(a_put_to_a_dead_peer_is_a_connection_reset) {
   const uint64_t value = 1;
   const tl::iov entry{&value, sizeof(value)};
   BOOST_TEST(ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr) == status::connection_reset);
-  BOOST_TEST(progress_until(*survivor, [&] { return failures == 1; }));
+  BOOST_TEST(progress_until(*survivor, [&] { return failures.entries.size() == 1; }));
   ep.reset();
   ::waitpid(child, nullptr, 0);
 }

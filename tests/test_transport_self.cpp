@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "test_util.hpp"
+#include "tl_helpers.hpp"
 
 #include <comm/transport/transport.hpp>
 
@@ -21,6 +22,10 @@
 
 using namespace comm;
 using namespace std::chrono_literals;
+using comm::test::completion_probe;
+using comm::test::connect;
+using comm::test::numbered_send;
+using comm::test::recorder;
 
 
 namespace {
@@ -41,26 +46,6 @@ std::unique_ptr<tl::iface> open_iface(size_t fifo_size = 0) {
   return iface;
 }
 
-std::unique_ptr<tl::ep> connect(tl::iface& from, tl::iface& to) {
-  std::unique_ptr<tl::ep> ep;
-  const status st = from.create_ep(to.device_address(), to.iface_address(), ep);
-  if (st != status::ok) throw std::runtime_error(std::string("create_ep: ") + to_string(st));
-  return ep;
-}
-
-struct recorder {
-  std::vector<std::vector<uint8_t>> messages;
-  bool misaligned = false;
-  static status handler(void* arg, void* data, size_t length, unsigned) {
-    auto* self = static_cast<recorder*>(arg);
-    if (reinterpret_cast<uintptr_t>(data) % 8 != 0) self->misaligned = true;
-    const auto* p = static_cast<const uint8_t*>(data);
-    self->messages.emplace_back(p, p + length);
-    return status::ok;
-  }
-  void install(tl::iface& iface, tl::am_id id) { iface.set_am_handler(id, &handler, this); }
-};
-
 bool progress_until(std::initializer_list<tl::iface*> ifaces, const std::function<bool()>& done) {
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   for (uint64_t round = 0; round < 10'000'000; ++round) {
@@ -70,26 +55,6 @@ bool progress_until(std::initializer_list<tl::iface*> ifaces, const std::functio
   }
   return false;
 }
-
-struct completion_probe : tl::completion {
-  int calls = 0;
-  completion_probe() {
-    count = 1;
-    func = [](tl::completion* self) { ++static_cast<completion_probe*>(self)->calls; };
-  }
-};
-
-struct numbered_send : tl::pending_req {
-  tl::ep* ep = nullptr;
-  uint64_t seq = 0;
-  numbered_send() {
-    func = [](tl::pending_req* self) {
-      auto* req = static_cast<numbered_send*>(self);
-      return req->ep->am_short(1, &req->seq, sizeof(req->seq), nullptr, 0);
-    };
-  }
-};
-
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include "hostile_peer.hpp"
 #include "process_harness.hpp"
 #include "test_util.hpp"
+#include "tl_helpers.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <comm/transport/transport.hpp>
@@ -40,8 +41,11 @@
 using namespace comm;
 using namespace std::chrono_literals;
 using comm::test::channel;
+using comm::test::completion_probe;
+using comm::test::connect;
 using comm::test::fork_child;
 using comm::test::receive_addresses;
+using comm::test::recorder;
 using comm::test::send_addresses;
 using comm::test::wait_child;
 
@@ -67,39 +71,6 @@ std::unique_ptr<tl::iface> open_iface(size_t fifo_size = 0, size_t segment_size 
   return iface;
 }
 
-std::unique_ptr<tl::ep> connect(tl::iface& from, const std::vector<uint8_t>& device,
-                                const std::vector<uint8_t>& address) {
-  std::unique_ptr<tl::ep> ep;
-  const status st = from.create_ep(device, address, ep);
-  if (st != status::ok) throw std::runtime_error(std::string("create_ep: ") + to_string(st));
-  return ep;
-}
-
-std::unique_ptr<tl::ep> connect(tl::iface& from, tl::iface& to) {
-  return connect(from, to.device_address(), to.iface_address());
-}
-
-/// Records every message delivered to the handlers it is installed on.
-struct recorder {
-  struct message {
-    tl::am_id id;
-    std::vector<uint8_t> bytes;
-  };
-  std::vector<message> messages;
-  bool misaligned = false;
-
-  static status handler(void* arg, void* data, size_t length, unsigned flags) {
-    auto* self = static_cast<recorder*>(arg);
-    if (reinterpret_cast<uintptr_t>(data) % 8 != 0) self->misaligned = true;
-    const auto* p = static_cast<const uint8_t*>(data);
-    self->messages.push_back({self->current_id, std::vector<uint8_t>(p, p + length)});
-    return status::ok;
-  }
-  tl::am_id current_id = 0;
-
-  void install(tl::iface& iface, tl::am_id id) { iface.set_am_handler(id, &handler, this); }
-};
-
 /// Calls progress on `ifaces` until `done()` holds, at most `limit` and `max_rounds` rounds.
 bool progress_until(std::initializer_list<tl::iface*> ifaces, const std::function<bool()>& done,
                     std::chrono::milliseconds limit = 10s, uint64_t max_rounds = 50'000'000) {
@@ -111,14 +82,6 @@ bool progress_until(std::initializer_list<tl::iface*> ifaces, const std::functio
   }
   return false;
 }
-
-struct completion_probe : tl::completion {
-  int calls = 0;
-  completion_probe() {
-    count = 1;
-    func = [](tl::completion* self) { ++static_cast<completion_probe*>(self)->calls; };
-  }
-};
 
 
 /// Open fds and mappings of memfds (our segments, or anything a peer named).

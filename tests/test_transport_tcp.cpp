@@ -9,6 +9,7 @@
 #define BOOST_TEST_MODULE transport_tcp
 #include "process_harness.hpp"
 #include "test_util.hpp"
+#include "tl_helpers.hpp"
 #include <boost/test/unit_test.hpp>
 
 #include <comm/transport/transport.hpp>
@@ -36,8 +37,13 @@
 using namespace comm;
 using namespace std::chrono_literals;
 using comm::test::channel;
+using comm::test::completion_probe;
+using comm::test::connect;
+using comm::test::failure_log;
 using comm::test::fork_child;
+using comm::test::numbered_send;
 using comm::test::receive_addresses;
+using comm::test::recorder;
 using comm::test::send_addresses;
 using comm::test::wait_child;
 
@@ -64,39 +70,6 @@ std::unique_ptr<tl::iface> open_iface(const std::string& device = "lo", size_t f
   if (st != status::ok) throw std::runtime_error(std::string("open: ") + to_string(st));
   return iface;
 }
-
-std::unique_ptr<tl::ep> connect(tl::iface& from, const std::vector<uint8_t>& device,
-                                const std::vector<uint8_t>& address) {
-  std::unique_ptr<tl::ep> ep;
-  const status st = from.create_ep(device, address, ep);
-  if (st != status::ok) throw std::runtime_error(std::string("create_ep: ") + to_string(st));
-  return ep;
-}
-
-std::unique_ptr<tl::ep> connect(tl::iface& from, tl::iface& to) {
-  return connect(from, to.device_address(), to.iface_address());
-}
-
-/// Records every message delivered to the handlers it is installed on.
-struct recorder {
-  struct message {
-    tl::am_id id;
-    std::vector<uint8_t> bytes;
-  };
-  std::vector<message> messages;
-  bool misaligned = false;
-  tl::am_id current_id = 0;
-
-  static status handler(void* arg, void* data, size_t length, unsigned flags) {
-    auto* self = static_cast<recorder*>(arg);
-    if (reinterpret_cast<uintptr_t>(data) % 8 != 0) self->misaligned = true;
-    const auto* p = static_cast<const uint8_t*>(data);
-    self->messages.push_back({self->current_id, std::vector<uint8_t>(p, p + length)});
-    return status::ok;
-  }
-
-  void install(tl::iface& iface, tl::am_id id) { iface.set_am_handler(id, &handler, this); }
-};
 
 /// Calls progress on `ifaces` until `done()` holds, at most `limit` long and `max_rounds` rounds.
 bool progress_until(std::initializer_list<tl::iface*> ifaces, const std::function<bool()>& done,
@@ -127,16 +100,6 @@ std::vector<uint8_t> concat(std::initializer_list<const std::vector<uint8_t>*> p
   return all;
 }
 
-struct completion_probe : tl::completion {
-  int calls = 0;
-  completion_probe() { reset(); }
-  void reset() {
-    count = 1;
-    result = status::ok;
-    func = [](tl::completion* self) { ++static_cast<completion_probe*>(self)->calls; };
-  }
-};
-
 struct bcopy_source {
   const std::vector<uint8_t>* bytes;
   static size_t pack(void* dest, void* arg) {
@@ -144,19 +107,6 @@ struct bcopy_source {
     if (!source->empty()) std::memcpy(dest, source->data(), source->size());
     return source->size();
   }
-};
-
-/// Records what the error handler was told.
-struct failure_log {
-  struct entry {
-    tl::ep* ep;
-    status reason;
-  };
-  std::vector<entry> entries;
-  static void handler(void* arg, tl::ep* ep, status reason) {
-    static_cast<failure_log*>(arg)->entries.push_back({ep, reason});
-  }
-  void install(tl::iface& iface) { iface.set_error_handler(&handler, this); }
 };
 
 
@@ -319,20 +269,6 @@ struct three_recorders {
            shorts.messages[0].bytes == concat({&short_header, &short_payload}) &&
            bcopies.messages[0].bytes == bcopy_bytes &&
            zcopies.messages[0].bytes == concat({&zcopy_header, &zcopy_part1, &zcopy_part2});
-  }
-};
-
-/// A parked am_short carrying a sequence number.
-struct numbered_send : tl::pending_req {
-  tl::ep* ep = nullptr;
-  uint64_t seq = 0;
-  int calls = 0;
-  numbered_send() {
-    func = [](tl::pending_req* self) {
-      auto* req = static_cast<numbered_send*>(self);
-      ++req->calls;
-      return req->ep->am_short(1, &req->seq, sizeof(req->seq), nullptr, 0);
-    };
   }
 };
 

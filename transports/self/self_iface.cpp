@@ -231,16 +231,6 @@ self_iface::~self_iface() {
   }
 }
 
-void self_iface::set_am_handler(am_id id, am_handler_fn fn, void* arg) {
-  if (id >= am_id_count) return;
-  handlers_[id] = {fn, arg};
-}
-
-void self_iface::set_error_handler(error_handler_fn fn, void* arg) {
-  error_fn_ = fn;
-  error_arg_ = arg;
-}
-
 unsigned self_iface::deliver() {
   mailbox& mb = *mailbox_;
   unsigned delivered = 0;
@@ -410,9 +400,7 @@ std::string self_iface::info() const {
   text += "self: delivered " + std::to_string(delivered_) + " messages, dropped " +
           std::to_string(dropped_) + " without handler\n";
   if (md_) text += md_->info();
-  text += "self: rma: " + std::to_string(gets_) + " gets, " + std::to_string(puts_) +
-          " puts, " + std::to_string(rma_bytes_) + " bytes, " + std::to_string(rma_errors_) +
-          " errors\n";
+  text += "self: rma: " + rma_.text() + "\n";
   return text;
 }
 

@@ -13,6 +13,7 @@
 // Memory domain and RMA (get_zcopy/put_zcopy by memmove after checks): self_md.hpp.
 #pragma once
 
+#include "base/iface_base.hpp"
 #include "base/pending_queue.hpp"
 #include "self/self_md.hpp"
 
@@ -109,7 +110,7 @@ struct ep_state {
 class self_ep;
 
 /// A self interface.
-class self_iface final : public iface {
+class self_iface final : public iface_base {
 public:
   /// Opens an interface; the constructor leaves `open_status()` set.
   explicit self_iface(const iface_params& params);
@@ -122,8 +123,6 @@ public:
 
   const iface_attr& attr() const override { return attr_; }
   std::string_view transport_name() const override { return "self"; }
-  void set_am_handler(am_id id, am_handler_fn fn, void* arg) override;
-  void set_error_handler(error_handler_fn fn, void* arg) override;
   unsigned progress() override;
   int event_fd() const override { return event_fd_; }
   status event_arm() override;
@@ -139,14 +138,7 @@ public:
   // -- used by self_ep --
 
   /// Counts one RMA operation of `bytes` that ended with `result`.
-  void count_rma(bool put, size_t bytes, status result) {
-    if (result != status::ok) {
-      ++rma_errors_;
-    } else {
-      ++(put ? puts_ : gets_);
-      rma_bytes_ += bytes;
-    }
-  }
+  void count_rma(bool put, size_t bytes, status result) { rma_.count(put, bytes, result); }
 
   /// The mailbox of this interface (zcopy completions come back to it).
   const std::shared_ptr<mailbox>& own_mailbox() const { return mailbox_; }
@@ -158,11 +150,6 @@ public:
   void forget(self_ep* ep);
 
 private:
-  struct handler {
-    am_handler_fn fn = nullptr;
-    void* arg = nullptr;
-  };
-
   unsigned deliver();
   unsigned complete_returned();
   unsigned dispatch_pending();
@@ -172,18 +159,12 @@ private:
   uint64_t id_ = 0;
   int event_fd_ = -1;
   std::shared_ptr<mailbox> mailbox_;
-  handler handlers_[am_id_count];
-  error_handler_fn error_fn_ = nullptr;
-  void* error_arg_ = nullptr;
   std::vector<self_ep*> pending_eps_;             ///< endpoints with parked requests
   std::vector<returned_completion> returned_scratch_;
   uint64_t delivered_ = 0;
   uint64_t dropped_ = 0;                          ///< messages without a handler
   std::unique_ptr<self_md> md_;
-  uint64_t gets_ = 0;
-  uint64_t puts_ = 0;
-  uint64_t rma_bytes_ = 0;
-  uint64_t rma_errors_ = 0;
+  rma_counters rma_;
 };
 
 /// An endpoint from a self interface to a self interface of the same process.

@@ -133,16 +133,6 @@ shm_iface::~shm_iface() {
   }
 }
 
-void shm_iface::set_am_handler(am_id id, am_handler_fn fn, void* arg) {
-  if (id >= am_id_count) return;
-  handlers_[id] = {fn, arg};
-}
-
-void shm_iface::set_error_handler(error_handler_fn fn, void* arg) {
-  error_fn_ = fn;
-  error_arg_ = arg;
-}
-
 // -- receive --------------------------------------------------------------------------------------
 
 unsigned shm_iface::progress() {
@@ -536,8 +526,7 @@ std::string shm_iface::info() const {
   text += "shm: dropped without handler " + std::to_string(unhandled_) + "\n";
   text += "shm: zcopy read errors " + std::to_string(zcopy_errors_) + "\n";
   if (md_) text += md_->info();
-  text += "shm: rma: " + std::to_string(gets_) + " gets, " + std::to_string(puts_) + " puts, " +
-          std::to_string(rma_bytes_) + " bytes, " + std::to_string(rma_errors_) + " errors\n";
+  text += "shm: rma: " + rma_.text() + "\n";
   text += "shm: rma mapped: " + std::to_string(mapped_gets_) + " gets, " +
           std::to_string(mapped_puts_) + " puts; " + std::to_string(mapped_.count()) +
           " peer segments mapped (" + std::to_string(mapped_.bytes()) + " bytes), " +

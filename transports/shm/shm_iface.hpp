@@ -19,6 +19,7 @@
 // peers' shared-heap segments mapped here: shm_mapped.hpp).
 #pragma once
 
+#include "base/iface_base.hpp"
 #include "shm/shm_mapped.hpp"
 #include "shm/shm_md.hpp"
 #include "shm/shm_peer.hpp"
@@ -39,7 +40,7 @@ component& shm_component();
 class shm_ep;
 
 /// An shm interface: a receive segment (FIFO + region table) and the endpoints to peers.
-class shm_iface final : public iface {
+class shm_iface final : public iface_base {
 public:
   /// Opens an interface; the constructor leaves `open_status()` set.
   explicit shm_iface(const iface_params& params);
@@ -52,8 +53,6 @@ public:
 
   const iface_attr& attr() const override { return attr_; }
   std::string_view transport_name() const override { return "shm"; }
-  void set_am_handler(am_id id, am_handler_fn fn, void* arg) override;
-  void set_error_handler(error_handler_fn fn, void* arg) override;
   unsigned progress() override;
   int event_fd() const override { return epoll_fd_; }
   status event_arm() override;
@@ -73,14 +72,7 @@ public:
   void peer_failed(shm_ep* ep);
 
   /// Counts one RMA operation of `bytes` that ended with `result`.
-  void count_rma(bool put, size_t bytes, status result) {
-    if (result != status::ok) {
-      ++rma_errors_;
-    } else {
-      ++(put ? puts_ : gets_);
-      rma_bytes_ += bytes;
-    }
-  }
+  void count_rma(bool put, size_t bytes, status result) { rma_.count(put, bytes, result); }
 
   /// Counts one RMA operation (already counted by count_rma) that took the mapped path.
   void count_mapped(bool put) { ++(put ? mapped_puts_ : mapped_gets_); }
@@ -102,11 +94,6 @@ public:
   void forget(shm_ep* ep);
 
 private:
-  struct handler {
-    am_handler_fn fn = nullptr;
-    void* arg = nullptr;
-  };
-
   unsigned receive();
   void deliver(uint64_t index, cell_header* cell);
   status receive_zcopy(uint64_t index, cell_meta meta, int32_t* sender);
@@ -132,7 +119,6 @@ private:
   uint64_t tail_ = 0;              ///< next cell to consume
   uint64_t published_tail_ = 0;    ///< last tail stored in the control block
   uint64_t publish_mask_ = 0;      ///< publish when (tail_ & publish_mask_) == 0
-  handler handlers_[am_id_count];
   uint64_t received_ = 0;
 
   // -- everything else --
@@ -143,8 +129,6 @@ private:
   std::vector<shm_ep*> eps_;       ///< every endpoint of this interface
   std::vector<shm_ep*> work_;      ///< endpoints with work (null: destroyed meanwhile)
   std::vector<shm_ep*> failed_;    ///< failed endpoints not yet reported
-  error_handler_fn error_fn_ = nullptr;
-  void* error_arg_ = nullptr;
   std::unique_ptr<uint64_t[]> zcopy_buffer_;  ///< zcopy header + payload land here
   uint64_t iface_id_ = 0;
   int memfd_ = -1;
@@ -157,10 +141,7 @@ private:
   uint64_t peers_failed_ = 0;
   uint64_t peers_refused_ = 0;     ///< addresses whose segment was not what they said
   std::unique_ptr<shm_md> md_;     ///< registrations in segment_'s region table
-  uint64_t gets_ = 0;
-  uint64_t puts_ = 0;
-  uint64_t rma_bytes_ = 0;
-  uint64_t rma_errors_ = 0;
+  rma_counters rma_;
   mapped_segments mapped_;         ///< peers' heap segments, for the mapped RMA path
   uint64_t mapped_gets_ = 0;
   uint64_t mapped_puts_ = 0;

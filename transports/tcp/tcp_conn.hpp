@@ -102,10 +102,9 @@ public:
     return zcopy_room() && tx_.size() + frame_size(max_bcopy) <= send_buffer_size;
   }
 
-  /// True once the handshake is over and the kernel took every byte given to the connection.
-  bool all_written() const {
-    return phase_ == phase::open && tx_.empty() && hs_out_.empty() && !zcopy_queued_;
-  }
+  /// True when the kernel took every message frame given to the connection (the handshake's own
+  /// records are not messages: a connection still being set up with nothing sent is written).
+  bool all_written() const { return tx_.empty() && !zcopy_queued_; }
 
   /// Messages of ours the peer said it delivered.
   uint64_t peer_delivered() const { return peer_delivered_; }

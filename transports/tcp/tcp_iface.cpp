@@ -143,16 +143,6 @@ tcp_iface::~tcp_iface() noexcept {
   }
 }
 
-void tcp_iface::set_am_handler(am_id id, am_handler_fn fn, void* arg) {
-  if (id >= am_id_count) return;
-  handlers_[id] = {fn, arg};
-}
-
-void tcp_iface::set_error_handler(error_handler_fn fn, void* arg) {
-  error_fn_ = fn;
-  error_arg_ = arg;
-}
-
 // -- the epoll set --------------------------------------------------------------------------------
 
 bool tcp_iface::watch(int fd, uint32_t events, poll_target* target) {

@@ -108,6 +108,7 @@
 // interface and its endpoints.
 #pragma once
 
+#include "base/iface_base.hpp"
 #include "tcp/tcp_buffer.hpp"
 #include "tcp/tcp_config.hpp"
 #include "tcp/tcp_socket.hpp"
@@ -169,7 +170,7 @@ struct tcp_counters {
 
 /// A tcp interface: a data listener on one device, its connections to peer interfaces and the
 /// endpoints opened from it.
-class tcp_iface final : public iface {
+class tcp_iface final : public iface_base {
 public:
   /// Opens an interface on `device`; the constructor leaves `open_status()` set.
   tcp_iface(const iface_params& params, const ipv4_device& device);
@@ -182,8 +183,6 @@ public:
 
   const iface_attr& attr() const override { return attr_; }
   std::string_view transport_name() const override { return "tcp"; }
-  void set_am_handler(am_id id, am_handler_fn fn, void* arg) override;
-  void set_error_handler(error_handler_fn fn, void* arg) override;
   unsigned progress() override;
   int event_fd() const override { return epoll_fd_; }
   status event_arm() override;
@@ -267,11 +266,6 @@ public:
   static uint64_t now_ns();
 
 private:
-  struct handler {
-    am_handler_fn fn = nullptr;
-    void* arg = nullptr;
-  };
-
   status open_listener();
   unsigned poll_events();
   unsigned dispatch(poll_target* target, uint32_t events);
@@ -321,9 +315,6 @@ private:
   uint64_t timer_started_ns_ = 0;
   bool probes_capped_ = true;    ///< the kernel took TCP_RTO_MAX_MS (see set_liveness)
 
-  handler handlers_[am_id_count];
-  error_handler_fn error_fn_ = nullptr;
-  void* error_arg_ = nullptr;
 
   // The batch of epoll events being dispatched; unwatch() nulls entries of targets that go away.
   epoll_event events_[64];
