@@ -118,8 +118,9 @@ struct hand_made_rank {
   static status on_fence(void* arg, const void* header, size_t length, void*, size_t,
                          const am_recv_params&) {
     uint64_t words[8] = {};
-    std::memcpy(words, header, std::min(length, sizeof(words)));
-    auto h = wire::read_header<wire::schema::BootstrapFence>(words, length);
+    const size_t copied = std::min(length, sizeof(words));
+    std::memcpy(words, header, copied);
+    auto h = wire::read_header<wire::schema::BootstrapFence>(words, copied);
     if (h && h->getKind() == 3) {
       static_cast<hand_made_rank*>(arg)->aborted_with = static_cast<status>(h->getStatus());
     }
