@@ -54,6 +54,22 @@ bool spin_until(Step&& step, Done&& done, double seconds = default_wait_seconds)
   return done();
 }
 
+// -- endpoint errors -----------------------------------------------------------------------------
+
+/// What an endpoint error handler installed as record_error was told.
+struct error_log {
+  int calls = 0;               ///< calls so far
+  status reason = status::ok;  ///< the reason of the last one
+};
+
+/// Endpoint error handler (endpoint::set_error_handler, endpoint_params::on_error) that records
+/// into the error_log `arg`.
+inline void record_error(void* arg, endpoint*, status reason) {
+  auto* log = static_cast<error_log*>(arg);
+  ++log->calls;
+  log->reason = reason;
+}
+
 // -- completion trackers -------------------------------------------------------------------------
 
 /// Records what a send callback was told. With `order` set, appends `id` to it on completion.

@@ -27,28 +27,47 @@ slurm_cluster& slurm() {
   return cluster;
 }
 
+/// Checks a job of `n` processes of the probe's "exchange" (values and worker addresses).
+void check_exchange(const launch_result& r, int n) {
+  BOOST_TEST_CONTEXT(n << " processes:\n" << r.output) {
+    BOOST_TEST(r.exit_code == 0);
+    BOOST_TEST(r.count("of " + std::to_string(n) + " (pmix) exchange ok") ==
+               static_cast<size_t>(n));
+  }
+}
+
+/// Checks a job of 3 whose last rank was SIGKILLed in a fence limited to 30 s: the launcher told
+/// the two others long before that.
+void check_killed_in_fence(const launch_result& r) {
+  BOOST_TEST_CONTEXT(r.output) {
+    BOOST_TEST(!r.timed_out);
+    BOOST_TEST(r.exit_code != 0);
+    BOOST_TEST(r.seconds < 20.0);
+    BOOST_TEST(r.count("fence CONNECTION_RESET after") == 2u);
+    BOOST_TEST(r.count("a rank of the job is gone") >= 2u);
+  }
+}
+
+/// Checks a job of 3 whose last rank sleeps 4 s before a fence limited to 2 s: the others' fence
+/// times out.
+void check_late_for_fence(const launch_result& r) {
+  BOOST_TEST_CONTEXT(r.output) {
+    BOOST_TEST(!r.timed_out);
+    BOOST_TEST(r.count("fence ENDPOINT_TIMEOUT after") >= 2u);
+    BOOST_TEST(r.count("did not enter it within 2 s") >= 2u);
+  }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(mpirun_exchange_1_2_4) {
-  for (int n : {1, 2, 4}) {
-    const launch_result r = run_mpirun(n, {probe, "exchange", "30000"}, limited());
-    BOOST_TEST_CONTEXT(n << " processes:\n" << r.output) {
-      BOOST_TEST(r.exit_code == 0);
-      BOOST_TEST(r.count("of " + std::to_string(n) + " (pmix) exchange ok") ==
-                 static_cast<size_t>(n));
-    }
-  }
+  for (int n : {1, 2, 4}) check_exchange(run_mpirun(n, {probe, "exchange", "30000"}, limited()), n);
 }
 
 BOOST_AUTO_TEST_CASE(srun_exchange_1_2_4) {
   slurm_cluster& cluster = slurm();
   for (int n : {1, 2, 4}) {
-    const launch_result r = cluster.srun(n, {probe, "exchange", "30000"}, limited());
-    BOOST_TEST_CONTEXT(n << " processes:\n" << r.output) {
-      BOOST_TEST(r.exit_code == 0);
-      BOOST_TEST(r.count("of " + std::to_string(n) + " (pmix) exchange ok") ==
-                 static_cast<size_t>(n));
-    }
+    check_exchange(cluster.srun(n, {probe, "exchange", "30000"}, limited()), n);
   }
 }
 
@@ -65,43 +84,17 @@ BOOST_AUTO_TEST_CASE(srun_without_pmix_fails_loudly) {
 }
 
 BOOST_AUTO_TEST_CASE(mpirun_rank_killed_in_a_fence) {
-  // The fence's own limit is 30 s: the survivors learn of the death from the launcher.
-  const launch_result r = run_mpirun(3, {probe, "kill-in-fence", "30000"}, limited());
-  BOOST_TEST_CONTEXT(r.output) {
-    BOOST_TEST(!r.timed_out);
-    BOOST_TEST(r.exit_code != 0);
-    BOOST_TEST(r.seconds < 20.0);
-    BOOST_TEST(r.count("fence CONNECTION_RESET after") == 2u);
-    BOOST_TEST(r.count("a rank of the job is gone") >= 2u);
-  }
+  check_killed_in_fence(run_mpirun(3, {probe, "kill-in-fence", "30000"}, limited()));
 }
 
 BOOST_AUTO_TEST_CASE(srun_rank_killed_in_a_fence) {
-  const launch_result r = slurm().srun(3, {probe, "kill-in-fence", "30000"}, limited());
-  BOOST_TEST_CONTEXT(r.output) {
-    BOOST_TEST(!r.timed_out);
-    BOOST_TEST(r.exit_code != 0);
-    BOOST_TEST(r.seconds < 20.0);
-    BOOST_TEST(r.count("fence CONNECTION_RESET after") == 2u);
-    BOOST_TEST(r.count("a rank of the job is gone") >= 2u);
-  }
+  check_killed_in_fence(slurm().srun(3, {probe, "kill-in-fence", "30000"}, limited()));
 }
 
 BOOST_AUTO_TEST_CASE(mpirun_rank_late_for_a_fence) {
-  // The last rank sleeps 4 s before a fence limited to 2 s: the others' fence times out.
-  const launch_result r = run_mpirun(3, {probe, "stall-in-fence", "2000"}, limited());
-  BOOST_TEST_CONTEXT(r.output) {
-    BOOST_TEST(!r.timed_out);
-    BOOST_TEST(r.count("fence ENDPOINT_TIMEOUT after") >= 2u);
-    BOOST_TEST(r.count("did not enter it within 2 s") >= 2u);
-  }
+  check_late_for_fence(run_mpirun(3, {probe, "stall-in-fence", "2000"}, limited()));
 }
 
 BOOST_AUTO_TEST_CASE(srun_rank_late_for_a_fence) {
-  const launch_result r = slurm().srun(3, {probe, "stall-in-fence", "2000"}, limited());
-  BOOST_TEST_CONTEXT(r.output) {
-    BOOST_TEST(!r.timed_out);
-    BOOST_TEST(r.count("fence ENDPOINT_TIMEOUT after") >= 2u);
-    BOOST_TEST(r.count("did not enter it within 2 s") >= 2u);
-  }
+  check_late_for_fence(slurm().srun(3, {probe, "stall-in-fence", "2000"}, limited()));
 }

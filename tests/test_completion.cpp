@@ -506,21 +506,6 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(endpoint_close)
 
-namespace close_test {
-struct error_log {
-  int calls = 0;
-  status reason = status::ok;
-  endpoint* ep = nullptr;
-};
-void on_error(void* arg, endpoint* ep, status reason) {
-  auto* log = static_cast<error_log*>(arg);
-  ++log->calls;
-  log->reason = reason;
-  log->ep = ep;
-}
-}  // namespace close_test
-using namespace close_test;
-
 BOOST_DATA_TEST_CASE(close_flushes_then_releases, each_transport(), tl_name) {
   worker_pair p(tl_name);
   const std::vector<uint8_t> big = pattern(100000, 7);
@@ -533,7 +518,7 @@ BOOST_DATA_TEST_CASE(close_flushes_then_releases, each_transport(), tl_name) {
   BOOST_REQUIRE(peer != nullptr);
   const uint32_t peer_id = peer->id;
   error_log peer_errors;
-  peer->set_error_handler(on_error, &peer_errors);
+  peer->set_error_handler(record_error, &peer_errors);
   op closing = p.ab->close(send_params(c));
   // A closing endpoint takes no new sends.
   const uint64_t v = 1;
@@ -612,15 +597,6 @@ void fail_with_protocol_error(worker_pair& p) {
   std::memcpy(words.data(), w.bytes(), w.size());
   detail::impl(*p.a).on_fragment(reinterpret_cast<uint8_t*>(words.data()), w.size() + 8, true);
 }
-struct error_log {
-  int calls = 0;
-  status reason = status::ok;
-};
-void on_error(void* arg, endpoint*, status reason) {
-  auto* log = static_cast<error_log*>(arg);
-  ++log->calls;
-  log->reason = reason;
-}
 }  // namespace failure_test
 using namespace failure_test;
 
@@ -628,7 +604,7 @@ BOOST_DATA_TEST_CASE(failure_completes_every_outstanding_send, each_transport(),
   auto pp = small_fifo_pair(tl_name);
   worker_pair& p = *pp;
   error_log errors;
-  p.ab->set_error_handler(on_error, &errors);
+  p.ab->set_error_handler(record_error, &errors);
   // A long zcopy that is half issued (its first fragments in flight, the rest queued), a
   // fragmented bcopy and a short send behind it, and flushes.
   const size_t big_size = std::max<size_t>(1u << 20, 16 * p.attr().max_zcopy);

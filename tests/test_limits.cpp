@@ -21,18 +21,6 @@ namespace limits_test {
 
 using detail::proto_id;
 
-/// Records the calls of an endpoint error handler.
-struct error_log {
-  int calls = 0;
-  status reason = status::ok;
-};
-
-void on_error(void* arg, endpoint*, status reason) {
-  auto* log = static_cast<error_log*>(arg);
-  ++log->calls;
-  log->reason = reason;
-}
-
 /// A worker pair whose context has the limits `tweak` sets, with b's endpoint for what `ab`
 /// sends (the one a hostile a fails) watched by an error handler.
 struct limited_pair {
@@ -40,7 +28,7 @@ struct limited_pair {
       : p(tl_name, tweak) {
     victim = worker_pair::receiving_ep(*p.b, p.ab);
     BOOST_REQUIRE(victim != nullptr);
-    victim->set_error_handler(on_error, &errors);
+    victim->set_error_handler(record_error, &errors);
   }
 
   /// b's internals.

@@ -324,17 +324,6 @@ int stalling_child(const std::string& transport, int sock, int consume) {
   return 0;
 }
 
-struct error_log {
-  int calls = 0;
-  status reason = status::ok;
-};
-
-void on_error(void* arg, endpoint*, status reason) {
-  auto* log = static_cast<error_log*>(arg);
-  ++log->calls;
-  log->reason = reason;
-}
-
 }  // namespace mp_test
 
 using namespace mp_test;
@@ -435,12 +424,12 @@ BOOST_DATA_TEST_CASE(peer_killed_mid_stream, boost::unit_test::data::make(interp
     const std::string err = parent.start(tl_name, sock, "survivor");
     BOOST_REQUIRE_MESSAGE(err.empty(), err);
     error_log ep_errors, peer_created_errors;
-    parent.ep->set_error_handler(on_error, &ep_errors);
+    parent.ep->set_error_handler(record_error, &ep_errors);
     detail::endpoint_impl* back = nullptr;
     for (detail::endpoint_impl* e : detail::impl(*parent.w).ep_table) {
       if (e != nullptr && e != &detail::impl(*parent.ep)) back = e;
     }
-    if (back != nullptr) back->set_error_handler(on_error, &peer_created_errors);
+    if (back != nullptr) back->set_error_handler(record_error, &peer_created_errors);
     BOOST_REQUIRE(parent.await_progressing(ready));  // its wireup needs our progress
 
     // The stream: small bcopy messages, fragmented ones and zcopy ones, far more than the

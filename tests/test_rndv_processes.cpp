@@ -57,17 +57,6 @@ int reap(pid_t pid, int seconds) {
   return -1;
 }
 
-struct error_seen {
-  int calls = 0;
-  status reason = status::ok;
-};
-
-void on_ep_error(void* arg, endpoint*, status reason) {
-  auto* e = static_cast<error_seen*>(arg);
-  ++e->calls;
-  e->reason = reason;
-}
-
 constexpr size_t big = 8u << 20;
 constexpr tag_t tag_data = 0xda7a;
 
@@ -159,8 +148,8 @@ BOOST_DATA_TEST_CASE(receiver_killed_before_fetching_fails_the_send_and_releases
   BOOST_REQUIRE(send_blob(fds[0], s.w->address()));
   endpoint* ep = nullptr;
   BOOST_REQUIRE(s.w->connect(child, &ep) == status::ok);
-  error_seen errors;
-  ep->set_error_handler(on_ep_error, &errors);
+  error_log errors;
+  ep->set_error_handler(record_error, &errors);
   auto data = pattern(big, 70);
   send_tracker t;
   op snd = ep->tag_send(tag_data, data.data(), big, send_params(t));

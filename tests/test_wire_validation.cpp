@@ -99,25 +99,13 @@ void send_raw(endpoint* ep, proto_id id, const wire_msg& m) {
 
 uint64_t protocol_errors(worker& w) { return detail::impl(w).protocol_errors; }
 
-/// Records the calls of an endpoint error handler.
-struct error_log {
-  int calls = 0;
-  status reason = status::ok;
-};
-
-void on_error(void* arg, endpoint*, status reason) {
-  auto* log = static_cast<error_log*>(arg);
-  ++log->calls;
-  log->reason = reason;
-}
-
 /// A worker pair plus the endpoint of b that receives what ab sends (the victim of hostile
 /// headers), with an error handler installed.
 struct victim_pair {
   explicit victim_pair(const std::string& tl_name) : p(tl_name) {
     victim = worker_pair::receiving_ep(*p.b, p.ab);
     BOOST_REQUIRE(victim != nullptr);
-    victim->set_error_handler(on_error, &errors);
+    victim->set_error_handler(record_error, &errors);
     dst = victim->id;
   }
   worker_pair p;
@@ -752,7 +740,7 @@ BOOST_DATA_TEST_CASE(wireup_reply_status_fails_a_connecting_endpoint, each_trans
       BOOST_REQUIRE(p.a->connect(p.b->address(), &ep) == status::ok);  // b does not answer yet
       BOOST_REQUIRE(!worker_pair::wired(ep));
       error_log errors;
-      ep->set_error_handler(on_error, &errors);
+      ep->set_error_handler(record_error, &errors);
       const uint32_t dst = detail::impl(*ep).id;
       feed(*p.a, proto_id::wireup_reply, header<wire::schema::WireupReply>([&](auto f) {
              f.setDstEp(dst);

@@ -176,10 +176,10 @@ config bootstrap_config(const std::string& auth_key) {
 }
 
 /// A process of a job started by hand (see the file comment).
-class address_bootstrap final : public bootstrap {
+class address_bootstrap final : public stored_bootstrap {
 public:
   explicit address_bootstrap(const address_job& job)
-      : job_(job), peers_(static_cast<size_t>(job.size)), store_(job.rank, job.size) {
+      : stored_bootstrap(job.rank, job.size), job_(job), peers_(static_cast<size_t>(job.size)) {
     for (size_t r = 0; r < peers_.size(); ++r) {
       peers_[r].owner = this;
       peers_[r].rank = static_cast<int>(r);
@@ -208,24 +208,9 @@ public:
   int size() const noexcept override { return job_.size; }
   std::string_view backend_name() const noexcept override { return "address"; }
 
-  status put(std::string_view key, const void* value, size_t length) override {
-    std::string why;
-    const status st = store_.put(key, value, length, &why);
-    return st == status::ok ? st : fail(st, why);
-  }
-
-  status commit() override {
-    store_.commit();
-    return status::ok;
-  }
-
   status fence(int timeout_ms) override {
     const int limit = timeout_ms < 0 ? job_.timeout_ms : timeout_ms;
     return run_fence(clock_type::now() + std::chrono::milliseconds(limit));
-  }
-
-  status get(int rank, std::string_view key, std::vector<uint8_t>& out) override {
-    return store_.get(rank, key, out);
   }
 
 private:
@@ -677,7 +662,6 @@ private:
 
   const address_job job_;
   std::vector<peer> peers_;
-  record_store store_;
   std::unique_ptr<context> ctx_;
   std::unique_ptr<worker> worker_;
   std::unique_ptr<listener> listener_;

@@ -81,6 +81,21 @@ private:
   std::vector<size_t> visible_bytes_;  ///< per rank
 };
 
+/// A bootstrap whose records this process keeps in a record_store (the single and address
+/// backends): put, commit and get go to the store; each backend's fence moves the records.
+class stored_bootstrap : public bootstrap {
+public:
+  status put(std::string_view key, const void* value, size_t length) override;
+  status commit() override;
+  status get(int rank, std::string_view key, std::vector<uint8_t>& out) override;
+
+protected:
+  /// A store for a job of `size` ranks in which this process is `rank`.
+  stored_bootstrap(int rank, int size) : store_(rank, size) {}
+
+  record_store store_;  ///< this process's records and those fences made visible
+};
+
 /// The single backend: rank 0 of 1.
 std::unique_ptr<bootstrap> make_single_bootstrap();
 

@@ -7,22 +7,13 @@ namespace comm::detail {
 namespace {
 
 /// Rank 0 of a job of one.
-class single_bootstrap final : public bootstrap {
+class single_bootstrap final : public stored_bootstrap {
 public:
+  single_bootstrap() : stored_bootstrap(0, 1) {}
+
   int rank() const noexcept override { return 0; }
   int size() const noexcept override { return 1; }
   std::string_view backend_name() const noexcept override { return "single"; }
-
-  status put(std::string_view key, const void* value, size_t length) override {
-    std::string why;
-    const status st = store_.put(key, value, length, &why);
-    return st == status::ok ? st : fail(st, why);
-  }
-
-  status commit() override {
-    store_.commit();
-    return status::ok;
-  }
 
   status fence(int) override {
     std::string why;
@@ -33,13 +24,6 @@ public:
     }
     return status::ok;
   }
-
-  status get(int rank, std::string_view key, std::vector<uint8_t>& out) override {
-    return store_.get(rank, key, out);
-  }
-
-private:
-  record_store store_{0, 1};
 };
 
 }  // namespace

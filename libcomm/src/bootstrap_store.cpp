@@ -1,4 +1,5 @@
-// The key-value store of the single and address backends (bootstrap_impl.hpp).
+// The key-value store of the single and address backends, and the bootstrap operations they
+// share (bootstrap_impl.hpp).
 #include "bootstrap_impl.hpp"
 
 #include <cstring>
@@ -98,6 +99,21 @@ status record_store::get(int rank, std::string_view key, std::vector<uint8_t>& o
   if (found == theirs.end()) return status::no_elem;
   out = found->second;
   return status::ok;
+}
+
+status stored_bootstrap::put(std::string_view key, const void* value, size_t length) {
+  std::string why;
+  const status st = store_.put(key, value, length, &why);
+  return st == status::ok ? st : fail(st, why);
+}
+
+status stored_bootstrap::commit() {
+  store_.commit();
+  return status::ok;
+}
+
+status stored_bootstrap::get(int rank, std::string_view key, std::vector<uint8_t>& out) {
+  return store_.get(rank, key, out);
 }
 
 }  // namespace comm::detail

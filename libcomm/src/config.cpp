@@ -2,43 +2,20 @@
 #include <comm/log.hpp>
 #include <comm/transport/transport.hpp>
 
-#include <cerrno>
 #include <cstdlib>
-#include <limits>
 #include <fstream>
 #include <sstream>
 
 namespace comm {
 namespace {
 
-/// Parses a size with an optional k/m/g suffix; false for anything else.
-bool parse_size(const char* text, size_t* out) {
-  // strtoull alone would take leading blanks and a sign ("-1" is 2^64 - 1) and saturate on
-  // overflow: accept digits only, in range.
-  if (*text < '0' || *text > '9') return false;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long value = std::strtoull(text, &end, 10);
-  if (end == text || errno == ERANGE) return false;
-  unsigned shift = 0;
-  switch (*end) {
-    case 'k': case 'K': shift = 10; ++end; break;
-    case 'm': case 'M': shift = 20; ++end; break;
-    case 'g': case 'G': shift = 30; ++end; break;
-    default: break;
-  }
-  if (value > (std::numeric_limits<unsigned long long>::max() >> shift)) return false;
-  value <<= shift;
-  if (*end == 'b' || *end == 'B') ++end;
-  if (*end != '\0') return false;
-  *out = static_cast<size_t>(value);
-  return true;
-}
-
 void read_size(const char* variable, size_t* field) {
   const char* text = std::getenv(variable);
   if (text == nullptr) return;
-  if (!parse_size(text, field)) {
+  uint64_t value = 0;
+  if (tl::parse_size(text, &value)) {
+    *field = static_cast<size_t>(value);
+  } else {
     COMM_LOG(warn, "config", "%s=%s is not a size (e.g. 8192, 16k, 1m); ignored", variable, text);
   }
 }

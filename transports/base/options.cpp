@@ -25,7 +25,12 @@ bool parse_digits(const std::string& text, const char** end, uint64_t* out) {
   return true;
 }
 
-/// Parses a size: digits with an optional k/m/g suffix, then an optional b.
+std::string range_text(uint64_t min, uint64_t max) {
+  return std::to_string(min) + ".." + std::to_string(max);
+}
+
+}  // namespace
+
 bool parse_size(const std::string& text, uint64_t* out) {
   const char* end = nullptr;
   uint64_t value = 0;
@@ -43,12 +48,6 @@ bool parse_size(const std::string& text, uint64_t* out) {
   *out = value << shift;
   return true;
 }
-
-std::string range_text(uint64_t min, uint64_t max) {
-  return std::to_string(min) + ".." + std::to_string(max);
-}
-
-}  // namespace
 
 std::string option_prefix(std::string_view transport_name) {
   std::string prefix = "COMM_";

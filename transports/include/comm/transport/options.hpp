@@ -27,6 +27,11 @@ struct knob {
   const char* default_value;  ///< the default, as the user would write it ("" for none)
 };
 
+/// Parses a size: digits (no blank, no sign) with an optional k/m/g suffix, then an optional b
+/// ("8192", "16k", "1MB"). False for anything else, or a value beyond 64 bits. libcomm's own
+/// knobs (comm::config) are read with it too.
+bool parse_size(const std::string& text, uint64_t* out);
+
 /// The variable prefix of transport `name`: "COMM_" + upper-case name + "_".
 std::string option_prefix(std::string_view transport_name);
 
