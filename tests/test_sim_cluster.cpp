@@ -223,6 +223,13 @@ struct fake_member {
     if (o.pending()) (void)w->wait(o, 5000);
   }
 
+  /// Closes the worker, as a process that exits would: rank 0 fails (the peer is gone) if it is
+  /// still waiting, so that a scenario rank 0 does not refuse ends instead of hanging.
+  void leave() {
+    ep = nullptr;
+    w.reset();
+  }
+
   /// Progresses until `done` or about 20 s.
   template <class Done>
   void progress_until(Done done) {
@@ -282,6 +289,7 @@ member_result against_fake(const std::vector<uint8_t>& header, const std::vector
     if (!fake.joined) return;
     fake.send(header.data(), header.size(), data.data(), data.size());
     fake.progress_until([&] { return fake.aborts != 0; });
+    fake.leave();
   });
   member_result r = run_member(g, 0, sixteen, defaults);
   t.join();
@@ -332,6 +340,21 @@ BOOST_AUTO_TEST_CASE(events_that_cannot_be_ours_fail_the_run_cleanly) {
       {bytes_of(&h, sizeof(h)), bytes_of(&in_the_past, sizeof(ev)), "cannot be ours: LP 3"},
       {bytes_of(&h, sizeof(h)), std::vector<uint8_t>(sizeof(ev) + 3, 0), "not a whole number"},
       {bytes_of(&later, sizeof(later)), {}, "sent round 5"},
+  });
+}
+
+BOOST_AUTO_TEST_CASE(a_peer_that_skips_a_round_fails_the_run_at_once) {
+  // A peer leaves a round only with everybody's message of that round, and its messages arrive
+  // in order: round 1 or its totals before its round 0 can only come from a broken peer, which
+  // rank 0 would otherwise wait for as long as it lives.
+  wire::header skipped = round_zero(fingerprint_of_rank0()), totals = skipped;
+  skipped.round = 1;
+  totals.what = static_cast<uint16_t>(wire::kind::totals);
+  const wire::totals counters{};
+  expect_protocol_errors({
+      {bytes_of(&skipped, sizeof(skipped)), {}, "sent round 1 before round 0"},
+      {bytes_of(&totals, sizeof(totals)), bytes_of(&counters, sizeof(counters)),
+       "sent its totals in round 0"},
   });
 }
 

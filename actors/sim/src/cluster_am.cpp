@@ -379,6 +379,11 @@ void am_cluster::handle_round(const wire::header& h, const void* data, size_t le
                        "synchronisation or model differ)");
     return;
   }
+  if (h.round != round_ && !slots_[round_ & 1].seen[h.sender]) {
+    set_failure(status::protocol_error, from + " sent round " + std::to_string(h.round) +
+                                            " before round " + std::to_string(round_));
+    return;
+  }
   round_slot& slot = slots_[h.round & 1];
   if (slot.seen[h.sender] || std::isnan(h.local_min)) {
     set_failure(status::protocol_error, from + " sent a duplicate or malformed round message");
@@ -395,6 +400,12 @@ void am_cluster::handle_round(const wire::header& h, const void* data, size_t le
 }
 
 void am_cluster::handle_totals(const wire::header& h, const void* data, size_t length) {
+  if (!reducing_ && !slots_[round_ & 1].seen[h.sender]) {
+    set_failure(status::protocol_error, "process " + std::to_string(h.sender) +
+                                            " sent its totals in round " + std::to_string(round_) +
+                                            " before that round's message");
+    return;
+  }
   if (length != sizeof(wire::totals) || totals_seen_[h.sender]) {
     set_failure(status::protocol_error,
                 "process " + std::to_string(h.sender) + " sent malformed or duplicate totals");
