@@ -278,10 +278,10 @@ uint64_t fingerprint_of_rank0() {
   return fake.fingerprint;
 }
 
-/// Runs rank 0 (PHOLD, 16 LPs) against a fake rank 1 that sends `header` + `data`; rank 0's
+/// Runs rank 0 (PHOLD, 16 LPs, `cfg`) against a fake rank 1 that sends `header` + `data`; rank 0's
 /// outcome and the abort notices the fake got.
 member_result against_fake(const std::vector<uint8_t>& header, const std::vector<uint8_t>& data,
-                           int* aborts) {
+                           int* aborts, const run_config& cfg = sixteen) {
   bootstrap_group g(2);
   fake_member fake(g);
   std::thread t([&] {
@@ -291,7 +291,7 @@ member_result against_fake(const std::vector<uint8_t>& header, const std::vector
     fake.progress_until([&] { return fake.aborts != 0; });
     fake.leave();
   });
-  member_result r = run_member(g, 0, sixteen, defaults);
+  member_result r = run_member(g, 0, cfg, defaults);
   t.join();
   BOOST_REQUIRE(fake.joined);
   *aborts = fake.aborts;
@@ -341,6 +341,27 @@ BOOST_AUTO_TEST_CASE(events_that_cannot_be_ours_fail_the_run_cleanly) {
       {bytes_of(&h, sizeof(h)), std::vector<uint8_t>(sizeof(ev) + 3, 0), "not a whole number"},
       {bytes_of(&later, sizeof(later)), {}, "sent round 5"},
   });
+}
+
+BOOST_AUTO_TEST_CASE(more_events_than_the_receiver_may_hold_fail_the_run) {
+  // Rank 0 holds its 8 LPs' start events; max_events 10 leaves room for 2 more (the limit is not
+  // part of the fingerprint: it bounds one process's memory).
+  using ev = event<phold::model::message>;
+  run_config small = sixteen;
+  small.max_events = 10;
+  const wire::header h = round_zero(fingerprint_of_rank0());
+  std::vector<uint8_t> three;
+  for (lp_id target : {1u, 2u, 3u}) {
+    const ev e{2.0, target, 12, target, {12}};
+    const std::vector<uint8_t> bytes = bytes_of(&e, sizeof(e));
+    three.insert(three.end(), bytes.begin(), bytes.end());
+  }
+  int aborts = 0;
+  const member_result r = against_fake(bytes_of(&h, sizeof(h)), three, &aborts, small);
+  BOOST_TEST(r.st == status::exceeds_limit);
+  BOOST_TEST(r.why.find("process 1's 3 events go past the limit of 10") != std::string::npos,
+             r.why);
+  BOOST_TEST(aborts == 1);
 }
 
 BOOST_AUTO_TEST_CASE(a_peer_that_skips_a_round_fails_the_run_at_once) {
