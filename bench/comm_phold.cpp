@@ -175,12 +175,8 @@ int main(int argc, char** argv) {
   }
   const bool talk = c->rank() == 0 && !o.quiet;
   if (talk) print_configuration(o, *c);
-  run_config cfg;
-  cfg.lp_count = o.nlp * static_cast<uint64_t>(c->size());
-  cfg.partitions = o.partitions;
-  cfg.lookahead = o.model.lookahead;
-  cfg.end_time = o.end;
-  cfg.seed = o.seed;
+  run_config cfg = phold::configuration(o.nlp * static_cast<uint64_t>(c->size()), o.partitions,
+                                        o.model, o.end, o.seed);
   cfg.sync = static_cast<sync_mode>(o.synch);
   cfg.progress = o.progress < 0 ? is_terminal(stderr) && !o.quiet : o.progress == 1;
   phold::model model{o.model};

@@ -22,6 +22,19 @@ struct parameters {
   unsigned start_events = 1;  ///< events each LP starts with
 };
 
+/// The engine's configuration for PHOLD on `lps` LPs in all: its lookahead is the model's least
+/// delay.
+inline run_config configuration(uint64_t lps, unsigned partitions, const parameters& p,
+                                double end, uint64_t seed) {
+  run_config cfg;
+  cfg.lp_count = lps;
+  cfg.partitions = partitions;
+  cfg.lookahead = p.lookahead;
+  cfg.end_time = end;
+  cfg.seed = seed;
+  return cfg;
+}
+
 /// The PHOLD model (see the file comment).
 struct model {
   /// An LP's state.

@@ -92,17 +92,6 @@ struct member_result {
   run_result result;
 };
 
-run_config phold_config(uint64_t lps, unsigned partitions, const phold::parameters& p, double end,
-                        uint64_t seed) {
-  run_config cfg;
-  cfg.lp_count = lps;
-  cfg.partitions = partitions;
-  cfg.lookahead = p.lookahead;
-  cfg.end_time = end;
-  cfg.seed = seed;
-  return cfg;
-}
-
 /// Joins the group as `rank` and runs PHOLD.
 member_result run_member(bootstrap_group& g, int rank, const run_config& cfg,
                          const phold::parameters& p) {
@@ -151,7 +140,8 @@ BOOST_AUTO_TEST_CASE(members_agree_with_one_process) {
   for (const phold::parameters& p : {phold::parameters{}, spread}) {
     for (int members : {2, 3, 4}) {
       for (unsigned parts : {1u, 3u}) {
-        const run_config cfg = phold_config(50, parts, p, 200, 11);  // uneven blocks for 3, 4
+        // 50 LPs: uneven blocks for 3 and 4 members.
+        const run_config cfg = phold::configuration(50, parts, p, 200, 11);
         uint64_t committed = 0;
         const uint64_t want = local_digest(cfg, p, &committed);
         const auto results = run_threads(members, cfg, p);
@@ -171,8 +161,9 @@ BOOST_AUTO_TEST_CASE(members_with_another_configuration_are_refused) {
   bootstrap_group g(2);
   const phold::parameters p;
   member_result results[2];
-  std::thread other([&] { results[1] = run_member(g, 1, phold_config(16, 1, p, 50, 2), p); });
-  results[0] = run_member(g, 0, phold_config(16, 1, p, 50, 1), p);
+  std::thread other(
+      [&] { results[1] = run_member(g, 1, phold::configuration(16, 1, p, 50, 2), p); });
+  results[0] = run_member(g, 0, phold::configuration(16, 1, p, 50, 1), p);
   other.join();
   for (const member_result& m : results) {
     BOOST_TEST(m.st != status::ok);
@@ -253,7 +244,7 @@ std::vector<uint8_t> bytes_of(const void* p, size_t n) {
 }
 
 const phold::parameters defaults{};
-const run_config sixteen = phold_config(16, 1, defaults, 50, 1);
+const run_config sixteen = phold::configuration(16, 1, defaults, 50, 1);
 
 /// The fingerprint of rank 0's configuration, from its first message to a fake that then tells
 /// it to stop.

@@ -32,12 +32,7 @@ namespace {
 run_result run_phold(uint64_t lps, unsigned partitions, const phold::parameters& p, double end,
                      uint64_t seed, sync_mode sync = sync_mode::conservative) {
   auto c = cluster::local();
-  run_config cfg;
-  cfg.lp_count = lps;
-  cfg.partitions = partitions;
-  cfg.lookahead = p.lookahead;
-  cfg.end_time = end;
-  cfg.seed = seed;
+  run_config cfg = phold::configuration(lps, partitions, p, end, seed);
   cfg.sync = sync;
   phold::model m{p};
   engine<phold::model> e(*c, cfg, m);
@@ -263,12 +258,7 @@ BOOST_AUTO_TEST_CASE(every_lp_ends_as_in_a_plain_sequential_simulator) {
     ref.run();
     for (unsigned parts : {1u, 4u}) {
       auto c = cluster::local();
-      run_config cfg;
-      cfg.lp_count = 20;
-      cfg.partitions = parts;
-      cfg.lookahead = p.lookahead;
-      cfg.end_time = 150;
-      cfg.seed = 5;
+      const run_config cfg = phold::configuration(20, parts, p, 150, 5);
       phold::model m{p};
       engine<phold::model> e(*c, cfg, m);
       run_result r;

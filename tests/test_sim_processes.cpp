@@ -75,11 +75,7 @@ std::vector<std::string> phold_command(const model_case& m, int processes, unsig
 /// The digest of `m` run in this process, as comm_phold prints it.
 std::string local_digest(const model_case& m) {
   auto c = cluster::local();
-  run_config cfg;
-  cfg.lp_count = m.lps;
-  cfg.lookahead = m.p.lookahead;
-  cfg.end_time = m.end;
-  cfg.seed = m.seed;
+  const run_config cfg = phold::configuration(m.lps, 1, m.p, m.end, m.seed);
   phold::model model{m.p};
   engine<phold::model> e(*c, cfg, model);
   run_result r;
