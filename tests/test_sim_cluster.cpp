@@ -259,6 +259,8 @@ uint64_t fingerprint_of_rank0() {
     h.what = static_cast<uint16_t>(wire::kind::abort);
     h.sender = 1;
     fake.send(&h, sizeof(h), "done", 4);
+    fake.progress_until([&] { return fake.aborts != 0; });  // rank 0's notice: it has stopped
+    fake.leave();
   });
   const member_result r = run_member(g, 0, sixteen, defaults);
   t.join();
@@ -383,6 +385,7 @@ BOOST_AUTO_TEST_CASE(an_earliest_time_before_the_last_window_fails_the_run) {
     fake.send(&zero, sizeof(zero), nullptr, 0);
     fake.send(&one, sizeof(one), nullptr, 0);
     fake.progress_until([&] { return fake.aborts != 0; });
+    fake.leave();
   });
   const member_result r = run_member(g, 0, sixteen, defaults);
   t.join();
