@@ -50,10 +50,10 @@ struct model {
 
   parameters p;
 
-  /// Schedules the LP's start events.
+  /// Schedules the LP's start events, up to the first the engine refuses (which fails the run).
   void init(lp_context<model>& lp) const {
     for (unsigned i = 0; i < p.start_events; ++i) {
-      lp.schedule(lp.id(), delay(lp), message{lp.id()});
+      if (lp.schedule(lp.id(), delay(lp), message{lp.id()}) != status::ok) return;
     }
   }
 

@@ -392,6 +392,24 @@ BOOST_AUTO_TEST_CASE(more_events_than_the_limit_are_refused) {
   BOOST_TEST(why.find("max_events") != std::string::npos, why);
 }
 
+BOOST_AUTO_TEST_CASE(phold_start_events_past_the_limit_fail_at_once) {
+  // PHOLD's init used to ignore the refusal and go on scheduling (2^32 - 1 refused calls per LP,
+  // each formatting its reason: minutes), before the engine looked at the failure.
+  phold::parameters p;
+  p.start_events = 0xffffffffu;
+  run_config cfg = phold::configuration(2, 1, p, 100, 1);
+  cfg.max_events = 10;
+  auto c = cluster::local();
+  phold::model m{p};
+  engine<phold::model> e(*c, cfg, m);
+  run_result r;
+  std::string why;
+  BOOST_TEST(e.run(&r, &why) == status::exceeds_limit);
+  BOOST_TEST(why.find("LP 0 at time 0.000000 went past the limit of 10 events") !=
+                 std::string::npos,
+             why);
+}
+
 BOOST_AUTO_TEST_CASE(bad_configurations_are_refused) {
   auto c = cluster::local();
   phold::model m;
