@@ -14,10 +14,13 @@
 #include <comm/sim/engine.hpp>
 #include <comm/sim/report.hpp>
 
+#include <cctype>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -58,15 +61,20 @@ void usage(std::FILE* out) {
       out);
 }
 
-/// Parses one number; false when `text` is not entirely one.
+/// Parses one number; false when `text` is not entirely one, or (integers) T cannot hold it.
 template <class T>
 bool parse_number(const std::string& text, T* out) {
   char* end = nullptr;
   if constexpr (std::is_floating_point_v<T>) {
     *out = std::strtod(text.c_str(), &end);
   } else {
-    if (text.empty() || text[0] == '-') return false;
-    *out = static_cast<T>(std::strtoull(text.c_str(), &end, 10));
+    if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+    errno = 0;
+    const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+    if (errno == ERANGE || value > static_cast<unsigned long long>(std::numeric_limits<T>::max())) {
+      return false;
+    }
+    *out = static_cast<T>(value);
   }
   return !text.empty() && end != nullptr && *end == '\0';
 }
@@ -108,7 +116,7 @@ bool parse(int argc, char** argv, options* o) {
       return false;
     }
     if (!ok) {
-      std::fprintf(stderr, "comm_phold: %s needs a number, not '%s'\n", arg.c_str(),
+      std::fprintf(stderr, "comm_phold: %s needs a number (within range), not '%s'\n", arg.c_str(),
                    value.c_str());
       return false;
     }
@@ -119,7 +127,7 @@ bool parse(int argc, char** argv, options* o) {
   else if (!(m.lookahead > 0)) problem = "--lookahead must be positive";
   else if (!(m.mean >= m.lookahead)) problem = "--mean must be at least --lookahead";
   else if (o->synch < 1 || o->synch > 3) problem = "--synch must be 1, 2 or 3";
-  else if (o->nlp == 0) problem = "--nlp must be positive";
+  else if (o->nlp == 0 || o->nlp > 0xffffffffull) problem = "--nlp must be between 1 and 2^32 - 1";
   if (problem != nullptr) {
     std::fprintf(stderr, "comm_phold: %s\n", problem);
     return false;
@@ -175,12 +183,8 @@ int main(int argc, char** argv) {
   }
   const bool talk = c->rank() == 0 && !o.quiet;
   if (talk) print_configuration(o, *c);
-  run_config cfg;
-  cfg.lp_count = o.nlp * static_cast<uint64_t>(c->size());
-  cfg.partitions = o.partitions;
-  cfg.lookahead = o.model.lookahead;
-  cfg.end_time = o.end;
-  cfg.seed = o.seed;
+  run_config cfg = phold::configuration(o.nlp * static_cast<uint64_t>(c->size()), o.partitions,
+                                        o.model, o.end, o.seed);
   cfg.sync = static_cast<sync_mode>(o.synch);
   cfg.progress = o.progress < 0 ? is_terminal(stderr) && !o.quiet : o.progress == 1;
   phold::model model{o.model};

@@ -22,6 +22,19 @@ struct parameters {
   unsigned start_events = 1;  ///< events each LP starts with
 };
 
+/// The engine's configuration for PHOLD on `lps` LPs in all: its lookahead is the model's least
+/// delay.
+inline run_config configuration(uint64_t lps, unsigned partitions, const parameters& p,
+                                double end, uint64_t seed) {
+  run_config cfg;
+  cfg.lp_count = lps;
+  cfg.partitions = partitions;
+  cfg.lookahead = p.lookahead;
+  cfg.end_time = end;
+  cfg.seed = seed;
+  return cfg;
+}
+
 /// The PHOLD model (see the file comment).
 struct model {
   /// An LP's state.
@@ -37,10 +50,10 @@ struct model {
 
   parameters p;
 
-  /// Schedules the LP's start events.
+  /// Schedules the LP's start events, up to the first the engine refuses (which fails the run).
   void init(lp_context<model>& lp) const {
     for (unsigned i = 0; i < p.start_events; ++i) {
-      lp.schedule(lp.id(), delay(lp), message{lp.id()});
+      if (lp.schedule(lp.id(), delay(lp), message{lp.id()}) != status::ok) return;
     }
   }
 

@@ -59,9 +59,12 @@ struct queueing_network {
 
   network_parameters p;
 
-  /// The station's start jobs arrive during the first transit time.
+  /// The station's start jobs arrive during the first transit time; the first the engine refuses
+  /// (past run_config::max_events) fails the run, so the rest are not tried.
   void init(lp_context<queueing_network>& lp) {
-    for (unsigned i = 0; i < p.jobs; ++i) send_job(lp, lp.id());
+    for (unsigned i = 0; i < p.jobs; ++i) {
+      if (send_job(lp, lp.id()) != comm::status::ok) return;
+    }
   }
 
   /// One event at a station.
@@ -98,10 +101,10 @@ private:
     lp.schedule(lp.id(), t, message{message::service_end});
   }
 
-  void send_job(lp_context<queueing_network>& lp, lp_id to) {
+  comm::status send_job(lp_context<queueing_network>& lp, lp_id to) {
     const double t = p.transit_min + lp.rng().exponential(p.transit_mean - p.transit_min);
     ++lp.state().sent;
-    lp.schedule(to, t, message{message::arrival});
+    return lp.schedule(to, t, message{message::arrival});
   }
 
   lp_id next_station(lp_context<queueing_network>& lp) {

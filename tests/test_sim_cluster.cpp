@@ -92,17 +92,6 @@ struct member_result {
   run_result result;
 };
 
-run_config phold_config(uint64_t lps, unsigned partitions, const phold::parameters& p, double end,
-                        uint64_t seed) {
-  run_config cfg;
-  cfg.lp_count = lps;
-  cfg.partitions = partitions;
-  cfg.lookahead = p.lookahead;
-  cfg.end_time = end;
-  cfg.seed = seed;
-  return cfg;
-}
-
 /// Joins the group as `rank` and runs PHOLD.
 member_result run_member(bootstrap_group& g, int rank, const run_config& cfg,
                          const phold::parameters& p) {
@@ -151,7 +140,8 @@ BOOST_AUTO_TEST_CASE(members_agree_with_one_process) {
   for (const phold::parameters& p : {phold::parameters{}, spread}) {
     for (int members : {2, 3, 4}) {
       for (unsigned parts : {1u, 3u}) {
-        const run_config cfg = phold_config(50, parts, p, 200, 11);  // uneven blocks for 3, 4
+        // 50 LPs: uneven blocks for 3 and 4 members.
+        const run_config cfg = phold::configuration(50, parts, p, 200, 11);
         uint64_t committed = 0;
         const uint64_t want = local_digest(cfg, p, &committed);
         const auto results = run_threads(members, cfg, p);
@@ -171,8 +161,9 @@ BOOST_AUTO_TEST_CASE(members_with_another_configuration_are_refused) {
   bootstrap_group g(2);
   const phold::parameters p;
   member_result results[2];
-  std::thread other([&] { results[1] = run_member(g, 1, phold_config(16, 1, p, 50, 2), p); });
-  results[0] = run_member(g, 0, phold_config(16, 1, p, 50, 1), p);
+  std::thread other(
+      [&] { results[1] = run_member(g, 1, phold::configuration(16, 1, p, 50, 2), p); });
+  results[0] = run_member(g, 0, phold::configuration(16, 1, p, 50, 1), p);
   other.join();
   for (const member_result& m : results) {
     BOOST_TEST(m.st != status::ok);
@@ -223,6 +214,13 @@ struct fake_member {
     if (o.pending()) (void)w->wait(o, 5000);
   }
 
+  /// Closes the worker, as a process that exits would: rank 0 fails (the peer is gone) if it is
+  /// still waiting, so that a scenario rank 0 does not refuse ends instead of hanging.
+  void leave() {
+    ep = nullptr;
+    w.reset();
+  }
+
   /// Progresses until `done` or about 20 s.
   template <class Done>
   void progress_until(Done done) {
@@ -246,7 +244,7 @@ std::vector<uint8_t> bytes_of(const void* p, size_t n) {
 }
 
 const phold::parameters defaults{};
-const run_config sixteen = phold_config(16, 1, defaults, 50, 1);
+const run_config sixteen = phold::configuration(16, 1, defaults, 50, 1);
 
 /// The fingerprint of rank 0's configuration, from its first message to a fake that then tells
 /// it to stop.
@@ -261,6 +259,8 @@ uint64_t fingerprint_of_rank0() {
     h.what = static_cast<uint16_t>(wire::kind::abort);
     h.sender = 1;
     fake.send(&h, sizeof(h), "done", 4);
+    fake.progress_until([&] { return fake.aborts != 0; });  // rank 0's notice: it has stopped
+    fake.leave();
   });
   const member_result r = run_member(g, 0, sixteen, defaults);
   t.join();
@@ -271,10 +271,10 @@ uint64_t fingerprint_of_rank0() {
   return fake.fingerprint;
 }
 
-/// Runs rank 0 (PHOLD, 16 LPs) against a fake rank 1 that sends `header` + `data`; rank 0's
+/// Runs rank 0 (PHOLD, 16 LPs, `cfg`) against a fake rank 1 that sends `header` + `data`; rank 0's
 /// outcome and the abort notices the fake got.
 member_result against_fake(const std::vector<uint8_t>& header, const std::vector<uint8_t>& data,
-                           int* aborts) {
+                           int* aborts, const run_config& cfg = sixteen) {
   bootstrap_group g(2);
   fake_member fake(g);
   std::thread t([&] {
@@ -282,8 +282,9 @@ member_result against_fake(const std::vector<uint8_t>& header, const std::vector
     if (!fake.joined) return;
     fake.send(header.data(), header.size(), data.data(), data.size());
     fake.progress_until([&] { return fake.aborts != 0; });
+    fake.leave();
   });
-  member_result r = run_member(g, 0, sixteen, defaults);
+  member_result r = run_member(g, 0, cfg, defaults);
   t.join();
   BOOST_REQUIRE(fake.joined);
   *aborts = fake.aborts;
@@ -335,6 +336,42 @@ BOOST_AUTO_TEST_CASE(events_that_cannot_be_ours_fail_the_run_cleanly) {
   });
 }
 
+BOOST_AUTO_TEST_CASE(more_events_than_the_receiver_may_hold_fail_the_run) {
+  // Rank 0 holds its 8 LPs' start events; max_events 10 leaves room for 2 more (the limit is not
+  // part of the fingerprint: it bounds one process's memory).
+  using ev = event<phold::model::message>;
+  run_config small = sixteen;
+  small.max_events = 10;
+  const wire::header h = round_zero(fingerprint_of_rank0());
+  std::vector<uint8_t> three;
+  for (lp_id target : {1u, 2u, 3u}) {
+    const ev e{2.0, target, 12, target, {12}};
+    const std::vector<uint8_t> bytes = bytes_of(&e, sizeof(e));
+    three.insert(three.end(), bytes.begin(), bytes.end());
+  }
+  int aborts = 0;
+  const member_result r = against_fake(bytes_of(&h, sizeof(h)), three, &aborts, small);
+  BOOST_TEST(r.st == status::exceeds_limit);
+  BOOST_TEST(r.why.find("process 1's 3 events go past the limit of 10") != std::string::npos,
+             r.why);
+  BOOST_TEST(aborts == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_peer_that_skips_a_round_fails_the_run_at_once) {
+  // A peer leaves a round only with everybody's message of that round, and its messages arrive
+  // in order: round 1 or its totals before its round 0 can only come from a broken peer, which
+  // rank 0 would otherwise wait for as long as it lives.
+  wire::header skipped = round_zero(fingerprint_of_rank0()), totals = skipped;
+  skipped.round = 1;
+  totals.what = static_cast<uint16_t>(wire::kind::totals);
+  const wire::totals counters{};
+  expect_protocol_errors({
+      {bytes_of(&skipped, sizeof(skipped)), {}, "sent round 1 before round 0"},
+      {bytes_of(&totals, sizeof(totals)), bytes_of(&counters, sizeof(counters)),
+       "sent its totals in round 0"},
+  });
+}
+
 BOOST_AUTO_TEST_CASE(an_earliest_time_before_the_last_window_fails_the_run) {
   // Round 0 says 1.0 (rank 0 then runs [1, 2)); round 1 claims an event at 0.5.
   wire::header zero = round_zero(fingerprint_of_rank0()), one = zero;
@@ -348,6 +385,7 @@ BOOST_AUTO_TEST_CASE(an_earliest_time_before_the_last_window_fails_the_run) {
     fake.send(&zero, sizeof(zero), nullptr, 0);
     fake.send(&one, sizeof(one), nullptr, 0);
     fake.progress_until([&] { return fake.aborts != 0; });
+    fake.leave();
   });
   const member_result r = run_member(g, 0, sixteen, defaults);
   t.join();

@@ -32,12 +32,7 @@ namespace {
 run_result run_phold(uint64_t lps, unsigned partitions, const phold::parameters& p, double end,
                      uint64_t seed, sync_mode sync = sync_mode::conservative) {
   auto c = cluster::local();
-  run_config cfg;
-  cfg.lp_count = lps;
-  cfg.partitions = partitions;
-  cfg.lookahead = p.lookahead;
-  cfg.end_time = end;
-  cfg.seed = seed;
+  run_config cfg = phold::configuration(lps, partitions, p, end, seed);
   cfg.sync = sync;
   phold::model m{p};
   engine<phold::model> e(*c, cfg, m);
@@ -263,12 +258,7 @@ BOOST_AUTO_TEST_CASE(every_lp_ends_as_in_a_plain_sequential_simulator) {
     ref.run();
     for (unsigned parts : {1u, 4u}) {
       auto c = cluster::local();
-      run_config cfg;
-      cfg.lp_count = 20;
-      cfg.partitions = parts;
-      cfg.lookahead = p.lookahead;
-      cfg.end_time = 150;
-      cfg.seed = 5;
+      const run_config cfg = phold::configuration(20, parts, p, 150, 5);
       phold::model m{p};
       engine<phold::model> e(*c, cfg, m);
       run_result r;
@@ -400,6 +390,24 @@ BOOST_AUTO_TEST_CASE(more_events_than_the_limit_are_refused) {
   BOOST_TEST(run_breaker(m, &why) == status::exceeds_limit);
   BOOST_TEST(m.refused == status::exceeds_limit);
   BOOST_TEST(why.find("max_events") != std::string::npos, why);
+}
+
+BOOST_AUTO_TEST_CASE(phold_start_events_past_the_limit_fail_at_once) {
+  // PHOLD's init used to ignore the refusal and go on scheduling (2^32 - 1 refused calls per LP,
+  // each formatting its reason: minutes), before the engine looked at the failure.
+  phold::parameters p;
+  p.start_events = 0xffffffffu;
+  run_config cfg = phold::configuration(2, 1, p, 100, 1);
+  cfg.max_events = 10;
+  auto c = cluster::local();
+  phold::model m{p};
+  engine<phold::model> e(*c, cfg, m);
+  run_result r;
+  std::string why;
+  BOOST_TEST(e.run(&r, &why) == status::exceeds_limit);
+  BOOST_TEST(why.find("LP 0 at time 0.000000 went past the limit of 10 events") !=
+                 std::string::npos,
+             why);
 }
 
 BOOST_AUTO_TEST_CASE(bad_configurations_are_refused) {

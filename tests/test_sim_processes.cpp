@@ -75,11 +75,7 @@ std::vector<std::string> phold_command(const model_case& m, int processes, unsig
 /// The digest of `m` run in this process, as comm_phold prints it.
 std::string local_digest(const model_case& m) {
   auto c = cluster::local();
-  run_config cfg;
-  cfg.lp_count = m.lps;
-  cfg.lookahead = m.p.lookahead;
-  cfg.end_time = m.end;
-  cfg.seed = m.seed;
+  const run_config cfg = phold::configuration(m.lps, 1, m.p, m.end, m.seed);
   phold::model model{m.p};
   engine<phold::model> e(*c, cfg, model);
   run_result r;
@@ -215,6 +211,35 @@ BOOST_AUTO_TEST_CASE(two_network_namespace_hosts_over_tcp) {
   opt.env.push_back("COMM_AUTH_KEY=simulation hosts");
   const model_case m = spread_delays();
   expect_run(run_by_hand(2, phold_command(m, 2, 2), opt, hand), local_digest(m), 2, "tcp");
+}
+
+BOOST_AUTO_TEST_CASE(bad_options_are_refused_with_a_reason) {
+  struct bad_option {
+    std::vector<std::string> args;
+    const char* reason;
+  };
+  // Numbers the option's type cannot hold used to wrap (4294967297 partitions ran as 1), and an
+  // --nlp near 2^64 wrapped to a small model once multiplied by the process count.
+  const bad_option cases[] = {
+      {{"--partitions", "4294967297"}, "--partitions needs a number"},
+      {{"--synch", "4294967298"}, "--synch needs a number"},
+      {{"--start-events", "99999999999"}, "--start-events needs a number"},
+      {{"--nlp", "99999999999999999999"}, "--nlp needs a number"},
+      {{"--nlp", "4294967296"}, "--nlp must be between 1 and 2^32 - 1"},
+      {{"--nlp", " -1"}, "--nlp needs a number"},
+      {{"--nlp", "x"}, "--nlp needs a number"},
+      {{"--remote", "2"}, "--remote must be within [0, 1]"},
+      {{"--frobnicate", "1"}, "unknown option --frobnicate"},
+  };
+  for (const bad_option& b : cases) {
+    std::vector<std::string> argv = {program, "--end", "10", "--quiet"};
+    argv.insert(argv.end(), b.args.begin(), b.args.end());
+    const launch_result r = run_command(argv, limited());
+    BOOST_TEST_CONTEXT(b.args[0] << " " << b.args[1] << "\n" << r.output) {
+      BOOST_TEST(r.exit_code == 2);
+      BOOST_TEST(r.count(b.reason) == 1u);
+    }
+  }
 }
 
 // -- failures --------------------------------------------------------------------------------------

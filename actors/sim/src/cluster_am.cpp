@@ -364,24 +364,34 @@ void am_cluster::handle(const wire::header& h, const void* data, size_t length) 
   }
 }
 
+/// "process <rank>", for failure messages.
+std::string process_name(uint32_t rank) { return "process " + std::to_string(rank); }
+
 void am_cluster::handle_round(const wire::header& h, const void* data, size_t length) {
-  const std::string from = "process " + std::to_string(h.sender);
   if (reducing_ || (h.round != round_ && h.round != round_ + 1)) {
-    set_failure(status::protocol_error, from + " sent round " + std::to_string(h.round) +
-                                            " while this one is in round " +
-                                            std::to_string(round_) +
-                                            (reducing_ ? " (finished)" : ""));
+    set_failure(status::protocol_error,
+                process_name(h.sender) + " sent round " + std::to_string(h.round) +
+                    " while this one is in round " + std::to_string(round_) +
+                    (reducing_ ? " (finished)" : ""));
     return;
   }
   if (h.fingerprint != fingerprint_) {
     set_failure(status::invalid_param,
-                from + " runs another configuration (LPs, partitions, lookahead, end, seed, "
-                       "synchronisation or model differ)");
+                process_name(h.sender) +
+                    " runs another configuration (LPs, partitions, lookahead, end, seed, "
+                    "synchronisation or model differ)");
+    return;
+  }
+  if (h.round != round_ && !slots_[round_ & 1].seen[h.sender]) {
+    set_failure(status::protocol_error, process_name(h.sender) + " sent round " +
+                                            std::to_string(h.round) + " before round " +
+                                            std::to_string(round_));
     return;
   }
   round_slot& slot = slots_[h.round & 1];
   if (slot.seen[h.sender] || std::isnan(h.local_min)) {
-    set_failure(status::protocol_error, from + " sent a duplicate or malformed round message");
+    set_failure(status::protocol_error,
+                process_name(h.sender) + " sent a duplicate or malformed round message");
     return;
   }
   slot.seen[h.sender] = 1;
@@ -395,6 +405,12 @@ void am_cluster::handle_round(const wire::header& h, const void* data, size_t le
 }
 
 void am_cluster::handle_totals(const wire::header& h, const void* data, size_t length) {
+  if (!reducing_ && !slots_[round_ & 1].seen[h.sender]) {
+    set_failure(status::protocol_error, "process " + std::to_string(h.sender) +
+                                            " sent its totals in round " + std::to_string(round_) +
+                                            " before that round's message");
+    return;
+  }
   if (length != sizeof(wire::totals) || totals_seen_[h.sender]) {
     set_failure(status::protocol_error,
                 "process " + std::to_string(h.sender) + " sent malformed or duplicate totals");

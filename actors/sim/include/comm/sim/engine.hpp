@@ -483,14 +483,14 @@ status engine<Model>::refuse(const lp_context<Model>& from, lp_id target, sim_ti
 
 template <class Model>
 status engine<Model>::deliver(int from, const void* data, size_t bytes, std::string* why) {
-  const std::string sender = "process " + std::to_string(from);
+  const auto sender = [from] { return "process " + std::to_string(from); };  // failures only
   if (bytes % sizeof(event_type) != 0) {
-    *why = sender + " sent " + std::to_string(bytes) + " bytes, not a whole number of events";
+    *why = sender() + " sent " + std::to_string(bytes) + " bytes, not a whole number of events";
     return status::protocol_error;
   }
   const size_t n = bytes / sizeof(event_type);
   if (held_ + n > config_.max_events) {
-    *why = sender + "'s " + std::to_string(n) + " events go past the limit of " +
+    *why = sender() + "'s " + std::to_string(n) + " events go past the limit of " +
            std::to_string(config_.max_events) + " events held by a process";
     return status::exceeds_limit;
   }
@@ -500,7 +500,7 @@ status engine<Model>::deliver(int from, const void* data, size_t bytes, std::str
     std::memcpy(&e, p + i * sizeof(event_type), sizeof(event_type));
     if (e.target - local_first_ >= local_count_ || e.sender >= config_.lp_count ||
         !(e.time >= window_end_ && e.time < config_.end_time)) {
-      *why = sender + " sent an event that cannot be ours: LP " + std::to_string(e.target) +
+      *why = sender() + " sent an event that cannot be ours: LP " + std::to_string(e.target) +
              " from LP " + std::to_string(e.sender) + " at time " + std::to_string(e.time) +
              " (window end " + std::to_string(window_end_) + ")";
       return status::protocol_error;
