@@ -8,7 +8,8 @@
 # Environment: CXX (the compiler), COMM_LAUNCHER (e.g. ccache, may be empty), COMM_CXX_FLAGS
 # (sanitizer flags of the build, for compiling and linking), COMM_LIBDIR (the install's library
 # folder, relative to the prefix), COMM_WITH_ACTORS (1: also the actor program).
-# The scratch dir is emptied first and removed at exit, whatever happens.
+# The scratch dir is emptied first and removed at exit, whatever happens; CTest shows the output
+# of every step when the test fails.
 set -euo pipefail
 build=$1
 scratch=$2
@@ -23,14 +24,14 @@ trap 'rm -rf "$scratch"' EXIT
 
 # Runs the built program $1, which prints "<name>: ok" and exits 0 when it did its work.
 run() {
-  local out
-  out=$(timeout 60 "$1")
+  local out status=0
+  out=$(timeout 60 "$1") || status=$?
   echo "$out"
-  [[ $out == "$(basename "$1"): ok" ]]
+  [[ $status == 0 && $out == "$(basename "$1"): ok" ]] || { echo "$1 failed: exit $status" >&2; return 1; }
 }
 
 echo "== cmake --install $build --prefix $prefix"
-timeout 300 cmake --install "$build" --prefix "$prefix" >"$scratch/install.log"
+timeout 300 cmake --install "$build" --prefix "$prefix" >/dev/null
 test -f "$prefix/$COMM_LIBDIR/cmake/libcomm/libcommConfig.cmake"
 test -f "$prefix/$COMM_LIBDIR/pkgconfig/libcomm.pc"
 
@@ -40,8 +41,8 @@ with_actors=OFF
 timeout 300 cmake -S "$here" -B "$scratch/cmake" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
   -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_CXX_COMPILER_LAUNCHER="${COMM_LAUNCHER:-}" \
-  -DCMAKE_CXX_FLAGS="${COMM_CXX_FLAGS:-}" -DCONSUMER_ACTORS=$with_actors >"$scratch/cmake.log"
-timeout 600 cmake --build "$scratch/cmake" -j2 >"$scratch/cmake-build.log"
+  -DCMAKE_CXX_FLAGS="${COMM_CXX_FLAGS:-}" -DCONSUMER_ACTORS=$with_actors
+timeout 600 cmake --build "$scratch/cmake" -j2
 for p in "${programs[@]}"; do run "$scratch/cmake/$p"; done
 
 echo "== pkg-config"
