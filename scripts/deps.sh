@@ -13,8 +13,9 @@ COMM_BUILD_PACKAGES=(build-essential cmake pkg-config capnproto libcapnp-dev lib
 # tests start their own Slurm (tests/slurm_cluster.sh, auth/none: munge is installed with slurmd
 # but never used). Installing starts no daemon without an init system (containers, chroots:
 # invoke-rc.d finds no runlevel); under systemd munged starts, while slurmd and slurmctld do not
-# (their units need /etc/slurm/slurm.conf, which nothing creates).
-COMM_TEST_PACKAGES=(iproute2 openmpi-bin slurmctld slurmd slurm-client)
+# (their units need /etc/slurm/slurm.conf, which nothing creates). Doxygen, for the test that
+# builds the API reference and fails on any warning (the doc target, cmake/CommDoc.cmake).
+COMM_TEST_PACKAGES=(iproute2 openmpi-bin slurmctld slurmd slurm-client doxygen)
 
 # What the fuzz step of test.sh and scripts/fuzz.sh need: clang 14 and its runtimes (libFuzzer,
 # AddressSanitizer, UBSan).

@@ -8,8 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <emmintrin.h>
-
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -96,8 +94,8 @@ public:
 
   /// Resets every field for reuse from the pool.
   void reset() {
-    // A copy from a blank template in straight-line 16-byte vector moves: assigning a
-    // temporary, a memcpy, or even a loop of vector moves compiles to `rep stos`/`rep movs`,
+    // A copy from a blank template in straight-line 16-byte moves: assigning a temporary, a
+    // memcpy of the whole, or even a loop of vector moves compiles to `rep stos`/`rep movs`,
     // whose start-up cost dominated the per-message path.
     static const request_fields blank{};
     copy_words(reinterpret_cast<char*>(static_cast<request_fields*>(this)),
@@ -113,12 +111,11 @@ public:
     wire.clear();
   }
 
-  /// Copies 16-byte word I of `from` to `to`, for every I, as separate vector moves.
+  /// Copies 16-byte word I of `from` to `to`, for every I, as separate fixed-size copies: one
+  /// 16-byte load and store each (g++ 12 and clang 14 for x86-64, clang 14 for aarch64).
   template <size_t... I>
   static void copy_words(char* to, const char* from, std::index_sequence<I...>) {
-    (_mm_storeu_si128(reinterpret_cast<__m128i*>(to + 16 * I),
-                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + 16 * I))),
-     ...);
+    (std::memcpy(to + 16 * I, from + 16 * I, 16), ...);
   }
 
   /// The request whose posted-receive entry is `e`.

@@ -5,11 +5,14 @@
 # library that nothing references, and with it any self-registration inside it.
 
 # comm_add_transport_library(<target> <sources>...): a transport's library, with the shared base
-# and the include paths every transport uses ("<folder>/<file>.hpp", <comm/transport/...>).
+# and the include paths every transport uses ("<folder>/<file>.hpp", <comm/transport/...>),
+# installed as libcomm::<target without its comm_ prefix>.
 function(comm_add_transport_library target)
-  add_library(${target} STATIC ${ARGN})
+  add_library(${target} ${ARGN})
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/transports)
   target_link_libraries(${target} PUBLIC comm_transport_base)
+  string(REGEX REPLACE "^comm_" "" export_name ${target})
+  comm_installed_library(${target} ${export_name})
 endfunction()
 
 # comm_register_transport(<name> <target>): <target> defines comm::tl::<name>::<name>_component().
@@ -43,8 +46,9 @@ ${entries}  };
 
 }  // namespace comm::tl
 ")
-  add_library(${target} STATIC ${source})
+  add_library(${target} ${source})
   target_link_libraries(${target} PUBLIC comm_transport_base ${targets})
+  comm_installed_library(${target} transports)
 endfunction()
 
 # comm_add_transport_schema(<target> <file.capnp>): the transport's own wire structs, generated
@@ -54,5 +58,5 @@ function(comm_add_transport_schema target schema)
   set(CAPNPC_OUTPUT_DIR ${PROJECT_BINARY_DIR}/transports)
   capnp_generate_cpp(sources headers ${CMAKE_CURRENT_SOURCE_DIR}/${schema})
   target_sources(${target} PRIVATE ${sources})
-  target_include_directories(${target} PUBLIC ${PROJECT_BINARY_DIR}/transports)
+  target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/transports>)
 endfunction()

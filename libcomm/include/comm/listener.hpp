@@ -13,6 +13,7 @@
 // is narrowed to loopback, and the log says so.
 #pragma once
 
+#include <comm/endpoint.hpp>
 #include <comm/types.hpp>
 
 #include <cstdint>

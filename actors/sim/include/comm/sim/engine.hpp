@@ -44,8 +44,8 @@ class engine;
 template <class Model>
 class lp_context {
 public:
-  using state_type = typename Model::state;
-  using message_type = typename Model::message;
+  using state_type = typename Model::state;      ///< the state of an LP
+  using message_type = typename Model::message;  ///< what an event carries
 
   /// The LP's global id.
   lp_id id() const noexcept { return id_; }
@@ -100,8 +100,8 @@ template <class Model>
 class engine : private event_sink {
 public:
   static_assert(model<Model>, "see engine.hpp for what a model provides");
-  using event_type = event<typename Model::message>;
-  using state_type = typename Model::state;
+  using event_type = event<typename Model::message>;  ///< an event of the model
+  using state_type = typename Model::state;           ///< the state of one LP
 
   /// An engine for `model` (which must outlive it) on `c` (likewise).
   engine(cluster& c, const run_config& cfg, Model& model)
