@@ -606,6 +606,134 @@ BOOST_DATA_TEST_CASE(mixed_sends_on_one_endpoint_arrive_in_order, each_transport
                             [&] { return ep->flush(nullptr) == status::ok; }));
 }
 
+// -- descriptors kept by am handlers ---------------------------------------------------------------
+
+namespace conformance {
+
+/// A message of the descriptor case: its sequence number, then a pattern of its own; every 16th
+/// is max_bcopy long (tcp's large-frame path), the others short or mid-sized.
+std::vector<uint8_t> numbered_message(uint64_t seq, size_t max_bcopy) {
+  const size_t sizes[] = {8, 200, std::min<size_t>(max_bcopy, 1500)};
+  const size_t length = seq % 16 == 15 ? max_bcopy : sizes[seq % 3];
+  std::vector<uint8_t> bytes = pattern(length, static_cast<uint32_t>(seq));
+  std::memcpy(bytes.data(), &seq, sizeof(seq));
+  return bytes;
+}
+
+/// Sends messages [first, first + count) of numbered_message as bcopy on `ep`, retrying
+/// no_resource; false (with the status reported) when one fails.
+bool send_numbered(iface_list ifaces, tl::ep& ep, uint64_t first, uint64_t count,
+                   size_t max_bcopy) {
+  for (uint64_t seq = first; seq < first + count; ++seq) {
+    std::vector<uint8_t> bytes = numbered_message(seq, max_bcopy);
+    const status st = retry_while_busy(ifaces, [&] {
+      const ssize_t n = ep.am_bcopy(5, &pack_vector, &bytes);
+      return n < 0 ? static_cast<status>(n) : status::ok;
+    });
+    if (st != status::ok) {
+      BOOST_TEST_MESSAGE("bcopy " << seq << ": " << st);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace conformance
+
+// A handler keeps every message lent as a descriptor; the interface lends at most max_am_descs,
+// keeps them intact while enough traffic to reuse every receive slot passes, refuses a pointer it
+// did not lend (and a second release), and lends the full limit again once they are released.
+BOOST_DATA_TEST_CASE(kept_descriptors_stay_intact_and_come_back_on_release, each_transport(),
+                     transport) {
+  auto sender = open_iface(transport);
+  auto receiver = open_iface(transport);
+  const size_t limit = receiver->attr().max_am_descs;
+  BOOST_TEST_REQUIRE(limit > 0u);
+  const size_t max_bcopy = std::min<size_t>(sender->attr().max_bcopy, 256 * 1024);
+  comm::test::desc_keeper keeper;
+  keeper.expected = [&](uint64_t seq) { return numbered_message(seq, max_bcopy); };
+  keeper.install(*receiver, 5);
+  auto ep = connect(*sender, *receiver);
+  const iface_list both = {sender.get(), receiver.get()};
+  // Past every receive queue's length (shm 256 cells, self 256 slots), so each slot is reused.
+  constexpr uint64_t traffic = 700;
+
+  BOOST_REQUIRE(send_numbered(both, *ep, 0, limit + traffic, max_bcopy));
+  BOOST_TEST(progress_until(both, [&] { return keeper.delivered == limit + traffic; }));
+  BOOST_TEST(keeper.kept.size() == limit);
+  BOOST_TEST(keeper.flagged == limit);
+  BOOST_TEST(keeper.kept_intact());
+
+  int stranger = 0;
+  receiver->release_am_desc(&stranger);  // refused with a log line
+  void* first = keeper.kept.front().data;
+  receiver->release_am_desc(first);
+  receiver->release_am_desc(first);      // refused: not kept any more
+  keeper.kept.erase(keeper.kept.begin());
+  keeper.release_all(*receiver);
+
+  // Every descriptor came back: the limit is lent again, and not one more.
+  const uint64_t before = keeper.delivered;
+  BOOST_REQUIRE(send_numbered(both, *ep, before, limit + traffic, max_bcopy));
+  BOOST_TEST(progress_until(both, [&] { return keeper.delivered == before + limit + traffic; }));
+  BOOST_TEST(keeper.kept.size() == limit);
+  BOOST_TEST(keeper.kept_intact());
+  keeper.release_all(*receiver);
+
+  // Released messages are not kept: a handler answering ok leaves the interface its buffers.
+  keeper.keep = false;
+  const uint64_t flagged_before = keeper.flagged;
+  const uint64_t last = keeper.delivered;
+  BOOST_REQUIRE(send_numbered(both, *ep, last, 2 * limit, max_bcopy));
+  BOOST_TEST(progress_until(both, [&] { return keeper.delivered == last + 2 * limit; }));
+  BOOST_TEST(keeper.flagged - flagged_before == 2 * limit);
+  BOOST_TEST(keeper.wrong == 0u);
+  BOOST_TEST(keeper.out_of_order == 0u);
+  BOOST_TEST(!keeper.misaligned);
+  BOOST_TEST(progress_until(both, [&] { return ep->flush(nullptr) == status::ok; }));
+}
+
+// A zcopy kept as a descriptor stays intact while more traffic passes.
+BOOST_DATA_TEST_CASE(kept_zcopy_descriptors_stay_intact, each_transport(), transport) {
+  auto sender = open_iface(transport);
+  auto receiver = open_iface(transport);
+  if (!has(*sender, tl::cap_am_zcopy)) return;
+  const size_t limit = receiver->attr().max_am_descs;
+  const size_t max_bcopy = std::min<size_t>(sender->attr().max_bcopy, 256 * 1024);
+  const size_t payload = std::min<size_t>(sender->attr().max_zcopy, 64 * 1024);
+  comm::test::desc_keeper keeper;
+  keeper.expected = [&](uint64_t seq) {
+    if (seq >= limit) return numbered_message(seq, max_bcopy);
+    std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&seq),
+                               reinterpret_cast<uint8_t*>(&seq) + sizeof(seq));
+    return concat(bytes, pattern(payload, static_cast<uint32_t>(seq)));
+  };
+  keeper.install(*receiver, 5);
+  auto ep = connect(*sender, *receiver);
+  const iface_list both = {sender.get(), receiver.get()};
+  std::vector<std::vector<uint8_t>> bodies;
+  std::vector<completion_probe> probes(limit);
+  for (uint64_t seq = 0; seq < limit; ++seq) bodies.push_back(pattern(payload, seq));
+  for (uint64_t seq = 0; seq < limit; ++seq) {
+    const std::vector<uint8_t> header(reinterpret_cast<uint8_t*>(&seq),
+                                      reinterpret_cast<uint8_t*>(&seq) + sizeof(seq));
+    const status st = retry_while_busy(both, [&] {
+      return start_zcopy(*ep, 5, header, {{bodies[seq].data(), payload}}, probes[seq]);
+    });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), "zcopy " << seq << ": " << st);
+  }
+  BOOST_REQUIRE(send_numbered(both, *ep, limit, 700, max_bcopy));
+  BOOST_TEST(progress_until(both, [&] { return keeper.delivered == limit + 700; }));
+  BOOST_TEST(keeper.kept.size() == limit);
+  BOOST_TEST(keeper.kept_intact());
+  BOOST_TEST(keeper.wrong == 0u);
+  BOOST_TEST(keeper.out_of_order == 0u);
+  keeper.release_all(*receiver);
+  BOOST_TEST(progress_until(both, [&] {
+    return std::all_of(probes.begin(), probes.end(), [](const auto& p) { return p.calls == 1; });
+  }));
+}
+
 // -- NO_RESOURCE and the pending queue -------------------------------------------------------------
 
 namespace conformance {

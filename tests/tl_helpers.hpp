@@ -76,6 +76,58 @@ private:
   std::vector<std::unique_ptr<slot>> slots_;
 };
 
+/// Keeps every message delivered with am_flag_desc (returning in_progress) while `keep` is set, and
+/// checks every message against what `expected(seq)` says the message with that sequence number
+/// (its first 8 bytes) holds.
+struct desc_keeper {
+  /// A kept descriptor: the transport's pointer and a copy of its bytes at delivery.
+  struct kept_desc {
+    void* data;
+    std::vector<uint8_t> copy;
+  };
+  std::vector<kept_desc> kept;
+  std::function<std::vector<uint8_t>(uint64_t seq)> expected;  ///< the bytes of message `seq`
+  bool keep = true;          ///< keep what comes as a descriptor
+  uint64_t delivered = 0;    ///< messages seen
+  uint64_t flagged = 0;      ///< of them, with am_flag_desc
+  uint64_t wrong = 0;        ///< messages whose bytes were not what expected() says
+  uint64_t out_of_order = 0; ///< messages whose sequence number was not the next one
+  bool misaligned = false;   ///< a message was not 8-byte aligned
+
+  /// Installs this keeper as the handler of `id` on `iface`.
+  void install(tl::iface& iface, tl::am_id id) { iface.set_am_handler(id, &handler, this); }
+
+  /// True when every kept descriptor still holds the bytes it was delivered with.
+  bool kept_intact() const {
+    for (const kept_desc& d : kept) {
+      if (std::memcmp(d.data, d.copy.data(), d.copy.size()) != 0) return false;
+    }
+    return true;
+  }
+
+  /// Releases every kept descriptor to `iface`.
+  void release_all(tl::iface& iface) {
+    for (const kept_desc& d : kept) iface.release_am_desc(d.data);
+    kept.clear();
+  }
+
+private:
+  static status handler(void* arg, void* data, size_t length, unsigned flags) {
+    auto* self = static_cast<desc_keeper*>(arg);
+    const auto* p = static_cast<const uint8_t*>(data);
+    std::vector<uint8_t> bytes(p, p + length);
+    if (reinterpret_cast<uintptr_t>(data) % 8 != 0) self->misaligned = true;
+    if (sequence_of(bytes) != self->delivered) ++self->out_of_order;
+    if (bytes != self->expected(sequence_of(bytes))) ++self->wrong;
+    ++self->delivered;
+    if ((flags & tl::am_flag_desc) == 0) return status::ok;
+    ++self->flagged;
+    if (!self->keep) return status::ok;
+    self->kept.push_back({data, std::move(bytes)});
+    return status::in_progress;
+  }
+};
+
 /// A completion that counts its calls and may run a check when called.
 struct completion_probe : tl::completion {
   int calls = 0;

@@ -131,8 +131,10 @@ mailbox::mailbox(size_t capacity_, size_t slot_bytes, int event_fd_)
     : capacity(capacity_),
       slot_words((slot_bytes + 7) / 8),
       event_fd(event_fd_),
-      storage(new uint64_t[capacity_ * ((slot_bytes + 7) / 8)]),
-      slots(capacity_) {}
+      buffers(capacity_),
+      slots(capacity_) {
+  for (desc_pool::block& b : buffers) b.reset(new uint64_t[slot_words]);
+}
 
 mailbox::~mailbox() {
   if (event_fd >= 0) ::close(event_fd);
@@ -192,6 +194,7 @@ self_iface::self_iface(const iface_params& params) {
   attr_.max_get_zcopy = max_rma_bytes;
   attr_.max_put_zcopy = max_rma_bytes;
   attr_.max_outstanding_reads = max_outstanding_reads;
+  attr_.max_am_descs = max_am_descs;
   attr_.latency_ns = 50;
   attr_.bandwidth_bytes_per_s = 10e9;
   attr_.priority = 20;
@@ -254,7 +257,12 @@ unsigned self_iface::deliver() {
     if (h == nullptr) {
       // A bcopy whose pack overran max_bcopy: the sender logged it; nothing to deliver.
     } else if (h->fn != nullptr) {
-      h->fn(h->arg, mb.slot_data(index), length, 0);
+      const unsigned flags = descs_.can_lend() ? am_flag_desc : 0;
+      if (h->fn(h->arg, mb.slot_data(index), length, flags) == status::in_progress && flags != 0) {
+        desc_pool::block fresh = descs_.replacement(mb.slot_words * 8);
+        descs_.lend(std::move(mb.buffers[index]), mb.slot_words * 8);
+        mb.buffers[index] = std::move(fresh);
+      }
       ++delivered_;
     } else {
       ++dropped_;
@@ -398,10 +406,18 @@ std::string self_iface::info() const {
           " (max_hdr " + std::to_string(attr_.max_hdr) + ", max_iov " +
           std::to_string(attr_.max_iov) + ")\n";
   text += "self: delivered " + std::to_string(delivered_) + " messages, dropped " +
-          std::to_string(dropped_) + " without handler\n";
+          std::to_string(dropped_) + " without handler, " + std::to_string(descs_.lent()) +
+          " of " + std::to_string(descs_.limit()) + " descriptors kept by handlers\n";
   if (md_) text += md_->info();
   text += "self: rma: " + rma_.text() + "\n";
   return text;
+}
+
+void self_iface::release_am_desc(void* data) {
+  if (!descs_.release(data)) {
+    COMM_LOG(error, log_name, "release_am_desc: %p is not a descriptor kept from this interface",
+             data);
+  }
 }
 
 }  // namespace comm::tl::self

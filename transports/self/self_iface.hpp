@@ -4,6 +4,8 @@
 // of zcopy completions other interfaces handed back to it. An endpoint copies the message into the
 // target's ring (no_resource when it is full); the target's progress() delivers it. A zcopy is
 // copied like a bcopy and completes, on the sender's own progress, once the target delivered it.
+// A handler may keep a message (am_flag_desc, at most max_am_descs at once): its slot's buffer is
+// lent out and the slot gets a replacement from a desc_pool before it is reused.
 // Interface address: a process-unique 64-bit id, looked up in a process-wide registry of live
 // interfaces. Device address: pid + boot id, so only this process reaches it.
 // As with every transport: completion and pending callbacks must not destroy the endpoint that runs
@@ -13,6 +15,7 @@
 // Memory domain and RMA (get_zcopy/put_zcopy by memmove after checks): self_md.hpp.
 #pragma once
 
+#include "base/desc_pool.hpp"
 #include "base/iface_base.hpp"
 #include "base/pending_queue.hpp"
 #include "self/self_md.hpp"
@@ -28,6 +31,10 @@ namespace comm::tl::self {
 
 /// The self transport's component.
 component& self_component();
+
+/// Messages handlers may keep at once (am_flag_desc): each holds one slot buffer
+/// (COMM_SELF_SEG_SIZE + 512 bytes).
+inline constexpr size_t max_am_descs = 64;
 
 struct ep_state;
 
@@ -57,10 +64,9 @@ struct mailbox {
   mailbox(const mailbox&) = delete;
   mailbox& operator=(const mailbox&) = delete;
 
-  /// Bytes of slot `index`, 8-byte aligned.
-  uint8_t* slot_data(size_t index) {
-    return reinterpret_cast<uint8_t*>(storage.get() + index * slot_words);
-  }
+  /// Bytes of slot `index`, 8-byte aligned. The owner replaces a slot's buffer only while it holds
+  /// the slot (delivered, not yet released), so a sender that reserved it reads a stable pointer.
+  uint8_t* slot_data(size_t index) { return reinterpret_cast<uint8_t*>(buffers[index].get()); }
 
   /// Wakes the owner if it armed its event fd; call with `mutex` held, write outside it.
   bool take_armed() {
@@ -78,7 +84,7 @@ struct mailbox {
   const size_t capacity;      ///< slots in the ring
   const size_t slot_words;    ///< 8-byte words per slot
   const int event_fd;         ///< the owner's eventfd
-  std::unique_ptr<uint64_t[]> storage;
+  std::vector<desc_pool::block> buffers;  ///< one per slot, slot_words long
 
   std::mutex mutex;           ///< guards everything below
   std::vector<slot> slots;
@@ -134,6 +140,7 @@ public:
                    const std::vector<uint8_t>& iface_address, std::unique_ptr<ep>& out) override;
   md* memory_domain() override { return md_.get(); }
   std::string info() const override;
+  void release_am_desc(void* data) override;
 
   // -- used by self_ep --
 
@@ -163,6 +170,7 @@ private:
   std::vector<returned_completion> returned_scratch_;
   uint64_t delivered_ = 0;
   uint64_t dropped_ = 0;                          ///< messages without a handler
+  desc_pool descs_{max_am_descs};                 ///< slot buffers kept by handlers
   std::unique_ptr<self_md> md_;
   rma_counters rma_;
 };

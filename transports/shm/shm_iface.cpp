@@ -37,6 +37,8 @@ constexpr size_t mapped_budget = size_t{256} << 20;
 /// Reads in flight per endpoint we advertise (ours complete synchronously; the bound is for the
 /// protocol layer's flow control).
 constexpr size_t max_outstanding_reads = 16;
+/// Bytes of the private buffer a zcopy's header and payload land in.
+constexpr size_t zcopy_buffer_bytes = zcopy_max_hdr + zcopy_max_payload;
 
 uint64_t random_nonzero_id() {
   uint64_t id = 0;
@@ -101,7 +103,10 @@ shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
     open_status_ = status::io_error;
     return;
   }
-  zcopy_buffer_.reset(new uint64_t[(zcopy_max_hdr + zcopy_max_payload) / sizeof(uint64_t)]);
+  zcopy_buffer_.reset(new uint64_t[zcopy_buffer_bytes / sizeof(uint64_t)]);
+  buffer_of_.resize(geo.fifo_size);
+  for (uint32_t i = 0; i < geo.fifo_size; ++i) buffer_of_[i] = i;
+  for (uint32_t i = 0; i < spare_buffers; ++i) spare_slots_.push_back(geo.fifo_size + i);
   publish_mask_ = std::max<uint64_t>(geo.fifo_size / 4, 1) - 1;
 
   attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
@@ -114,6 +119,7 @@ shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
   attr_.max_get_zcopy = max_rma_bytes;
   attr_.max_put_zcopy = max_rma_bytes;
   attr_.max_outstanding_reads = max_outstanding_reads;
+  attr_.max_am_descs = max_am_descs;
   attr_.latency_ns = 100;
   attr_.bandwidth_bytes_per_s = 10e9;
   attr_.priority = 10;
@@ -182,7 +188,7 @@ void shm_iface::deliver(uint64_t index, cell_header* cell) {
       if (meta.length > segment_.geo().segment_size) [[unlikely]] {
         return malformed(index, "bcopy length exceeds the receive buffer");
       }
-      data = segment_.buffer(index);
+      data = segment_.buffer_at(buffer_of_[index & (buffer_of_.size() - 1)]);
       break;
     case cell_zcopy: {
       int32_t sender = 0;
@@ -195,14 +201,53 @@ void shm_iface::deliver(uint64_t index, cell_header* cell) {
     default:
       return malformed(index, "unknown cell kind");
   }
-  const handler& h = handlers_[meta.am_id];
-  if (h.fn == nullptr) [[unlikely]] {
-    ++unhandled_;
-    COMM_LOG(debug, log_name, "no handler for am id %u, message dropped", unsigned{meta.am_id});
+  if (meta.kind == cell_inline) {
+    const handler& h = handlers_[meta.am_id];
+    if (h.fn == nullptr) [[unlikely]] return unhandled(meta.am_id);
+    h.fn(h.arg, data, meta.length, 0);
+    ++received_;
     return;
   }
-  h.fn(h.arg, data, meta.length, 0);
+  if (call_handler(meta.am_id, data, meta.length)) lend_buffer(index);
+}
+
+bool shm_iface::call_handler(am_id id, void* data, size_t length) {
+  const handler& h = handlers_[id];
+  if (h.fn == nullptr) [[unlikely]] {
+    unhandled(id);
+    return false;
+  }
   ++received_;
+  const unsigned flags = can_lend() ? am_flag_desc : 0;
+  return h.fn(h.arg, data, length, flags) == status::in_progress && flags != 0;
+}
+
+void shm_iface::unhandled(am_id id) {
+  ++unhandled_;
+  COMM_LOG(debug, log_name, "no handler for am id %u, message dropped", unsigned{id});
+}
+
+void shm_iface::lend_buffer(uint64_t index) {
+  uint32_t& slot = buffer_of_[index & (buffer_of_.size() - 1)];
+  lent_buffers_.push_back(slot);
+  slot = spare_slots_.back();  // can_lend() held: lent ones plus free ones are spare_buffers
+  spare_slots_.pop_back();
+  // Before the tail passes this cell, so the sender that claims it next fills the new buffer.
+  shared_word(segment_.buffer_of(index)).store(slot, std::memory_order_relaxed);
+}
+
+void shm_iface::release_am_desc(void* data) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < lent_buffers_.size(); ++i) {
+    if (p != segment_.buffer_at(lent_buffers_[i])) continue;
+    spare_slots_.push_back(lent_buffers_[i]);
+    lent_buffers_.erase(lent_buffers_.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
+  if (!zcopy_descs_.release(data)) {
+    COMM_LOG(error, log_name, "release_am_desc: %p is not a descriptor kept from this interface",
+             data);
+  }
 }
 
 void shm_iface::acknowledge(uint64_t index, cell_header* cell, status result, int32_t sender) {
@@ -226,7 +271,7 @@ status shm_iface::receive_zcopy(uint64_t index, cell_meta meta, int32_t* sender_
     malformed(index, "zcopy descriptor size out of bounds");
     return status::protocol_error;
   }
-  const uint8_t* buffer = segment_.buffer(index);
+  const uint8_t* buffer = segment_.buffer_at(buffer_of_[index & (buffer_of_.size() - 1)]);
   // Copied out of shared memory first, so the sender cannot change it under the checks.
   capnp::word words[zcopy_max_desc_words];
   std::memcpy(words, buffer, desc_bytes);
@@ -285,14 +330,11 @@ status shm_iface::receive_zcopy(uint64_t index, cell_meta meta, int32_t* sender_
       return error == ESRCH ? status::connection_reset : status::io_error;
     }
   }
-  const handler& h = handlers_[meta.am_id];
-  if (h.fn == nullptr) {
-    ++unhandled_;
-    COMM_LOG(debug, log_name, "no handler for am id %u, message dropped", unsigned{meta.am_id});
-    return status::ok;
+  if (call_handler(meta.am_id, target, header_length + total)) {
+    desc_pool::block fresh = zcopy_descs_.replacement(zcopy_buffer_bytes);
+    zcopy_descs_.lend(std::move(zcopy_buffer_), zcopy_buffer_bytes);
+    zcopy_buffer_ = std::move(fresh);
   }
-  h.fn(h.arg, target, header_length + total, 0);
-  ++received_;
   return status::ok;
 }
 
@@ -521,7 +563,9 @@ std::string shm_iface::info() const {
           " failed) to " + std::to_string(peers_.size()) + " peer interfaces (" +
           std::to_string(peers_failed_) + " peer failures seen, " +
           std::to_string(peers_refused_) + " peer segments refused)\n";
-  text += "shm: received " + std::to_string(received_) + " messages\n";
+  text += "shm: received " + std::to_string(received_) + " messages, " +
+          std::to_string(lent_buffers_.size() + zcopy_descs_.lent()) + " of " +
+          std::to_string(max_am_descs) + " kept by handlers\n";
   text += "shm: malformed cells " + std::to_string(malformed_) + "\n";
   text += "shm: dropped without handler " + std::to_string(unhandled_) + "\n";
   text += "shm: zcopy read errors " + std::to_string(zcopy_errors_) + "\n";

@@ -6,6 +6,10 @@
 //   am_zcopy  writes a ShmZcopyDescriptor + the protocol header into that buffer; the receiver pulls
 //             the payload from the sender with process_vm_readv into a private buffer, calls the
 //             handler, then sets the cell's ack word, which the sender's progress() sees.
+// A handler may keep a bcopy or zcopy message (am_flag_desc, at most max_am_descs at once): a
+// bcopy's receive buffer is lent and its cell gets a spare buffer of the segment; a zcopy's private
+// buffer is lent and replaced from a desc_pool. am_short messages live in the cell itself and
+// arrive without the flag (as in UCX's mm transport).
 // Blocking progress: the event fd is an epoll fd with an abstract-namespace datagram socket (woken
 // by the sender that clears head_armed, and by a receiver acking a zcopy whose ack word we marked
 // with ack_wake) and a pidfd of every peer (so a dead peer wakes us too). Parked requests keep
@@ -19,6 +23,7 @@
 // peers' shared-heap segments mapped here: shm_mapped.hpp).
 #pragma once
 
+#include "base/desc_pool.hpp"
 #include "base/iface_base.hpp"
 #include "shm/shm_mapped.hpp"
 #include "shm/shm_md.hpp"
@@ -36,6 +41,10 @@ namespace comm::tl::shm {
 
 /// The shm transport's component.
 component& shm_component();
+
+/// Messages handlers may keep at once (am_flag_desc), bcopy (a spare segment buffer each, see
+/// spare_buffers) and zcopy (a private zcopy buffer each) together.
+inline constexpr size_t max_am_descs = spare_buffers;
 
 class shm_ep;
 
@@ -64,6 +73,7 @@ public:
                    const std::vector<uint8_t>& iface_address, std::unique_ptr<ep>& out) override;
   md* memory_domain() override { return md_.get(); }
   std::string info() const override;
+  void release_am_desc(void* data) override;
 
   // -- used by shm_ep --
 
@@ -98,6 +108,15 @@ private:
   void deliver(uint64_t index, cell_header* cell);
   status receive_zcopy(uint64_t index, cell_meta meta, int32_t* sender);
   void acknowledge(uint64_t index, cell_header* cell, status result, int32_t sender);
+  /// Calls the handler of `id`, lending it the descriptor when one may be lent; true when it kept
+  /// the descriptor.
+  bool call_handler(am_id id, void* data, size_t length);
+  /// Counts and logs a message for `id` without a handler.
+  void unhandled(am_id id);
+  /// True when one more descriptor may be lent.
+  bool can_lend() const { return lent_buffers_.size() + zcopy_descs_.lent() < max_am_descs; }
+  /// Lends the buffer of FIFO position `index` (a handler kept it) and gives the cell a spare.
+  void lend_buffer(uint64_t index);
   void malformed(uint64_t index, const char* why);
   void publish_tail();
   unsigned progress_eps();
@@ -120,6 +139,9 @@ private:
   uint64_t published_tail_ = 0;    ///< last tail stored in the control block
   uint64_t publish_mask_ = 0;      ///< publish when (tail_ & publish_mask_) == 0
   uint64_t received_ = 0;
+  std::vector<uint32_t> buffer_of_;  ///< our copy of the segment's buffer_of, by cell
+  std::vector<uint32_t> spare_slots_;   ///< receive buffers no cell uses and no handler holds
+  std::vector<uint32_t> lent_buffers_;  ///< receive buffers handlers kept
 
   // -- everything else --
   unsigned progress_calls_ = 0;
@@ -129,7 +151,8 @@ private:
   std::vector<shm_ep*> eps_;       ///< every endpoint of this interface
   std::vector<shm_ep*> work_;      ///< endpoints with work (null: destroyed meanwhile)
   std::vector<shm_ep*> failed_;    ///< failed endpoints not yet reported
-  std::unique_ptr<uint64_t[]> zcopy_buffer_;  ///< zcopy header + payload land here
+  desc_pool::block zcopy_buffer_;  ///< zcopy header + payload land here
+  desc_pool zcopy_descs_{max_am_descs};  ///< zcopy buffers kept by handlers
   uint64_t iface_id_ = 0;
   int memfd_ = -1;
   int epoll_fd_ = -1;

@@ -38,8 +38,8 @@ bool geometry::valid() const {
 }
 
 size_t geometry::buffers_offset() const {
-  const size_t end_of_acks = acks_offset() + size_t{fifo_size} * sizeof(uint64_t);
-  return (end_of_acks + page_size - 1) / page_size * page_size;
+  const size_t end_of_table = buffer_of_offset() + size_t{fifo_size} * sizeof(uint64_t);
+  return (end_of_table + page_size - 1) / page_size * page_size;
 }
 
 // -- addresses ------------------------------------------------------------------------------------
@@ -102,6 +102,7 @@ void segment_view::adopt(uint8_t* base, const geometry& geo) {
   geo_ = geo;
   cells_ = base + geo.cells_offset();
   acks_ = reinterpret_cast<uint64_t*>(base + geo.acks_offset());
+  buffer_of_ = reinterpret_cast<uint64_t*>(base + geo.buffer_of_offset());
   buffers_ = base + geo.buffers_offset();
   regions_ = reinterpret_cast<region_entry*>(base + geo.regions_offset());
   mask_ = geo.fifo_size - 1;
@@ -161,6 +162,7 @@ status segment::create(const geometry& geo, uint64_t iface_id, segment* out, int
   ctl.segment_size = geo.segment_size;
   ctl.owner_pid = static_cast<int32_t>(::getpid());
   ctl.region_count = region_table_size;
+  for (uint64_t i = 0; i < geo.fifo_size; ++i) seg.buffer_of(i) = i;
   *out = std::move(seg);
   *fd_out = fd;
   return status::ok;

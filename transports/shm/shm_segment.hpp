@@ -10,7 +10,14 @@
 //                                      published tail on another, then read-only identity
 //   cells[fifo_size]                   cell_size bytes each: cell_header + inline data
 //   acks[fifo_size]                    one word per cell: zcopy completion written by the receiver
-//   buffers[fifo_size] (page aligned)  segment_size bytes each; buffer i belongs to cell i
+//   buffer_of[fifo_size]               one word per cell: the buffer senders fill for that cell,
+//                                      written by the receiver only (initially buffer i for cell i)
+//   buffers[fifo_size + spare_buffers] segment_size bytes each (page aligned). When an am handler
+//                                      keeps a bcopy message (am_flag_desc), the receiver lends
+//                                      its buffer out and gives the cell a spare one before the
+//                                      cell can be claimed again; it reads buffer_of only from its
+//                                      own copy, so a sender rewriting it misleads nobody but
+//                                      itself
 //   regions[region_table_size]         the memory domain's region table (region_entry), written
 //                                      by the owner only, read by peers before every RMA access
 //
@@ -35,7 +42,10 @@ namespace comm::tl::shm {
 
 inline constexpr size_t cache_line = 64;
 inline constexpr uint64_t segment_magic = 0x316d68736d6d6f63ull;  // "commshm1"
-inline constexpr uint32_t segment_version = 2;  // 2: region table
+inline constexpr uint32_t segment_version = 3;  // 2: region table, 3: buffer_of and spares
+
+/// Receive buffers beyond one per cell: what handlers keeping bcopy messages hold at most.
+inline constexpr uint32_t spare_buffers = 16;
 
 /// Bit of control_block::head set by a receiver that sleeps on its event fd. The sender whose CAS
 /// clears it wakes the receiver after publishing its cell.
@@ -153,8 +163,11 @@ struct geometry {
   bool valid() const;
   size_t cells_offset() const { return sizeof(control_block); }
   size_t acks_offset() const { return cells_offset() + size_t{fifo_size} * cell_size; }
+  size_t buffer_of_offset() const { return acks_offset() + size_t{fifo_size} * sizeof(uint64_t); }
   size_t buffers_offset() const;
-  size_t regions_offset() const { return buffers_offset() + size_t{fifo_size} * segment_size; }
+  /// Receive buffers: one per cell plus the spares.
+  size_t buffer_count() const { return size_t{fifo_size} + spare_buffers; }
+  size_t regions_offset() const { return buffers_offset() + buffer_count() * segment_size; }
   size_t total_size() const {
     return regions_offset() + size_t{region_table_size} * sizeof(region_entry);
   }
@@ -187,6 +200,9 @@ bool same_device(const std::vector<uint8_t>& bytes);
 /// The abstract unix socket name a receiver listens on for wakeups.
 socklen_t wakeup_socket_address(int32_t pid, uint64_t iface_id, sockaddr_un* out);
 
+/// std::atomic_ref over a word of shared memory.
+inline std::atomic_ref<uint64_t> shared_word(uint64_t& word) { return std::atomic_ref<uint64_t>(word); }
+
 /// Where the parts of a mapped segment are: a view that does not own the mapping. An endpoint keeps
 /// a copy of its peer's (which the interface maps once per peer) for its hot path.
 class segment_view {
@@ -205,8 +221,17 @@ public:
   }
   /// The ack word of FIFO position `index`.
   uint64_t* ack(uint64_t index) const { return acks_ + (index & mask_); }
-  /// The receive buffer of FIFO position `index`.
-  uint8_t* buffer(uint64_t index) const { return buffers_ + (index & mask_) * geo_.segment_size; }
+  /// The sender's view of the receive buffer of FIFO position `index`: the one buffer_of names
+  /// (the cell's own when the word is out of range, so a bad word never leaves the mapping).
+  uint8_t* buffer(uint64_t index) const {
+    uint64_t slot = shared_word(buffer_of_[index & mask_]).load(std::memory_order_relaxed);
+    if (slot >= geo_.buffer_count()) [[unlikely]] slot = index & mask_;
+    return buffer_at(slot);
+  }
+  /// Receive buffer `slot` (< geo().buffer_count()).
+  uint8_t* buffer_at(uint64_t slot) const { return buffers_ + slot * geo_.segment_size; }
+  /// The buffer_of word of FIFO position `index` (the receiver writes it).
+  uint64_t& buffer_of(uint64_t index) const { return buffer_of_[index & mask_]; }
   /// Slot `index` (< region_table_size) of the region table.
   region_entry& region(uint32_t index) const { return regions_[index]; }
 
@@ -218,6 +243,7 @@ protected:
   geometry geo_;
   uint8_t* cells_ = nullptr;
   uint64_t* acks_ = nullptr;
+  uint64_t* buffer_of_ = nullptr;
   uint8_t* buffers_ = nullptr;
   region_entry* regions_ = nullptr;
   uint64_t mask_ = 0;
@@ -248,7 +274,5 @@ private:
   void unmap();
 };
 
-/// std::atomic_ref over a word of shared memory.
-inline std::atomic_ref<uint64_t> shared_word(uint64_t& word) { return std::atomic_ref<uint64_t>(word); }
 
 }  // namespace comm::tl::shm

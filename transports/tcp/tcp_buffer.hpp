@@ -65,6 +65,16 @@ public:
   /// Drops everything.
   void clear() { head_ = tail_ = 0; }
 
+  /// Moves the queued bytes to the front of `fresh` (capacity() bytes) and keeps it as storage;
+  /// returns the old storage (for a receive buffer holding a descriptor an am handler kept).
+  std::unique_ptr<uint64_t[]> replace_storage(std::unique_ptr<uint64_t[]> fresh) {
+    if (size() != 0) std::memcpy(fresh.get(), data(), size());
+    tail_ -= head_;
+    head_ = 0;
+    words_.swap(fresh);
+    return fresh;
+  }
+
   /// Moves the queued bytes to the front.
   void compact() {
     if (head_ == 0) return;

@@ -568,6 +568,11 @@ unsigned tcp_conn::deliver_buffered() {
     }
     delivered += take_frame(f, in_.data());
     in_.consume(f.total);
+    if (desc_kept_) {
+      desc_kept_ = false;
+      desc_pool& descs = owner_.descs();
+      descs.lend(in_.replace_storage(descs.replacement(in_.capacity())), in_.capacity());
+    }
   }
   return delivered;
 }
@@ -601,7 +606,7 @@ unsigned tcp_conn::take_frame(const parsed_frame& frame, uint8_t* start) {
       }
       ++delivered_;
       ack_urgent_ = ack_urgent_ || frame.ack;
-      owner_.deliver(frame.id, start + frame.header_bytes, frame.length);
+      desc_kept_ = owner_.deliver(frame.id, start + frame.header_bytes, frame.length);
       return 1;
     case frame_kind::ack:
       ack_urgent_ = ack_urgent_ || frame.ack;  // a heartbeat: the sender waits for our count
@@ -629,7 +634,12 @@ void tcp_conn::start_large(const parsed_frame& frame) {
 unsigned tcp_conn::finish_large() {
   large_total_ = 0;
   const unsigned delivered = take_frame(large_frame_, reinterpret_cast<uint8_t*>(large_.get()));
-  if (large_) owner_.give_frame_buffer(std::move(large_), large_capacity_);
+  if (desc_kept_) {
+    desc_kept_ = false;
+    owner_.descs().lend(std::move(large_), large_capacity_);
+  } else if (large_) {
+    owner_.give_frame_buffer(std::move(large_), large_capacity_);
+  }
   large_capacity_ = 0;
   return delivered;
 }

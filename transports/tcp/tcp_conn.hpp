@@ -294,6 +294,7 @@ private:
   size_t large_filled_ = 0;
   parsed_frame large_frame_;
   uint64_t delivered_ = 0;       ///< messages delivered from the peer
+  bool desc_kept_ = false;       ///< the handler kept the frame take_frame just delivered
   uint64_t ack_sent_ = 0;        ///< the largest `delivered` put on the wire
   bool ack_urgent_ = false;      ///< a zcopy frame was delivered since then
 

@@ -110,6 +110,7 @@ tcp_iface::tcp_iface(const iface_params& params, const ipv4_device& device)
   attr_.max_zcopy = max_zcopy;
   attr_.max_hdr = max_hdr;
   attr_.max_iov = max_iov;
+  attr_.max_am_descs = max_am_descs;
   attr_.latency_ns = 10'000;
   attr_.bandwidth_bytes_per_s = 2e9;
   attr_.priority = 5;
@@ -382,15 +383,23 @@ void tcp_iface::close_connection(tcp_conn* conn) {
   ++counters_.closed;
 }
 
-void tcp_iface::deliver(am_id id, void* data, size_t length) {
+bool tcp_iface::deliver(am_id id, void* data, size_t length) {
   const handler& h = handlers_[id];
   if (h.fn == nullptr) [[unlikely]] {
     ++counters_.unhandled;
     COMM_LOG(debug, log_name, "no handler for am id %u, message dropped", unsigned{id});
-    return;
+    return false;
   }
   ++counters_.messages_received;
-  h.fn(h.arg, data, length, 0);
+  const unsigned flags = descs_.can_lend() ? am_flag_desc : 0;
+  return h.fn(h.arg, data, length, flags) == status::in_progress && flags != 0;
+}
+
+void tcp_iface::release_am_desc(void* data) {
+  if (!descs_.release(data)) {
+    COMM_LOG(error, log_name, "release_am_desc: %p is not a descriptor kept from this interface",
+             data);
+  }
 }
 
 std::unique_ptr<uint64_t[]> tcp_iface::take_frame_buffer(size_t bytes, size_t* capacity) {
@@ -656,7 +665,9 @@ std::string tcp_iface::info() const {
           " (max_hdr " + std::to_string(attr_.max_hdr) + ", max_iov " +
           std::to_string(attr_.max_iov) + ")\n";
   text += "tcp: send buffer " + std::to_string(send_buffer_size) + " bytes, receive buffer " +
-          std::to_string(receive_buffer_size) + " bytes per connection\n";
+          std::to_string(receive_buffer_size) + " bytes per connection, " +
+          std::to_string(descs_.lent()) + " of " + std::to_string(descs_.limit()) +
+          " kept by handlers\n";
   text += "tcp: window " + std::to_string(window_) + " frames undelivered per connection\n";
   text += std::string("tcp: authentication ") +
           (auth_key_.empty() ? "off" : "on (HMAC-SHA256 challenge-response)") + "\n";

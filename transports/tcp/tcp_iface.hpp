@@ -5,6 +5,9 @@
 // endpoint from B to A sends on it, and acknowledgements ride on the messages going the other way
 // (tcp_wire.hpp has the records, tcp_conn.hpp the connection, tcp_ep.hpp the endpoint).
 //
+// A handler may keep a message (am_flag_desc, at most max_am_descs at once): the connection's
+// receive buffer (or large-frame buffer) holding it is lent out, the bytes after it move to a
+// replacement (UCX's tcp hands over its receive buffer the same way).
 //   am_short  copied into the connection's send buffer, written at once (max_short 256);
 //   am_bcopy  packed into the send buffer, written at once (max_bcopy 256 KiB);
 //   am_zcopy  written with sendmsg straight from the caller's iov (max_zcopy 1 MiB, 16 entries),
@@ -108,6 +111,7 @@
 // interface and its endpoints.
 #pragma once
 
+#include "base/desc_pool.hpp"
 #include "base/iface_base.hpp"
 #include "tcp/tcp_buffer.hpp"
 #include "tcp/tcp_config.hpp"
@@ -125,6 +129,11 @@
 #include <vector>
 
 namespace comm::tl::tcp {
+
+/// Messages handlers may keep at once per interface (am_flag_desc): each holds a connection's
+/// receive buffer (256 KiB) or a large frame's own (up to 1 MiB), so at most 16 MiB lent and as
+/// much in spares.
+inline constexpr size_t max_am_descs = 16;
 
 /// The tcp transport's component.
 component& tcp_component();
@@ -193,6 +202,7 @@ public:
   status create_ep(const std::vector<uint8_t>& device_address,
                    const std::vector<uint8_t>& iface_address, std::unique_ptr<ep>& out) override;
   std::string info() const override;
+  void release_am_desc(void* data) override;
 
   // -- used by tcp_ep and tcp_conn --
 
@@ -239,8 +249,12 @@ public:
   /// Takes over `fd` (unwatched) until `bytes` are written and the peer closed.
   void linger(int fd, byte_queue bytes);
 
-  /// Calls the handler of `id` with a received message (8-byte aligned).
-  void deliver(am_id id, void* data, size_t length);
+  /// Calls the handler of `id` with a received message (8-byte aligned); true when the handler
+  /// kept it as a descriptor (then the buffer holding it goes to descs()).
+  bool deliver(am_id id, void* data, size_t length);
+
+  /// Receive buffers lent to handlers that kept a message, and their replacements.
+  desc_pool& descs() { return descs_; }
 
   /// A receive buffer for a frame of `bytes` bytes (the spare one when it is large enough).
   std::unique_ptr<uint64_t[]> take_frame_buffer(size_t bytes, size_t* capacity);
@@ -335,6 +349,7 @@ private:
   std::vector<std::unique_ptr<lingering_socket>> lingering_;
   std::unique_ptr<uint64_t[]> spare_frame_;        ///< a large-frame buffer kept for reuse
   size_t spare_capacity_ = 0;
+  desc_pool descs_{max_am_descs};                  ///< receive buffers kept by handlers
 
   record_writer writer_;
   unsigned progress_calls_ = 0;

@@ -181,6 +181,7 @@ bool verbs_iface::open_buffers() {
     return false;
   }
   rx_owner_.assign(config_.rx_buffers, 0);
+  rx_lent_.assign(config_.rx_buffers, false);
   for (size_t i = 0; i < config_.rx_buffers; ++i) {
     if (!repost(static_cast<uint32_t>(i))) return false;
   }
@@ -244,6 +245,7 @@ void verbs_iface::fill_attr() {
   a.max_get_zcopy = port_attr_.max_msg_sz;
   a.max_put_zcopy = port_attr_.max_msg_sz;
   a.max_outstanding_reads = max_init_rd_atom_;
+  a.max_am_descs = max_am_descs();
   a.latency_ns = port_.link_layer == IBV_LINK_LAYER_INFINIBAND ? 800 : 1300;
   a.bandwidth_bytes_per_s = port_bandwidth(port_attr_);
   a.priority = 1;
@@ -733,19 +735,32 @@ void verbs_iface::deliver(verbs_conn& c, tl::am_id id, uint32_t buffer, size_t l
     ++dropped_;
     COMM_LOG(debug, log_name, "message for am id %u without a handler dropped", id);
   } else {
-    rx_owner_[buffer] = c.qp()->qp_num;
-    st = h.fn(h.arg, data, length, tl::am_flag_desc);
+    const unsigned flags = rx_lent_count_ < max_am_descs() ? tl::am_flag_desc : 0;
+    st = h.fn(h.arg, data, length, flags);
+    if (st == status::in_progress && flags != 0) {
+      rx_owner_[buffer] = c.qp()->qp_num;
+      rx_lent_[buffer] = true;
+      ++rx_lent_count_;
+      return;
+    }
   }
-  if (st == status::in_progress) return;
   if (repost(buffer)) c.receive_reposted();
 }
 
+size_t verbs_iface::max_am_descs() const { return std::max<size_t>(1, config_.credits / 2); }
+
 void verbs_iface::release_am_desc(void* data) {
   const auto* p = static_cast<uint8_t*>(data) - sizeof(message_header);
-  if (p < rx_pool_ || p >= rx_pool_ + config_.rx_buffers * seg_) return;
-  const size_t offset = static_cast<size_t>(p - rx_pool_);
-  if (offset % seg_ != 0) return;
-  const auto buffer = static_cast<uint32_t>(offset / seg_);
+  const bool in_pool = p >= rx_pool_ && p < rx_pool_ + config_.rx_buffers * seg_ &&
+                       static_cast<size_t>(p - rx_pool_) % seg_ == 0;
+  const auto buffer = in_pool ? static_cast<uint32_t>(static_cast<size_t>(p - rx_pool_) / seg_) : 0;
+  if (!in_pool || !rx_lent_[buffer]) {
+    COMM_LOG(error, log_name, "release_am_desc: %p is not a descriptor kept from this interface",
+             data);
+    return;
+  }
+  rx_lent_[buffer] = false;
+  --rx_lent_count_;
   if (!repost(buffer)) return;
   if (verbs_conn* c = conn_of_qp(rx_owner_[buffer])) c->receive_reposted();
 }
@@ -867,7 +882,8 @@ std::string verbs_iface::info() const {
       << " requests per QP, " << config_.credits << " credits per peer, inline " << max_inline_
       << " B\n"
       << "registrations " << md_->user_regions() << " user, " << md_->cached() << " cached, "
-      << dropped_ << " messages without a handler\n";
+      << dropped_ << " messages without a handler, " << rx_lent_count_ << " of " << max_am_descs()
+      << " receive buffers kept by handlers\n";
   return out.str();
 }
 

@@ -107,6 +107,10 @@ private:
   void close_everything();
 
   size_t max_connections() const;
+  /// Receive buffers handlers may keep at once (am_flag_desc; not reposted until released): half
+  /// of one peer's credits, so keeping them never stalls a peer and fits the reserve of
+  /// max_connections().
+  size_t max_am_descs() const;
   unsigned poll_cq();
   unsigned handle_stash();
   void handle_wc(const ibv_wc& wc);
@@ -156,6 +160,8 @@ private:
   ibv_mr* rx_mr_ = nullptr;
   size_t rx_posted_ = 0;
   std::vector<uint32_t> rx_owner_;  // QP number each kept receive buffer came from
+  std::vector<bool> rx_lent_;       // receive buffers kept by handlers (not reposted)
+  size_t rx_lent_count_ = 0;
   uint8_t* tx_pool_ = nullptr;
   ibv_mr* tx_mr_ = nullptr;
   std::vector<int32_t> free_tx_;

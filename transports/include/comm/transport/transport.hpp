@@ -66,12 +66,16 @@ struct pending_req {
 using pack_fn = size_t (*)(void* dest, void* arg);
 
 /// Flag passed to an am handler: `data` is a transport descriptor the handler may keep by returning
-/// status::in_progress, releasing it later with iface::release_am_desc.
+/// status::in_progress, releasing it later with iface::release_am_desc (UCT's
+/// UCT_CB_PARAM_FLAG_DESC). An interface lends at most iface_attr::max_am_descs at once; past that,
+/// and for messages it cannot lend (shm's am_short, which lives in the FIFO cell), the flag is
+/// absent.
 inline constexpr unsigned am_flag_desc = 1u << 0;
 
 /// Receives an active message. `data` is 8-byte aligned and valid until the handler returns
-/// (unless am_flag_desc was given and the handler returned in_progress). Returns ok, or
-/// in_progress to keep a descriptor.
+/// (unless am_flag_desc was given and the handler returned in_progress: then until
+/// iface::release_am_desc). Returns ok, or in_progress to keep a descriptor; in_progress without
+/// am_flag_desc counts as ok.
 using am_handler_fn = status (*)(void* arg, void* data, size_t length, unsigned flags);
 
 class ep;
@@ -105,6 +109,7 @@ struct iface_attr {
   size_t max_get_zcopy = 0;     ///< largest get_zcopy
   size_t max_put_zcopy = 0;     ///< largest put_zcopy
   size_t max_outstanding_reads = 0; ///< gets in flight per endpoint the peer accepts
+  size_t max_am_descs = 0;      ///< am descriptors handlers may keep at once (am_flag_desc)
   double latency_ns = 0;        ///< one-way latency estimate
   double bandwidth_bytes_per_s = 0; ///< bandwidth estimate
   unsigned priority = 0;        ///< tie breaker when choosing lanes: higher wins
@@ -247,8 +252,9 @@ public:
                            const std::vector<uint8_t>& iface_address,
                            std::unique_ptr<ep>& out) = 0;
 
-  /// Releases a descriptor kept by an am handler that returned in_progress.
-  virtual void release_am_desc(void* data) {}
+  /// Releases a descriptor kept by an am handler that returned in_progress: `data` is the pointer
+  /// the handler was given. A pointer that is not a kept descriptor is refused with a log line.
+  virtual void release_am_desc(void* data) = 0;
 
   /// The memory domain of this interface, or null.
   virtual md* memory_domain() { return nullptr; }
