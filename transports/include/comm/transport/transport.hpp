@@ -264,14 +264,41 @@ public:
 };
 
 // -- connection manager (client-server over socket addresses) ------------------------------------
+//
+// Two ways through a connection manager:
+//   - the short handshake (cm::connect, cm::accept): private data both ways, then the connection
+//     is done (cm_handler::on_established or on_failed) and released;
+//   - the client-server flow of UCT (seed 001; cm::resolve, cm::accept_flow): the client resolves
+//     the server's address to a local device first (cm_flow_handler::on_resolved), then connects
+//     (cm_conn::connect) with private data it gives or packs for that device (pack_private_data,
+//     which may refuse); the server answers with its own; the client is told (on_connect) and
+//     notifies the server (cm_conn::notify, the server's on_notify). The connection then stays
+//     until either side disconnects (cm_conn::disconnect; both are told on_disconnect) and its
+//     owner closes it (cm::close).
+// Addresses are "host:port" (a name, or dotted IPv4), "[v6]:port" ("[::1]:7000",
+// "[fe80::1%eth0]:7000") where the transport has IPv6.
+
+/// What a connection manager can carry (UCT's uct_cm_attr).
+struct cm_attr {
+  size_t max_conn_priv = 0;   ///< largest private data a client's request carries
+  size_t max_reply_priv = 0;  ///< largest private data a server's answer carries
+};
+
+/// Private data to send in a flow: bytes given here, or what cm_flow_handler::pack_private_data
+/// writes (UCT's uct_cm_ep_priv_data_pack_callback_t).
+struct cm_private_data {
+  const uint8_t* data = nullptr;  ///< the bytes, when `pack` is false
+  size_t length = 0;              ///< their length
+  bool pack = false;              ///< ask the handler's pack_private_data instead
+};
 
 /// One connection being established through a connection manager. A server-side connection
 /// handed over by cm_handler::on_request belongs to whoever received it until it goes back to a
-/// cm with cm::accept; destroying it unanswered rejects it.
+/// cm with cm::accept or cm::accept_flow; destroying it unanswered rejects it.
 class cm_conn {
 public:
   virtual ~cm_conn() = default;
-  /// The peer's socket address, "ip:port".
+  /// The peer's socket address, "ip:port" or "[ip6]:port".
   virtual std::string peer_address() const = 0;
   /// Server, request not yet answered: refuses it. The client's connection fails with `reason`
   /// (rejected: the server said no; unreachable: the server cannot reach the client on any lane)
@@ -279,6 +306,27 @@ public:
   virtual void reject(status reason) = 0;
   /// reject(status::rejected): the server said no.
   void reject() { reject(status::rejected); }
+
+  /// The local device the connection goes through (one of the component's devices(), e.g. "lo"
+  /// or "mlx5_0:1"): a client's once it was resolved, a server's from the request on. Empty
+  /// before.
+  virtual std::string device_name() const { return {}; }
+  /// Flow client, after on_resolved said ok: sends the connection request with `data` (at most
+  /// cm_attr::max_conn_priv bytes, packed for device_name() when `data.pack`). Returns ok (the
+  /// server's answer comes to on_connect), busy (not resolved yet), exceeds_limit, or the
+  /// status the pack callback refused with: then the connection is over (nothing more is told;
+  /// close it).
+  virtual status connect(const cm_private_data& data) { return status::unsupported; }
+  /// Flow client, after on_connect said ok: tells the server the client is connected (its
+  /// on_notify). ok, or busy before on_connect.
+  virtual status notify() { return status::unsupported; }
+  /// Flow, either side: disconnects (UCT's uct_ep_disconnect). The peer is told on_disconnect and
+  /// is expected to disconnect too; this side is told on_disconnect once the peer did (or is
+  /// gone). Returns in_progress (the peer has not disconnected yet), ok (it had: both are done),
+  /// busy (not connected yet: before on_connect / on_notify), or not_connected (disconnected
+  /// already).
+  virtual status disconnect() { return status::unsupported; }
+
   /// The protocol layer's pointer for this connection.
   void* user_data = nullptr;
 };
@@ -288,7 +336,7 @@ public:
 class cm_listener {
 public:
   virtual ~cm_listener() = default;
-  /// The address actually bound, "ip:port".
+  /// The address actually bound, "ip:port" or "[ip6]:port".
   virtual std::string address() const = 0;
   /// The port actually bound.
   virtual uint16_t port() const = 0;
@@ -304,15 +352,63 @@ class cm_handler {
 public:
   virtual ~cm_handler() = default;
   /// Server: a client connected to `from`, passed authentication and sent `data`. The connection
-  /// is handed over: nobody polls it until it returns through cm::accept.
+  /// is handed over: nobody polls it until it returns through cm::accept or cm::accept_flow (its
+  /// device_name() is the local device it came through).
   virtual void on_request(cm_listener* from, std::unique_ptr<cm_conn> conn, const uint8_t* data,
                           size_t length) = 0;
   /// Client: the server accepted, with its private data. Server: the client confirmed (no data).
   /// The connection manager is done with `conn` (it is closed and released after this call).
+  /// Short handshake only: flow connections report to their cm_flow_handler.
   virtual void on_established(cm_conn* conn, const uint8_t* data, size_t length) = 0;
   /// The connection failed: rejected, unreachable, endpoint_timeout, connection_reset or
-  /// protocol_error. `conn` is released after this call.
+  /// protocol_error. `conn` is released after this call. Short handshake only.
   virtual void on_failed(cm_conn* conn, status reason) = 0;
+};
+
+/// The callbacks of one flow connection (UCT's resolve, pack, client connect, server notify and
+/// disconnect callbacks). They run in cm::progress() on the owner's thread, pack_private_data in
+/// cm_conn::connect or cm::accept_flow. Each may call any cm or cm_conn function but cm::progress
+/// and the destruction of the connection manager; a flow connection stays until cm::close.
+class cm_flow_handler {
+public:
+  virtual ~cm_flow_handler() = default;
+  /// Client: the server's address (and a route to it) resolved to the local device `device`
+  /// (`result` ok), or did not (unreachable, or a local error; then the connection is over).
+  /// Returning ok goes on: call conn->connect(), here or later. An error ends the connection
+  /// (nothing more is told).
+  virtual status on_resolved(cm_conn* conn, std::string_view device, status result) = 0;
+  /// Writes the private data for the peer into `dest` (room for `room` bytes) for the local
+  /// device `device`: a client's request (cm_conn::connect) or a server's answer
+  /// (cm::accept_flow), when cm_private_data::pack is set. Returns the bytes written, or a
+  /// negative status to refuse: the client's connect fails with it, the server rejects.
+  virtual ssize_t pack_private_data(cm_conn* conn, std::string_view device, uint8_t* dest,
+                                    size_t room) {
+    return 0;
+  }
+  /// Client: the server answered with its private data (`result` ok: call conn->notify()), or
+  /// the connection failed: rejected, unreachable, endpoint_timeout, connection_reset or
+  /// protocol_error.
+  virtual void on_connect(cm_conn* conn, status result, const uint8_t* data, size_t length) = 0;
+  /// Server: the client notified (`result` ok: the connection is established), or the connection
+  /// failed before it: endpoint_timeout, connection_reset or protocol_error.
+  virtual void on_notify(cm_conn* conn, status result) = 0;
+  /// Either side, connected: the peer disconnected, answered our disconnect, or is gone.
+  virtual void on_disconnect(cm_conn* conn) = 0;
+};
+
+/// Parameters of a flow client (UCT's uct_ep_create on a connection manager).
+struct cm_client_params {
+  std::string address;                 ///< the server: "host:port" or "[v6]:port"
+  cm_flow_handler* handler = nullptr;  ///< told every event of the connection (required)
+  /// Resolution must end within this; so must the server's answer after cm_conn::connect.
+  int timeout_ms = 10000;
+};
+
+/// Parameters of a flow server's answer (UCT's uct_ep_create on a connection request).
+struct cm_server_params {
+  cm_flow_handler* handler = nullptr;  ///< told every event of the connection (required)
+  cm_private_data reply;               ///< the answer's private data
+  int timeout_ms = 10000;              ///< the client's notify must come within this
 };
 
 /// Parameters of a connection manager.
@@ -336,7 +432,10 @@ public:
   virtual unsigned progress() = 0;
   /// True while a listener or connection needs progress().
   virtual bool active() const = 0;
-  /// Listens on "host:port" (port 0: any). A wildcard host without an auth key becomes loopback.
+  /// What it can carry (UCT's uct_cm_query).
+  virtual cm_attr query() const { return {}; }
+  /// Listens on "host:port" or "[v6]:port" (port 0: any). A wildcard host (0.0.0.0, [::]) without
+  /// an auth key becomes loopback.
   virtual status listen(const std::string& address, int backlog,
                         std::unique_ptr<cm_listener>& out) = 0;
   /// Connects to "host:port", sending `data` once the server proved itself (when keyed).
@@ -347,7 +446,20 @@ public:
   /// the client confirms (or on_failed).
   virtual status accept(std::unique_ptr<cm_conn> conn, const uint8_t* data, size_t length,
                         int timeout_ms, cm_conn** out) = 0;
-  /// Drops a connection; its handler is not told anything more.
+  /// Flow client: starts resolving params.address; its handler is told on_resolved. `*out` is
+  /// the connection's, until close().
+  virtual status resolve(const cm_client_params& params, cm_conn** out) {
+    return status::unsupported;
+  }
+  /// Flow server: answers a handed-over request with params.reply; the handler is told on_notify
+  /// once the client notifies. A reply the pack callback refuses rejects the request and returns
+  /// that status. `*out` is the connection's, until close().
+  virtual status accept_flow(std::unique_ptr<cm_conn> conn, const cm_server_params& params,
+                             cm_conn** out) {
+    return status::unsupported;
+  }
+  /// Drops a connection (a flow connection: UCT's uct_ep_destroy); its handler is not told
+  /// anything more.
   virtual void close(cm_conn* conn) = 0;
 };
 
