@@ -365,7 +365,7 @@ void shm_iface::malformed(uint64_t index, const char* why) {
            static_cast<unsigned long long>(index), why);
 }
 
-// -- tag matching: receive -------------------------------------------------------------------------
+// -- tag matching: receive ------------------------------------------------------------------------
 
 namespace {
 
@@ -603,7 +603,7 @@ void shm_iface::receive_tag_rndv(uint64_t index, cell_meta meta) {
       problem = "rendezvous sender address invalid";
     } else {
       rkey_length = key.size();
-      std::memcpy(rkey, key.begin(), rkey_length);
+      if (rkey_length != 0) std::memcpy(rkey, key.begin(), rkey_length);  // empty: no pointer
     }
   } catch (const kj::Exception& e) {
     problem = "rendezvous descriptor is not a valid message";
@@ -692,7 +692,7 @@ shm_ep* shm_iface::rndv_source(const iface_addr& address) {
   return source;
 }
 
-// -- tag matching: the interface's side ------------------------------------------------------------
+// -- tag matching: the interface's side -----------------------------------------------------------
 
 status shm_iface::set_tag_handlers(tag_unexp_eager_fn eager, void* eager_arg,
                                    tag_unexp_rndv_fn rndv, void* rndv_arg) {
@@ -727,7 +727,7 @@ bool shm_iface::rndv_alloc(uint32_t* slot, uint64_t* generation) {
   return true;
 }
 
-// -- endpoints: work, liveness, failure ------------------------------------------------------------
+// -- endpoints: work, liveness, failure -----------------------------------------------------------
 
 void shm_iface::schedule(shm_ep* ep) {
   if (ep->scheduled) return;
