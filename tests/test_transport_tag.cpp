@@ -24,6 +24,8 @@
 #include "shm/shm.capnp.h"
 
 #include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -49,7 +51,7 @@ using comm::test::wait_child;
 
 namespace tagtest {
 
-// -- interfaces and progress ------------------------------------------------------------------------
+// -- interfaces and progress ----------------------------------------------------------------------
 
 /// Opens an interface of `transport` on its first device.
 std::unique_ptr<tl::iface> open_iface(const std::string& transport) {
@@ -99,7 +101,7 @@ status retry_while_busy(const iface_list& ifaces, const std::function<status()>&
   return st;
 }
 
-// -- data ------------------------------------------------------------------------------------------
+// -- data -----------------------------------------------------------------------------------------
 
 std::vector<uint8_t> pattern(size_t length, uint32_t seed) {
   std::vector<uint8_t> bytes(length);
@@ -142,7 +144,7 @@ std::vector<tl::iov> split(const std::vector<uint8_t>& data, size_t pieces) {
   return out;
 }
 
-// -- a posted receive ------------------------------------------------------------------------------
+// -- a posted receive -----------------------------------------------------------------------------
 
 /// A posted receive that records its callbacks (tag_context with a buffer of its own).
 struct posted : tl::tag_context {
@@ -196,11 +198,12 @@ struct posted : tl::tag_context {
   bool done() const { return completions + rndv_calls > 0; }
   /// The first `n` bytes of the buffer.
   std::vector<uint8_t> first(size_t n) const {
-    return {buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(std::min(n, buffer.size()))};
+    const auto end = static_cast<std::ptrdiff_t>(std::min(n, buffer.size()));
+    return {buffer.begin(), buffer.begin() + end};
   }
 };
 
-// -- unexpected messages ---------------------------------------------------------------------------
+// -- unexpected messages --------------------------------------------------------------------------
 
 /// Records what the unexpected handlers get: eager messages reassembled through the per-message
 /// context (with every fragment's flags checked), rendezvous with their header, address, length
@@ -309,7 +312,7 @@ std::vector<unsigned> expected_flags(size_t length, size_t fragment) {
   return out;
 }
 
-// -- sending ---------------------------------------------------------------------------------------
+// -- sending --------------------------------------------------------------------------------------
 
 /// The kinds of eager send.
 enum class eager { short_, bcopy, zcopy };
@@ -336,7 +339,8 @@ status send_eager(const iface_list& ifaces, tl::ep& ep, eager kind, tl::tag_t ta
                   const std::vector<uint8_t>& data, bool wait = true) {
   switch (kind) {
     case eager::short_:
-      return retry_while_busy(ifaces, [&] { return ep.tag_eager_short(tag, data.data(), data.size()); });
+      return retry_while_busy(ifaces,
+                              [&] { return ep.tag_eager_short(tag, data.data(), data.size()); });
     case eager::bcopy: {
       auto copy = data;
       return retry_while_busy(ifaces, [&] {
@@ -394,7 +398,7 @@ struct pair {
 
 using namespace tagtest;
 
-// -- capabilities ------------------------------------------------------------------------------------
+// -- capabilities ---------------------------------------------------------------------------------
 
 BOOST_DATA_TEST_CASE(tag_limits_agree_with_the_flags_and_the_rest_answer_unsupported,
                      each_transport(), transport) {
@@ -406,6 +410,11 @@ BOOST_DATA_TEST_CASE(tag_limits_agree_with_the_flags_and_the_rest_answer_unsuppo
   posted recv(8);
   if (!has_tags(*a)) {
     BOOST_TEST_MESSAGE(transport << " reports no tag matching");
+    if (transport == "verbs") {
+      // What the device offers is reported (the verbs test device: nothing).
+      BOOST_TEST(a->info().find("tag matching: the device offers none") != std::string::npos,
+                 a->info());
+    }
     BOOST_TEST(t.eager.max_short == 0u);
     BOOST_TEST(t.eager.max_bcopy == 0u);
     BOOST_TEST(t.eager.max_zcopy == 0u);
@@ -458,7 +467,7 @@ BOOST_DATA_TEST_CASE(tag_limits_agree_with_the_flags_and_the_rest_answer_unsuppo
   BOOST_TEST(a->info().find(": tag: 0 of ") != std::string::npos);
 }
 
-// -- eager, matched --------------------------------------------------------------------------------
+// -- eager, matched -------------------------------------------------------------------------------
 
 BOOST_DATA_TEST_CASE(eager_short_bcopy_and_zcopy_land_in_a_matching_posted_receive,
                      each_transport(), transport) {
@@ -518,7 +527,7 @@ BOOST_DATA_TEST_CASE(immediate_values_arrive_as_sent_and_short_sends_carry_zero,
   BOOST_TEST(recv.imm == 0u);
 }
 
-// -- eager, unexpected -----------------------------------------------------------------------------
+// -- eager, unexpected ----------------------------------------------------------------------------
 
 BOOST_DATA_TEST_CASE(unexpected_eager_arrives_whole_or_in_first_more_fragments_with_its_context,
                      each_transport(), transport) {
@@ -606,7 +615,7 @@ BOOST_DATA_TEST_CASE(an_unexpected_eager_message_kept_as_a_descriptor_stays_inta
   BOOST_TEST(p.receiver->info().find("0 of") != std::string::npos);
 }
 
-// -- matching --------------------------------------------------------------------------------------
+// -- matching -------------------------------------------------------------------------------------
 
 BOOST_DATA_TEST_CASE(receives_match_by_tag_and_mask_in_post_order, each_transport(), transport) {
   pair p(transport);
@@ -694,7 +703,7 @@ BOOST_DATA_TEST_CASE(max_outstanding_receives_then_exceeds_limit, each_transport
   BOOST_TEST(p.receiver->info().find(": tag: 0 of ") != std::string::npos);
 }
 
-// -- cancel ----------------------------------------------------------------------------------------
+// -- cancel ---------------------------------------------------------------------------------------
 
 BOOST_DATA_TEST_CASE(a_canceled_receive_reports_canceled_unless_forced_and_matches_nothing,
                      each_transport(), transport) {
@@ -729,7 +738,7 @@ BOOST_DATA_TEST_CASE(a_canceled_receive_reports_canceled_unless_forced_and_match
   BOOST_TEST(reported.buffer[0] == 8);
 }
 
-// -- rendezvous ------------------------------------------------------------------------------------
+// -- rendezvous -----------------------------------------------------------------------------------
 
 BOOST_DATA_TEST_CASE(a_matched_rendezvous_is_fetched_into_the_posted_iov_and_completes_both,
                      each_transport(), transport) {
@@ -966,7 +975,7 @@ BOOST_DATA_TEST_CASE(destroying_an_endpoint_cancels_its_rendezvous, each_transpo
   BOOST_TEST(p.sender->info().find(released) != std::string::npos, p.sender->info());
 }
 
-// -- between processes -----------------------------------------------------------------------------
+// -- between processes ----------------------------------------------------------------------------
 
 BOOST_DATA_TEST_CASE(tagged_eager_and_rendezvous_between_two_processes, each_transport(),
                      transport) {
@@ -1063,7 +1072,60 @@ BOOST_DATA_TEST_CASE(tagged_eager_and_rendezvous_between_two_processes, each_tra
   BOOST_TEST(wait_child(child) == 0);
 }
 
-// -- shm: a hostile peer's tagged cells --------------------------------------------------------------
+BOOST_DATA_TEST_CASE(a_dead_receiver_fails_outstanding_tagged_zcopy_and_rendezvous,
+                     each_transport(), transport) {
+  {
+    auto probe = open_iface(transport);
+    if (!runs_over(*probe, transport)) return;
+    if ((probe->attr().caps & tl::cap_peer_failure) == 0) {
+      BOOST_TEST_MESSAGE("skipped over " << transport << ": no cap_peer_failure");
+      return;
+    }
+  }
+  const std::string why = comm::test::cannot_reach_other_processes(transport);
+  if (!why.empty()) {
+    BOOST_TEST_MESSAGE("skipped over " << transport << ": " << why);
+    return;
+  }
+  channel to_parent, to_child;
+  const pid_t child = fork_child([&]() -> int {
+    auto receiver = open_iface(transport);
+    send_addresses(to_parent, *receiver);
+    std::vector<uint8_t> never;
+    to_child.receive(&never, 30000);  // never progresses; killed
+    return 0;
+  });
+  BOOST_REQUIRE(child > 0);
+  auto sender = open_iface(transport);
+  comm::test::failure_log failures;
+  failures.install(*sender);
+  std::vector<uint8_t> device, address;
+  BOOST_REQUIRE(receive_addresses(to_parent, &device, &address));
+  auto ep = connect(*sender, device, address);
+  const auto data = pattern(50'000, 1);
+  const tl::iov entry{data.data(), data.size()};
+  completion_probe eager_done, rndv_done, flushed;
+  uint64_t handle = 0;
+  BOOST_TEST(ep->tag_eager_zcopy(1, 0, &entry, 1, &eager_done) == status::in_progress);
+  BOOST_TEST(ep->tag_rndv_zcopy(2, nullptr, 0, &entry, 1, &rndv_done, &handle) ==
+             status::in_progress);
+  BOOST_TEST(ep->flush(&flushed) == status::in_progress);
+  progress_rounds({sender.get()}, 100);
+  ::kill(child, SIGKILL);
+  BOOST_TEST(wait_child(child) == -1);
+  BOOST_TEST(progress_until({sender.get()}, [&] {
+    return eager_done.calls == 1 && rndv_done.calls == 1 && flushed.calls == 1;
+  }));
+  BOOST_TEST(eager_done.result == status::connection_reset);
+  BOOST_TEST(rndv_done.result == status::connection_reset);
+  BOOST_TEST(failures.entries.size() == 1u);
+  BOOST_TEST(ep->tag_rndv_cancel(handle) == status::no_elem);
+  ep.reset();
+  const std::string released = transport + ": md: 0 regions registered";
+  BOOST_TEST(sender->info().find(released) != std::string::npos, sender->info());
+}
+
+// -- shm: a hostile peer's tagged cells -----------------------------------------------------------
 
 namespace {
 
@@ -1106,8 +1168,8 @@ struct rogue {
 size_t malformed_cells(const tl::iface& iface) {
   const std::string info = iface.info();
   const size_t at = info.find("shm: malformed cells ");
-  return at == std::string::npos ? ~size_t{0}
-                                 : std::stoul(info.substr(at + std::strlen("shm: malformed cells ")));
+  const size_t skip = std::strlen("shm: malformed cells ");
+  return at == std::string::npos ? ~size_t{0} : std::stoul(info.substr(at + skip));
 }
 
 }  // namespace
@@ -1268,4 +1330,32 @@ BOOST_AUTO_TEST_CASE(shm_malformed_tagged_cells_are_skipped_and_consume_no_recei
                             [&] { return second.done() && done.calls == 1; }));
   BOOST_TEST((second.buffer == data));
   BOOST_TEST(done.result == status::ok);
+}
+
+BOOST_AUTO_TEST_CASE(shm_a_rendezvous_whose_buffer_is_gone_fails_the_sender_and_keeps_the_receive) {
+  if (comm::test::find_component("shm") == nullptr || !comm::test::requested("shm")) return;
+  auto sender = open_iface("shm");
+  auto receiver = open_iface("shm");
+  auto ep = connect(*sender, *receiver);
+  const size_t size = 4 * 4096;
+  void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  BOOST_REQUIRE(mapped != MAP_FAILED);
+  std::memset(mapped, 7, size);
+  posted recv(size);
+  BOOST_REQUIRE(recv.post(*receiver, 5) == status::ok);
+  const tl::iov entry{mapped, size};
+  completion_probe done;
+  uint64_t handle = 0;
+  BOOST_REQUIRE(ep->tag_rndv_zcopy(5, nullptr, 0, &entry, 1, &done, &handle) ==
+                status::in_progress);
+  ::munmap(mapped, size);  // still registered, no longer there: the receiver's read fails
+  BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] { return done.calls == 1; }));
+  BOOST_TEST(done.result == status::io_error);
+  BOOST_TEST(!recv.done(), "a failed fetch ended the receive");
+  BOOST_TEST(receiver->info().find("1 failed fetches") != std::string::npos, receiver->info());
+  // The receive is still there for the next message.
+  BOOST_TEST(send_eager({sender.get(), receiver.get()}, *ep, eager::short_, 5, 0, {9}) ==
+             status::ok);
+  BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] { return recv.done(); }));
+  BOOST_TEST(recv.buffer[0] == 9);
 }

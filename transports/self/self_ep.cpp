@@ -172,6 +172,18 @@ status self_ep::rma(const iov* entries, size_t count, uint64_t remote_address,
 
 // -- tag matching ---------------------------------------------------------------------------------
 
+namespace {
+
+/// False when an entry has a length but no buffer (the receiver reads the entries themselves).
+bool buffers_present(const iov* entries, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    if (entries[i].buffer == nullptr && entries[i].length != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 status self_ep::tag_eager_short(tag_t tag, const void* data, size_t length) {
   if (length > owner_.attr().tag.eager.max_short || (data == nullptr && length != 0)) {
     return status::invalid_param;
@@ -204,7 +216,7 @@ status self_ep::tag_eager_zcopy(tag_t tag, uint64_t imm, const iov* entries, siz
   const tag_limits& limits = owner_.attr().tag;
   size_t total = 0;
   if (count > limits.eager.max_iov || !sum_iov(entries, count, &total) ||
-      total > limits.eager.max_zcopy) {
+      total > limits.eager.max_zcopy || !buffers_present(entries, count)) {
     return status::invalid_param;
   }
   size_t index;
@@ -225,7 +237,7 @@ status self_ep::tag_rndv_zcopy(tag_t tag, const void* header, size_t header_leng
   size_t total = 0;
   if (handle == nullptr || header_length > limits.rndv.max_hdr || count > limits.rndv.max_iov ||
       (header == nullptr && header_length != 0) || !sum_iov(entries, count, &total) ||
-      total > limits.rndv.max_zcopy) {
+      total > limits.rndv.max_zcopy || !buffers_present(entries, count)) {
     return status::invalid_param;
   }
   if (pending_.blocks_sends()) return status::no_resource;

@@ -109,7 +109,7 @@ enum cap : uint64_t {
 inline constexpr uint64_t cap_tag_any =
     cap_tag_eager_short | cap_tag_eager_bcopy | cap_tag_eager_zcopy | cap_tag_rndv_zcopy;
 
-// -- tag matching (optional: the cap_tag_* flags) --------------------------------------------------
+// -- tag matching (optional: the cap_tag_* flags) -------------------------------------------------
 //
 // UCT's tag-matching offload. The receiving interface keeps a list of posted receives (tag, mask,
 // iov: iface::tag_recv_zcopy) and matches each arriving tagged message against it in post order,
