@@ -611,8 +611,11 @@ BOOST_DATA_TEST_CASE(an_unexpected_eager_message_kept_as_a_descriptor_stays_inta
   }
   BOOST_TEST(progress_until(p.both(), [&] { return p.unexpected.messages.size() == 304; }));
   BOOST_TEST(p.unexpected.kept_intact());
+  const std::string lent = "4 of " + std::to_string(p.receiver->attr().max_am_descs);
+  BOOST_TEST(p.receiver->info().find(lent) != std::string::npos, p.receiver->info());
   p.unexpected.release_all(*p.receiver);
-  BOOST_TEST(p.receiver->info().find("0 of") != std::string::npos);
+  const std::string none = "0 of " + std::to_string(p.receiver->attr().max_am_descs);
+  BOOST_TEST(p.receiver->info().find(none) != std::string::npos, p.receiver->info());
 }
 
 // -- matching -------------------------------------------------------------------------------------

@@ -130,8 +130,9 @@ using tag_t = uint64_t;
 /// UCT_CB_PARAM_FLAG_FIRST). A message delivered whole comes as one fragment with this flag alone.
 inline constexpr unsigned tag_flag_first = 1u << 1;
 
-/// Flag of an unexpected eager fragment: more fragments of the same message follow, in order and
-/// before any other message of the interface (UCT_CB_PARAM_FLAG_MORE).
+/// Flag of an unexpected eager fragment: more fragments of the same message follow, in order
+/// (UCT_CB_PARAM_FLAG_MORE). Fragments of other messages may come in between on a transport that
+/// interleaves them (the per-message context tells them apart); self and shm do not.
 inline constexpr unsigned tag_flag_more = 1u << 2;
 
 /// Receives a fragment of a tagged eager message that matched no posted receive: `length` bytes at
