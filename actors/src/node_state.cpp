@@ -296,12 +296,13 @@ caf::error node_state::listen_error() const {
   return listen_error_;
 }
 
-caf::error node_state::publish(const caf::actor& whom, const std::string& name) {
+caf::error node_state::publish(const caf::actor& whom, const std::string& name, interface ifs) {
   if (!whom || name.empty()) return make_error(comm::status::invalid_param);
   {
     std::lock_guard<std::mutex> g(mtx_);
-    auto [it, added] = names_.emplace(name, whom);
-    if (!added && it->second != whom) return make_error(comm::status::already_exists);
+    auto [it, added] = names_.emplace(name, published_actor{whom, ifs});
+    if (!added && it->second.handle != whom) return make_error(comm::status::already_exists);
+    it->second.ifs = std::move(ifs);
   }
   sys_.registry().put(whom.id(), whom);
   // The name goes when its actor does.
@@ -310,7 +311,7 @@ caf::error node_state::publish(const caf::actor& whom, const std::string& name) 
   whom->attach_functor([self, name, weak] {
     std::lock_guard<std::mutex> g(self->mtx_);
     auto it = self->names_.find(name);
-    if (it != self->names_.end() && it->second.address() == weak) self->names_.erase(it);
+    if (it != self->names_.end() && it->second.handle.address() == weak) self->names_.erase(it);
   });
   return caf::error{};
 }
@@ -321,11 +322,12 @@ caf::error node_state::unpublish(const std::string& name) {
 }
 
 caf::expected<caf::actor> node_state::lookup(const std::string& address, const std::string& name,
-                                             std::chrono::milliseconds timeout) {
+                                             std::chrono::milliseconds timeout,
+                                             const interface& expected) {
   if (address.empty() || name.empty()) return make_error(comm::status::invalid_param);
   if (on_progress_thread()) return make_error(comm::status::busy);
   if (!thread_.joinable() || stopping_.load()) return make_error(comm::status::not_connected);
-  auto call = std::make_shared<lookup_call>(address, name);
+  auto call = std::make_shared<lookup_call>(address, name, expected);
   post_task([this, call] { start_lookup(call); });
   return call->wait(timeout);
 }
@@ -354,6 +356,7 @@ node_stats node_state::stats() const {
   s.bytes_sent = bytes_sent_.get();
   s.bytes_received = bytes_received_.get();
   s.frames_held = frames_held_.get();
+  s.unreadable_messages = unreadable_.get();
   s.peak_bytes_held = peak_bytes_held_.get();
   return s;
 }
