@@ -279,6 +279,7 @@ private:
   gauge bytes_received_;
   gauge frames_held_;
   gauge unreadable_;
+  gauge in_flight_;  ///< frames in libcomm's hands whose send has not completed (lock holder's)
   /// Shortest time between two warnings about dropped unreadable messages.
   static constexpr std::chrono::seconds unreadable_report_interval{1};
   std::chrono::steady_clock::time_point last_unreadable_report_{};  ///< lock holder's
