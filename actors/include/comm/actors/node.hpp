@@ -21,8 +21,12 @@
 // request still waiting for that node fails with sec::request_receiver_down.
 //
 // Message types other than CAF's builtins must be registered on every node with the same name
-// (caf::actor_system_config::add_message_type). A message the receiving node cannot read is
-// answered with an error (sec::unknown_type for a request), never a crash.
+// (caf::actor_system_config::add_message_type). A message the receiving node cannot read is never
+// a crash and never silent: a request is answered with the error (sec::unknown_type naming the
+// type), a response fails its request at once, anything else is counted (stats) and logged.
+//
+// Typed actors: publish(caf::typed_actor<...>) records the interface, lookup<Handle>(...) checks
+// it and returns a Handle.
 #pragma once
 
 #include <comm/actors/blob.hpp>
