@@ -61,13 +61,15 @@ struct request_fields {
   status st = status::in_progress;        ///< in_progress, or the final status
   int tl_in_flight = 0;                   ///< transport operations (zcopy, get, flush) under way
 
+  // The structs copied whole sit on 16-byte boundaries, so that no 16-byte move of theirs
+  // straddles a cache line.
+  request_params params;                  ///< callbacks and flags
+  tl::completion tl_completion;           ///< transport completion of its zcopy, get, put or flush
   const detail::request_ops* ops = nullptr; ///< its module's functions
   detail::worker_impl* owner = nullptr;   ///< the worker whose pool holds it
   detail::endpoint_impl* ep = nullptr;    ///< the endpoint it runs on, if any
-  request_params params;                  ///< callbacks and flags
   request* next_pending = nullptr;        ///< in the endpoint's pending queue
   request* next_outstanding = nullptr;    ///< in the endpoint's ordered completion queue
-  tl::completion tl_completion;           ///< transport completion of its zcopy, get, put or flush
 #if COMM_CHECK_REQUEST_STATE
   const void* state_type = nullptr;       ///< identifies the type in `state` (checked builds)
 #endif
@@ -80,6 +82,8 @@ struct request_fields {
 
 static_assert(std::is_trivially_copyable_v<request_fields> &&
                   std::is_standard_layout_v<request_fields> &&
+                  offsetof(request_fields, params) % 16 == 0 &&
+                  offsetof(request_fields, tl_completion) % 16 == 0 &&
                   offsetof(request_fields, state) % 16 == 0,
               "request::reset copies the header in 16-byte words up to the state storage");
 

@@ -58,21 +58,20 @@ void copy_to_recv(request* req, tag_recv_state& s, size_t offset, const uint8_t*
 }
 
 /// Completes a receive whose data all arrived.
-void finish_recv(request* req, const tag_recv_state& s) {
-  req->owner->complete(req, s.received > s.length ? status::message_truncated : status::ok);
+void finish_recv(worker_impl& w, request* req, const tag_recv_state& s) {
+  w.complete(req, s.received > s.length ? status::message_truncated : status::ok);
 }
 
 /// A whole message arrived on `ep`: complete a matching receive or keep it as unexpected.
-void deliver(tag_protocol& t, endpoint_impl* ep, tag_t tag, uint64_t imm, const uint8_t* data,
-             size_t length) {
-  worker_impl& w = ep->owner;
+void deliver(tag_protocol& t, worker_impl& w, endpoint_impl* ep, tag_t tag, uint64_t imm,
+             const uint8_t* data, size_t length) {
   tag_expected* e = w.matcher.match_expected(tag);
   if (e != nullptr) {
     request* req = tag_protocol::recv_of(e);
     tag_recv_state& s = tag_protocol::match(req, tag, imm);
     copy_to_recv(req, s, 0, data, length);
     s.received = length;
-    finish_recv(req, s);
+    finish_recv(w, req, s);
     return;
   }
   unexpected_msg* msg = t.new_unexpected(ep, tag, imm, length);
@@ -320,7 +319,7 @@ void tag_protocol::receive_eager(const uint8_t* data, size_t length, bool with_i
   if (ep == nullptr) return;
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += length - used;
-  deliver(*this, ep, tag, imm, data + used, length - used);
+  deliver(*this, w, ep, tag, imm, data + used, length - used);
 }
 
 void tag_protocol::on_eager_first(const uint8_t* data, size_t length) {
@@ -388,7 +387,7 @@ void tag_protocol::finish_fragments(endpoint_impl& ep) {
   if (req != nullptr) {
     auto& s = req->as<tag_recv_state>();
     s.received = total;
-    finish_recv(req, s);
+    finish_recv(w, req, s);
   } else if (msg != nullptr) {
     msg->received = total;
     // A receive posted while the fragments arrived was not matched against this message (it was
@@ -399,7 +398,7 @@ void tag_protocol::finish_fragments(endpoint_impl& ep) {
       copy_to_recv(late, s, 0, msg->data, msg->length);
       s.received = msg->length;
       free_unexpected(msg);
-      finish_recv(late, s);
+      finish_recv(w, late, s);
     } else {
       w.matcher.add_unexpected(msg);
     }
