@@ -1,8 +1,15 @@
 // RMA through the protocol layer: registration, keys, put and get with DAT's RDMA-read semantics
 // (iov filled in order, cookie, completion suppression, fence, bounded outstanding reads), bad
-// ranges and keys, flush, and operations on a failed endpoint. Runs over every transport present.
+// ranges and keys, flush, posts on a failed endpoint (flushed), access rights (local misuse and a
+// hostile reader with a forged key), remote segments, and the outstanding-reads limit exchanged
+// at connection. Runs over every transport present.
 #define BOOST_TEST_MODULE rma
 #include "fixture.hpp"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <cstring>
 
 using namespace comm;
 using namespace comm::test;
@@ -30,6 +37,26 @@ struct remote_region {
   memh* handle = nullptr;
   rkey* key = nullptr;
 };
+
+/// b's key for `handle`, re-encoded with the rights `access` and (when not 0) the length
+/// `length` in place of what b packed (a hostile reader), unpacked on a's endpoint.
+rkey* forged_key(worker_pair& p, memh* handle, uint32_t access, uint64_t length) {
+  std::vector<uint8_t> packed;
+  BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
+  auto words = kj::heapArray<capnp::word>(packed.size() / 8);
+  std::memcpy(words.begin(), packed.data(), packed.size());
+  capnp::FlatArrayMessageReader reader(words);
+  capnp::MallocMessageBuilder builder;
+  builder.setRoot(reader.getRoot<wire::schema::RemoteKeyBundle>());
+  auto bundle = builder.getRoot<wire::schema::RemoteKeyBundle>();
+  bundle.setAccess(access);
+  if (length != 0) bundle.setLength(length);
+  auto flat = capnp::messageToFlatArray(builder);
+  rkey* key = nullptr;
+  BOOST_REQUIRE(p.ab->rkey_unpack(flat.asBytes().begin(), flat.asBytes().size(), &key) ==
+                status::ok);
+  return key;
+}
 
 }  // namespace
 
@@ -132,6 +159,12 @@ BOOST_DATA_TEST_CASE(garbage_and_stale_keys, each_transport(), transport) {
   const status stale = p.finish(p.ab->get(&e, 1, address, key));
   BOOST_CHECK_MESSAGE(stale == status::protection_error, "stale key: " << to_string(stale));
   p.ab->rkey_destroy(key);
+  if (transport == "verbs") {
+    // A remote access error moves the queue pair to the error state, as on RDMA hardware: the
+    // connection is over, reported as such.
+    BOOST_CHECK(p.until([&] { return p.ab->state() != status::ok; }));
+    return;
+  }
   BOOST_CHECK(tag_roundtrip(p, 64, 12, true));
 }
 
@@ -205,14 +238,137 @@ BOOST_DATA_TEST_CASE(many_reads_complete_in_order, each_transport(), transport) 
   }
 }
 
-BOOST_DATA_TEST_CASE(operations_on_a_failed_endpoint_fail, each_transport(), transport) {
+BOOST_DATA_TEST_CASE(posts_on_a_disconnected_endpoint_are_flushed, each_transport(), transport) {
   worker_pair p(transport);
   remote_region region(p, 4096, 18);
   detail::impl(*p.ab).fail(status::connection_reset);
-  std::vector<uint8_t> local(64);
+  std::vector<uint8_t> local(64, 0xEE);
   iov_entry e{local.data(), local.size()};
-  BOOST_CHECK(p.ab->get(&e, 1, region.address(), region.key).st == status::connection_reset);
-  BOOST_CHECK(p.ab->put(&e, 1, region.address(), region.key).st == status::connection_reset);
+  send_tracker got, put, suppressed;
+  op g = p.ab->get(&e, 1, region.address(), region.key, send_params(got));
+  BOOST_REQUIRE(g.pending());  // posted, then flushed: the callback ran with that status
+  BOOST_CHECK_EQUAL(got.calls, 1);
+  BOOST_CHECK(got.st == status::flushed);
+  BOOST_CHECK(p.a->request_status(g.req) == status::flushed);
+  p.a->release(g.req);
+  op w = p.ab->put(&e, 1, region.address(), region.key, send_params(put));
+  BOOST_REQUIRE(w.pending());
+  BOOST_CHECK(put.calls == 1 && put.st == status::flushed);
+  p.a->release(w.req);
+  // Suppression hides successes only: a flushed post still reports.
+  op s = p.ab->get(&e, 1, region.address(), region.key,
+                   send_params(suppressed, request_completion_suppressed));
+  BOOST_CHECK(s.done());
+  BOOST_CHECK(suppressed.calls == 1 && suppressed.st == status::flushed);
+  BOOST_CHECK(local[0] == 0xEE);
+}
+
+BOOST_DATA_TEST_CASE(suppressed_failure_still_reports_its_error, each_transport(), transport) {
+  worker_pair p(transport);
+  std::vector<uint8_t> buffer(4096, 0x11);
+  memh* handle = nullptr;
+  BOOST_REQUIRE(p.b->mem_map(buffer.data(), buffer.size(), &handle,
+                             mem_access_all & ~mem_remote_read) == status::ok);
+  // The owner refuses the read, whatever rights the reader's copy of the key claims.
+  rkey* key = forged_key(p, handle, mem_access_all, 0);
+  std::vector<uint8_t> local(512, 0xEE);
+  iov_entry e{local.data(), local.size()};
+  send_tracker t;
+  t.id = 77;
+  op o = p.ab->get(&e, 1, reinterpret_cast<uintptr_t>(buffer.data()), key,
+                   send_params(t, request_completion_suppressed));
+  BOOST_CHECK(!o.pending());
+  if (!o.failed()) BOOST_REQUIRE(p.until([&] { return t.calls == 1; }));
+  const status st = o.failed() ? o.st : t.st;
+  BOOST_CHECK_MESSAGE(st == status::privileges_violation, to_string(st));
+  BOOST_CHECK_EQUAL(t.id, 77);  // the cookie came back with the error
+  BOOST_CHECK(p.finish(p.ab->flush()) == status::ok);
+  BOOST_CHECK(local[0] == 0xEE);
+  p.ab->rkey_destroy(key);
+  BOOST_CHECK(p.b->mem_unmap(handle) == status::ok);
+}
+
+BOOST_DATA_TEST_CASE(unsignalled_completes_without_notifying, each_transport(), transport) {
+  worker_pair p(transport);
+  remote_region region(p, 8192, 20);
+  std::vector<uint8_t> local(8192);
+  iov_entry e{local.data(), local.size()};
+  send_tracker t;
+  op o = p.ab->get(&e, 1, region.address(), region.key,
+                   send_params(t, request_unsignalled | request_no_immediate_completion));
+  BOOST_REQUIRE(o.pending());  // the caller has its request: the completion is recorded there
+  BOOST_REQUIRE(p.until([&] { return p.a->request_status(o.req) != status::in_progress; }));
+  BOOST_CHECK(p.a->request_status(o.req) == status::ok);
+  BOOST_CHECK_EQUAL(t.calls, 0);  // ... but a success does not notify
+  p.a->release(o.req);
+  BOOST_CHECK_EQUAL(first_mismatch(local.data(), local.size(), 20), -1);
+  // A failure notifies.
+  op bad = p.ab->get(&e, 1, region.address() - 4096, region.key,
+                     send_params(t, request_unsignalled));
+  if (bad.pending()) {
+    BOOST_REQUIRE(p.until([&] { return t.calls == 1; }));
+    BOOST_CHECK(t.st == status::protection_error);
+    p.a->release(bad.req);
+  } else {
+    BOOST_CHECK(bad.st == status::protection_error);
+  }
+}
+
+BOOST_DATA_TEST_CASE(fenced_get_waits_for_earlier_puts, each_transport(), transport) {
+  worker_pair p(transport);
+  remote_region region(p, 4u << 20, 21);
+  auto fresh = pattern(4u << 20, 22);
+  iov_entry w{fresh.data(), fresh.size()};
+  op put = p.ab->put(&w, 1, region.address(), region.key);
+  auto& rma = module_of<detail::rma_protocol>(detail::impl(*p.a));
+  const unsigned puts_in_flight = rma.ops_in_flight(detail::impl(*p.ab));
+  std::vector<uint8_t> back(4096);
+  iov_entry r{back.data(), back.size()};
+  op get = p.ab->get(&r, 1, region.address((4u << 20) - 4096), region.key,
+                     request_params{.flags = request_fence});
+  if (puts_in_flight > 0) {
+    // The fenced read may not start while the write is in flight.
+    BOOST_CHECK_EQUAL(rma.reads_in_flight(detail::impl(*p.ab)), 0u);
+    BOOST_CHECK(get.pending());
+  }
+  BOOST_CHECK(p.finish(put) == status::ok);
+  BOOST_CHECK(p.finish(get) == status::ok);
+  BOOST_CHECK_EQUAL(first_mismatch(back.data(), 4096, 22, (4u << 20) - 4096), -1);
+}
+
+BOOST_DATA_TEST_CASE(reads_never_exceed_what_the_peer_accepts, each_transport(), transport) {
+  worker_pair p(transport, [](config& c) { c.limits.rma_reads_in = 2; });
+  // The limit travels in the worker's address, per transport.
+  auto address = p.b->address();
+  auto words = kj::heapArray<capnp::word>(address.size() / 8);
+  std::memcpy(words.begin(), address.data(), address.size());
+  capnp::FlatArrayMessageReader reader(words);
+  auto transports = reader.getRoot<wire::schema::WorkerAddress>().getTransports();
+  BOOST_REQUIRE_EQUAL(transports.size(), 1u);
+  BOOST_CHECK_EQUAL(transports[0].getReadsIn(), 2u);
+  auto& rma = module_of<detail::rma_protocol>(detail::impl(*p.a));
+  BOOST_CHECK_EQUAL(rma.read_limit(detail::impl(*p.ab)), 2u);
+  remote_region region(p, 1 << 16, 23);
+  constexpr int n = 64;
+  std::vector<std::vector<uint8_t>> buffers(n, std::vector<uint8_t>(1024));
+  std::vector<int> order;
+  std::vector<send_tracker> trackers(n);
+  std::vector<op> ops;
+  for (int i = 0; i < n; ++i) {
+    trackers[i].id = i;
+    trackers[i].order = &order;
+    iov_entry e{buffers[i].data(), 1024};
+    ops.push_back(p.ab->get(&e, 1, region.address(i * 1024), region.key,
+                            send_params(trackers[i], request_no_immediate_completion)));
+    BOOST_REQUIRE(!ops.back().failed());
+  }
+  BOOST_REQUIRE(p.until([&] { return order.size() == n; }));
+  BOOST_CHECK_LE(rma.peak_reads(detail::impl(*p.ab)), 2u);
+  for (int i = 0; i < n; ++i) {
+    BOOST_CHECK_EQUAL(order[i], i);
+    BOOST_CHECK_EQUAL(first_mismatch(buffers[i].data(), 1024, 23, i * 1024), -1);
+    p.a->release(ops[i].req);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -233,6 +389,135 @@ BOOST_DATA_TEST_CASE(map_unmap_many_times_leaks_nothing, each_transport(), trans
     BOOST_REQUIRE(p.b->mem_unmap(h) == status::ok);
   }
   BOOST_CHECK(tag_roundtrip(p, 1 << 20, 19, true));  // rendezvous registrations still work
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(rights)
+
+BOOST_DATA_TEST_CASE(remote_rights_are_enforced, each_transport(), transport) {
+  worker_pair p(transport);
+  auto bytes = pattern(4096, 30);
+  memh* read_only = nullptr;
+  BOOST_REQUIRE(p.b->mem_map(bytes.data(), bytes.size(), &read_only,
+                             mem_local_read | mem_local_write | mem_remote_read) == status::ok);
+  std::vector<uint8_t> packed;
+  BOOST_REQUIRE(p.b->rkey_pack(read_only, packed) == status::ok);
+  rkey* key = nullptr;
+  BOOST_REQUIRE(p.ab->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+  const uint64_t address = reinterpret_cast<uintptr_t>(bytes.data());
+  std::vector<uint8_t> local(4096, 0xEE);
+  iov_entry e{local.data(), local.size()};
+  BOOST_CHECK(p.finish(p.ab->get(&e, 1, address, key)) == status::ok);
+  BOOST_CHECK_EQUAL(first_mismatch(local.data(), local.size(), 30), -1);
+  BOOST_CHECK(p.ab->put(&e, 1, address, key).st == status::privileges_violation);
+  p.ab->rkey_destroy(key);
+  BOOST_CHECK(p.b->mem_unmap(read_only) == status::ok);
+
+  memh* write_only = nullptr;
+  BOOST_REQUIRE(p.b->mem_map(bytes.data(), bytes.size(), &write_only, mem_remote_write) ==
+                status::ok);
+  packed.clear();
+  BOOST_REQUIRE(p.b->rkey_pack(write_only, packed) == status::ok);
+  BOOST_REQUIRE(p.ab->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+  BOOST_CHECK(p.ab->get(&e, 1, address, key).st == status::privileges_violation);
+  auto fresh = pattern(4096, 31);
+  iov_entry w{fresh.data(), fresh.size()};
+  BOOST_CHECK(p.finish(p.ab->put(&w, 1, address, key)) == status::ok);
+  BOOST_CHECK_EQUAL(first_mismatch(bytes.data(), bytes.size(), 31), -1);
+  p.ab->rkey_destroy(key);
+  BOOST_CHECK(p.b->mem_unmap(write_only) == status::ok);
+
+  memh* private_region = nullptr;
+  BOOST_REQUIRE(p.b->mem_map(bytes.data(), bytes.size(), &private_region,
+                             mem_local_read | mem_local_write) == status::ok);
+  packed.clear();
+  BOOST_CHECK(p.b->rkey_pack(private_region, packed) == status::privileges_violation);
+  BOOST_CHECK(p.b->mem_unmap(private_region) == status::ok);
+  memh* bad = nullptr;
+  BOOST_CHECK(p.b->mem_map(bytes.data(), bytes.size(), &bad, 1u << 7) == status::invalid_param);
+}
+
+BOOST_DATA_TEST_CASE(local_rights_are_enforced, each_transport(), transport) {
+  worker_pair p(transport);
+  remote_region region(p, 4096, 32);
+  std::vector<uint8_t> mine(8192, 0xEE);
+  memh* no_write = nullptr;
+  BOOST_REQUIRE(p.a->mem_map(mine.data(), 4096, &no_write, mem_local_read | mem_remote_read) ==
+                status::ok);
+  memh* no_read = nullptr;
+  BOOST_REQUIRE(p.a->mem_map(mine.data() + 4096, 4096, &no_read,
+                             mem_local_write | mem_remote_write) == status::ok);
+  iov_entry into_no_write{mine.data() + 100, 64};
+  BOOST_CHECK(p.ab->get(&into_no_write, 1, region.address(), region.key).st ==
+              status::privileges_violation);
+  BOOST_CHECK(mine[100] == 0xEE);
+  iov_entry from_no_read{mine.data() + 4096 + 100, 64};
+  BOOST_CHECK(p.ab->put(&from_no_read, 1, region.address(), region.key).st ==
+              status::privileges_violation);
+  BOOST_CHECK_EQUAL(first_mismatch(region.bytes.data(), 4096, 32), -1);
+  // The rights each region grants still work.
+  BOOST_CHECK(p.finish(p.ab->put(&into_no_write, 1, region.address(), region.key)) == status::ok);
+  BOOST_CHECK(p.finish(p.ab->get(&from_no_read, 1, region.address(), region.key)) == status::ok);
+  BOOST_CHECK(p.a->mem_unmap(no_write) == status::ok);
+  BOOST_CHECK(p.a->mem_unmap(no_read) == status::ok);
+  // Unmapped: the buffer is plain memory again.
+  BOOST_CHECK(p.finish(p.ab->get(&into_no_write, 1, region.address(), region.key)) ==
+              status::ok);
+}
+
+BOOST_DATA_TEST_CASE(hostile_reader_with_a_forged_key_gets_an_error, each_transport(), transport) {
+  worker_pair p(transport);
+  // b's region is 4096 bytes inside a larger buffer: the bytes around it are b's too.
+  std::vector<uint8_t> memory(3 * 4096, 0x5A);
+  uint8_t* region = memory.data() + 4096;
+  memh* read_only = nullptr;
+  BOOST_REQUIRE(p.b->mem_map(region, 4096, &read_only, mem_remote_read) == status::ok);
+  const uint64_t address = reinterpret_cast<uintptr_t>(region);
+  auto evil = pattern(8192, 33);
+  iov_entry w{evil.data(), 4096};
+  // Rights beyond what b granted: the reader claims remote write.
+  rkey* writer = forged_key(p, read_only, mem_access_all, 0);
+  const status written = p.finish(p.ab->put(&w, 1, address, writer));
+  BOOST_CHECK_MESSAGE(written == status::privileges_violation, to_string(written));
+  p.ab->rkey_destroy(writer);
+  // A length beyond the region: reads and writes past its end are refused.
+  memh* full = nullptr;
+  BOOST_REQUIRE(p.b->mem_map(region, 4096, &full) == status::ok);
+  rkey* longer = forged_key(p, full, 0, 8192);
+  iov_entry w2{evil.data(), 8192};
+  const status past = p.finish(p.ab->put(&w2, 1, address, longer));
+  BOOST_CHECK_MESSAGE(is_error(past), to_string(past));
+  std::vector<uint8_t> stolen(8192, 0xEE);
+  iov_entry r{stolen.data(), stolen.size()};
+  const status read = p.finish(p.ab->get(&r, 1, address, longer));
+  BOOST_CHECK_MESSAGE(is_error(read), to_string(read));
+  BOOST_CHECK(stolen[4096] == 0xEE && stolen[8191] == 0xEE);  // nothing past the region came
+  p.ab->rkey_destroy(longer);
+  // b's memory is untouched, inside and around the region.
+  BOOST_CHECK(std::all_of(memory.begin(), memory.end(), [](uint8_t b) { return b == 0x5A; }));
+  BOOST_CHECK(p.b->mem_unmap(full) == status::ok);
+  BOOST_CHECK(p.b->mem_unmap(read_only) == status::ok);
+  BOOST_CHECK(tag_roundtrip(p, 100, 34, true));
+}
+
+BOOST_DATA_TEST_CASE(remote_segment_length_fills_one_entry_partially, each_transport(),
+                     transport) {
+  worker_pair p(transport);
+  remote_region region(p, 3000, 35);
+  const remote_segment segment = p.ab->rkey_segment(region.key);
+  BOOST_CHECK_EQUAL(segment.address, region.address());
+  BOOST_CHECK_EQUAL(segment.length, 3000u);
+  std::vector<uint8_t> storage(12000, 0xEE);
+  iov_entry entries[] = {{storage.data(), 1000}, {storage.data() + 2000, 5000},
+                         {storage.data() + 8000, 4000}};
+  // The remote side decides how much: the first entry full, the second partly, the third not.
+  BOOST_CHECK(p.finish(p.ab->get(entries, 3, segment)) == status::ok);
+  BOOST_CHECK_EQUAL(first_mismatch(storage.data(), 1000, 35), -1);
+  BOOST_CHECK_EQUAL(first_mismatch(storage.data() + 2000, 2000, 35, 1000), -1);
+  BOOST_CHECK(storage[4000] == 0xEE && storage[6999] == 0xEE && storage[8000] == 0xEE);
+  BOOST_CHECK(storage[1000] == 0xEE);
+  BOOST_CHECK(p.ab->get(entries, 1, segment).st == status::length_error);  // iov too short
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,6 +1,7 @@
 // Worker addresses and the endpoint table: packing and decoding addresses, picking a lane to a
 // peer, creating and destroying endpoints. The handshake that follows is the wireup module's
 // (wireup.cpp); client-server connections pick their lane here too (listener.cpp).
+#include "protocols.hpp"
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
@@ -27,6 +28,7 @@ struct peer_address {
     std::string name;
     std::vector<uint8_t> device;
     std::vector<uint8_t> iface;
+    uint32_t reads_in = 0;  ///< RDMA reads it accepts per endpoint (0: not said)
   };
   std::vector<transport> transports;
 };
@@ -50,7 +52,8 @@ status decode_address(const void* data, size_t length, peer_address* out) {
     out->name = address.getName();
     out->client_id = address.getClientId();
     for (auto t : address.getTransports()) {
-      out->transports.push_back({t.getName(), to_vector(t.getDevice()), to_vector(t.getIface())});
+      out->transports.push_back({t.getName(), to_vector(t.getDevice()), to_vector(t.getIface()),
+                                 t.getReadsIn()});
     }
   });
   if (failure != nullptr || out->uid == 0) result = status::invalid_addr;
@@ -58,6 +61,14 @@ status decode_address(const void* data, size_t length, peer_address* out) {
 }
 
 }  // namespace
+
+/// RDMA reads a peer may have outstanding per endpoint on an interface with `attr`: the
+/// configured limit, lowered to what the transport accepts.
+uint32_t worker_impl::reads_accepted(const tl::iface_attr& attr) const {
+  size_t limit = ctx.cfg().limits.rma_reads_in;
+  if (attr.max_outstanding_reads != 0) limit = std::min(limit, attr.max_outstanding_reads);
+  return static_cast<uint32_t>(std::clamp<size_t>(limit, 1, UINT32_MAX));
+}
 
 std::vector<uint8_t> worker_impl::packed_address() const {
   capnp::MallocMessageBuilder message;
@@ -73,6 +84,7 @@ std::vector<uint8_t> worker_impl::packed_address() const {
     auto iface = ifaces[i].iface->iface_address();
     entry.setDevice(kj::arrayPtr(device.data(), device.size()));
     entry.setIface(kj::arrayPtr(iface.data(), iface.size()));
+    entry.setReadsIn(reads_accepted(ifaces[i].iface->attr()));
   }
   auto words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();
@@ -116,6 +128,7 @@ status worker_impl::connect_lane(endpoint_impl* ep, const void* data, size_t len
       ep->peer_uid_ = peer.uid;
       ep->peer_name_ = peer.name;
       ep->attach_lane(std::move(lane), li.iface.get());
+      module_of<rma_protocol>(*this).bind_read_limit(*ep, t.reads_in);
       COMM_LOG(debug, "wireup", "%s: endpoint %u to %s via %s", params.name.c_str(), ep->id,
                peer.name.c_str(), t.name.c_str());
       return status::ok;

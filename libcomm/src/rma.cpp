@@ -24,6 +24,7 @@ public:
   /// One registration per interface that has a memory domain.
   std::vector<std::pair<detail::worker_impl::lane_iface*, tl::mem_handle*>> regs;
   uint64_t token = 0;       ///< names it to software RMA from peers on lanes without get/put
+  uint32_t access = mem_access_all;  ///< its rights (mem_access)
 };
 
 /// A peer's region as seen through one endpoint.
@@ -35,6 +36,7 @@ public:
   uint64_t length = 0;                  ///< bytes in the remote region
   bool software = false;                ///< the lane has no get/put: RMA by messages
   uint64_t token = 0;                   ///< the owner's software-RMA token
+  uint32_t access = mem_access_all;     ///< the region's remote rights, as the owner packed them
 };
 
 using detail::endpoint_impl;
@@ -50,6 +52,14 @@ namespace {
 /// data, so this bounds what it queues for us to well below its COMM_REPLY_EP_MAX_BYTES.
 constexpr unsigned max_software_reads = 16;
 
+/// Reads in flight on a zero-copy lane whose transport sets no limit of its own.
+constexpr unsigned default_zcopy_reads = 16;
+
+/// Whether a region with remote rights `access` allows a get (or a put).
+bool remote_allows(uint32_t access, bool is_get) {
+  return (access & (is_get ? mem_remote_read : mem_remote_write)) != 0;
+}
+
 /// Checks [address, address + length) against the region of `key`.
 status check_range(const rkey& key, uint64_t address, size_t length) {
   if (address < key.base || address - key.base > key.length ||
@@ -63,7 +73,17 @@ status check_range(const rkey& key, uint64_t address, size_t length) {
 /// The module's state on an endpoint.
 struct rma_ep_state : endpoint_state {
   unsigned reads_in_flight = 0;  ///< gets outstanding on the lane
+  unsigned ops_in_flight = 0;    ///< puts and gets issued, not yet complete
+  unsigned read_limit = 0;       ///< reads allowed in flight (0: not bound yet)
+  unsigned peak_reads = 0;       ///< most reads in flight at once
 };
+
+/// Counts a read issued on `st`.
+void count_read(rma_ep_state& st, rma_state& s) {
+  ++s.reads;
+  ++st.reads_in_flight;
+  st.peak_reads = std::max(st.peak_reads, st.reads_in_flight);
+}
 
 /// The transport completed the operations of an RMA request (or a software one's replies).
 void on_done(tl::completion* comp) {
@@ -71,20 +91,41 @@ void on_done(tl::completion* comp) {
   auto& s = req->as<rma_state>();
   endpoint_impl* ep = req->ep;
   req->tl_in_flight = 0;
+  rma_protocol& rma = module_of<rma_protocol>(*req->owner);
   if (s.reads != 0) {
-    module_of<rma_protocol>(*req->owner).reads_in_flight(*ep) -= s.reads;
+    rma.reads_in_flight(*ep) -= s.reads;
     s.reads = 0;
   }
-  const bool is_get = s.is_get;
+  if (s.counted) {
+    --rma.ops_in_flight(*ep);
+    s.counted = false;
+  }
   req->st = comp->result;
   if (req->issuing) return;
   ep->complete_in_order();
-  // A get that stopped for max_outstanding_reads goes on now that one is over.
-  if (is_get) ep->resume_pending();
+  // A get that stopped for the reads limit, or a fenced operation, goes on now.
+  ep->resume_pending();
 }
 
 void release_op(request* req) {
-  module_of<rma_protocol>(*req->owner).release(req->as<rma_state>());
+  auto& s = req->as<rma_state>();
+  rma_protocol& rma = module_of<rma_protocol>(*req->owner);
+  if (s.counted && req->ep != nullptr) {
+    --rma.ops_in_flight(*req->ep);
+    s.counted = false;
+  }
+  rma.release(s);
+}
+
+/// A suppressed operation's callback: a success is not reported, a failure is.
+void report_failure_only(request* req, status st, void* user_data) {
+  const send_callback user_cb = req->as<rma_state>().user_cb;
+  if (is_error(st) && user_cb != nullptr) user_cb(req, st, user_data);
+}
+
+/// An unsignalled operation's callback: only a failure notifies.
+void notify_failure_only(request* req, status st, void* user_data) {
+  report_failure_only(req, st, user_data);
 }
 
 const request_ops get_ops{.name = "get", .progress = rma_protocol::progress_op,
@@ -103,6 +144,65 @@ unsigned& rma_protocol::reads_in_flight(endpoint_impl& ep) {
   return state_of<rma_ep_state>(ep).reads_in_flight;
 }
 
+unsigned& rma_protocol::ops_in_flight(endpoint_impl& ep) {
+  return state_of<rma_ep_state>(ep).ops_in_flight;
+}
+
+void rma_protocol::bind_read_limit(endpoint_impl& ep, uint32_t peer_reads_in) {
+  const tl::iface_attr& a = *ep.lane_attr;
+  const bool zcopy = (a.caps & tl::cap_get_zcopy) != 0;
+  unsigned local = max_software_reads;
+  if (zcopy) {
+    local = a.max_outstanding_reads != 0
+                ? static_cast<unsigned>(std::min<size_t>(a.max_outstanding_reads, UINT32_MAX))
+                : default_zcopy_reads;
+  }
+  const unsigned peer = peer_reads_in != 0 ? peer_reads_in : local;
+  state_of<rma_ep_state>(ep).read_limit = std::max(1u, std::min(local, peer));
+}
+
+unsigned rma_protocol::read_limit(endpoint_impl& ep) {
+  const unsigned limit = state_of<rma_ep_state>(ep).read_limit;
+  return limit != 0 ? limit : 1;
+}
+
+unsigned rma_protocol::peak_reads(endpoint_impl& ep) {
+  return state_of<rma_ep_state>(ep).peak_reads;
+}
+
+bool rma_protocol::must_wait(request* req, const rma_state& s, unsigned reads_needed) {
+  rma_ep_state& st = state_of<rma_ep_state>(*req->ep);
+  if ((req->params.flags & request_fence) && st.ops_in_flight > 0) return true;
+  if (!s.is_get) return false;
+  return st.reads_in_flight > 0 && st.reads_in_flight + reads_needed > read_limit(*req->ep);
+}
+
+status rma_protocol::check_local_rights(bool is_get, const iov_entry* local, size_t count) const {
+  const uint32_t needed = is_get ? mem_local_write : mem_local_read;
+  for (const memh* h : local_limited_) {
+    if (h->access & needed) continue;
+    const auto base = reinterpret_cast<uintptr_t>(h->address);
+    for (size_t i = 0; i < count; ++i) {
+      const auto start = reinterpret_cast<uintptr_t>(local[i].buffer);
+      if (local[i].length != 0 && start < base + h->length && base < start + local[i].length) {
+        return status::privileges_violation;
+      }
+    }
+  }
+  return status::ok;
+}
+
+void rma_protocol::note_local_rights(memh* handle) {
+  if ((handle->access & (mem_local_read | mem_local_write)) !=
+      (mem_local_read | mem_local_write)) {
+    local_limited_.push_back(handle);
+  }
+}
+
+void rma_protocol::forget_local_rights(memh* handle) {
+  std::erase(local_limited_, handle);
+}
+
 void rma_protocol::release(rma_state& s) {
   if (s.id == 0) return;
   ops_.erase(s.id);
@@ -113,14 +213,14 @@ status rma_protocol::send_by_messages(request* req, rma_state& s) {
   endpoint_impl& ep = *req->ep;
   unsigned& reads = reads_in_flight(ep);
   if (!s.key->software) return status::unsupported;
+  const unsigned limit = read_limit(ep);
   if (!req->has_started) {
     status st = check_range(*s.key, s.remote_address, s.length);
     if (st != status::ok) return st;
-    if (s.is_get && (((req->params.flags & request_fence) && reads > 0) ||
-                     reads >= max_software_reads)) {
-      return status::no_resource;
-    }
+    if (must_wait(req, s, 1)) return status::no_resource;
     req->tl_completion = tl::completion{on_done, 1, status::ok};
+    s.counted = true;
+    ++ops_in_flight(ep);
     s.id = next_id_++;
     ops_[s.id] = req;
     req->holds = true;
@@ -128,7 +228,7 @@ status rma_protocol::send_by_messages(request* req, rma_state& s) {
   const size_t room = ep.lane_attr->max_bcopy - 64;
   req->issuing = true;
   while (s.offset < s.length || !req->has_started) {
-    if (s.is_get && req->has_started && reads >= max_software_reads) {
+    if (s.is_get && req->has_started && reads >= limit) {
       req->issuing = false;
       return status::no_resource;  // resumed as replies arrive (on_reply)
     }
@@ -162,13 +262,11 @@ status rma_protocol::send_by_messages(request* req, rma_state& s) {
         &p);
     if (n < 0) {
       req->issuing = false;
+      if (!req->has_started) undo_issue(req, s);  // retried from the start, or failed
       return static_cast<status>(n);  // no_resource: resumed from the pending queue
     }
     ++req->tl_completion.count;
-    if (s.is_get) {
-      ++s.reads;
-      ++reads;
-    }
+    if (s.is_get) count_read(state_of<rma_ep_state>(ep), s);
     req->has_started = true;
     s.offset += chunk;
   }
@@ -182,26 +280,41 @@ status rma_protocol::send_by_messages(request* req, rma_state& s) {
 status rma_protocol::progress_op(request* req) {
   auto& s = req->as<rma_state>();
   rma_protocol& rma = module_of<rma_protocol>(*req->owner);
-  endpoint_impl& ep = *req->ep;
-  const tl::iface_attr& a = *ep.lane_attr;
+  const tl::iface_attr& a = *req->ep->lane_attr;
   if (s.key->software || !(a.caps & (s.is_get ? tl::cap_get_zcopy : tl::cap_put_zcopy))) {
     return rma.send_by_messages(req, s);
   }
-  unsigned& reads = rma.reads_in_flight(ep);
-  if (s.is_get) {
-    if ((req->params.flags & request_fence) && reads > 0) return status::no_resource;
-    if (a.max_outstanding_reads != 0 && reads >= a.max_outstanding_reads) {
-      return status::no_resource;
-    }
+  return rma.send_zcopy(req, s);
+}
+
+void rma_protocol::undo_issue(request* req, rma_state& s) {
+  release(s);
+  req->holds = false;
+  if (s.counted) {
+    --ops_in_flight(*req->ep);
+    s.counted = false;
+  }
+}
+
+status rma_protocol::send_zcopy(request* req, rma_state& s) {
+  endpoint_impl& ep = *req->ep;
+  const tl::iface_attr& a = *ep.lane_attr;
+  const size_t max_chunk = std::max<size_t>(s.is_get ? a.max_get_zcopy : a.max_put_zcopy, 1);
+  const size_t max_entries = std::min<size_t>(16, std::max<size_t>(a.max_iov, 1));
+  // Chunks this operation issues at most: it starts only when they fit under the reads limit
+  // (or nothing else is in flight), so the peer never sees more reads than it accepts.
+  const size_t chunks = s.length / max_chunk + 1 + req->iov.size() / max_entries;
+  if (must_wait(req, s, static_cast<unsigned>(std::min<size_t>(chunks, UINT32_MAX)))) {
+    return status::no_resource;
   }
   status st = check_range(*s.key, s.remote_address, s.length);
   if (st != status::ok) return st;
-  const size_t max_chunk = std::max<size_t>(s.is_get ? a.max_get_zcopy : a.max_put_zcopy, 1);
-  const size_t max_entries = std::min<size_t>(16, std::max<size_t>(a.max_iov, 1));
+  rma_ep_state& counts = state_of<rma_ep_state>(ep);
   req->tl_completion = tl::completion{on_done, 1, status::ok};
+  s.counted = true;
+  ++counts.ops_in_flight;
   req->issuing = true;
   size_t offset = 0;
-  st = status::ok;
   do {
     size_t chunk = std::min(max_chunk, s.length - offset);
     tl::iov entries[16];
@@ -211,10 +324,7 @@ status rma_protocol::progress_op(request* req) {
     st = s.is_get ? ep.lane->get_zcopy(entries, count, remote, s.key->key, &req->tl_completion)
                   : ep.lane->put_zcopy(entries, count, remote, s.key->key, &req->tl_completion);
     if (st != status::in_progress) --req->tl_completion.count;
-    if (st == status::in_progress && s.is_get) {
-      ++s.reads;
-      ++reads;
-    }
+    if (st == status::in_progress && s.is_get) count_read(counts, s);
     if (is_error(st)) break;
     offset += chunk;
   } while (offset < s.length);
@@ -222,6 +332,7 @@ status rma_protocol::progress_op(request* req) {
   if (is_error(st) && offset == 0 && req->tl_completion.count == 1) {
     req->issuing = false;
     req->tl_completion.count = 0;
+    undo_issue(req, s);
     return st;
   }
   ++ep.counters_.messages_sent;
@@ -231,12 +342,27 @@ status rma_protocol::progress_op(request* req) {
   return status::ok;
 }
 
+op rma_protocol::flushed(endpoint_impl& ep, bool is_get, const request_params& params) {
+  request* req = w.alloc_request(is_get ? get_ops : put_ops, params);
+  req->init<rma_state>().is_get = is_get;
+  req->ep = &ep;
+  const bool suppressed = (params.flags & request_completion_suppressed) != 0;
+  op result = suppressed ? op{} : w.in_progress(req);
+  if (suppressed) req->released = true;
+  w.complete(req, status::flushed);  // posted, then flushed at once: the callback runs
+  return result;
+}
+
 op rma_protocol::start(endpoint_impl& ep, bool is_get, const iov_entry* local, size_t count,
                        uint64_t remote_address, rkey* key, const request_params& params) {
   if ((count > 0 && local == nullptr) || key == nullptr || key->ep != &ep) {
     return op{status::invalid_param, nullptr};
   }
-  if (ep.state == endpoint_impl::phase::closing) return op{status::not_connected, nullptr};
+  if (ep.state == endpoint_impl::phase::closing || ep.state == endpoint_impl::phase::failed) {
+    return flushed(ep, is_get, params);
+  }
+  if (!remote_allows(key->access, is_get)) return op{status::privileges_violation, nullptr};
+  if (status st = check_local_rights(is_get, local, count); st != status::ok) return op{st};
   request* req = w.alloc_request(is_get ? get_ops : put_ops, params);
   auto& s = req->init<rma_state>();
   s.is_get = is_get;
@@ -244,13 +370,17 @@ op rma_protocol::start(endpoint_impl& ep, bool is_get, const iov_entry* local, s
   for (size_t i = 0; i < count; ++i) s.length += local[i].length;
   s.remote_address = remote_address;
   s.key = key;
+  const bool suppressed = (params.flags & request_completion_suppressed) != 0;
+  if (suppressed || (params.flags & request_unsignalled)) {
+    s.user_cb = params.send_cb;
+    req->params.send_cb = suppressed ? report_failure_only : notify_failure_only;
+  }
   op result = start_send(ep, req);
-  if ((params.flags & request_completion_suppressed) && result.pending()) {
-    // Unsignalled: the caller gets no request; it still counts for flush.
+  if (suppressed && result.pending()) {
+    // The caller gets no request; it still counts for flush and reports a failure.
     if (result.req->finished) {
       w.free_request(result.req);
     } else {
-      result.req->params.send_cb = nullptr;
       result.req->released = true;
     }
     return op{};
@@ -284,6 +414,8 @@ void rma_protocol::on_request(const uint8_t* data, size_t length) {
   auto it = regions_.find(h->getToken());
   if (it == regions_.end()) {
     st = status::protection_error;
+  } else if (!remote_allows(it->second->access, is_get)) {
+    st = status::privileges_violation;  // whatever rights the peer's copy of the key claims
   } else {
     rkey region;
     region.base = reinterpret_cast<uintptr_t>(it->second->address);
@@ -347,14 +479,22 @@ void rma_protocol::info(std::ostream& out) const {
 
 // -- worker: registration ------------------------------------------------------------------------
 
-status worker::mem_map(void* address, size_t length, memh** out) {
+status worker::mem_map(void* address, size_t length, memh** out, uint32_t access) {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
-  if (out == nullptr || (address == nullptr && length != 0)) return status::invalid_param;
+  if (out == nullptr || (address == nullptr && length != 0) || (access & ~mem_access_all) != 0) {
+    return status::invalid_param;
+  }
   auto handle = std::make_unique<memh>();
   handle->address = address;
   handle->length = length;
+  handle->access = access;
+  // Transports map a region for every remote access; one that withholds a remote right is
+  // served by our worker (software RMA), which checks the rights at every access.
+  const uint32_t remote = mem_remote_read | mem_remote_write;
+  const bool zero_copy = (access & remote) == remote;
   for (auto& li : w.ifaces) {
+    if (!zero_copy) break;
     tl::md* md = li.iface->memory_domain();
     if (md == nullptr) continue;
     tl::mem_handle* reg = nullptr;
@@ -366,6 +506,7 @@ status worker::mem_map(void* address, size_t length, memh** out) {
     handle->regs.emplace_back(&li, reg);
   }
   module_of<rma_protocol>(w).add_region(handle.get());
+  module_of<rma_protocol>(w).note_local_rights(handle.get());
   *out = handle.release();
   return status::ok;
 }
@@ -375,6 +516,7 @@ status worker::mem_unmap(memh* handle) {
   worker_impl::guard g(w);
   if (handle == nullptr) return status::invalid_param;
   if (!module_of<rma_protocol>(w).remove_region(handle)) return status::invalid_param;
+  module_of<rma_protocol>(w).forget_local_rights(handle);
   for (auto& [li, reg] : handle->regs) li->iface->memory_domain()->mem_dereg(reg);
   delete handle;
   return status::ok;
@@ -382,11 +524,14 @@ status worker::mem_unmap(memh* handle) {
 
 status worker::rkey_pack(const memh* handle, std::vector<uint8_t>& out) const {
   if (handle == nullptr) return status::invalid_param;
+  const uint32_t remote = handle->access & (mem_remote_read | mem_remote_write);
+  if (remote == 0) return status::privileges_violation;
   capnp::MallocMessageBuilder message;
   auto bundle = message.initRoot<wire::schema::RemoteKeyBundle>();
   bundle.setAddress(reinterpret_cast<uintptr_t>(handle->address));
   bundle.setLength(handle->length);
   bundle.setToken(handle->token);
+  bundle.setAccess(remote);
   auto entries = bundle.initEntries(static_cast<unsigned>(handle->regs.size()));
   for (size_t i = 0; i < handle->regs.size(); ++i) {
     auto& [li, reg] = handle->regs[i];
@@ -426,6 +571,7 @@ status endpoint::rkey_unpack(const void* data, size_t length, rkey** out) {
     key->base = bundle.getAddress();
     key->length = bundle.getLength();
     key->token = bundle.getToken();
+    key->access = bundle.getAccess() != 0 ? bundle.getAccess() : mem_access_all;
     for (auto entry : bundle.getEntries()) {
       if (entry.getTransport() != lane.c_str()) continue;
       auto bytes = entry.getKey();
@@ -472,6 +618,26 @@ op endpoint::get(const iov_entry* local, size_t count, uint64_t remote_address, 
   worker_impl::guard g(ep.owner);
   return module_of<rma_protocol>(ep.owner).start(ep, true, local, count, remote_address, key,
                                                  params);
+}
+
+remote_segment endpoint::rkey_segment(rkey* key) const noexcept {
+  if (key == nullptr) return {};
+  return remote_segment{key, key->base, key->length};
+}
+
+op endpoint::get(const iov_entry* local, size_t count, const remote_segment& remote,
+                 const request_params& params) {
+  if (count > 0 && local == nullptr) return op{status::invalid_param, nullptr};
+  // The segment's length decides: the entries it reaches, the last one cut where it ends.
+  std::vector<iov_entry> used;
+  uint64_t left = remote.length;
+  for (size_t i = 0; i < count && left != 0; ++i) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(local[i].length, left));
+    used.push_back({local[i].buffer, take});
+    left -= take;
+  }
+  if (left != 0) return op{status::length_error, nullptr};
+  return get(used.data(), used.size(), remote.address, remote.key, params);
 }
 
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
+#include <vector>
 
 namespace comm::detail {
 
@@ -27,6 +28,8 @@ struct rma_state {
   uint64_t remote_address = 0;   ///< where, at the peer
   rkey* key = nullptr;           ///< the peer's key
   uint64_t id = 0;               ///< software RMA: our id in the table of operations (0: none)
+  bool counted = false;          ///< counts in the endpoint's RMA operations in flight
+  send_callback user_cb = nullptr; ///< suppressed: the caller's callback, told of a failure only
 };
 
 /// The RMA module (see the top of this file).
@@ -46,6 +49,22 @@ public:
   const std::unordered_map<uint64_t, memh*>& regions() const noexcept { return regions_; }
   /// Reads (gets) outstanding on the lane of `ep`.
   unsigned& reads_in_flight(endpoint_impl& ep);
+  /// Puts and gets of `ep` issued and not yet complete (what a fence waits for).
+  unsigned& ops_in_flight(endpoint_impl& ep);
+  /// Binds the outstanding-reads limit of `ep` when its lane is chosen: what the peer accepts
+  /// (`peer_reads_in` from its address; 0 when it did not say) and what our lane allows.
+  void bind_read_limit(endpoint_impl& ep, uint32_t peer_reads_in);
+  /// Reads `ep` may have in flight (bind_read_limit).
+  unsigned read_limit(endpoint_impl& ep);
+  /// Most reads `ep` ever had in flight at once.
+  unsigned peak_reads(endpoint_impl& ep);
+  /// PRIVILEGES_VIOLATION when a local entry lies in one of our regions whose local rights
+  /// exclude the access (a get writes the iov, a put reads it), else ok.
+  status check_local_rights(bool is_get, const iov_entry* local, size_t count) const;
+  /// Forgets `handle` in the local-rights checks.
+  void forget_local_rights(memh* handle);
+  /// Remembers `handle` for the local-rights checks when it withholds a local right.
+  void note_local_rights(memh* handle);
 
   /// Issues what the transport takes of `req` (its request_ops progress).
   static status progress_op(request* req);
@@ -59,9 +78,18 @@ private:
   void on_reply(const uint8_t* data, size_t length);
   /// Software RMA of `req`.
   status send_by_messages(request* req, rma_state& s);
+  /// Forgets what issuing `req` recorded, when it did not start (it is retried or fails).
+  void undo_issue(request* req, rma_state& s);
+  /// A put or get posted on an endpoint that failed or is closing: completed as flushed.
+  op flushed(endpoint_impl& ep, bool is_get, const request_params& params);
+  /// Zero-copy RMA of `req` on the lane's get/put.
+  status send_zcopy(request* req, rma_state& s);
+  /// A fenced `req` must wait (earlier puts or gets still in flight), or a get waits for reads.
+  bool must_wait(request* req, const rma_state& s, unsigned reads_needed);
 
   std::unordered_map<uint64_t, request*> ops_;  ///< software RMA awaiting the owner's reply
   std::unordered_map<uint64_t, memh*> regions_; ///< our registrations by software-RMA token
+  std::vector<memh*> local_limited_;            ///< our registrations withholding a local right
   uint64_t next_id_ = 1;                        ///< next id in ops_
 };
 

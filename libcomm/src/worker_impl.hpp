@@ -245,6 +245,9 @@ public:
   status connect_lane(endpoint_impl* ep, const void* address, size_t length);
   void destroy_ep(endpoint_impl* ep);
   std::vector<uint8_t> packed_address() const;
+  /// RDMA reads a peer may have outstanding per endpoint on an interface with `attr`
+  /// (advertised in our address).
+  uint32_t reads_accepted(const tl::iface_attr& attr) const;
 
   // -- control messages and the send engine (send.cpp) -----------------------------------------
   /// Queues a control message with `bytes` and wire id `id` on `ep` (sent in order after earlier

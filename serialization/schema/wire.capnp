@@ -13,6 +13,7 @@ struct TransportAddress {
   name   @0 :Text;   # transport name: self, shm, tcp, verbs
   device @1 :Data;   # device address: who can reach this interface (host/boot/namespace identity)
   iface  @2 :Data;   # interface address: how to reach it
+  readsIn @3 :UInt32; # RDMA reads a peer may have outstanding per endpoint (0: not said)
 }
 
 struct WorkerAddress {
@@ -137,6 +138,7 @@ struct RemoteKeyBundle {    # a worker's packed key for one registration, one en
   entries @2 :List(RemoteKeyEntry);
   token   @3 :UInt64;       # names the registration to the owner's software RMA (lanes without
                             # get/put): the owner checks it and the range before every access
+  access  @4 :UInt32;       # the region's remote rights (comm::mem_access bits; 0: every right)
 }
 
 # -- software RMA (lanes without get/put) ---------------------------------------------------------

@@ -33,6 +33,8 @@ const char* to_string(status s) noexcept {
     case status::protocol_error: return "PROTOCOL_ERROR";
     case status::protection_error: return "PROTECTION_ERROR";
     case status::length_error: return "LENGTH_ERROR";
+    case status::privileges_violation: return "PRIVILEGES_VIOLATION";
+    case status::flushed: return "FLUSHED";
   }
   return "UNKNOWN_STATUS";
 }

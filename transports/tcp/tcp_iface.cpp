@@ -24,6 +24,9 @@ constexpr const char* log_name = "tcp";
 constexpr int progress_batch = 64;           ///< epoll events per progress() call
 constexpr int accepts_per_call = 16;
 constexpr size_t max_connections = 4096;     ///< connections per interface
+/// Reads a peer may have in flight per endpoint (what a reader on this interface is told; the
+/// protocol layer's software RMA answers them with bcopy frames, one window's worth at most).
+constexpr size_t max_outstanding_reads = 16;
 constexpr unsigned housekeeping_mask = 1023; ///< housekeeping every this many progress() calls
 /// While one connection carries the traffic, epoll is asked every this many + 1 progress() calls.
 constexpr unsigned direct_read_mask = 15;
@@ -111,6 +114,7 @@ tcp_iface::tcp_iface(const iface_params& params, const net_device& device)
   attr_.max_hdr = max_hdr;
   attr_.max_iov = max_iov;
   attr_.max_am_descs = max_am_descs;
+  attr_.max_outstanding_reads = max_outstanding_reads;
   attr_.latency_ns = 10'000;
   attr_.bandwidth_bytes_per_s = 2e9;
   attr_.priority = 5;

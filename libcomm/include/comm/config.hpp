@@ -39,6 +39,10 @@ struct peer_limits {
   /// Endpoints peers may create on a worker by connecting to its address (COMM_PEER_EP_MAX).
   /// Beyond it a connecting peer is refused with EXCEEDS_LIMIT, after failed ones are released.
   size_t peer_ep_max = 4096;
+  /// RDMA reads a peer may have outstanding on one endpoint to this worker (COMM_RMA_READS_IN,
+  /// DAT's outstanding RDMA read incoming): advertised per transport in the worker's address
+  /// (lowered to what the transport accepts), and a reader never has more in flight.
+  size_t rma_reads_in = 16;
 };
 
 /// Configuration of a context. `from_environment()` reads the COMM_ variables; a field set in code

@@ -62,18 +62,31 @@ public:
   /// Releases an unpacked key.
   void rkey_destroy(rkey* key);
 
+  /// The whole region of `key` (DAT's RMR triplet: the key, the region's address, its length).
+  remote_segment rkey_segment(rkey* key) const noexcept;
+
   /// Writes the local iov to the peer's memory at `remote_address` (inside `key`'s region).
   /// Completes once the data is in the peer's memory. Out-of-region addresses give
-  /// PROTECTION_ERROR, a range running past the region LENGTH_ERROR.
+  /// PROTECTION_ERROR, a range running past the region LENGTH_ERROR, a region the peer did not
+  /// open to remote writes PRIVILEGES_VIOLATION. On an endpoint that failed or is closing the
+  /// put is flushed: its request completes with FLUSHED and its callback runs.
   op put(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,
          const request_params& params = {});
 
   /// Reads the peer's memory at `remote_address` into the local iov, filled in order (DAT's
   /// dat_ep_post_rdma_read): front entries full, at most one partial, the rest untouched.
-  /// params.user_data is the cookie passed back to send_cb; request_completion_suppressed and
-  /// request_fence are honoured; reads in flight per endpoint are bounded by what the peer's
-  /// transport advertises (the rest wait in order).
+  /// params.user_data is the cookie passed back to send_cb; request_completion_suppressed,
+  /// request_unsignalled and request_fence follow DAT (see request_flags); reads in flight on the
+  /// endpoint never exceed what the peer accepts (advertised in its address at connection, at
+  /// most COMM_RMA_READS_IN) nor what the local transport allows: the rest wait in order.
+  /// Errors as put (PRIVILEGES_VIOLATION: the region is closed to remote reads); flushed as put.
   op get(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,
+         const request_params& params = {});
+
+  /// Reads the whole remote segment `remote` (its length, not the iov's, says how much) into the
+  /// local iov, filled in order: the entries before the segment's end are filled, the one where
+  /// it ends partially, the rest untouched. LENGTH_ERROR when the iov is shorter than the segment.
+  op get(const iov_entry* local, size_t count, const remote_segment& remote,
          const request_params& params = {});
 
   // -- completion and teardown -------------------------------------------------------------------

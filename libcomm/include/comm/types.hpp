@@ -26,6 +26,13 @@ struct iov_entry {
   size_t length = 0;       ///< bytes in the entry
 };
 
+/// A remote segment (DAT's RMR triplet): `length` bytes at `address` in the region of `key`.
+struct remote_segment {
+  rkey* key = nullptr;    ///< the peer's unpacked key
+  uint64_t address = 0;   ///< start of the segment, in the peer's address space
+  uint64_t length = 0;    ///< bytes in the segment
+};
+
 /// What a completed tagged receive got.
 struct tag_recv_info {
   tag_t sender_tag = 0;  ///< the tag the sender used
@@ -59,11 +66,27 @@ enum request_flags : uint32_t {
   request_force_bcopy = 1u << 5,
   /// Use rendezvous whatever the thresholds say (tagged sends and active messages).
   request_force_rndv = 1u << 6,
-  /// RMA (DAT completion suppression): no request and no callback; the operation still counts
-  /// for flush, and an error is logged and counted on the endpoint.
+  /// RMA (DAT completion suppression, 0x01): no request for the caller, and a success runs no
+  /// callback; a failure still reports its error through send_cb (with user_data, the cookie),
+  /// and is logged and counted on the endpoint. The operation counts for flush.
   request_completion_suppressed = 1u << 8,
-  /// RMA (DAT barrier fence): start only after every earlier read on the endpoint completed.
+  /// RMA (DAT barrier fence, 0x08): start only after every earlier put and get on the endpoint
+  /// completed.
   request_fence = 1u << 9,
+  /// RMA (DAT unsignalled notification, 0x04): the caller gets its request and the completion
+  /// is recorded in it (worker::request_status), but a success does not notify: send_cb is not
+  /// called. A failure notifies as usual.
+  request_unsignalled = 1u << 10,
+};
+
+/// Access rights of a registration (worker::mem_map), as DAT's LMR and RMR privileges.
+enum mem_access : uint32_t {
+  mem_local_read = 1u << 0,    ///< local sends and puts may read the region
+  mem_local_write = 1u << 1,   ///< local gets may write into the region
+  mem_remote_read = 1u << 2,   ///< peers may get from the region
+  mem_remote_write = 1u << 3,  ///< peers may put into the region
+  /// Every right (the default).
+  mem_access_all = mem_local_read | mem_local_write | mem_remote_read | mem_remote_write,
 };
 
 /// Optional parameters of a nonblocking operation (mirrors ucp_request_param_t).

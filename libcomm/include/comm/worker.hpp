@@ -135,12 +135,18 @@ public:
 
   // -- memory ------------------------------------------------------------------------------------
 
-  /// Registers [address, address + length) with every transport of the worker. Returns
-  /// invalid_param for a null range, or the transport's error.
-  status mem_map(void* address, size_t length, memh** out);
+  /// Registers [address, address + length) with the rights `access` (mem_access flags). With
+  /// every remote right the region is registered with every transport (zero-copy RMA); a region
+  /// that withholds a remote right is served by the owner's worker, which checks every access
+  /// against the rights (PRIVILEGES_VIOLATION), whatever key a peer presents. A local buffer
+  /// inside a region used against its local rights fails with PRIVILEGES_VIOLATION too. Returns
+  /// invalid_param for a null range or unknown flags, or the transport's error.
+  status mem_map(void* address, size_t length, memh** out, uint32_t access = mem_access_all);
   /// Releases a registration; remote keys packed from it stop working (PROTECTION_ERROR).
   status mem_unmap(memh* handle);
-  /// Appends the packed remote key of `handle` to `out`, for a peer's endpoint::rkey_unpack.
+  /// Appends the packed remote key of `handle` to `out`, for a peer's endpoint::rkey_unpack. The
+  /// key carries the region (address and length: the segment a peer reads, endpoint::rkey_segment)
+  /// and its remote rights; PRIVILEGES_VIOLATION for a region without remote rights.
   status rkey_pack(const memh* handle, std::vector<uint8_t>& out) const;
 
   // -- active messages ---------------------------------------------------------------------------

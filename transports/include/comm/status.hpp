@@ -36,6 +36,11 @@ enum class status : int16_t {
   protocol_error = -90,    ///< the peer sent bytes that are not a valid message
   protection_error = -91,  ///< the remote key does not grant access to that address
   length_error = -92,      ///< the access runs past the end of the registered region
+  /// The registration does not grant that access (DAT's PRIVILEGES_VIOLATION): a remote read or
+  /// write the region's rights exclude, or a local buffer used against its local rights
+  privileges_violation = -93,
+  /// Posted on a disconnected endpoint: completed without running (DAT's DTO_ERR_FLUSHED)
+  flushed = -94,
 };
 
 /// Readable name of a status, e.g. "MESSAGE_TRUNCATED".
