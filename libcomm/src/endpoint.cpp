@@ -217,6 +217,7 @@ void endpoint_impl::fail(status reason) {
   COMM_LOG(info, "endpoint", "%s: endpoint to %s failed: %s", owner.params.name.c_str(),
            peer_name_.c_str(), to_string(reason));
   complete_in_order();
+  owner.note_events(~0u);  // a failure ends any wait
   if (error_cb != nullptr) error_cb(error_arg, this, reason);
 }
 

@@ -88,9 +88,9 @@ void release_op(request* req) {
 }
 
 const request_ops get_ops{.name = "get", .progress = rma_protocol::progress_op,
-                          .release = release_op};
+                          .release = release_op, .events = wakeup_rma | wakeup_tx};
 const request_ops put_ops{.name = "put", .progress = rma_protocol::progress_op,
-                          .release = release_op};
+                          .release = release_op, .events = wakeup_rma | wakeup_tx};
 
 }  // namespace
 
