@@ -565,7 +565,7 @@ op endpoint::tag_send(tag_t tag, const void* buffer, size_t length, const reques
                                   request_force_zcopy | request_force_bcopy | request_force_rndv;
   constexpr size_t header = wire::header_size<wire::schema::TagEager>();
   if (ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
-      !(params.flags & slow_flags) && params.pack == nullptr &&
+      ep.fence_req == nullptr && !(params.flags & slow_flags) && params.pack == nullptr &&
       header + length <= ep.short_limit) {
     auto& writer = module_of<tag_protocol>(w).hdr_tag;
     auto& h = writer.fields();

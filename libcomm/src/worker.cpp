@@ -224,6 +224,74 @@ const char* mode_name(thread_mode mode) {
   return "?";
 }
 
+// -- fence ---------------------------------------------------------------------------------------
+
+namespace {
+
+const request_ops fence_ops{.name = "fence"};
+
+}  // namespace
+
+void endpoint_impl::push_fence() {
+  if (fence_req != nullptr && held_head == nullptr) return;  // nothing issued since the last
+  request* req = owner.alloc_request(fence_ops, request_params{}, request::role::fence);
+  req->ep = this;
+  push_outstanding(req);
+  if (fence_req != nullptr) {
+    hold_behind_fence(req);  // passes after the first, and what it holds
+    return;
+  }
+  fence_req = req;
+  if (outstanding_head == req) pass_fence();
+}
+
+op endpoint_impl::hold_behind_fence(request* req) {
+  if (req->params.flags & request_force_immediate) {
+    owner.free_request(req);
+    return op{status::no_resource, nullptr};
+  }
+  op result = req->type == request::role::fence ? op{} : owner.in_progress(req);
+  if (req->type != request::role::fence) push_outstanding(req);
+  req->next_pending = nullptr;
+  (held_tail != nullptr ? held_tail->next_pending : held_head) = req;
+  held_tail = req;
+  return result;
+}
+
+void endpoint_impl::pass_fence() {
+  request* passed = fence_req;
+  fence_req = nullptr;
+  passed->st = status::ok;
+  // What it held goes to the pending queue, up to the next fence, which takes its place.
+  bool released = false;
+  while (held_head != nullptr && fence_req == nullptr) {
+    request* req = held_head;
+    held_head = req->next_pending;
+    if (held_head == nullptr) held_tail = nullptr;
+    if (req->type == request::role::fence) {
+      fence_req = req;
+    } else {
+      push_pending(req);
+      released = true;
+    }
+  }
+  complete_in_order();  // completes `passed` (and passes the next fence if nothing is before it)
+  if (released && state == phase::connected && !tl_pending_queued && !dispatch_pending()) {
+    wait_for_resources();
+  }
+}
+
+bool endpoint_impl::unhold(request* req) {
+  request* prev = nullptr;
+  for (request* r = held_head; r != nullptr; prev = r, r = r->next_pending) {
+    if (r != req) continue;
+    (prev != nullptr ? prev->next_pending : held_head) = r->next_pending;
+    if (held_tail == r) held_tail = prev;
+    return true;
+  }
+  return false;
+}
+
 // -- leaked requests -----------------------------------------------------------------------------
 
 void worker_impl::report_leaked_requests() {
@@ -458,10 +526,16 @@ status worker::fence() {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   for (detail::endpoint_impl* ep : w.ep_table) {
-    if (ep != nullptr && ep->lane) {
-      status st = ep->lane->fence();
-      if (is_error(st)) return st;
+    if (ep == nullptr || !ep->lane || ep->state == detail::endpoint_impl::phase::failed ||
+        ep->state == detail::endpoint_impl::phase::closing) {
+      continue;
     }
+    if (ep->outstanding_head != nullptr) {
+      ep->push_fence();
+      continue;
+    }
+    status st = ep->lane->fence();
+    if (is_error(st)) return st;
   }
   return status::ok;
 }

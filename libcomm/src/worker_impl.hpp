@@ -68,6 +68,9 @@ public:
 
   request* pending_head = nullptr;          ///< sends waiting for resources or wireup, in order
   request* pending_tail = nullptr;
+  request* fence_req = nullptr;             ///< the fence that later sends wait behind, if any
+  request* held_head = nullptr;             ///< sends issued after it, in order (and fences)
+  request* held_tail = nullptr;
   request* outstanding_head = nullptr;      ///< started requests, completed in this order
   request* outstanding_tail = nullptr;
   /// Our single entry in the transport's pending queue.
@@ -109,6 +112,23 @@ public:
   /// Fails the endpoint: every pending and outstanding request completes with `reason`, and every
   /// module finishes what it holds for the peer.
   void fail(status reason);
+
+  // -- fence (worker.cpp) ------------------------------------------------------------------------
+  /// Fences the endpoint (worker::fence): sends issued from now on are held until everything
+  /// outstanding now completed. Messages the protocols send for requests issued before (control
+  /// messages, a rendezvous's data) are not held.
+  void push_fence();
+  /// Holds `req`, a send issued while a fence waits, behind it (start_send).
+  op hold_behind_fence(request* req);
+  /// Releases what the fence at the head of the completion queue held (complete_in_order).
+  void pass_fence();
+  /// Takes a held `req` out of the held queue; false if it is not there (cancel).
+  bool unhold(request* req);
+  /// Forgets the fence and what it holds, which stay in the completion queue (failure).
+  void drop_fence() {
+    fence_req = nullptr;
+    held_head = held_tail = nullptr;
+  }
 };
 
 /// The worker's state.

@@ -159,7 +159,11 @@ public:
 
   /// Completes once every operation started on every endpoint has completed.
   op flush(const request_params& params = {});
-  /// Orders operations issued after the fence after those issued before.
+  /// Orders operations (sends, puts, gets, flushes) issued on each endpoint after the fence
+  /// after those issued on it before: the later ones wait, unissued, until the earlier ones
+  /// completed (a strong fence, as UCX's strong fence mode: it costs a round trip where
+  /// something is outstanding). An endpoint with nothing outstanding is only told to order its
+  /// transport's traffic. Per operation, request_fence orders a read after earlier reads alone.
   status fence();
 
   /// Multi-line description: transports, interfaces, endpoints and their counters, and what the
