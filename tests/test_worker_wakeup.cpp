@@ -119,6 +119,11 @@ struct remote_region {
   rkey* key = nullptr;
 };
 
+/// True when every byte of `bytes` is still 0.
+bool untouched(const std::vector<uint8_t>& bytes) {
+  return std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == 0; });
+}
+
 /// Worker parameters whose wait() ends only for tagged receives (and signals, failures).
 worker_params waits_for_tag_recv() {
   worker_params wp;
@@ -640,7 +645,7 @@ BOOST_DATA_TEST_CASE(operations_after_the_fence_wait_for_those_before, each_tran
   p.spin(5000);
   // Not performed while the send before the fence is outstanding.
   BOOST_CHECK(p.a->request_status(put.req) == status::in_progress);
-  BOOST_CHECK(std::all_of(target.bytes.begin(), target.bytes.end(), [](uint8_t b) { return b == 0; }));
+  BOOST_CHECK(untouched(target.bytes));
   BOOST_CHECK_EQUAL(delivered, 0);
   // The receive lets the send complete; then the put and the AM go.
   std::vector<uint8_t> in(message.size(), 0);
@@ -705,7 +710,7 @@ BOOST_AUTO_TEST_CASE(on_verbs_a_put_after_the_fence_waits_for_held_read_response
   BOOST_REQUIRE(put.pending());
   p.spin(5000);
   BOOST_CHECK(p.a->request_status(put.req) == status::in_progress);
-  BOOST_CHECK(std::all_of(target.bytes.begin(), target.bytes.end(), [](uint8_t b) { return b == 0; }));
+  BOOST_CHECK(untouched(target.bytes));
   verbs::testdev::hold_read_responses(false);
   BOOST_CHECK(p.finish(g) == status::ok);
   BOOST_CHECK(p.finish(put) == status::ok);
