@@ -105,7 +105,8 @@ status cancel_send(request* req, cancel_mode mode) {
 const request_ops am_send_ops{.name = "am_send",
                            .progress = progress_send,
                            .release = release_send,
-                           .cancel = cancel_send};
+                           .cancel = cancel_send,
+                           .events = wakeup_tx};
 
 // -- rendezvous receives -------------------------------------------------------------------------
 
@@ -113,7 +114,8 @@ void release_recv(request* req) {
   module_of<rndv_protocol>(*req->owner).release_fetch(req->as<am_recv_state>().fetch);
 }
 
-const request_ops am_recv_ops{.name = "am_recv", .release = release_recv};
+const request_ops am_recv_ops{.name = "am_recv", .release = release_recv,
+                              .events = wakeup_am | wakeup_rx};
 
 }  // namespace
 
@@ -190,6 +192,7 @@ void am_protocol::deliver(endpoint_impl* ep, uint16_t id, uint16_t wire_flags,
     return;
   }
   const handler h = *found;
+  w.note_events(wakeup_am | wakeup_rx);
   am_recv_params p;
   p.attr = attr;
   p.offset = offset;

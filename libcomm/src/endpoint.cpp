@@ -82,6 +82,7 @@ endpoint_impl::~endpoint_impl() {
     if (req->type == request::role::control) drop_control(req);
   }
   pending_head = pending_tail = nullptr;
+  drop_fence();
   for (request* req = outstanding_head; req != nullptr; req = req->next_outstanding) {
     if (req->st == status::in_progress) req->st = reason;
   }
@@ -138,6 +139,7 @@ void endpoint_impl::complete_in_order() {
       return;
     }
   }
+  if (fence_req != nullptr && outstanding_head == fence_req) pass_fence();
 }
 
 bool endpoint_impl::dispatch_pending() {
@@ -191,6 +193,7 @@ void endpoint_impl::fail(status reason) {
     lane->pending_purge([](tl::pending_req*, void*) {}, nullptr);
     tl_pending_queued = false;
   }
+  drop_fence();  // what it held completes with `reason` from the completion queue, below
   for (request* req = pending_head, *next; req != nullptr; req = next) {
     next = req->next_pending;
     if (req->type == request::role::control) {
@@ -217,6 +220,7 @@ void endpoint_impl::fail(status reason) {
   COMM_LOG(info, "endpoint", "%s: endpoint to %s failed: %s", owner.params.name.c_str(),
            peer_name_.c_str(), to_string(reason));
   complete_in_order();
+  owner.note_events(~0u);  // a failure ends any wait
   if (error_cb != nullptr) error_cb(error_arg, this, reason);
 }
 
@@ -235,9 +239,12 @@ status endpoint_impl::cancel_pending(request* req, cancel_mode mode) {
     prev = *link;
     link = &(*link)->next_pending;
   }
-  if (*link == nullptr) return status::busy;
-  *link = req->next_pending;
-  if (pending_tail == req) pending_tail = prev;
+  if (*link != nullptr) {
+    *link = req->next_pending;
+    if (pending_tail == req) pending_tail = prev;
+  } else if (!unhold(req)) {
+    return status::busy;
+  }
   // The send also sits in the ordered completion queue: forced, it leaves it; reported, it
   // completes from there, after the sends issued before it.
   if (mode == cancel_mode::force) {
@@ -261,6 +268,7 @@ op start_send(endpoint_impl& ep, request* req) {
     w.free_request(req);
     return op{ep.failure, nullptr};
   }
+  if (ep.fence_req != nullptr) return ep.hold_behind_fence(req);
   const bool queue_busy = ep.pending_head != nullptr || ep.state == endpoint_impl::phase::wireup;
   status st = queue_busy ? status::no_resource : req->ops->progress(req);
   if (st == status::no_resource && (req->params.flags & request_force_immediate) &&

@@ -16,7 +16,6 @@
 
 #include <capnp/serialize.h>
 #include <kj/exception.h>
-#include <sys/epoll.h>
 
 #include <algorithm>
 #include <cstring>
@@ -146,6 +145,7 @@ public:
       std::lock_guard<std::mutex> g(lock_);
       pending_.push_back(raw);
     }
+    if (w_ != nullptr) w_->note_events(~0u);  // a connection request ends any wait
     if (params_.on_request != nullptr) {
       params_.on_request(params_.arg, raw);
     } else {
@@ -280,12 +280,7 @@ status worker_impl::open_cm() {
     std::unique_ptr<tl::cm> made;
     if (component->open_cm(p, made) != status::ok) continue;
     cm = std::move(made);
-    if (epoll_fd >= 0) {
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u64 = cm_event_tag;
-      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, cm->event_fd(), &ev);
-    }
+    if (epoll_fd >= 0) watch(cm->event_fd(), cm_event_tag);
     return status::ok;
   }
   return status::unsupported;
@@ -302,7 +297,7 @@ unsigned worker_impl::poll_cm() {
 
 void worker_impl::close_cm() {
   while (!listeners.empty()) static_cast<listener_impl*>(listeners.back())->detach();
-  if (cm && epoll_fd >= 0) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, cm->event_fd(), nullptr);
+  if (cm) unwatch(cm->event_fd());
   cm.reset();
 }
 

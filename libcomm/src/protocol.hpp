@@ -72,6 +72,9 @@ struct request_ops {
   void (*release)(request* req) = nullptr;
   /// Cancels the request (worker::cancel): ok, busy when it is too late, or unsupported (null).
   status (*cancel)(request* req, cancel_mode mode) = nullptr;
+  /// The wakeup_event kinds (comm/worker.hpp) its completion counts as, for worker::wait; 0 for
+  /// the worker's internal requests.
+  unsigned events = 0;
 };
 
 /// A module's state on one endpoint (protocol::state_of), freed with the endpoint.

@@ -49,6 +49,7 @@ struct request_fields {
     flush,      ///< an endpoint flush (also the request of an immediate completion)
     close,      ///< an endpoint close: the notice to the peer, then a flush
     control,    ///< a protocol message queued for the peer (acknowledgement, reply, wireup)
+    fence,      ///< worker::fence: later sends wait until earlier ones completed
   };
 
   role type = role::operation;            ///< what the worker does with it

@@ -129,9 +129,9 @@ void notify_failure_only(request* req, status st, void* user_data) {
 }
 
 const request_ops get_ops{.name = "get", .progress = rma_protocol::progress_op,
-                          .release = release_op};
+                          .release = release_op, .events = wakeup_rma | wakeup_tx};
 const request_ops put_ops{.name = "put", .progress = rma_protocol::progress_op,
-                          .release = release_op};
+                          .release = release_op, .events = wakeup_rma | wakeup_tx};
 
 }  // namespace
 

@@ -216,8 +216,8 @@ status send_control(request* req) {
 
 }  // namespace
 
-const request_ops flush_ops{.name = "flush", .progress = send_flush};
-const request_ops close_ops{.name = "close", .progress = send_close};
+const request_ops flush_ops{.name = "flush", .progress = send_flush, .events = wakeup_tx};
+const request_ops close_ops{.name = "close", .progress = send_close, .events = wakeup_tx};
 const request_ops control_ops{.name = "control", .progress = send_control};
 
 status send_message(request* req, send_progress& s, const message_framing& f) {

@@ -79,6 +79,7 @@ void deliver(tag_protocol& t, worker_impl& w, endpoint_impl* ep, tag_t tag, uint
   if (length != 0) std::memcpy(msg->data, data, length);
   msg->received = length;
   w.matcher.add_unexpected(msg);
+  w.note_events(wakeup_tag_recv | wakeup_rx);
 }
 
 // -- sends ---------------------------------------------------------------------------------------
@@ -150,7 +151,8 @@ status cancel_send(request* req, cancel_mode mode) {
 const request_ops tag_send_ops{.name = "tag_send",
                            .progress = progress_send,
                            .release = release_send,
-                           .cancel = cancel_send};
+                           .cancel = cancel_send,
+                           .events = wakeup_tag_send | wakeup_tx};
 
 // -- receives ------------------------------------------------------------------------------------
 
@@ -181,7 +183,8 @@ status cancel_recv(request* req, cancel_mode mode) {
 const request_ops tag_recv_ops{.name = "tag_recv",
                            .notify = notify_recv,
                            .release = release_recv,
-                           .cancel = cancel_recv};
+                           .cancel = cancel_recv,
+                           .events = wakeup_tag_recv | wakeup_rx};
 
 /// Ends the fetch of a rendezvous message into a receive.
 void fetched(request* req, status outcome) {
@@ -401,6 +404,7 @@ void tag_protocol::finish_fragments(endpoint_impl& ep) {
       finish_recv(w, late, s);
     } else {
       w.matcher.add_unexpected(msg);
+      w.note_events(wakeup_tag_recv | wakeup_rx);
     }
   }
 }
@@ -451,6 +455,7 @@ void tag_protocol::on_announcement(endpoint_impl& ep, tag_t tag, uint64_t imm,
   msg->length = a.length;
   msg->rkey = std::move(a.rkey);
   w.matcher.add_unexpected(msg);
+  w.note_events(wakeup_tag_recv | wakeup_rx);
 }
 
 void tag_protocol::drop_announcement(endpoint_impl& ep, uint64_t sreq) {
@@ -560,7 +565,7 @@ op endpoint::tag_send(tag_t tag, const void* buffer, size_t length, const reques
                                   request_force_zcopy | request_force_bcopy | request_force_rndv;
   constexpr size_t header = wire::header_size<wire::schema::TagEager>();
   if (ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
-      !(params.flags & slow_flags) && params.pack == nullptr &&
+      ep.fence_req == nullptr && !(params.flags & slow_flags) && params.pack == nullptr &&
       header + length <= ep.short_limit) {
     auto& writer = module_of<tag_protocol>(w).hdr_tag;
     auto& h = writer.fields();

@@ -8,13 +8,18 @@
 
 #include <sched.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <sstream>
+#include <unordered_set>
 
 namespace comm {
 
@@ -34,11 +39,26 @@ uint64_t random_uid() {
   return value == 0 ? 1 : value;
 }
 
+/// Workers this process made without a name so far.
+std::atomic<uint64_t> unnamed_workers{0};
+
+/// "<host>:<pid>:<n>", unique among the workers of a process.
 std::string default_name() {
   char host[64] = {};
   gethostname(host, sizeof(host) - 1);
-  return std::string(host) + ":" + std::to_string(getpid());
+  return std::string(host) + ":" + std::to_string(getpid()) + ":" +
+         std::to_string(unnamed_workers.fetch_add(1, std::memory_order_relaxed) + 1);
 }
+
+/// epoll data of the signal fd in the worker's own event set.
+constexpr uint64_t signal_event_tag = ~uint64_t{0} - 1;
+
+/// Workers of this process that warned about leaked requests.
+std::atomic<uint64_t> leak_warnings{0};
+
+/// True for the n-th leak warning of the process (counting from 1): the first 8, then every
+/// power of two, so that a program leaking in a loop does not flood stderr.
+bool leak_warning_shown(uint64_t n) { return n <= 8 || (n & (n - 1)) == 0; }
 
 void pin_to_cpus(const std::vector<int>& cpus) {
   if (cpus.empty()) return;
@@ -61,7 +81,8 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
     params.am_alignment = 1;
   }
   pin_to_cpus(params.cpus);
-  epoll_fd = params.wakeup ? epoll_create1(EPOLL_CLOEXEC) : -1;
+  init_status = open_wakeup();
+  if (init_status != status::ok) return;
   tl::iface_params ip;
   ip.opts = ctx.cfg().transport_options;
   ip.cpus = params.cpus;
@@ -75,12 +96,7 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
                ip.device.c_str(), to_string(st));
       continue;
     }
-    if (epoll_fd >= 0 && iface->event_fd() >= 0) {
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u64 = ifaces.size();
-      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, iface->event_fd(), &ev);
-    }
+    if (iface->event_fd() >= 0) watch(iface->event_fd(), ifaces.size());
     const bool costly = (iface->attr().caps & tl::cap_costly_progress) != 0;
     ifaces.push_back({component, std::move(iface), costly});
   }
@@ -107,8 +123,202 @@ worker_impl::~worker_impl() noexcept {
   for (endpoint_impl* ep : ep_table) delete ep;
   for (endpoint_impl* ep : doomed) delete ep;
   for (size_t i = protocol_count; i-- > 0;) protocols[i].reset();
+  if (!(params.flags & worker_ignore_request_leak)) report_leaked_requests();
+  close_wakeup();
   ifaces.clear();
-  if (epoll_fd >= 0) close(epoll_fd);
+}
+
+// -- wakeup --------------------------------------------------------------------------------------
+
+status worker_impl::open_wakeup() {
+  if (!params.wakeup) return status::ok;
+  if (params.event_fd < -1) return status::invalid_param;
+  external_set = params.event_fd >= 0;
+  epoll_fd = external_set ? params.event_fd : epoll_create1(EPOLL_CLOEXEC);
+  signal_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll_fd < 0 || signal_fd < 0) {
+    COMM_LOG(error, "worker", "%s: cannot make its event fds: %s", params.name.c_str(),
+             std::strerror(errno));
+    return status::no_resource;
+  }
+  if (!watch(signal_fd, signal_event_tag)) {
+    COMM_LOG(error, "worker", "%s: event_fd %d does not take the worker's event sources: %s",
+             params.name.c_str(), params.event_fd, std::strerror(errno));
+    return status::invalid_param;
+  }
+  return status::ok;
+}
+
+void worker_impl::close_wakeup() {
+  if (external_set) {
+    for (int fd : watched) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+  } else if (epoll_fd >= 0) {
+    close(epoll_fd);
+  }
+  watched.clear();
+  epoll_fd = -1;
+  if (signal_fd >= 0) close(signal_fd);
+  signal_fd = -1;
+}
+
+bool worker_impl::watch(int fd, uint64_t tag) {
+  if (epoll_fd < 0) return false;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  if (external_set) {
+    ev.data.ptr = params.user_data;
+  } else {
+    ev.data.u64 = tag;
+  }
+  if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) return false;
+  watched.push_back(fd);
+  return true;
+}
+
+void worker_impl::unwatch(int fd) {
+  const auto it = std::find(watched.begin(), watched.end(), fd);
+  if (it == watched.end()) return;
+  epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+  watched.erase(it);
+}
+
+bool worker_impl::take_signal() {
+  uint64_t count = 0;
+  return signal_fd >= 0 && read(signal_fd, &count, sizeof(count)) == sizeof(count) && count != 0;
+}
+
+status worker_impl::arm_ifaces() {
+  for (auto& li : ifaces) {
+    if (li.iface->event_fd() < 0) continue;
+    status st = li.iface->event_arm();
+    if (st != status::ok) return st;
+  }
+  // The interfaces' fds sit in the epoll set level-triggered: nothing to drain here.
+  return status::ok;
+}
+
+void worker_impl::wake_source(uint64_t tag) {
+  // Whatever woke us is polled now, not after its idle backoff. In an external set every source
+  // has the user's data: poll them all.
+  if (external_set) {
+    cm_skip = 0;
+    for (auto& li : ifaces) li.skip = 0;
+  } else if (is_cm_event(tag)) {
+    cm_skip = 0;
+  } else if (tag < ifaces.size()) {
+    ifaces[tag].skip = 0;
+  }
+}
+
+bool worker_impl::wait_is_over() {
+  guard g(*this);
+  return params.events == wakeup_all || (events_seen & params.events) != 0;
+}
+
+const char* mode_name(thread_mode mode) {
+  switch (mode) {
+    case thread_mode::single: return "single";
+    case thread_mode::serialized: return "serialized";
+    case thread_mode::multi: return "multi";
+  }
+  return "?";
+}
+
+// -- fence ---------------------------------------------------------------------------------------
+
+namespace {
+
+const request_ops fence_ops{.name = "fence"};
+
+}  // namespace
+
+void endpoint_impl::push_fence() {
+  if (fence_req != nullptr && held_head == nullptr) return;  // nothing issued since the last
+  request* req = owner.alloc_request(fence_ops, request_params{}, request::role::fence);
+  req->ep = this;
+  push_outstanding(req);
+  if (fence_req != nullptr) {
+    hold_behind_fence(req);  // passes after the first, and what it holds
+    return;
+  }
+  fence_req = req;
+  if (outstanding_head == req) pass_fence();
+}
+
+op endpoint_impl::hold_behind_fence(request* req) {
+  if (req->params.flags & request_force_immediate) {
+    owner.free_request(req);
+    return op{status::no_resource, nullptr};
+  }
+  op result = req->type == request::role::fence ? op{} : owner.in_progress(req);
+  if (req->type != request::role::fence) push_outstanding(req);
+  req->next_pending = nullptr;
+  (held_tail != nullptr ? held_tail->next_pending : held_head) = req;
+  held_tail = req;
+  return result;
+}
+
+void endpoint_impl::pass_fence() {
+  request* passed = fence_req;
+  fence_req = nullptr;
+  passed->st = status::ok;
+  // What it held goes to the pending queue, up to the next fence, which takes its place.
+  bool released = false;
+  while (held_head != nullptr && fence_req == nullptr) {
+    request* req = held_head;
+    held_head = req->next_pending;
+    if (held_head == nullptr) held_tail = nullptr;
+    if (req->type == request::role::fence) {
+      fence_req = req;
+    } else {
+      push_pending(req);
+      released = true;
+    }
+  }
+  complete_in_order();  // completes `passed` (and passes the next fence if nothing is before it)
+  if (released && state == phase::connected && !tl_pending_queued && !dispatch_pending()) {
+    wait_for_resources();
+  }
+}
+
+bool endpoint_impl::unhold(request* req) {
+  request* prev = nullptr;
+  for (request* r = held_head; r != nullptr; prev = r, r = r->next_pending) {
+    if (r != req) continue;
+    (prev != nullptr ? prev->next_pending : held_head) = r->next_pending;
+    if (held_tail == r) held_tail = prev;
+    return true;
+  }
+  return false;
+}
+
+// -- leaked requests -----------------------------------------------------------------------------
+
+void worker_impl::report_leaked_requests() {
+  const std::unordered_set<request*> free_set(free_requests.begin(), free_requests.end());
+  std::map<std::string, size_t> kinds;
+  size_t leaked = 0;
+  for (const auto& chunk : request_chunks) {
+    for (size_t i = 0; i < request_chunk_size; ++i) {
+      request* req = &chunk[i];
+      if (free_set.count(req) != 0 || !req->user_visible || req->released) continue;
+      ++leaked;
+      ++kinds[req->ops != nullptr ? req->ops->name : "unknown"];
+    }
+  }
+  if (leaked == 0) return;
+  const uint64_t n = leak_warnings.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (!leak_warning_shown(n)) return;
+  std::string list;
+  for (const auto& [kind, count] : kinds) {
+    list += (list.empty() ? "" : ", ") + std::to_string(count) + " " + kind;
+  }
+  COMM_LOG(warn, "worker",
+           "%s: %zu request%s never released by the user (%s), freed at destruction; release each "
+           "one (worker::release, worker::wait) or set worker_ignore_request_leak (%llu workers "
+           "of this process leaked requests so far)",
+           params.name.c_str(), leaked, leaked == 1 ? " was" : "s were", list.c_str(),
+           static_cast<unsigned long long>(n));
 }
 
 // -- requests ------------------------------------------------------------------------------------
@@ -116,9 +326,10 @@ worker_impl::~worker_impl() noexcept {
 request* worker_impl::alloc_request(const request_ops& ops, const request_params& p,
                                     request::role type) {
   if (free_requests.empty()) {
-    constexpr size_t chunk = 64;
-    request_chunks.emplace_back(new request[chunk]);
-    for (size_t i = 0; i < chunk; ++i) free_requests.push_back(&request_chunks.back()[i]);
+    request_chunks.emplace_back(new request[request_chunk_size]);
+    for (size_t i = 0; i < request_chunk_size; ++i) {
+      free_requests.push_back(&request_chunks.back()[i]);
+    }
   }
   request* req = free_requests.back();
   free_requests.pop_back();
@@ -144,6 +355,7 @@ void worker_impl::complete(request* req, status st) {
   }
   req->st = st;
   req->finished = true;
+  events_seen |= req->ops->events;
   if (req->ops->notify != nullptr) {
     req->ops->notify(req, st);
   } else if (req->params.send_cb != nullptr) {
@@ -183,13 +395,24 @@ op worker_impl::immediate(const request_params& p, status st) {
 // -- public worker API ---------------------------------------------------------------------------
 
 std::unique_ptr<worker> worker::create(context& ctx, const worker_params& params) {
-  return std::make_unique<worker_impl>(ctx, params);
+  std::unique_ptr<worker> out;
+  (void)create(ctx, params, &out);
+  return out;
+}
+
+status worker::create(context& ctx, const worker_params& params, std::unique_ptr<worker>* out) {
+  auto w = std::make_unique<worker_impl>(ctx, params);
+  const status st = w->init_status;
+  out->reset(st == status::ok ? w.release() : nullptr);
+  return st;
 }
 
 thread_mode worker::mode() const noexcept { return impl(*this).params.mode; }
 const std::string& worker::name() const noexcept { return impl(*this).params.name; }
 uint64_t worker::uid() const noexcept { return impl(*this).uid_; }
 uint64_t worker::client_id() const noexcept { return impl(*this).params.client_id; }
+void* worker::user_data() const noexcept { return impl(*this).params.user_data; }
+unsigned worker::wakeup_events() const noexcept { return impl(*this).params.events; }
 
 std::vector<uint8_t> worker::address() const {
   worker_impl& w = const_cast<worker_impl&>(impl(*this));
@@ -229,41 +452,73 @@ unsigned worker::progress() {
   return events;
 }
 
-int worker::event_fd() const noexcept { return impl(*this).epoll_fd; }
+int worker::event_fd() const noexcept {
+  const worker_impl& w = impl(*this);
+  return w.external_set ? -1 : w.epoll_fd;
+}
 
 status worker::arm() {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   if (w.epoll_fd < 0) return status::unsupported;
-  for (auto& li : w.ifaces) {
-    if (li.iface->event_fd() < 0) continue;
-    status st = li.iface->event_arm();
-    if (st != status::ok) return st;
-  }
-  // The interfaces' fds sit in our epoll set level-triggered: nothing to drain here.
-  return status::ok;
+  if (w.take_signal()) return status::busy;
+  return w.arm_ifaces();
 }
+
+namespace {
+
+/// Milliseconds left until `deadline`, for epoll_wait (-1: no deadline).
+int remaining_ms(bool bounded, std::chrono::steady_clock::time_point deadline) {
+  if (!bounded) return -1;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::max<int64_t>(left.count(), 0));
+}
+
+}  // namespace
 
 status worker::wait(int timeout_ms) {
   worker_impl& w = impl(*this);
   if (w.epoll_fd < 0) return status::unsupported;
-  status st = arm();
-  if (st == status::ok) {
-    epoll_event ev[8];
-    int n = epoll_wait(w.epoll_fd, ev, 8, timeout_ms);
-    if (n == 0) return status::timed_out;
-    // Whatever woke us is polled now, not after its idle backoff.
-    for (int i = 0; i < n; ++i) {
-      if (detail::is_cm_event(ev[i].data.u64)) {
-        w.cm_skip = 0;
-      } else if (ev[i].data.u64 < w.ifaces.size()) {
-        w.ifaces[ev[i].data.u64].skip = 0;
-      }
-    }
-  } else if (st != status::busy) {
-    return st;
+  const bool bounded = timeout_ms >= 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  {
+    worker_impl::guard g(w);
+    w.events_seen = 0;
   }
-  progress();
+  for (;;) {
+    bool signalled = false;
+    status st = status::ok;
+    {
+      worker_impl::guard g(w);
+      signalled = w.take_signal();
+      if (!signalled) st = w.arm_ifaces();
+    }
+    if (!signalled && st == status::ok) {
+      epoll_event ev[8];
+      const int n = epoll_wait(w.epoll_fd, ev, 8, remaining_ms(bounded, deadline));
+      if (n == 0) return status::timed_out;
+      if (n < 0 && errno != EINTR) return status::io_error;
+      worker_impl::guard g(w);
+      for (int i = 0; i < n; ++i) w.wake_source(ev[i].data.u64);
+      signalled = w.take_signal();
+    } else if (!signalled && st != status::busy) {
+      return st;
+    }
+    progress();
+    if (signalled || w.wait_is_over()) return status::ok;
+    if (bounded && std::chrono::steady_clock::now() >= deadline) return status::timed_out;
+  }
+}
+
+status worker::signal() {
+  const worker_impl& w = impl(*this);
+  if (w.signal_fd < 0) return status::unsupported;
+  const uint64_t one = 1;
+  // The eventfd adds under the kernel's lock; a full counter (2^64 - 2) still wakes.
+  if (write(w.signal_fd, &one, sizeof(one)) != sizeof(one) && errno != EAGAIN) {
+    return status::io_error;
+  }
   return status::ok;
 }
 
@@ -271,10 +526,16 @@ status worker::fence() {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   for (detail::endpoint_impl* ep : w.ep_table) {
-    if (ep != nullptr && ep->lane) {
-      status st = ep->lane->fence();
-      if (is_error(st)) return st;
+    if (ep == nullptr || !ep->lane || ep->state == detail::endpoint_impl::phase::failed ||
+        ep->state == detail::endpoint_impl::phase::closing) {
+      continue;
     }
+    if (ep->outstanding_head != nullptr) {
+      ep->push_fence();
+      continue;
+    }
+    status st = ep->lane->fence();
+    if (is_error(st)) return st;
   }
   return status::ok;
 }
@@ -335,7 +596,7 @@ std::string worker::info() const {
   const worker_impl& w = impl(*this);
   std::ostringstream out;
   out << "# worker " << w.params.name << " uid " << std::hex << w.uid_ << std::dec
-      << " thread_mode " << (w.params.mode == thread_mode::multi ? "multi" : "single")
+      << " thread_mode " << detail::mode_name(w.params.mode)
       << " client_id " << w.params.client_id << '\n';
   for (const auto& li : w.ifaces) {
     const auto& a = li.iface->attr();

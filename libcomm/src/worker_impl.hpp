@@ -68,6 +68,9 @@ public:
 
   request* pending_head = nullptr;          ///< sends waiting for resources or wireup, in order
   request* pending_tail = nullptr;
+  request* fence_req = nullptr;             ///< the fence that later sends wait behind, if any
+  request* held_head = nullptr;             ///< sends issued after it, in order (and fences)
+  request* held_tail = nullptr;
   request* outstanding_head = nullptr;      ///< started requests, completed in this order
   request* outstanding_tail = nullptr;
   /// Our single entry in the transport's pending queue.
@@ -109,6 +112,23 @@ public:
   /// Fails the endpoint: every pending and outstanding request completes with `reason`, and every
   /// module finishes what it holds for the peer.
   void fail(status reason);
+
+  // -- fence (worker.cpp) ------------------------------------------------------------------------
+  /// Fences the endpoint (worker::fence): sends issued from now on are held until everything
+  /// outstanding now completed. Messages the protocols send for requests issued before (control
+  /// messages, a rendezvous's data) are not held.
+  void push_fence();
+  /// Holds `req`, a send issued while a fence waits, behind it (start_send).
+  op hold_behind_fence(request* req);
+  /// Releases what the fence at the head of the completion queue held (complete_in_order).
+  void pass_fence();
+  /// Takes a held `req` out of the held queue; false if it is not there (cancel).
+  bool unhold(request* req);
+  /// Forgets the fence and what it holds, which stay in the completion queue (failure).
+  void drop_fence() {
+    fence_req = nullptr;
+    held_head = held_tail = nullptr;
+  }
 };
 
 /// The worker's state.
@@ -130,7 +150,34 @@ public:
     uint8_t backoff = 0;                    ///< current idle backoff
   };
   std::vector<lane_iface> ifaces;           ///< one per enabled transport, in preference order
-  int epoll_fd = -1;                        ///< event fd: every interface's event fd
+
+  // -- wakeup (worker.cpp) ----------------------------------------------------------------------
+  int epoll_fd = -1;                        ///< the event set: ours, or the user's (external)
+  bool external_set = false;                ///< epoll_fd is worker_params::event_fd
+  int signal_fd = -1;                       ///< eventfd written by worker::signal
+  std::vector<int> watched;                 ///< fds we added to epoll_fd
+  unsigned events_seen = 0;                 ///< wakeup_event kinds since wait() began
+  status init_status = status::ok;          ///< what went wrong in the constructor
+  /// Makes or takes the event set and the signal fd; invalid_param for a bad external set.
+  status open_wakeup();
+  /// Removes our fds from the event set, closes the signal fd and our own set.
+  void close_wakeup();
+  /// Adds `fd` to the event set with `tag` as its data (user_data in an external set).
+  bool watch(int fd, uint64_t tag);
+  /// Removes `fd` from the event set.
+  void unwatch(int fd);
+  /// Consumes the signals sent so far; true if there was one.
+  bool take_signal();
+  /// Arms every interface's event fd: ok, busy (events pending) or an error.
+  status arm_ifaces();
+  /// The source with epoll data `tag` woke the worker: it is polled at the next progress.
+  void wake_source(uint64_t tag);
+  /// True when what happened since wait() began ends it (worker_params::events).
+  bool wait_is_over();
+  /// Records that events of the wakeup_event `kinds` happened (wait() checks them).
+  void note_events(unsigned kinds) { events_seen |= kinds; }
+  /// Warns about requests the user never released (destruction).
+  void report_leaked_requests();
 
   std::vector<endpoint_impl*> ep_table;     ///< endpoints by id (low bits), or null
   std::vector<uint32_t> free_ep_slots;      ///< free indices of ep_table
@@ -169,7 +216,8 @@ public:
 
   // -- requests --------------------------------------------------------------------------------
   std::vector<request*> free_requests;      ///< the request pool
-  std::vector<std::unique_ptr<request[]>> request_chunks;
+  std::vector<std::unique_ptr<request[]>> request_chunks; ///< of request_chunk_size each
+  static constexpr size_t request_chunk_size = 64;       ///< requests the pool grows by
   /// A request of the kind `ops` describes (role `type`), from the pool; its state is set by the
   /// module (request::init).
   request* alloc_request(const request_ops& ops, const request_params& params,
@@ -294,6 +342,8 @@ public:
 
 /// True for the epoll data of the connection manager's fd in a worker's event set.
 bool is_cm_event(uint64_t tag);
+/// Name of a thread mode, for info().
+const char* mode_name(thread_mode mode);
 
 /// The worker_impl behind a public worker.
 inline worker_impl& impl(worker& w) { return static_cast<worker_impl&>(w); }

@@ -17,20 +17,71 @@ namespace comm {
 
 class context;
 
-/// Thread safety of a worker (ucs_thread_mode_t).
+/// Thread safety of a worker (ucs_thread_mode_t). In every mode worker::signal may be called
+/// from any thread at any time.
 enum class thread_mode {
-  single,  ///< one thread uses the worker
-  multi,   ///< any thread may call any function; calls are serialised by a lock
+  /// One thread uses the worker (it may be created on another, before that thread starts). No
+  /// lock is taken.
+  single,
+  /// Several threads use the worker, never two at once: the user serialises the calls (a mutex,
+  /// a hand-off) and that ordering is what makes one thread's effects visible to the next. No
+  /// lock is taken; the worker keeps no per-thread state. Callbacks run on the calling thread.
+  serialized,
+  /// Any thread may call any function at any time: each call takes the worker's lock.
+  multi,
+};
+
+// -- wakeup (worker::signal, arm, wait) -----------------------------------------------------------
+
+/// Kinds of event that end a worker::wait (ucp_wakeup_event_t), for worker_params::events. The
+/// event fd cannot be narrowed by kind (each transport has one event source for all its
+/// traffic): it may become readable for an event outside the mask, and the user who polls it
+/// calls progress() and arm() again. A signal, a connection request to a listener and an
+/// endpoint failure end a wait whatever the mask.
+enum wakeup_event : unsigned {
+  wakeup_rma = 1u << 0,       ///< a put or get of this worker completed
+  wakeup_tag_send = 1u << 2,  ///< a tagged send completed
+  /// A tagged receive completed, or a tagged message arrived that no receive was posted for.
+  wakeup_tag_recv = 1u << 3,
+  wakeup_am = 1u << 4,        ///< an active message reached its handler, or its data a receive
+  /// A send-side operation completed: any send, put, get, endpoint flush or close.
+  wakeup_tx = 1u << 10,
+  /// Something arrived for the user: a receive completed, an unexpected tagged message, an
+  /// active message.
+  wakeup_rx = 1u << 11,
+  /// Every kind (the default).
+  wakeup_all = wakeup_rma | wakeup_tag_send | wakeup_tag_recv | wakeup_am | wakeup_tx | wakeup_rx,
+};
+
+/// Flags of worker_params::flags (ucp_worker_flags_t).
+enum worker_flags : uint64_t {
+  /// No warning at destruction for requests the user never released (they are freed anyway).
+  worker_ignore_request_leak = 1u << 0,
 };
 
 /// Parameters of worker::create (ucp_worker_params_t).
 struct worker_params {
   thread_mode mode = thread_mode::single;  ///< thread safety
   std::vector<int> cpus;                   ///< cores the worker's thread runs on (pinned if set)
-  std::string name;                        ///< name shown in logs and info; default "<host>:<pid>"
+  /// Name shown in logs, info() and the worker's address. Default: "<host>:<pid>:<n>", n
+  /// counting the workers this process made, so that no two workers of a process share one.
+  std::string name;
   size_t am_alignment = 1;                 ///< alignment of AM data passed to handlers
   uint64_t client_id = 0;                  ///< sent to servers on connection
-  bool wakeup = true;                      ///< provide event_fd/arm/wait
+  bool wakeup = true;                      ///< provide event_fd/arm/wait/signal
+
+  // -- wakeup --
+  /// wakeup_event kinds that end wait(); see wakeup_event.
+  unsigned events = wakeup_all;
+  /// An epoll set of the user's (epoll_create1) that the worker adds its event sources to instead
+  /// of making its own (its interfaces, its signal, its connection manager), each with
+  /// `user_data` as the event's data.ptr, and removes them from at destruction. event_fd() is
+  /// then -1; arm(), wait() and signal() work as usual. -1: the worker's own set.
+  int event_fd = -1;
+  /// The user's pointer: worker::user_data(), and the epoll data of the worker's sources in an
+  /// external event_fd.
+  void* user_data = nullptr;
+  uint64_t flags = 0;                      ///< worker_flags
 };
 
 /// What a packed worker address says (ucp_worker_address_attr_t).
@@ -45,14 +96,22 @@ struct worker_address_attr {
 class message;
 
 /// A worker: owns one interface per enabled transport, endpoints, the tag matching queues, AM
-/// handlers and requests, and progresses them all. Not thread-safe unless thread_mode::multi.
+/// handlers and requests, and progresses them all. Not thread-safe unless thread_mode::multi
+/// (see thread_mode; signal() is safe from any thread).
 ///
 /// What peers can make a worker hold is bounded by config::limits (unexpected messages, active
 /// messages before delivery, replies a peer does not take, endpoints peers create); a peer that passes one fails the endpoint it came through with exceeds_limit.
 class worker {
 public:
-  /// Creates a worker on `ctx`, which must outlive it.
+  /// Creates a worker on `ctx`, which must outlive it. Null when `params` are invalid (the other
+  /// form says why).
   static std::unique_ptr<worker> create(context& ctx, const worker_params& params = {});
+  /// Creates a worker on `ctx`, which must outlive it, into `out`. invalid_param: event_fd is
+  /// neither -1 nor an epoll set that takes the worker's sources.
+  static status create(context& ctx, const worker_params& params, std::unique_ptr<worker>* out);
+  /// Destroys the worker. Requests the user was given and never released are freed, with one
+  /// warning on stderr naming how many of each kind (the first few workers of a process, then
+  /// every power of two), unless worker_ignore_request_leak is set.
   virtual ~worker() = default;
 
   // -- query -------------------------------------------------------------------------------------
@@ -65,6 +124,10 @@ public:
   uint64_t uid() const noexcept;
   /// Client id the worker was created with.
   uint64_t client_id() const noexcept;
+  /// worker_params::user_data.
+  void* user_data() const noexcept;
+  /// wakeup_event kinds that end wait().
+  unsigned wakeup_events() const noexcept;
   /// Largest user header of an active message.
   size_t max_am_header() const noexcept;
   /// The packed address of this worker, to give to peers (ucp_worker_get_address; the vector's
@@ -77,17 +140,30 @@ public:
 
   /// Progresses every transport and protocol; returns the number of events handled.
   unsigned progress();
-  /// File descriptor that becomes readable when progress has work after arm() returned ok.
+  /// File descriptor (an epoll set) that becomes readable when progress has work, or a signal
+  /// came, after arm() returned ok. -1 without wakeup or with an external worker_params::event_fd.
   int event_fd() const noexcept;
-  /// Arms the event fd; busy means events are pending (progress, do not sleep).
+  /// Arms the event fd. busy means events are pending or a signal came since the last arm (which
+  /// this call consumes): progress, do not sleep. unsupported without wakeup.
   status arm();
   /// Sleeps on the event fd up to `timeout_ms` (negative: no limit) unless events are pending,
-  /// then progresses once. Returns ok, or timed_out.
+  /// progressing whenever it wakes, until an event of a kind in worker_params::events happened
+  /// (any wakeup with the default wakeup_all), a signal came, or the time is up. Returns ok, or
+  /// timed_out. A signal sent before the call makes it return at once.
   status wait(int timeout_ms);
+  /// Wakes the thread blocked in wait(), or makes the event fd readable; when nobody waits, the
+  /// next wait() returns at once (signals do not accumulate: one wait consumes all before it).
+  /// Safe from any thread, in every thread mode, concurrently with any call but the destructor.
+  /// Returns ok, or unsupported without wakeup.
+  status signal();
 
   /// Completes once every operation started on every endpoint has completed.
   op flush(const request_params& params = {});
-  /// Orders operations issued after the fence after those issued before.
+  /// Orders operations (sends, puts, gets, flushes) issued on each endpoint after the fence
+  /// after those issued on it before: the later ones wait, unissued, until the earlier ones
+  /// completed (a strong fence, as UCX's strong fence mode: it costs a round trip where
+  /// something is outstanding). An endpoint with nothing outstanding is only told to order its
+  /// transport's traffic. Per operation, request_fence orders a read after earlier reads alone.
   status fence();
 
   /// Multi-line description: transports, interfaces, endpoints and their counters, and what the
