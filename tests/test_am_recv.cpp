@@ -410,11 +410,16 @@ BOOST_DATA_TEST_CASE(sender_gone_before_the_fetch, each_transport(), tl_name) {
   BOOST_REQUIRE(p.until([&] { return h.calls == 2; }));
   detail::endpoint_impl* from_a = worker_pair::receiving_ep(*p.b, p.ab);
   BOOST_REQUIRE(from_a != nullptr);
+  const uint32_t from_a_id = from_a->id;  // b frees that endpoint once its peer closed
   (void)s;
   (void)s2;
   p.a.reset();  // its sends fail with it; b learns that its peer is gone
   BOOST_REQUIRE(worker_pair::until_on(*p.b, [&] {
-    return from_a->state == detail::endpoint_impl::phase::failed;
+    for (const detail::endpoint_impl* e : detail::impl(*p.b).ep_table) {
+      if (e == nullptr || e->id != from_a_id) continue;
+      return e->state == detail::endpoint_impl::phase::failed;
+    }
+    return true;
   }));
   std::vector<uint8_t> buffer(size);
   fetch_tracker ft;
