@@ -1081,8 +1081,9 @@ void prepare(session& s, const options& o) {
   auto check = [](comm::status st) {
     if (st != comm::status::ok) fail("set_am_handler: %s", comm::to_string(st));
   };
-  check(s.w->set_am_handler(am_data_id, on_am_data, &s, comm::am_flag_whole_msg));
-  check(s.w->set_am_handler(am_ack_id, on_am_ack, &s, comm::am_flag_whole_msg));
+  const unsigned flags = comm::am_flag_whole_msg | comm::am_flag_fetch_rndv;
+  check(s.w->set_am_handler(am_data_id, on_am_data, &s, flags));
+  check(s.w->set_am_handler(am_ack_id, on_am_ack, &s, flags));
   s.send_buf.assign(o.size, 0xa5, o.memory);
   s.recv_buf.assign(o.size, 0, o.memory);
 }

@@ -197,7 +197,7 @@ void setup(node& n) {
   wp.name = std::string("pingpong-") + n.role;
   n.w = comm::worker::create(*n.ctx, wp);
   if (!n.w) fail("cannot create a worker");
-  unsigned flags = comm::am_flag_whole_msg;
+  unsigned flags = comm::am_flag_whole_msg | comm::am_flag_fetch_rndv;
   if (n.w->set_am_handler(am_request, on_am_store, &n, flags) != comm::status::ok ||
       n.w->set_am_handler(am_reply, on_am_store, &n, flags) != comm::status::ok ||
       n.w->set_am_handler(am_ping, on_am_ping, &n, flags) != comm::status::ok)

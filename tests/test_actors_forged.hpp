@@ -175,7 +175,8 @@ struct forged_peer {
 
   /// Connects; throws when the node does not accept within 5 s.
   explicit forged_peer(const std::string& address) : worker(comm::worker::create(ctx)) {
-    worker->set_am_handler(frame_am, on_forged_frame, &state, comm::am_flag_whole_msg);
+    worker->set_am_handler(frame_am, on_forged_frame, &state,
+                           comm::am_flag_whole_msg | comm::am_flag_fetch_rndv);
     comm::endpoint_params p;
     p.private_data = forged_hello();
     p.on_connect = on_forged_connect;

@@ -130,7 +130,7 @@ struct hand_made_rank {
   /// Joins rank 0 at `address` and sends it `header` and `data` as a fence message.
   void send(const std::string& address, const std::vector<uint8_t>& header,
             const std::vector<uint8_t>& data, const std::shared_future<void>& rank_zero_done) {
-    w->set_am_handler(fence_am, &on_fence, this, am_flag_whole_msg);
+    w->set_am_handler(fence_am, &on_fence, this, am_flag_whole_msg | am_flag_fetch_rndv);
     endpoint_params p;
     p.private_data = hello_bytes(1, 2);
     p.on_connect = &on_connect;

@@ -408,7 +408,7 @@ BOOST_DATA_TEST_CASE(rendezvous_am_larger_than_the_limit_is_refused, each_transp
   constexpr size_t limit = 256 << 10;
   limited_pair v(tl_name, [](config& c) { c.limits.am_rx_ep_max_bytes = limit; });
   am_log log;
-  BOOST_REQUIRE(v.p.b->set_am_handler(8, on_am, &log, 0) == status::ok);
+  BOOST_REQUIRE(v.p.b->set_am_handler(8, on_am, &log, am_flag_fetch_rndv) == status::ok);
   request_params rndv;
   rndv.flags = request_force_rndv;
   const uint8_t seed = 6;
@@ -435,7 +435,7 @@ BOOST_DATA_TEST_CASE(rendezvous_am_burst_waits_for_room, each_transport(), tl_na
     c.limits.am_rx_max_bytes = limit;
   });
   am_log log;
-  BOOST_REQUIRE(v.p.b->set_am_handler(9, on_am, &log, 0) == status::ok);
+  BOOST_REQUIRE(v.p.b->set_am_handler(9, on_am, &log, am_flag_fetch_rndv) == status::ok);
   request_params rndv;
   rndv.flags = request_force_rndv;
   std::vector<std::vector<uint8_t>> data;

@@ -241,7 +241,8 @@ int echo_child(const std::string& transport, int sock) {
   const std::string err = s.start(transport, sock, "child");
   CHILD_EXPECT(err.empty(), "%s", err.c_str());
   std::deque<owed_reply> owed;
-  CHILD_EXPECT(s.w->set_am_handler(am_ping, child_am_ping, &owed, am_flag_whole_msg) == status::ok,
+  CHILD_EXPECT(s.w->set_am_handler(am_ping, child_am_ping, &owed,
+                                   am_flag_whole_msg | am_flag_fetch_rndv) == status::ok,
               "set_am_handler");
   std::vector<uint8_t> buffer(4u << 20);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
@@ -381,7 +382,7 @@ BOOST_DATA_TEST_CASE(tag_and_am_pingpong, boost::unit_test::data::make(interproc
                       log->data.assign(static_cast<uint8_t*>(d), static_cast<uint8_t*>(d) + l);
                       return status::ok;
                     },
-                    &pongs, am_flag_whole_msg) == status::ok);
+                    &pongs, am_flag_whole_msg | am_flag_fetch_rndv) == status::ok);
   for (size_t n : pingpong_sizes()) {
     for (int round = 0; round < 3; ++round, ++seed) {
       BOOST_TEST_CONTEXT("AM size " << n << " round " << round) {

@@ -135,7 +135,8 @@ int run_server(const netns_pair& hosts, const channel& out, const channel& in,
   worker_params wp;
   wp.name = "server";
   s.w = worker::create(ctx, wp);
-  CHILD_CHECK(s.w->set_am_handler(echo_am, on_echo_am, &s, am_flag_whole_msg) == status::ok);
+  CHILD_CHECK(s.w->set_am_handler(echo_am, on_echo_am, &s,
+                                  am_flag_whole_msg | am_flag_fetch_rndv) == status::ok);
   std::vector<conn_request*> requests;
   listener_params lp;
   lp.address = host_of(hosts, f, 0, 0) + ":0";
@@ -227,7 +228,7 @@ struct host_client {
     worker_params wp;
     wp.name = "client";
     w = worker::create(ctx, wp);
-    (void)w->set_am_handler(reply_am, on_reply_am, &state, am_flag_whole_msg);
+    (void)w->set_am_handler(reply_am, on_reply_am, &state, am_flag_whole_msg | am_flag_fetch_rndv);
     endpoint_params p;
     p.on_connect = on_client_connect;
     p.connect_arg = &state;

@@ -292,7 +292,8 @@ BOOST_DATA_TEST_CASE(large_am_travels_by_rendezvous, each_transport(), transport
   const char header[] = "rendezvous-header";
   am_sink sink;
   sink.keep = true;
-  BOOST_REQUIRE(p.b->set_am_handler(12, on_am, &sink, am_flag_whole_msg) == status::ok);
+  BOOST_REQUIRE(p.b->set_am_handler(12, on_am, &sink, am_flag_whole_msg | am_flag_fetch_rndv) ==
+                status::ok);
   send_tracker st;
   op s = p.ab->am_send(12, header, sizeof(header), data.data(), size, send_params(st));
   BOOST_REQUIRE(!s.failed());

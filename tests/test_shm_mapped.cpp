@@ -298,8 +298,9 @@ BOOST_AUTO_TEST_CASE(detached_am_data_is_freed_with_mem_free_after_the_workers_a
       static_cast<kept*>(arg)->data.emplace_back(data, length);
       return status::in_progress;
     };
-    BOOST_REQUIRE(p.b->set_am_handler(7, keep, &k, am_flag_whole_msg | am_flag_persistent_data) ==
-                  status::ok);
+    BOOST_REQUIRE(p.b->set_am_handler(7, keep, &k,
+                                      am_flag_whole_msg | am_flag_persistent_data |
+                                          am_flag_fetch_rndv) == status::ok);
     const std::vector<uint8_t> one = pattern(small, 1), two = pattern(large, 2);
     BOOST_TEST(p.finish(p.ab->am_send(7, nullptr, 0, one.data(), one.size())) == status::ok);
     BOOST_TEST(p.finish(p.ab->am_send(7, nullptr, 0, two.data(), two.size())) == status::ok);
@@ -819,7 +820,8 @@ int rendezvous_child(const channel& to_parent, const channel& to_child) {
   CHILD_CHECK(s.w->connect(parent, &ep) == status::ok);
   kept_am kept;
   CHILD_CHECK(s.w->set_am_handler(am_echo, keep_am, &kept,
-                                  am_flag_whole_msg | am_flag_persistent_data) == status::ok);
+                                  am_flag_whole_msg | am_flag_persistent_data |
+                                      am_flag_fetch_rndv) == status::ok);
   std::vector<uint8_t> buffer(rndv_size);
   op r = s.w->tag_recv(buffer.data(), rndv_size, tag_data, tag_mask_full);
   CHILD_CHECK(s.w->wait(r, 30000) == status::ok);
@@ -852,7 +854,8 @@ BOOST_AUTO_TEST_CASE(rendezvous_between_processes_takes_the_mapped_path) {
     BOOST_REQUIRE(s.w->connect(theirs, &ep) == status::ok);
     kept_am echo;
     BOOST_REQUIRE(s.w->set_am_handler(am_echo, keep_am, &echo,
-                                      am_flag_whole_msg | am_flag_persistent_data) == status::ok);
+                                      am_flag_whole_msg | am_flag_persistent_data |
+                                          am_flag_fetch_rndv) == status::ok);
     auto* tagged = static_cast<uint8_t*>(mem_alloc(rndv_size));
     auto* am = static_cast<uint8_t*>(mem_alloc(rndv_size));
     fill(tagged, rndv_size, 20);

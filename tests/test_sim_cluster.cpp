@@ -204,7 +204,8 @@ struct fake_member {
   void join() {
     thread_bootstrap boot(group, 1);
     std::vector<std::vector<uint8_t>> addresses;
-    joined = w->set_am_handler(wire::am_id, on_message, this, am_flag_whole_msg) == status::ok &&
+    joined = w->set_am_handler(wire::am_id, on_message, this,
+                               am_flag_whole_msg | am_flag_fetch_rndv) == status::ok &&
              boot.allgather("comm.sim.worker", w->address(), addresses) == status::ok &&
              w->connect(addresses[0], &ep) == status::ok && boot.barrier() == status::ok;
   }

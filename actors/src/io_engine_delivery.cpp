@@ -29,7 +29,8 @@ void engine::register_am(uint64_t slot, uint16_t id, caf::actor handler, notice 
   if (fresh) {
     route.owner = this;
     route.id = id;
-    const status st = worker_->set_am_handler(id, &engine::on_am, &route, am_flag_whole_msg);
+    const status st = worker_->set_am_handler(id, &engine::on_am, &route,
+                                              am_flag_whole_msg | am_flag_fetch_rndv);
     if (st != status::ok) {
       am_routes_.erase(id);
       return report(n, st);

@@ -64,7 +64,8 @@ void node_state::start() {
   comm::worker_params wp;
   wp.name = "caf-node:" + std::to_string(::getpid());
   worker_ = comm::worker::create(*context_, wp);
-  worker_->set_am_handler(frame_am_id, &node_state::on_frame, this, comm::am_flag_whole_msg);
+  worker_->set_am_handler(frame_am_id, &node_state::on_frame, this,
+                          comm::am_flag_whole_msg | comm::am_flag_fetch_rndv);
   open_listener();
   hello_ = encode_hello(sys_, node_hello{sys_.node(), address()});
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

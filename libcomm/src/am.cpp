@@ -1,7 +1,9 @@
 // The AM module: the send entry point, delivery to the handlers, whole or per fragment, with
-// persistent data and reply endpoints, and rendezvous AMs under the AM receive limits.
+// persistent data and reply endpoints, rendezvous AMs as descriptors the receiver fetches or
+// releases, and rendezvous AMs fetched for the handler under the AM receive limits.
 #include "am.hpp"
 
+#include "iov.hpp"
 #include "protocols.hpp"
 
 #include <comm/log.hpp>
@@ -117,6 +119,30 @@ void release_recv(request* req) {
 const request_ops am_recv_ops{.name = "am_recv", .release = release_recv,
                               .events = wakeup_am | wakeup_rx};
 
+// -- worker::am_recv_data ------------------------------------------------------------------------
+
+void notify_data(request* req, status st) {
+  const auto& s = req->as<am_data_state>();
+  if (s.cb == nullptr) return;
+  const bool wrote = st == status::ok || st == status::message_truncated;
+  s.cb(req, st, wrote ? s.written : 0, req->params.user_data);
+}
+
+void release_data_fetch(request* req) {
+  module_of<rndv_protocol>(*req->owner).release_fetch(req->as<am_data_state>().fetch);
+}
+
+const request_ops am_data_ops{.name = "am_recv_data",
+                              .notify = notify_data,
+                              .release = release_data_fetch};
+
+/// Bytes the entries hold.
+size_t capacity_of(const iov_entry* entries, size_t count) {
+  size_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += entries[i].length;
+  return total;
+}
+
 }  // namespace
 
 am_protocol::am_protocol(worker_impl& owner, unsigned index) : protocol(owner, index) {
@@ -134,12 +160,13 @@ am_protocol::am_protocol(worker_impl& owner, unsigned index) : protocol(owner, i
 }
 
 am_protocol::~am_protocol() noexcept {
-  for (auto& [data, block] : persistent_) mem_free(block);  // either allocator
+  for (auto& [data, held] : persistent_) mem_free(held.block);  // either allocator
   for (const large_block& b : large_free_) mem_free(b.block);
 }
 
 status am_protocol::set_handler(uint16_t id, am_callback cb, void* arg, unsigned flags) {
-  if (flags & ~static_cast<unsigned>(am_flag_whole_msg | am_flag_persistent_data)) {
+  if (flags & ~static_cast<unsigned>(am_flag_whole_msg | am_flag_persistent_data |
+                                     am_flag_fetch_rndv)) {
     return status::invalid_param;
   }
   if (cb == nullptr) {
@@ -160,21 +187,55 @@ status am_protocol::set_handler(uint16_t id, am_callback cb, void* arg, unsigned
 }
 
 void am_protocol::release_data(void* data) {
+  auto desc = descs_.find(static_cast<am_desc*>(data));
+  if (desc != descs_.end()) return drop_desc(desc->first);
   auto it = persistent_.find(data);
   if (it == persistent_.end()) {
-    COMM_LOG(error, "worker", "am_data_release(%p): not data held by a handler", data);
+    COMM_LOG(error, "worker", "am_data_release(%p): not data or a descriptor held by a handler",
+             data);
     return;
   }
-  release_large(it->second);
+  uncount(it->second);
+  release_large(it->second.block);
   persistent_.erase(it);
 }
 
 bool am_protocol::detach_data(void* data) {
   auto it = persistent_.find(data);
   if (it == persistent_.end()) return false;
-  large_out_.erase(it->second);
+  uncount(it->second);
+  large_out_.erase(it->second.block);
   persistent_.erase(it);
   return true;
+}
+
+void am_protocol::uncount(held_data& d) {
+  if (!d.counted) return;
+  --held_;
+  held_bytes_ -= d.length;
+  d.counted = false;
+}
+
+const char* am_protocol::held_limit(size_t bytes, size_t* limit) const {
+  const peer_limits& c = w.ctx.cfg().limits;
+  if (held_ + 1 > c.am_held_max) {
+    *limit = c.am_held_max;
+    return "COMM_AM_HELD_MAX";
+  }
+  if (held_bytes_ + bytes > c.am_held_max_bytes) {
+    *limit = c.am_held_max_bytes;
+    return "COMM_AM_HELD_MAX_BYTES";
+  }
+  return nullptr;
+}
+
+void am_protocol::held_limit_hit(endpoint_impl* ep, uint16_t id, const char* variable,
+                                 size_t limit, const char* what) {
+  ++ep->counters_.errors;
+  if (!w.count_limit_error()) return;
+  COMM_LOG(warn, "limits", "%s: AM %u from %s: handlers keep %zu messages (%zu B), at %s=%zu: %s",
+           w.params.name.c_str(), id, ep->peer_name_.c_str(), held_, held_bytes_, variable, limit,
+           what);
 }
 
 // -- delivery ------------------------------------------------------------------------------------
@@ -204,7 +265,13 @@ void am_protocol::deliver(endpoint_impl* ep, uint16_t id, uint16_t wire_flags,
   }
   uint8_t* block = data_is_ours ? data : nullptr;
   const bool misaligned = reinterpret_cast<uintptr_t>(data) % w.params.am_alignment != 0;
-  if (block == nullptr && ((h.flags & am_flag_persistent_data) || misaligned)) {
+  size_t limit = 0;
+  const char* full = held_limit(length, &limit);
+  if (full != nullptr && (h.flags & am_flag_persistent_data)) {
+    held_limit_hit(ep, id, full, limit, "its data is valid during the call only");
+  }
+  const bool keepable = full == nullptr;
+  if (block == nullptr && (((h.flags & am_flag_persistent_data) && keepable) || misaligned)) {
     block = aligned_block(w.params.am_alignment, length);
     if (block == nullptr) {
       ++ep->counters_.errors;
@@ -215,17 +282,29 @@ void am_protocol::deliver(endpoint_impl* ep, uint16_t id, uint16_t wire_flags,
     if (length != 0) std::memcpy(block, data, length);
     data = block;
   }
-  if (block == nullptr) {
-    h.cb(h.arg, header, header_length, data, length, p);
+  if (block == nullptr || !keepable) {
+    if (h.cb(h.arg, header, header_length, data, length, p) == status::in_progress && !keepable) {
+      COMM_LOG(error, "am", "%s: handler of AM %u returned in_progress for data it may not keep",
+               w.params.name.c_str(), id);
+    }
+    if (block != nullptr) release_large(block);
     return;
   }
-  // Held before the call, so that the handler may detach it (worker::am_data_detach) inside.
+  // Held before the call, so that the handler may detach it (worker::am_data_detach) or receive
+  // it (worker::am_recv_data) inside.
   p.attr |= am_recv_data_persistent;
-  persistent_[data] = block;
+  persistent_[data] = held_data{block, length, false};
   status st = h.cb(h.arg, header, header_length, data, length, p);
-  if (st == status::in_progress) return;
   auto held = persistent_.find(data);
-  if (held == persistent_.end()) return;  // detached by the handler
+  if (held == persistent_.end()) return;  // detached or received by the handler
+  if (st == status::in_progress) {
+    if (!held->second.counted) {
+      held->second.counted = true;
+      ++held_;
+      held_bytes_ += length;
+    }
+    return;
+  }
   persistent_.erase(held);
   release_large(block);
 }
@@ -433,17 +512,139 @@ void am_protocol::refuse(endpoint_impl* ep, const deferred_am& am, const char* v
              w.params.name.c_str(), am.id, am.data.length, ep->peer_name_.c_str(), variable,
              limit);
   }
-  // A fetch of nothing that fails at once: the sender's request completes with EXCEEDS_LIMIT.
+  acknowledge(ep, am.data.sreq, am.data.address, status::exceeds_limit);
+}
+
+void am_protocol::acknowledge(endpoint_impl* ep, uint64_t sreq, uint64_t address, status st) {
+  // A fetch of nothing, which ends at once: the sender's request completes with `st` (ok for
+  // in_progress).
   request* req = w.alloc_request(am_recv_ops, request_params{});
   auto& s = req->init<am_recv_state>();
-  req->st = status::exceeds_limit;
-  module_of<rndv_protocol>(w).start_fetch(req, s.fetch, ep, am.data.sreq, am.data.address, 0,
-                                          nullptr, 0, fetched);
+  req->st = st;
+  module_of<rndv_protocol>(w).start_fetch(req, s.fetch, ep, sreq, address, 0, nullptr, 0,
+                                          fetched);
+}
+
+// -- rendezvous AMs as descriptors ---------------------------------------------------------------
+
+void am_protocol::offer(endpoint_impl& ep, const handler& h, deferred_am& am) {
+  size_t limit = 0;
+  if (const char* full = held_limit(0, &limit)) return refuse(&ep, am, full, limit);
+  auto owned = std::make_unique<am_desc>();
+  am_desc* d = owned.get();
+  d->ep = &ep;
+  d->data = std::move(am.data);
+  d->serial = next_serial_++;
+  const uint64_t serial = d->serial;
+  const size_t length = d->data.length;
+  descs_.emplace(d, std::move(owned));
+  am_recv_params p;
+  p.attr = am_recv_first | am_recv_rndv;
+  p.total_length = length;
+  if (am.flags & am_wire_reply_ep) {
+    p.attr |= am_recv_reply_ep;
+    p.reply_ep = &ep;
+  }
+  const status st = h.cb(h.arg, am.header.data(), am.header.size(), d, length, p);
+  auto it = descs_.find(d);
+  if (it == descs_.end() || it->second->serial != serial) return;  // used up in the call
+  if (st == status::in_progress) {
+    d->kept = true;
+    ++held_;
+    return;
+  }
+  drop_desc(d);
+}
+
+void am_protocol::drop_desc(am_desc* d) {
+  if (d->ep != nullptr && !d->cancelled) {
+    acknowledge(d->ep, d->data.sreq, d->data.address, status::in_progress);
+  }
+  free_desc(d);
+}
+
+void am_protocol::free_desc(am_desc* d) {
+  if (d->kept) --held_;
+  descs_.erase(d);
+}
+
+op am_protocol::recv_data(void* desc, const iov_entry* entries, size_t count,
+                          am_recv_data_callback cb, const request_params& params) {
+  if (count > 0 && entries == nullptr) return op{status::invalid_param, nullptr};
+  auto d = descs_.find(static_cast<am_desc*>(desc));
+  if (d != descs_.end()) return fetch_desc(d->first, entries, count, cb, params);
+  if (persistent_.count(desc) != 0) return copy_kept(desc, entries, count, cb, params);
+  COMM_LOG(error, "worker", "am_recv_data(%p): not a descriptor or data held by a handler", desc);
+  return op{status::invalid_param, nullptr};
+}
+
+op am_protocol::fetch_desc(am_desc* d, const iov_entry* entries, size_t count,
+                           am_recv_data_callback cb, const request_params& params) {
+  request* req = w.alloc_request(am_data_ops, params);
+  auto& s = req->init<am_data_state>();
+  req->set_iov(entries, count);
+  s.length = d->data.length;
+  s.written = std::min(s.length, capacity_of(entries, count));
+  // A descriptor whose sender cancelled or is gone ends here; nothing goes to the sender.
+  endpoint_impl* ep = d->cancelled ? nullptr : d->ep;
+  if (d->cancelled) {
+    req->st = status::canceled;
+  } else if (ep == nullptr) {
+    req->st = d->gone;
+  }
+  const uint64_t sreq = d->data.sreq;
+  const uint64_t address = d->data.address;
+  const std::vector<uint8_t> rkey = std::move(d->data.rkey);
+  free_desc(d);
+  // A fetch that ends at once is an immediate completion (no callback), like any other.
+  const bool report_now = !(params.flags & request_no_immediate_completion);
+  s.cb = report_now ? nullptr : cb;
+  req->user_visible = true;
+  if (ep == nullptr) {
+    w.complete(req, req->st);
+  } else {
+    module_of<rndv_protocol>(w).start_fetch(req, s.fetch, ep, sreq, address, s.written,
+                                            rkey.data(), rkey.size(), data_fetched);
+  }
+  if (report_now && req->finished) {
+    const status st = req->st;
+    w.free_request(req);
+    return op{st, nullptr};
+  }
+  req->as<am_data_state>().cb = cb;
+  return op{status::in_progress, req};
+}
+
+void am_protocol::data_fetched(request* req, status outcome) {
+  const auto& s = req->as<am_data_state>();
+  const bool truncated = outcome == status::ok && s.written < s.length;
+  req->owner->complete(req, truncated ? status::message_truncated : outcome);
+}
+
+op am_protocol::copy_kept(void* data, const iov_entry* entries, size_t count,
+                          am_recv_data_callback cb, const request_params& params) {
+  const size_t length = persistent_.find(data)->second.length;
+  const size_t written = std::min(length, capacity_of(entries, count));
+  iov_scatter(std::vector<iov_entry>(entries, entries + count), 0,
+              static_cast<const uint8_t*>(data), written);
+  release_data(data);
+  const status st = written < length ? status::message_truncated : status::ok;
+  if (!(params.flags & request_no_immediate_completion)) return op{st, nullptr};
+  request* req = w.alloc_request(am_data_ops, params);
+  auto& s = req->init<am_data_state>();
+  s.cb = cb;
+  s.length = length;
+  s.written = written;
+  req->user_visible = true;
+  w.complete(req, st);
+  return op{status::in_progress, req};
 }
 
 void am_protocol::on_announcement(endpoint_impl& ep, uint16_t id, uint16_t flags,
                                   std::vector<uint8_t> header, rndv_announcement&& a) {
   deferred_am am{std::move(a), id, flags, std::move(header), 0};
+  const handler* found = find_handler(id);
+  if (found != nullptr && !(found->flags & am_flag_fetch_rndv)) return offer(ep, *found, am);
   const peer_limits& c = w.ctx.cfg().limits;
   if (am.data.length > c.am_rx_ep_max_bytes) {
     return refuse(&ep, am, "COMM_AM_RX_EP_MAX_BYTES", c.am_rx_ep_max_bytes);
@@ -486,6 +687,9 @@ void am_protocol::progress() {
 }
 
 void am_protocol::drop_announcement(endpoint_impl& ep, uint64_t sreq) {
+  for (auto& [d, owned] : descs_) {
+    if (d->ep == &ep && d->data.sreq == sreq) d->cancelled = true;
+  }
   auto* s = find_state<am_ep_state>(ep);
   if (s == nullptr) return;
   for (auto it = s->deferred.begin(); it != s->deferred.end(); ++it) {
@@ -509,17 +713,38 @@ void am_protocol::forget_peer(endpoint_impl& ep, held_fate) {
   deferred_changed();
 }
 
-void am_protocol::endpoint_failed(endpoint_impl& ep, status) {
+void am_protocol::endpoint_failed(endpoint_impl& ep, status reason) {
   if (ep.rx.owner == this) drop_fragments(ep);
+  orphan_descs(ep, reason);
 }
 
 void am_protocol::endpoint_deleted(endpoint_impl& ep) {
   if (ep.rx.owner == this) drop_fragments(ep);
+  orphan_descs(ep, status::not_connected);
+}
+
+void am_protocol::orphan_descs(endpoint_impl& ep, status reason) {
+  for (auto& [d, owned] : descs_) {
+    if (d->ep != &ep) continue;
+    d->ep = nullptr;
+    d->gone = reason;
+  }
+}
+
+void am_protocol::teardown() {
+  if (descs_.empty() && persistent_.empty()) return;
+  COMM_LOG(warn, "am",
+           "%s: destroyed while handlers kept %zu rendezvous descriptors and %zu blocks of AM "
+           "data (%zu B) never released (am_data_release); freed",
+           w.params.name.c_str(), descs_.size(), persistent_.size(), held_bytes_);
+  descs_.clear();
 }
 
 void am_protocol::info(std::ostream& out) const {
   out << "active messages: deferred rendezvous AMs " << deferred_ << ", data held by handlers "
-      << persistent_.size() << '\n';
+      << persistent_.size() << ", rendezvous descriptors held " << descs_.size()
+      << "; kept past the call " << held_ << " of " << w.ctx.cfg().limits.am_held_max << " ("
+      << held_bytes_ << " of " << w.ctx.cfg().limits.am_held_max_bytes << " B)\n";
 }
 
 }  // namespace detail
@@ -562,6 +787,19 @@ void worker::am_data_release(void* data) {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   module_of<am_protocol>(w).release_data(data);
+}
+
+op worker::am_recv_data(void* desc, void* buffer, size_t length, am_recv_data_callback cb,
+                        const request_params& params) {
+  const iov_entry entry{buffer, length};
+  return am_recv_data_iov(desc, &entry, 1, cb, params);
+}
+
+op worker::am_recv_data_iov(void* desc, const iov_entry* entries, size_t count,
+                            am_recv_data_callback cb, const request_params& params) {
+  worker_impl& w = impl(*this);
+  worker_impl::guard g(w);
+  return module_of<am_protocol>(w).recv_data(desc, entries, count, cb, params);
 }
 
 bool worker::am_data_detach(void* data) {

@@ -1,9 +1,13 @@
 // The AM module: active messages. A send goes eager (the send engine, send.hpp, with
 // ActiveMessage / ActiveMessageFirst headers and AM fragments) or by rendezvous (rndv.hpp). A
 // message that arrives goes to the handler of its id, whole or fragment by fragment, with
-// persistent data and a reply endpoint on request; a rendezvous AM is fetched into a block of
-// ours once it fits under the AM receive limits (COMM_AM_RX_MAX_BYTES, COMM_AM_RX_EP_MAX_BYTES),
-// waiting in order per endpoint until then.
+// persistent data and a reply endpoint on request. A rendezvous AM reaches its handler as a
+// descriptor (am_recv_rndv, as UCP does): the receiver fetches it into its own buffer
+// (worker::am_recv_data) or drops it unread (worker::am_data_release, the sender completes), in
+// the handler or later. A handler installed with am_flag_fetch_rndv gets it fetched into a block
+// of ours instead, once it fits under the AM receive limits (COMM_AM_RX_MAX_BYTES,
+// COMM_AM_RX_EP_MAX_BYTES), waiting in order per endpoint until then. What handlers keep past
+// their call is bounded by COMM_AM_HELD_MAX and COMM_AM_HELD_MAX_BYTES.
 #pragma once
 
 #include "rndv.hpp"
@@ -12,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -43,6 +48,25 @@ struct am_recv_state {
   rndv_fetch fetch;          ///< the fetch
 };
 
+/// State of a worker::am_recv_data of a rendezvous AM into the user's buffer.
+struct am_data_state {
+  rndv_fetch fetch;                    ///< the fetch
+  am_recv_data_callback cb = nullptr;  ///< the user's completion
+  size_t length = 0;                   ///< bytes of the message
+  size_t written = 0;                  ///< bytes it fills in the user's buffer
+};
+
+/// A rendezvous AM given to a handler as a descriptor (am_recv_rndv): where its data is, until
+/// the receiver fetches or releases it.
+struct am_desc {
+  endpoint_impl* ep = nullptr;  ///< endpoint back to the sender; null once it failed or went away
+  status gone = status::ok;     ///< why `ep` is null
+  rndv_announcement data;       ///< where the data is
+  uint64_t serial = 0;          ///< tells descriptors at one address apart
+  bool kept = false;            ///< its handler returned in_progress (counts as held)
+  bool cancelled = false;       ///< the sender cancelled its send
+};
+
 /// A rendezvous AM waiting for room under the AM receive limits: fetched once earlier ones are
 /// delivered.
 struct deferred_am {
@@ -70,14 +94,31 @@ public:
   // -- for the public API (am.cpp) --
   /// Installs or removes the handler of `id` (worker::set_am_handler).
   status set_handler(uint16_t id, am_callback cb, void* arg, unsigned flags);
-  /// Releases data a handler kept (worker::am_data_release).
+  /// Releases data a handler kept, or drops a descriptor unread (worker::am_data_release).
   void release_data(void* data);
+  /// worker::am_recv_data_iov: receives the message of `desc` into `entries`.
+  op recv_data(void* desc, const iov_entry* entries, size_t count, am_recv_data_callback cb,
+               const request_params& params);
   /// Gives data a handler kept to the user for good (worker::am_data_detach).
   bool detach_data(void* data);
   /// Largest AM user header (worker::max_am_header).
   size_t max_header() const noexcept { return max_header_; }
-  /// Data handlers keep (am_flag_persistent_data), by data pointer: its block.
-  const std::unordered_map<void*, void*>& persistent_data() const noexcept { return persistent_; }
+  /// Data a handler kept (or is being given), with its block.
+  struct held_data {
+    void* block = nullptr;  ///< what to free
+    size_t length = 0;      ///< data bytes
+    bool counted = false;   ///< counts against COMM_AM_HELD_* (kept past the call)
+  };
+  /// Data handlers keep (am_flag_persistent_data), by data pointer.
+  const std::unordered_map<void*, held_data>& persistent_data() const noexcept {
+    return persistent_;
+  }
+  /// Rendezvous descriptors handlers were given and have not used up yet.
+  size_t descriptors() const noexcept { return descs_.size(); }
+  /// What handlers keep past their call: descriptors and data (COMM_AM_HELD_MAX).
+  size_t held() const noexcept { return held_; }
+  /// Bytes of data handlers keep past their call (COMM_AM_HELD_MAX_BYTES).
+  size_t held_bytes() const noexcept { return held_bytes_; }
   /// Rendezvous AMs waiting for room, every endpoint's.
   size_t deferred() const noexcept { return deferred_; }
 
@@ -92,6 +133,7 @@ public:
   void endpoint_failed(endpoint_impl& ep, status reason) override;
   void endpoint_deleted(endpoint_impl& ep) override;
   void progress() override;
+  void teardown() override;
   void info(std::ostream& out) const override;
 
   // Long-lived header builders (one per header type, see comm/wire/codec.hpp).
@@ -116,6 +158,34 @@ private:
   void deliver(endpoint_impl* ep, uint16_t id, uint16_t wire_flags, const uint8_t* header,
                size_t header_length, uint8_t* data, size_t length, unsigned attr, size_t offset,
                size_t total, uint64_t msg_id, bool data_is_ours);
+  /// Gives a rendezvous AM to its handler as a descriptor; releases it after the call unless the
+  /// handler used it up or kept it.
+  void offer(endpoint_impl& ep, const handler& h, deferred_am& am);
+  /// Drops descriptor `d` unread: acknowledges the sender (its request completes with ok) and
+  /// frees it.
+  void drop_desc(am_desc* d);
+  /// Frees descriptor `d` (no message).
+  void free_desc(am_desc* d);
+  /// Unties the descriptors of `ep` from it: their fetch fails with `reason`.
+  void orphan_descs(endpoint_impl& ep, status reason);
+  /// Fetches the data of descriptor `d` into a new request with `entries`, and frees `d`.
+  op fetch_desc(am_desc* d, const iov_entry* entries, size_t count, am_recv_data_callback cb,
+                const request_params& params);
+  /// Copies kept data into `entries`, releases it, and completes.
+  op copy_kept(void* data, const iov_entry* entries, size_t count, am_recv_data_callback cb,
+               const request_params& params);
+  /// Ends the fetch of worker::am_recv_data.
+  static void data_fetched(request* req, status outcome);
+  /// Acknowledges the rendezvous `sreq` of `ep` with `st` without fetching anything.
+  void acknowledge(endpoint_impl* ep, uint64_t sreq, uint64_t address, status st);
+  /// The COMM_AM_HELD_* variable that keeping `bytes` more would pass, or null; `limit` gets it.
+  const char* held_limit(size_t bytes, size_t* limit) const;
+  /// Logs (rate-limited) and counts that the limit `variable` = `limit` stopped a handler from
+  /// keeping AM `id` of `ep`.
+  void held_limit_hit(endpoint_impl* ep, uint16_t id, const char* variable, size_t limit,
+                      const char* what);
+  /// Stops counting data `d` as kept.
+  void uncount(held_data& d);
   /// Allocates the receive block of a rendezvous AM and fetches it.
   void fetch(endpoint_impl* ep, deferred_am& am);
   /// Ends the fetch of a rendezvous AM: delivers it, or drops it.
@@ -135,7 +205,11 @@ private:
   static constexpr uint16_t table_size = 256;
   handler table_[table_size];
   std::unordered_map<uint16_t, handler> handlers_;
-  std::unordered_map<void*, void*> persistent_;  ///< data given to handlers -> block
+  std::unordered_map<void*, held_data> persistent_;  ///< data given to handlers
+  std::unordered_map<am_desc*, std::unique_ptr<am_desc>> descs_;  ///< descriptors given out
+  uint64_t next_serial_ = 1;  ///< serial of the next descriptor
+  size_t held_ = 0;           ///< descriptors and data kept past the call
+  size_t held_bytes_ = 0;     ///< bytes of data kept past the call
   /// Rendezvous AM receive blocks kept for reuse. They come from comm::mem_alloc (shareable, so
   /// an echo of the block is a mapped copy for its next receiver) and go back with comm::mem_free;
   /// keeping a few here saves the shared heap's lock.

@@ -239,7 +239,7 @@ private:
       return status::no_resource;
     }
     const status st = worker_->set_am_handler(fence_am_id, &address_bootstrap::on_message, this,
-                                              am_flag_whole_msg);
+                                              am_flag_whole_msg | am_flag_fetch_rndv);
     if (st != status::ok) *why = std::string("cannot install the fence handler: ") + to_string(st);
     return st;
   }

@@ -181,10 +181,13 @@ status rndv_protocol::cancel_send(request* req, rndv_send& r, cancel_mode mode) 
 void rndv_protocol::on_ats(const uint8_t* data, size_t length) {
   auto h = wire::read_header<wire::schema::RndvAts>(data, length);
   if (!h) return w.protocol_error(nullptr, "truncated rendezvous acknowledgement");
-  if (w.receiving_ep(h->getDstEp(), "ack for unknown endpoint") == nullptr) return;
+  endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "ack for unknown endpoint");
+  if (ep == nullptr) return;
   auto it = sends_.find(h->getSreqId());
   if (it == sends_.end()) return;  // cancelled meanwhile
   rndv_send& r = *it->second;
+  // Send ids are the worker's: a peer must not complete a send to another peer.
+  if (r.req->ep != ep) return w.protocol_error(ep, "acknowledgement of another peer's send");
   request* req = r.req;
   release_send(r);
   const status st = static_cast<status>(h->getStatus());
@@ -214,6 +217,7 @@ void rndv_protocol::on_rtr(const uint8_t* data, size_t length) {
     return;
   }
   rndv_send& r = *it->second;
+  if (r.req->ep != ep) return w.protocol_error(ep, "rendezvous request for another peer's send");
   if (r.phase != rndv_phase::announced || h->getLength() > r.length) {
     return w.protocol_error(ep, "rendezvous request out of order or too long");
   }

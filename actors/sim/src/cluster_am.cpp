@@ -160,7 +160,8 @@ status am_cluster::connect(std::string* why) {
            std::to_string(worker_->max_am_header()) + " bytes) is below the simulator's";
     return status::unsupported;
   }
-  status st = worker_->set_am_handler(wire::am_id, on_message, this, am_flag_whole_msg);
+  status st = worker_->set_am_handler(wire::am_id, on_message, this,
+                                      am_flag_whole_msg | am_flag_fetch_rndv);
   if (st != status::ok) {
     *why = std::string("cannot install the simulator's message handler: ") + to_string(st);
     return st;

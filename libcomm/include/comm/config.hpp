@@ -33,6 +33,14 @@ struct peer_limits {
   /// The same, for one endpoint (COMM_AM_RX_EP_MAX_BYTES); a rendezvous AM larger than this is
   /// refused (the sender's request completes with EXCEEDS_LIMIT) and the endpoint stays up.
   size_t am_rx_ep_max_bytes = size_t{256} << 20;
+  /// Active messages a worker's handlers keep past their call (COMM_AM_HELD_MAX): rendezvous
+  /// descriptors (each keeps the sender's buffer waiting) and data kept by returning in_progress.
+  /// Beyond it a rendezvous AM is refused (the sender's request completes with EXCEEDS_LIMIT) and
+  /// eager data is passed for the call only; the endpoint stays up.
+  size_t am_held_max = 4096;
+  /// Bytes of AM data a worker's handlers keep past their call (COMM_AM_HELD_MAX_BYTES); beyond
+  /// it eager data is passed for the call only.
+  size_t am_held_max_bytes = size_t{256} << 20;
   /// Bytes of protocol replies (acknowledgements, RMA replies with their data) an endpoint may
   /// queue for a peer that does not take them (COMM_REPLY_EP_MAX_BYTES).
   size_t reply_ep_max_bytes = size_t{64} << 20;
@@ -67,8 +75,8 @@ struct config {
   std::string auth_key;
 
   // -- protocol-layer limits ---------------------------------------------------------------------
-  /// What a peer may make a worker hold (COMM_UNEXPECTED_*, COMM_AM_RX_*, COMM_REPLY_EP_MAX_BYTES,
-  /// COMM_PEER_EP_MAX).
+  /// What a peer may make a worker hold (COMM_UNEXPECTED_*, COMM_AM_RX_*, COMM_AM_HELD_*,
+  /// COMM_REPLY_EP_MAX_BYTES, COMM_PEER_EP_MAX).
   peer_limits limits;
 
   /// The defaults overridden by the COMM_ environment variables, read once here. Malformed values

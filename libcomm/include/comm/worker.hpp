@@ -228,9 +228,34 @@ public:
   // -- active messages ---------------------------------------------------------------------------
 
   /// Installs (or with a null callback removes) the handler of AM `id`; flags are
-  /// am_handler_flags.
+  /// am_handler_flags. A rendezvous AM reaches a handler as a descriptor (am_recv_rndv) unless
+  /// it was installed with am_flag_fetch_rndv.
+  ///
+  /// What handlers keep past their call (rendezvous descriptors and data kept by returning
+  /// in_progress) is bounded by peer_limits::am_held_max (how many) and am_held_max_bytes (bytes
+  /// of data). Beyond them a rendezvous AM is refused before any handler sees it (its sender's
+  /// request completes with exceeds_limit), and eager data is passed without
+  /// am_recv_data_persistent (valid only during the call); both are logged and counted.
+  /// Whatever is still kept when the worker is destroyed is reported (log level warn) and freed.
   status set_am_handler(uint16_t id, am_callback cb, void* arg, unsigned flags = 0);
-  /// Releases data a handler kept by returning in_progress.
+  /// Receives the message of `desc` into `buffer` (ucp_am_recv_data_nbx): `desc` is the `data`
+  /// a handler got with am_recv_rndv (the data is fetched from the sender), or data a handler
+  /// kept with am_recv_data_persistent (it is copied). Callable inside the handler or after it
+  /// returned in_progress. The descriptor is used up by the call, whatever its outcome, except
+  /// for invalid_param (`desc` is not a descriptor the worker holds, or was used already), which
+  /// changes nothing. Completes (through `cb` with params.user_data, or at once with no request
+  /// and no callback unless request_no_immediate_completion) with ok, message_truncated (the
+  /// first `length` bytes are written; the sender still completes with ok), or an error: the
+  /// endpoint's failure when the sender is gone (before or during the fetch), canceled when the
+  /// sender cancelled, or the transport's (a sender that announced more than it registered).
+  op am_recv_data(void* desc, void* buffer, size_t length, am_recv_data_callback cb,
+                  const request_params& params = {});
+  /// am_recv_data into `count` entries, filled in order.
+  op am_recv_data_iov(void* desc, const iov_entry* entries, size_t count,
+                      am_recv_data_callback cb, const request_params& params = {});
+  /// Releases data a handler kept by returning in_progress, or drops a rendezvous descriptor
+  /// unread (ucp_am_data_release): the sender's request completes with ok. Anything else is
+  /// logged and ignored.
   void am_data_release(void* data);
   /// Takes data a handler kept by returning in_progress away from the worker: neither
   /// am_data_release nor the worker's destruction frees it any more; comm::mem_free does, from
