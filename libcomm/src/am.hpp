@@ -85,8 +85,8 @@ public:
   /// A rendezvous AM from `ep`: fetched now, deferred until it fits, or refused when it never can.
   void on_announcement(endpoint_impl& ep, uint16_t id, uint16_t flags,
                        std::vector<uint8_t> header, rndv_announcement&& a);
-  /// Drops the deferred AM `sreq` of `ep`, if any (its sender cancelled it).
-  void drop_announcement(endpoint_impl& ep, uint64_t sreq);
+  /// Drops the deferred AM `sreq` of `ep`, if any (its sender cancelled it); true if it did.
+  bool drop_announcement(endpoint_impl& ep, uint64_t sreq);
 
   void forget_peer(endpoint_impl& ep, held_fate fate) override;
   void endpoint_failed(endpoint_impl& ep, status reason) override;

@@ -160,40 +160,58 @@ void rndv_protocol::release_send(rndv_send& r) {
 
 status rndv_protocol::cancel_send(request* req, rndv_send& r, cancel_mode mode) {
   endpoint_impl* ep = req->ep;
-  const uint64_t sreq = r.id;
-  // Deregistering first makes a fetch that races with the cancel fail instead of reading memory
-  // the caller is about to reuse.
-  release_send(r);
-  const uint32_t remote = ep->remote_id;
-  send_control<wire::schema::RndvCancel>(ep, rndv_msg::cancel, [&](auto h) {
-    h.setDstEp(remote);
-    h.setSreqId(sreq);
-  });
-  if (mode == cancel_mode::force) {
-    req->params.send_cb = nullptr;
-    req->released = true;
+  if (r.cancelled && mode == cancel_mode::report) return status::ok;  // answer awaited already
+  if (!r.cancelled) {
+    const uint64_t sreq = r.id;
+    const uint32_t remote = ep->remote_id;
+    send_control<wire::schema::RndvCancel>(ep, rndv_msg::cancel, [&](auto h) {
+      h.setDstEp(remote);
+      h.setSreqId(sreq);
+    });
+    r.cancelled = true;
   }
+  if (mode == cancel_mode::report) return status::ok;  // completes once the peer answered
+  // Forced: the caller may reuse the buffer at once. Deregistering makes a fetch that races with
+  // the cancel fail at our device instead of reading that memory; the peer's answer is ignored.
+  release_send(r);
+  req->params.send_cb = nullptr;
+  req->released = true;
   req->st = status::canceled;
   ep->complete_in_order();
   return status::ok;
 }
 
+rndv_send* rndv_protocol::answered_send(endpoint_impl* ep, uint64_t sreq) {
+  auto it = sends_.find(sreq);
+  if (it == sends_.end()) return nullptr;  // cancelled by force, or ended with its endpoint
+  if (it->second->req->ep != ep) {
+    w.protocol_error(ep, "rendezvous answer for another endpoint's send");
+    return nullptr;
+  }
+  return it->second;
+}
+
+void rndv_protocol::end_send(rndv_send& r, status st) {
+  request* req = r.req;
+  release_send(r);
+  req->st = st;
+  req->ep->complete_in_order();
+}
+
 void rndv_protocol::on_ats(const uint8_t* data, size_t length) {
   auto h = wire::read_header<wire::schema::RndvAts>(data, length);
   if (!h) return w.protocol_error(nullptr, "truncated rendezvous acknowledgement");
-  if (w.receiving_ep(h->getDstEp(), "ack for unknown endpoint") == nullptr) return;
-  auto it = sends_.find(h->getSreqId());
-  if (it == sends_.end()) return;  // cancelled meanwhile
-  rndv_send& r = *it->second;
-  request* req = r.req;
-  release_send(r);
+  endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "ack for unknown endpoint");
+  if (ep == nullptr) return;
+  rndv_send* r = answered_send(ep, h->getSreqId());
+  if (r == nullptr) return;
   const status st = static_cast<status>(h->getStatus());
+  if (r->cancelled) return end_send(*r, status::canceled);
   if (!is_error(st)) {
-    ++req->ep->counters_.messages_sent;
-    req->ep->counters_.bytes_sent += r.length;
+    ++ep->counters_.messages_sent;
+    ep->counters_.bytes_sent += r->length;
   }
-  req->st = is_error(st) ? st : status::ok;
-  req->ep->complete_in_order();
+  end_send(*r, is_error(st) ? st : status::ok);
 }
 
 void rndv_protocol::on_rtr(const uint8_t* data, size_t length) {
@@ -202,8 +220,13 @@ void rndv_protocol::on_rtr(const uint8_t* data, size_t length) {
   endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "rendezvous request for unknown endpoint");
   if (ep == nullptr) return;
   auto it = sends_.find(h->getSreqId());
-  if (it == sends_.end()) {
-    // Cancelled (or never ours): tell the receiver, which would otherwise wait for data.
+  rndv_send* found = it == sends_.end() ? nullptr : it->second;
+  if (found != nullptr && found->req->ep != ep) {
+    return w.protocol_error(ep, "rendezvous request for another endpoint's send");
+  }
+  if (found == nullptr || found->cancelled) {
+    // Cancelled (or never ours): tell the receiver, which would otherwise wait for data. A
+    // cancelled send ends here: the receiver asked instead of reading, and reads nothing now.
     const uint32_t remote = ep->remote_id;
     const uint64_t rreq = h->getRreqId();
     send_control<wire::schema::RndvRefuse>(ep, rndv_msg::refuse, [&](auto r) {
@@ -211,9 +234,10 @@ void rndv_protocol::on_rtr(const uint8_t* data, size_t length) {
       r.setRreqId(rreq);
       r.setStatus(static_cast<int16_t>(status::canceled));
     });
+    if (found != nullptr) end_send(*found, status::canceled);
     return;
   }
-  rndv_send& r = *it->second;
+  rndv_send& r = *found;
   if (r.phase != rndv_phase::announced || h->getLength() > r.length) {
     return w.protocol_error(ep, "rendezvous request out of order or too long");
   }
@@ -400,9 +424,18 @@ void rndv_protocol::on_cancel(const uint8_t* data, size_t length) {
   if (!h) return w.protocol_error(nullptr, "truncated rendezvous cancel");
   endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "rendezvous cancel for unknown endpoint");
   if (ep == nullptr) return;
-  // The announcement waits as an unexpected tagged message or as a deferred AM.
-  module_of<tag_protocol>(w).drop_announcement(*ep, h->getSreqId());
-  module_of<am_protocol>(w).drop_announcement(*ep, h->getSreqId());
+  // The announcement waits as an unexpected tagged message or as a deferred AM. Dropped, it is
+  // answered here; matched, the fetch answers (RndvAts) or the receive asked (RndvRtr).
+  const uint64_t sreq = h->getSreqId();
+  const bool dropped = module_of<tag_protocol>(w).drop_announcement(*ep, sreq) ||
+                       module_of<am_protocol>(w).drop_announcement(*ep, sreq);
+  if (!dropped) return;
+  const uint32_t remote = ep->remote_id;
+  send_control<wire::schema::RndvAts>(ep, rndv_msg::ats, [&](auto a) {
+    a.setDstEp(remote);
+    a.setSreqId(sreq);
+    a.setStatus(static_cast<int16_t>(status::canceled));
+  });
 }
 
 void rndv_protocol::on_refuse(const uint8_t* data, size_t length) {
@@ -433,6 +466,12 @@ void rndv_protocol::endpoint_failed(endpoint_impl& ep, status reason) {
     recvs_.erase(f->id);
     f->id = 0;
     f->done(f->req, reason);
+  }
+  // A send the user cancelled ends as cancelled, whatever ended the endpoint.
+  for (auto& [id, r] : sends_) {
+    if (r->req->ep == &ep && r->cancelled && r->req->st != status::in_progress) {
+      r->req->st = status::canceled;
+    }
   }
 }
 
