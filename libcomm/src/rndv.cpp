@@ -18,6 +18,11 @@ namespace {
 
 constexpr uint64_t max_rndv_message = 1ull << 40;
 
+/// A closing endpoint waits for its fetches: tell it when one ended.
+void resume_close(endpoint_impl* ep) {
+  if (ep->state == endpoint_impl::phase::closing && ep->lane) ep->complete_in_order();
+}
+
 kj::Array<capnp::word> aligned_copy(const uint8_t* data, size_t length) {
   auto words = kj::heapArray<capnp::word>((length + 7) / 8);
   std::memset(words.begin(), 0, words.size() * sizeof(capnp::word));
@@ -304,6 +309,8 @@ void rndv_protocol::start_fetch(request* req, rndv_fetch& f, endpoint_impl* ep, 
   f.take = take;
   f.comp = tl::completion{on_fetched, 1, status::ok};
   req->ep = ep;
+  // After our close notice the sender has forgotten the endpoint: nothing is fetched.
+  if (ep->close_notice_sent && req->st == status::in_progress) req->st = status::not_connected;
   if (req->st != status::in_progress || take == 0) return finish_fetch(f);
   const bool can_get = (ep->lane_attr->caps & tl::cap_get_zcopy) && rkey_length != 0 &&
                        ep->lane_iface->memory_domain() != nullptr;
@@ -332,6 +339,7 @@ void rndv_protocol::start_fetch(request* req, rndv_fetch& f, endpoint_impl* ep, 
   f.remote_valid = true;
   req->holds = true;
   req->issuing = true;
+  getting_.insert(&f);
   size_t offset = 0;
   const size_t max_get = std::max<size_t>(ep->lane_attr->max_get_zcopy, 1);
   while (offset < take) {
@@ -366,6 +374,7 @@ void rndv_protocol::release_fetch(rndv_fetch& f) {
     recvs_.erase(f.id);
     f.id = 0;
   }
+  getting_.erase(&f);
   if (f.remote_valid) {
     f.ep->lane_iface->memory_domain()->rkey_release(&f.remote);
     f.remote_valid = false;
@@ -375,6 +384,7 @@ void rndv_protocol::release_fetch(rndv_fetch& f) {
 void rndv_protocol::finish_fetch(rndv_fetch& f) {
   endpoint_impl* ep = f.ep;
   request* req = f.req;
+  getting_.erase(&f);
   if (f.remote_valid) {
     ep->lane_iface->memory_domain()->rkey_release(&f.remote);
     f.remote_valid = false;
@@ -392,6 +402,7 @@ void rndv_protocol::finish_fetch(rndv_fetch& f) {
   }
   ep->counters_.bytes_received += f.take;
   f.done(req, outcome);
+  resume_close(ep);
 }
 
 void rndv_protocol::on_data(const uint8_t* data, size_t length) {
@@ -417,6 +428,7 @@ void rndv_protocol::on_data(const uint8_t* data, size_t length) {
   // The sender completes once it pushed everything; no acknowledgement is needed.
   ep->counters_.bytes_received += f.take;
   f.done(f.req, status::ok);
+  resume_close(ep);
 }
 
 void rndv_protocol::on_cancel(const uint8_t* data, size_t length) {
@@ -452,6 +464,7 @@ void rndv_protocol::on_refuse(const uint8_t* data, size_t length) {
   f.id = 0;
   const status st = static_cast<status>(h->getStatus());
   f.done(f.req, is_error(st) ? st : status::canceled);
+  resume_close(ep);
 }
 
 // -- hooks ---------------------------------------------------------------------------------------
@@ -473,6 +486,32 @@ void rndv_protocol::endpoint_failed(endpoint_impl& ep, status reason) {
       r->req->st = status::canceled;
     }
   }
+}
+
+void rndv_protocol::endpoint_deleted(endpoint_impl& ep) {
+  // The lane went first, and with it the transport's operations: whatever still waits on the
+  // endpoint (a get whose completion the transport dropped, data the peer never pushed) ends.
+  std::vector<rndv_fetch*> orphans;
+  for (rndv_fetch* f : getting_) {
+    if (f->ep == &ep) orphans.push_back(f);
+  }
+  for (auto& [id, f] : recvs_) {
+    if (f->ep == &ep) orphans.push_back(f);
+  }
+  for (rndv_fetch* f : orphans) {
+    release_fetch(*f);
+    f->done(f->req, status::canceled);
+  }
+}
+
+bool rndv_protocol::busy_on(const endpoint_impl& ep) const {
+  for (const rndv_fetch* f : getting_) {
+    if (f->ep == &ep) return true;
+  }
+  for (const auto& [id, f] : recvs_) {
+    if (f->ep == &ep) return true;
+  }
+  return false;
 }
 
 void rndv_protocol::info(std::ostream& out) const {

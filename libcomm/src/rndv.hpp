@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace comm::detail {
@@ -127,6 +128,8 @@ public:
   const std::unordered_map<uint64_t, rndv_fetch*>& receives() const noexcept { return recvs_; }
 
   void endpoint_failed(endpoint_impl& ep, status reason) override;
+  void endpoint_deleted(endpoint_impl& ep) override;
+  bool busy_on(const endpoint_impl& ep) const override;
   void info(std::ostream& out) const override;
 
 private:
@@ -152,6 +155,7 @@ private:
 
   std::unordered_map<uint64_t, rndv_send*> sends_;  ///< sends awaiting the peer, by id
   std::unordered_map<uint64_t, rndv_fetch*> recvs_; ///< software-rendezvous receives, by id
+  std::unordered_set<rndv_fetch*> getting_;         ///< fetches with gets in flight
   uint64_t next_id_ = 1;                            ///< next id in those tables
   wire::header_writer<wire::schema::RndvData> hdr_data_; ///< header of pushed data
 };
