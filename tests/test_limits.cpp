@@ -479,7 +479,8 @@ BOOST_DATA_TEST_CASE(replies_to_a_peer_that_does_not_read, each_transport(), tl_
   for (int i = 0; i < 2000 && v.errors.calls == 0; ++i) {
     request.fields().setReqId(static_cast<uint64_t>(i) + 1);
     std::memcpy(words.data(), request.bytes(), request.size());
-    v.b().on_rma_request(reinterpret_cast<const uint8_t*>(words.data()), request.size());
+    feed(*v.p.b, proto_id::rma_request, reinterpret_cast<const uint8_t*>(words.data()),
+         request.size());
     for (int k = 0; k < 4; ++k) {
       v.p.b->progress();  // only b: a takes nothing
       BOOST_REQUIRE_LE(v.victim->control_bytes, limit);
