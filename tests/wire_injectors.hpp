@@ -112,9 +112,14 @@ public:
   explicit tcp_injector(tl::iface& target) : target_(target) {
     const std::vector<uint8_t> device = target.device_address();
     const std::vector<uint8_t> address = target.iface_address();
-    if (device.size() < 4 || address.size() < 10) throw std::runtime_error("tcp injector: address");
-    std::memcpy(&ipv4_, device.data(), 4);       // network order, first in the device address
-    std::memcpy(&port_, address.data(), 2);      // host order, first in the interface address
+    // Device address: family (4 or 6), 3 reserved bytes, 16 address bytes (IPv4: the first 4, in
+    // network order), ...; interface address: port (host order), interface id, window.
+    if (device.size() < 20 || address.size() < 10 || (device[0] != 4 && device[0] != 6)) {
+      throw std::runtime_error("tcp injector: address");
+    }
+    ipv6_ = device[0] == 6;
+    std::memcpy(ip_, device.data() + 4, 16);
+    std::memcpy(&port_, address.data(), 2);
     std::memcpy(&iface_id_, address.data() + 2, 8);
     baseline_ = open_connections();
   }
@@ -170,12 +175,23 @@ private:
   long open_connections() const { return info_number(target_, "tcp: connections "); }
 
   int connect_raw() const {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_addr.s_addr = ipv4_;
-    to.sin_port = htons(port_);
-    if (fd >= 0 && ::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) != 0) {
+    const int fd = ::socket(ipv6_ ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_storage to{};
+    socklen_t length = 0;
+    if (ipv6_) {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&to);
+      in6->sin6_family = AF_INET6;
+      std::memcpy(&in6->sin6_addr, ip_, 16);
+      in6->sin6_port = htons(port_);
+      length = sizeof(sockaddr_in6);
+    } else {
+      auto* in4 = reinterpret_cast<sockaddr_in*>(&to);
+      in4->sin_family = AF_INET;
+      std::memcpy(&in4->sin_addr, ip_, 4);
+      in4->sin_port = htons(port_);
+      length = sizeof(sockaddr_in);
+    }
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<const sockaddr*>(&to), length) != 0) {
       ::close(fd);
       return -1;
     }
@@ -191,9 +207,19 @@ private:
   std::vector<uint8_t> hello(uint64_t magic) const {
     wire::header_writer<wire::schema::TcpHello> writer;
     writer.fields().setMagic(magic);
-    writer.fields().setVersion(2);
+    writer.fields().setVersion(3);
     writer.fields().setSrcPort(1);
-    writer.fields().setSrcAddress(ipv4_);
+    if (ipv6_) {
+      uint64_t halves[2];
+      std::memcpy(halves, ip_, 16);
+      writer.fields().setSrcIpv6(true);
+      writer.fields().setSrcAddress6a(halves[0]);
+      writer.fields().setSrcAddress6b(halves[1]);
+    } else {
+      uint32_t ipv4 = 0;
+      std::memcpy(&ipv4, ip_, 4);
+      writer.fields().setSrcAddress(ipv4);
+    }
     writer.fields().setSrcIfaceId(0x1badull);
     writer.fields().setDstIfaceId(iface_id_);
     writer.fields().setWindow(64);
@@ -218,7 +244,8 @@ private:
   }
 
   tl::iface& target_;
-  uint32_t ipv4_ = 0;
+  bool ipv6_ = false;
+  uint8_t ip_[16] = {};
   uint16_t port_ = 0;
   uint64_t iface_id_ = 0;
   long baseline_ = 0;
