@@ -238,7 +238,8 @@ BOOST_DATA_TEST_CASE(a_cancelled_send_keeps_its_buffer_until_the_receiver_answer
   op s = p.ab->tag_send(8, data.data(), size, send_params(st));
   BOOST_REQUIRE(s.pending());
   tag_recv_info info;
-  BOOST_REQUIRE(worker_pair::until_on(*p.b, [&] { return p.b->tag_probe(8, tag_mask_full, &info); }));
+  BOOST_REQUIRE(
+      worker_pair::until_on(*p.b, [&] { return p.b->tag_probe(8, tag_mask_full, &info); }));
   std::vector<uint8_t> buf(size);
   recv_tracker rt;
   op r = p.b->tag_recv(buf.data(), size, 8, tag_mask_full,
