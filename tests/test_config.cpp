@@ -18,11 +18,15 @@ const char* const all_variables[] = {"COMM_TLS",          "COMM_SHORT_THRESH", "
                                      "COMM_RNDV_THRESH",  "COMM_SHM_FIFO_SIZE",
                                      "COMM_SHM_SEG_SIZE", "COMM_SHM_FIFO_SZ",
                                      "COMM_SELF_FIFO_SIZE", "COMM_TCP_WINDOW",
-                                     "COMM_TCP_DEVICE",   "COMM_NOSUCH_KNOB"};
+                                     "COMM_TCP_DEVICE",   "COMM_VERBS_CREDITS",
+                                     "COMM_NOSUCH_KNOB"};
 
-/// The variable that sizes the receive queue (or send window) of transport `name`.
-const std::map<std::string, const char*> queue_knob = {
-    {"self", "COMM_SELF_FIFO_SIZE"}, {"shm", "COMM_SHM_FIFO_SIZE"}, {"tcp", "COMM_TCP_WINDOW"}};
+/// The variable that sizes the receive queue (or send window, or the receive buffers granted to
+/// each peer) of transport `name`.
+const std::map<std::string, const char*> queue_knob = {{"self", "COMM_SELF_FIFO_SIZE"},
+                                                       {"shm", "COMM_SHM_FIFO_SIZE"},
+                                                       {"tcp", "COMM_TCP_WINDOW"},
+                                                       {"verbs", "COMM_VERBS_CREDITS"}};
 
 /// The message of the std::invalid_argument a context made with `cfg` throws; empty if none.
 std::string context_refusal(const config& cfg) {

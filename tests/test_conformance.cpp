@@ -11,6 +11,7 @@
 #include "test_util.hpp"
 #include "tl_helpers.hpp"
 #include "transport_list.hpp"
+#include "wire_injectors.hpp"
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
@@ -1312,6 +1313,90 @@ BOOST_DATA_TEST_CASE(put_and_get_outside_a_region_or_with_bad_keys_are_errors, e
 }
 
 // -- leaks -----------------------------------------------------------------------------------------
+
+// -- hostile input --------------------------------------------------------------------------------
+
+// Raw, malformed bytes on the wire to an interface, as its peer would send them (each transport's
+// injector in wire_injectors.hpp): the interface refuses each input (closes the connection it came
+// on, or skips and counts it where no connection carries it), keeps serving its good peer both
+// ways, lets go of what it held for the hostile peer, calls no error handler of anybody else, and
+// a new peer works afterwards; no descriptor is left over.
+BOOST_DATA_TEST_CASE(malformed_input_fails_only_the_peer_that_sent_it, each_transport(),
+                     transport) {
+  {
+    // A first connection before counting descriptors: rdmacm opens a device's context at its
+    // first use and keeps it for the process (librdmacm does the same).
+    auto a = open_iface(transport);
+    auto b = open_iface(transport);
+    auto ab = connect(*a, *b);
+    progress_rounds({a.get(), b.get()}, 100);
+  }
+  const size_t fds_before = comm::test::open_fds();
+  {
+    auto target = open_iface(transport);
+    auto sender = open_iface(transport);
+    recorder at_target, at_sender;
+    at_target.install(*target, 1);
+    at_sender.install(*sender, 1);
+    failure_log target_failures, sender_failures;
+    target_failures.install(*target);
+    sender_failures.install(*sender);
+    auto good = connect(*sender, *target);
+    auto back = connect(*target, *sender);
+    uint64_t sent = 0, answered = 0;
+    const auto exchange = [&]() -> bool {
+      const uint64_t ping = sent++, pong = answered++;
+      return retry_while_busy({target.get(), sender.get()}, [&] {
+               return good->am_short(1, &ping, sizeof(ping), nullptr, 0);
+             }) == status::ok &&
+             retry_while_busy({target.get(), sender.get()}, [&] {
+               return back->am_short(1, &pong, sizeof(pong), nullptr, 0);
+             }) == status::ok &&
+             progress_until({target.get(), sender.get()}, [&] {
+               return at_target.size() == sent && at_sender.size() == answered;
+             });
+    };
+    BOOST_REQUIRE(exchange());
+    std::string why;
+    tl::component& component = *comm::test::find_component(transport);
+    auto injector = comm::test::make_injector(component, *target, &why);
+    if (injector == nullptr) {
+      BOOST_TEST(transport == "self", why);  // every transport with a wire has an injector
+      BOOST_TEST_MESSAGE("no hostile input over " << transport << ": " << why);
+      return;
+    }
+    const std::vector<std::string> inputs = injector->inputs();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      BOOST_TEST_CONTEXT(inputs[i]) {
+        injector->inject(i);
+        const iface_list both = {target.get(), sender.get()};
+        BOOST_TEST(progress_until(both, [&] { return injector->refused(); }),
+                   "the target did not refuse the input");
+        BOOST_TEST(progress_until(both, [&] { return injector->held() == 0; }),
+                   "the target still holds a connection of the hostile peer");
+        BOOST_TEST(exchange(), "the good peer is no longer served");
+        BOOST_TEST(at_target.in_sequence(), "the target delivered something of the hostile peer");
+      }
+    }
+    injector.reset();
+    // A new peer is served too, and nobody else was told of a failure.
+    auto newcomer = open_iface(transport);
+    auto fresh = connect(*newcomer, *target);
+    const uint64_t hello = sent++;
+    BOOST_TEST(retry_while_busy({target.get(), newcomer.get()}, [&] {
+                 return fresh->am_short(1, &hello, sizeof(hello), nullptr, 0);
+               }) == status::ok);
+    BOOST_TEST(
+        progress_until({target.get(), newcomer.get()}, [&] { return at_target.size() == sent; }));
+    BOOST_TEST(at_target.in_sequence());
+    BOOST_TEST(target_failures.entries.empty());
+    BOOST_TEST(sender_failures.entries.empty());
+    fresh.reset();
+    good.reset();
+    back.reset();
+  }
+  BOOST_TEST(comm::test::open_fds() == fds_before);
+}
 
 BOOST_DATA_TEST_CASE(closing_everything_releases_every_descriptor, each_transport(), transport) {
   const size_t before = comm::test::open_fds();

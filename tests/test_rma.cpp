@@ -156,14 +156,26 @@ BOOST_DATA_TEST_CASE(garbage_and_stale_keys, each_transport(), transport) {
   std::vector<uint8_t> local(64);
   iov_entry e{local.data(), local.size()};
   const uint64_t address = reinterpret_cast<uintptr_t>(buffer.data());
+  error_log errors;
+  p.ab->set_error_handler(record_error, &errors);
   const status stale = p.finish(p.ab->get(&e, 1, address, key));
   BOOST_CHECK_MESSAGE(stale == status::protection_error, "stale key: " << to_string(stale));
   p.ab->rkey_destroy(key);
-  if (transport == "verbs") {
-    // A remote access error moves the queue pair to the error state, as on RDMA hardware: the
-    // connection is over, reported as such.
-    BOOST_CHECK(p.until([&] { return p.ab->state() != status::ok; }));
-    return;
+  if (remote_errors_fail_connection(transport)) {
+    // The peer's device refused the read and the connection failed with it (an RC queue pair
+    // goes to the error state): the endpoint says so, once, and a new endpoint works.
+    BOOST_CHECK(p.until([&] { return errors.calls > 0; }));
+    BOOST_CHECK_EQUAL(errors.calls, 1);
+    BOOST_CHECK(errors.reason == status::protection_error);
+    BOOST_CHECK(p.ab->state() == status::protection_error);
+    BOOST_CHECK(p.ab->close().done());
+    BOOST_REQUIRE(p.a->connect(p.b->address(), &p.ab) == status::ok);
+    BOOST_REQUIRE(p.until([&] { return worker_pair::wired(p.ab); }));
+  } else {
+    // Only the operation was refused: the endpoint keeps working.
+    p.spin(100);
+    BOOST_CHECK_EQUAL(errors.calls, 0);
+    BOOST_CHECK(p.ab->state() == status::ok);
   }
   BOOST_CHECK(tag_roundtrip(p, 64, 12, true));
 }

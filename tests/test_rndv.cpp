@@ -22,6 +22,25 @@ bool unexpected_is_rndv(worker& w, tag_t tag) {
 
 size_t rndv_thresh(worker_pair& p) { return detail::impl(*p.ab).rndv_thresh; }
 
+/// Rendezvous sends of `w` still waiting for their peer's answer.
+size_t sends_awaiting_peer(worker& w) {
+  return detail::module_of<detail::rndv_protocol>(detail::impl(w)).sends().size();
+}
+
+/// True when the lane of `ep` fetches rendezvous data with get (else the sender pushes it).
+bool fetches_by_get(endpoint* ep) {
+  return (detail::impl(*ep).lane_attr->caps & tl::cap_get_zcopy) != 0;
+}
+
+/// Feeds `w` the close notice a peer would send for `w`'s endpoint `ep_id`.
+void feed_close_notice(worker& w, uint32_t ep_id) {
+  std::vector<uint64_t> words(4, 0);
+  wire::header_writer<wire::schema::EndpointClose> close;
+  close.fields().setDstEp(ep_id);
+  std::memcpy(words.data(), close.bytes(), close.size());
+  feed(w, proto_id::ep_close, reinterpret_cast<uint8_t*>(words.data()), close.size());
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(sizes)
@@ -204,6 +223,110 @@ BOOST_DATA_TEST_CASE(cancel_after_the_receiver_matched, each_transport(), transp
   p.a->release(s.req);
   p.b->release(r.req);
   BOOST_CHECK(tag_roundtrip(p, size, 36, true));
+}
+
+BOOST_DATA_TEST_CASE(a_cancelled_send_keeps_its_buffer_until_the_receiver_answers,
+                     each_transport(), transport) {
+  // The receiver matched (and fetches, or asked for the data) before the cancel reaches it. The
+  // cancel is accepted, but the send stays open, its buffer registered, until the receiver says
+  // its fetch is over: a fetch under way completes with the data; a receiver that asked for a push
+  // is refused.
+  worker_pair p(transport);
+  const size_t size = rndv_thresh(p) * 2;
+  const auto data = pattern(size, 37);
+  send_tracker st;
+  op s = p.ab->tag_send(8, data.data(), size, send_params(st));
+  BOOST_REQUIRE(s.pending());
+  tag_recv_info info;
+  BOOST_REQUIRE(
+      worker_pair::until_on(*p.b, [&] { return p.b->tag_probe(8, tag_mask_full, &info); }));
+  std::vector<uint8_t> buf(size);
+  recv_tracker rt;
+  op r = p.b->tag_recv(buf.data(), size, 8, tag_mask_full,
+                       recv_params(rt, request_no_immediate_completion));
+  BOOST_REQUIRE(r.pending());
+  BOOST_CHECK(p.a->cancel(s.req, cancel_mode::report) == status::ok);
+  // Nothing came back from the receiver yet: the send is still open.
+  BOOST_CHECK_EQUAL(st.calls, 0);
+  BOOST_CHECK(p.a->request_status(s.req) == status::in_progress);
+  BOOST_CHECK_EQUAL(sends_awaiting_peer(*p.a), 1u);
+  BOOST_CHECK(p.a->cancel(s.req, cancel_mode::report) == status::ok);  // again: no change
+  BOOST_REQUIRE(p.until([&] { return st.calls == 1 && rt.calls == 1; }));
+  BOOST_CHECK(st.st == status::canceled);
+  BOOST_CHECK_EQUAL(sends_awaiting_peer(*p.a), 0u);
+  if (fetches_by_get(p.ab)) {
+    BOOST_CHECK_MESSAGE(rt.st == status::ok, "receive ended with " << to_string(rt.st));
+    BOOST_CHECK_EQUAL(first_mismatch(buf.data(), size, 37), -1);
+  } else {
+    BOOST_CHECK_MESSAGE(rt.st == status::canceled, "receive ended with " << to_string(rt.st));
+  }
+  p.a->release(s.req);
+  p.b->release(r.req);
+  BOOST_CHECK(p.ab->state() == status::ok);
+  BOOST_CHECK(tag_roundtrip(p, size, 38, true));
+}
+
+BOOST_DATA_TEST_CASE(a_cancelled_send_the_peer_never_answers_ends_with_its_endpoint,
+                     each_transport(), transport) {
+  // A peer that never answers (b is never progressed) holds the cancelled send open; the send
+  // ends, cancelled and released, once its endpoint fails (here the peer's close notice).
+  worker_pair p(transport);
+  const size_t size = rndv_thresh(p) * 2;
+  const auto data = pattern(size, 39);
+  send_tracker st;
+  op s = p.ab->tag_send(9, data.data(), size, send_params(st));
+  BOOST_REQUIRE(s.pending());
+  BOOST_CHECK(p.a->cancel(s.req, cancel_mode::report) == status::ok);
+  for (int i = 0; i < 2000; ++i) p.a->progress();
+  BOOST_CHECK_EQUAL(st.calls, 0);
+  BOOST_CHECK_EQUAL(sends_awaiting_peer(*p.a), 1u);
+  error_log errors;
+  p.ab->set_error_handler(record_error, &errors);
+  feed_close_notice(*p.a, detail::impl(*p.ab).id);
+  BOOST_CHECK_EQUAL(errors.calls, 1);
+  BOOST_CHECK_EQUAL(st.calls, 1);
+  BOOST_CHECK(st.st == status::canceled);
+  BOOST_CHECK_EQUAL(sends_awaiting_peer(*p.a), 0u);
+  p.a->release(s.req);
+  BOOST_CHECK(p.a->wait(p.ab->close(), 5000) == status::ok);
+  p.ab = nullptr;
+}
+
+BOOST_DATA_TEST_CASE(a_close_notice_during_a_fetch_ends_the_receive, each_transport(), transport) {
+  // A hostile sender announces, lets the receive match, and tells the receiver it closed while
+  // the fetch may be in flight. The receiving endpoint goes; the receive ends (nothing writes into
+  // its buffer afterwards, nothing is left registered or tied to the endpoint).
+  worker_pair p(transport);
+  const size_t size = rndv_thresh(p) * 4;
+  const auto data = pattern(size, 41);
+  send_tracker st;
+  op s = p.ab->tag_send(10, data.data(), size, send_params(st));
+  BOOST_REQUIRE(s.pending());
+  tag_recv_info info;
+  BOOST_REQUIRE(
+      worker_pair::until_on(*p.b, [&] { return p.b->tag_probe(10, tag_mask_full, &info); }));
+  detail::endpoint_impl* peer = worker_pair::receiving_ep(*p.b, p.ab);
+  BOOST_REQUIRE(peer != nullptr);
+  const uint32_t peer_id = peer->id;
+  auto buf = std::make_unique<std::vector<uint8_t>>(size);
+  recv_tracker rt;
+  op r = p.b->tag_recv(buf->data(), size, 10, tag_mask_full,
+                       recv_params(rt, request_no_immediate_completion));
+  BOOST_REQUIRE(r.pending());
+  feed_close_notice(*p.b, peer_id);
+  BOOST_REQUIRE(worker_pair::until_on(*p.b, [&] { return rt.calls == 1; }));
+  BOOST_TEST_MESSAGE(transport << ": the receive ended with " << to_string(rt.st));
+  if (rt.st == status::ok) BOOST_CHECK_EQUAL(first_mismatch(buf->data(), size, 41), -1);
+  p.b->release(r.req);
+  buf.reset();  // a write into it from here on is a use after free (sanitizer builds)
+  p.b->progress();
+  BOOST_CHECK(detail::impl(*p.b).find_ep(peer_id) == nullptr);
+  BOOST_CHECK(detail::module_of<detail::rndv_protocol>(detail::impl(*p.b)).receives().empty());
+  // The sender never hears from the receive: its send ends when its own endpoint goes.
+  p.spin(100);
+  if (st.calls == 0) BOOST_CHECK(p.a->cancel(s.req, cancel_mode::force) == status::ok);
+  else p.a->release(s.req);
+  BOOST_CHECK_EQUAL(sends_awaiting_peer(*p.a), 0u);
 }
 
 BOOST_DATA_TEST_CASE(forced_cancel_calls_no_callback, each_transport(), transport) {

@@ -373,6 +373,77 @@ BOOST_AUTO_TEST_CASE(a_reply_endpoint_shares_the_connection_both_ways) {
   ba.reset();
 }
 
+BOOST_AUTO_TEST_CASE(the_opener_leaving_a_shared_connection_leaves_it_to_the_peer) {
+  two_sides s;
+  auto& a = static_cast<verbs::verbs_iface&>(*s.a);
+  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "ping", 4) == status::ok);
+  BOOST_REQUIRE(s.deliver_to_b(1));
+  auto ba = s.connect(*s.b, *s.a);
+  BOOST_REQUIRE(conn_of(*ba).passive());
+  // a's endpoint, which opened the connection, goes: b's endpoint on it is told nothing bad and
+  // keeps sending, well past its credits (a, with no endpoint on it, grants them back).
+  s.ab.reset();
+  BOOST_REQUIRE(
+      progress_until({s.a.get(), s.b.get()}, [&] { return conn_of(*ba).peer_released(); }));
+  const unsigned total = 4 * small_config().credits;
+  for (unsigned i = 0; i < total; ++i) {
+    BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] {
+      return ba->am_short(3, nullptr, 0, &i, sizeof(i)) == status::ok;
+    }));
+  }
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                               [&] { return s.at_a.messages.size() == total; }));
+  BOOST_TEST(s.failures_b.entries.empty(), "b's endpoint did not fail");
+  // a does not claim the connection again: a new endpoint of a opens its own.
+  auto ab2 = s.connect(*s.a, *s.b);
+  BOOST_TEST(!conn_of(*ab2).passive());
+  // b's endpoint leaves too: the connection closes on both sides, and nobody is told of a failure.
+  ba.reset();
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                               [&] { return a.connections() == 1 && b.connections() == 1; }));
+  BOOST_TEST(s.failures_a.entries.empty());
+  BOOST_TEST(s.failures_b.entries.empty());
+  ab2.reset();
+}
+
+BOOST_AUTO_TEST_CASE(claiming_a_connection_whose_opener_is_leaving_is_safe) {
+  two_sides s;
+  auto c = s.open("testdev0:1");
+  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
+  auto& cv = static_cast<verbs::verbs_iface&>(*c);
+  recorder at_c;
+  at_c.install(*c, 3);
+  failure_log failures_c;
+  failures_c.install(*c);
+  auto cb = s.connect(*c, *s.b);
+  const size_t before = b.connections();
+  // c's endpoint leaves; its release message is on its way while b, not having read it, creates
+  // an endpoint towards c and claims that very connection.
+  cb.reset();
+  c->progress();
+  std::unique_ptr<tl::ep> bc;
+  BOOST_REQUIRE(s.b->create_ep(c->device_address(), c->iface_address(), bc) == status::ok);
+  BOOST_REQUIRE(conn_of(*bc).passive());
+  BOOST_TEST(b.connections() == before, "b claimed the connection c opened");
+  // The release reaches b, which keeps the connection for its endpoint: it works.
+  for (unsigned i = 0; i < 3; ++i) {
+    BOOST_REQUIRE(progress_until({s.b.get(), c.get()}, [&] {
+      return bc->am_short(3, nullptr, 0, &i, sizeof(i)) == status::ok;
+    }));
+  }
+  BOOST_REQUIRE(progress_until({s.b.get(), c.get()}, [&] { return at_c.messages.size() == 3; }));
+  BOOST_TEST(conn_of(*bc).peer_released());
+  BOOST_TEST(s.failures_b.entries.empty(), "b's endpoint did not fail");
+  // b's endpoint leaves: now nobody uses the connection, and it closes on both sides.
+  bc.reset();
+  BOOST_REQUIRE(progress_until({s.b.get(), c.get()}, [&] {
+    return cv.connections() == 0 && b.connections() == before - 1;
+  }));
+  BOOST_TEST(failures_c.entries.empty());
+  c.reset();
+}
+
 // -- credits and the pending queue ----------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(a_burst_stops_at_the_credits_granted_and_resumes_on_grants) {

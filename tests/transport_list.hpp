@@ -108,12 +108,33 @@ inline std::set<std::string>& device_ack_marks() {
 /// Marks `name` as a transport whose zcopy sends, puts and flushes complete once the peer's
 /// device holds the data, without the peer calling progress() (RDMA's hardware acknowledgement;
 /// UCT's zcopy completion allows both). Unmarked transports are held to more: their completions
-/// wait for the peer's progress().
+/// wait for the peer's progress(). A marked transport may also need its device's acknowledgement
+/// of sends that went out unsignaled before it can say an endpoint is flushed, so a flush of an
+/// endpoint the user thinks idle may be in progress (the sender alone then finishes it).
 inline void mark_acknowledged_by_device(const std::string& name) { device_ack_marks().insert(name); }
 
 /// True when `name` was marked with mark_acknowledged_by_device().
 inline bool acknowledged_by_device(const std::string& name) {
   return device_ack_marks().count(name) != 0;
+}
+
+/// Transports marked with mark_remote_errors_fail_connection().
+inline std::set<std::string>& remote_error_marks() {
+  static std::set<std::string> marks;
+  return marks;
+}
+
+/// Marks `name` as a transport on which the peer's device refuses an RMA with a bad or stale key
+/// (a remote access error) and the connection fails with it, as an RC queue pair goes to the
+/// error state: the endpoint reports the error to its handler and a new endpoint is needed.
+/// Unmarked transports refuse only the operation and keep the endpoint.
+inline void mark_remote_errors_fail_connection(const std::string& name) {
+  remote_error_marks().insert(name);
+}
+
+/// True when `name` was marked with mark_remote_errors_fail_connection().
+inline bool remote_errors_fail_connection(const std::string& name) {
+  return remote_error_marks().count(name) != 0;
 }
 
 /// Why `name` cannot carry traffic between processes, or empty when it can: a test-only device

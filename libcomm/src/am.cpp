@@ -686,20 +686,27 @@ void am_protocol::progress() {
   deferred_changed();
 }
 
-void am_protocol::drop_announcement(endpoint_impl& ep, uint64_t sreq) {
+bool am_protocol::drop_announcement(endpoint_impl& ep, uint64_t sreq) {
+  // A descriptor a handler holds is answered now (the caller sends the cancel's answer); its
+  // later fetch fails with CANCELED and sends nothing more.
+  bool held = false;
   for (auto& [d, owned] : descs_) {
-    if (d->ep == &ep && d->data.sreq == sreq) d->cancelled = true;
+    if (d->ep != &ep || d->data.sreq != sreq) continue;
+    d->cancelled = true;
+    held = true;
   }
+  if (held) return true;
   auto* s = find_state<am_ep_state>(ep);
-  if (s == nullptr) return;
+  if (s == nullptr) return false;
   for (auto it = s->deferred.begin(); it != s->deferred.end(); ++it) {
     if (it->data.sreq != sreq) continue;
     w.uncharge_unexpected(&ep, it->charged, 1);
     s->deferred.erase(it);
     --deferred_;
     deferred_changed();
-    return;
+    return true;
   }
+  return false;
 }
 
 // -- hooks ---------------------------------------------------------------------------------------

@@ -126,8 +126,9 @@ public:
   /// A rendezvous AM from `ep`: fetched now, deferred until it fits, or refused when it never can.
   void on_announcement(endpoint_impl& ep, uint16_t id, uint16_t flags,
                        std::vector<uint8_t> header, rndv_announcement&& a);
-  /// Drops the deferred AM `sreq` of `ep`, if any (its sender cancelled it).
-  void drop_announcement(endpoint_impl& ep, uint64_t sreq);
+  /// Drops the deferred AM `sreq` of `ep`, or marks the descriptor a handler holds for it as
+  /// cancelled (its sender cancelled it); true if it did either (the caller answers the sender).
+  bool drop_announcement(endpoint_impl& ep, uint64_t sreq);
 
   void forget_peer(endpoint_impl& ep, held_fate fate) override;
   void endpoint_failed(endpoint_impl& ep, status reason) override;

@@ -130,9 +130,17 @@ void endpoint_impl::remove_outstanding(request* req) {
 void endpoint_impl::complete_in_order() {
   while (outstanding_head != nullptr && outstanding_head->st != status::in_progress) {
     request* req = outstanding_head;
+    if (req->type == request::role::close && req->st == status::ok && !req->has_started &&
+        state == phase::closing && lane) {
+      // Everything before the close completed and the transport flushed it; once no module has
+      // an operation in flight here either, the peer may forget the endpoint.
+      if (!modules_busy()) send_close_notice_of(req);
+      return;
+    }
     outstanding_head = req->next_outstanding;
     if (outstanding_head == nullptr) outstanding_tail = nullptr;
-    const bool closing = req->type == request::role::close && req->st == status::ok;
+    // A close releases the endpoint whatever its outcome: the user is done with it.
+    const bool closing = req->type == request::role::close;
     owner.complete(req, req->st);
     if (closing) {
       if (lane) owner.destroy_ep(this);  // (no lane: we are being destroyed already)
@@ -140,6 +148,21 @@ void endpoint_impl::complete_in_order() {
     }
   }
   if (fence_req != nullptr && outstanding_head == fence_req) pass_fence();
+}
+
+bool endpoint_impl::modules_busy() const {
+  for (size_t i = 0; i < owner.protocol_count; ++i) {
+    if (owner.protocols[i]->busy_on(*this)) return true;
+  }
+  return false;
+}
+
+void endpoint_impl::send_close_notice_of(request* close) {
+  close->has_started = true;
+  close->st = status::in_progress;
+  // Behind the control messages queued before it (acknowledgements the peer waits for).
+  push_pending(close);
+  if (!tl_pending_queued && !dispatch_pending()) wait_for_resources();
 }
 
 bool endpoint_impl::dispatch_pending() {
@@ -194,10 +217,14 @@ void endpoint_impl::fail(status reason) {
     tl_pending_queued = false;
   }
   drop_fence();  // what it held completes with `reason` from the completion queue, below
+  // A close of ours that crossed the peer's ends well: both sides closed.
+  const status close_outcome = peer_closed_too ? status::ok : reason;
   for (request* req = pending_head, *next; req != nullptr; req = next) {
     next = req->next_pending;
     if (req->type == request::role::control) {
       drop_control(req);
+    } else if (req->type == request::role::close && req->tl_in_flight == 0) {
+      req->st = close_outcome;
     } else if (req->tl_completion.count > 0) {
       // A zcopy stopped part-way: drop the guard its first fragment took, so it completes with
       // `reason` once the fragments in flight are over (ordered completion runs below).
@@ -210,7 +237,12 @@ void endpoint_impl::fail(status reason) {
   }
   pending_head = pending_tail = nullptr;
   for (request* req = outstanding_head; req != nullptr; req = req->next_outstanding) {
-    if (req->st == status::in_progress && req->tl_in_flight == 0) req->st = reason;
+    if (req->tl_in_flight != 0) continue;
+    if (req->type == request::role::close) {
+      req->st = close_outcome;
+    } else if (req->st == status::in_progress) {
+      req->st = reason;
+    }
   }
   // What the peer sent first (nothing is completed), then what waits for it (receives complete).
   owner.forget_peer(*this, held_fate::keep);
@@ -222,6 +254,11 @@ void endpoint_impl::fail(status reason) {
   complete_in_order();
   owner.note_events(~0u);  // a failure ends any wait
   if (error_cb != nullptr) error_cb(error_arg, this, reason);
+}
+
+void endpoint_impl::peer_closed() {
+  if (state == phase::closing) peer_closed_too = true;
+  fail(status::not_connected);
 }
 
 void endpoint_impl::resume_pending() {

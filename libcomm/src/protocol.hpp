@@ -120,8 +120,13 @@ public:
   /// `ep` failed with `reason` (after every module's forget_peer; its queued sends are the
   /// endpoint's): completes or drops what waits for its peer, such as receives of its data.
   virtual void endpoint_failed(endpoint_impl& ep, status reason) {}
-  /// `ep` is being deleted: frees what the module still keeps for it.
+  /// `ep` is being deleted (its lane is gone: the transport writes nothing more for it): frees
+  /// what the module still keeps for it and ends what still waits on it.
   virtual void endpoint_deleted(endpoint_impl& ep) {}
+  /// True while the module has an operation on `ep` that the transport or the peer still writes
+  /// into our memory for (a rendezvous fetch): a closing endpoint waits for it before it tells the
+  /// peer, and calls endpoint_impl::complete_in_order once it ended.
+  virtual bool busy_on(const endpoint_impl& ep) const { return false; }
   /// Worker teardown, once every endpoint failed and before they are deleted: cancels what the
   /// user posted and frees what arrived.
   virtual void teardown() {}

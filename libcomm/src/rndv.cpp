@@ -18,6 +18,11 @@ namespace {
 
 constexpr uint64_t max_rndv_message = 1ull << 40;
 
+/// A closing endpoint waits for its fetches: tell it when one ended.
+void resume_close(endpoint_impl* ep) {
+  if (ep->state == endpoint_impl::phase::closing && ep->lane) ep->complete_in_order();
+}
+
 kj::Array<capnp::word> aligned_copy(const uint8_t* data, size_t length) {
   auto words = kj::heapArray<capnp::word>((length + 7) / 8);
   std::memset(words.begin(), 0, words.size() * sizeof(capnp::word));
@@ -160,22 +165,42 @@ void rndv_protocol::release_send(rndv_send& r) {
 
 status rndv_protocol::cancel_send(request* req, rndv_send& r, cancel_mode mode) {
   endpoint_impl* ep = req->ep;
-  const uint64_t sreq = r.id;
-  // Deregistering first makes a fetch that races with the cancel fail instead of reading memory
-  // the caller is about to reuse.
-  release_send(r);
-  const uint32_t remote = ep->remote_id;
-  send_control<wire::schema::RndvCancel>(ep, rndv_msg::cancel, [&](auto h) {
-    h.setDstEp(remote);
-    h.setSreqId(sreq);
-  });
-  if (mode == cancel_mode::force) {
-    req->params.send_cb = nullptr;
-    req->released = true;
+  if (r.cancelled && mode == cancel_mode::report) return status::ok;  // answer awaited already
+  if (!r.cancelled) {
+    const uint64_t sreq = r.id;
+    const uint32_t remote = ep->remote_id;
+    send_control<wire::schema::RndvCancel>(ep, rndv_msg::cancel, [&](auto h) {
+      h.setDstEp(remote);
+      h.setSreqId(sreq);
+    });
+    r.cancelled = true;
   }
+  if (mode == cancel_mode::report) return status::ok;  // completes once the peer answered
+  // Forced: the caller may reuse the buffer at once. Deregistering makes a fetch that races with
+  // the cancel fail at our device instead of reading that memory; the peer's answer is ignored.
+  release_send(r);
+  req->params.send_cb = nullptr;
+  req->released = true;
   req->st = status::canceled;
   ep->complete_in_order();
   return status::ok;
+}
+
+rndv_send* rndv_protocol::answered_send(endpoint_impl* ep, uint64_t sreq) {
+  auto it = sends_.find(sreq);
+  if (it == sends_.end()) return nullptr;  // cancelled by force, or ended with its endpoint
+  if (it->second->req->ep != ep) {
+    w.protocol_error(ep, "rendezvous answer for another endpoint's send");
+    return nullptr;
+  }
+  return it->second;
+}
+
+void rndv_protocol::end_send(rndv_send& r, status st) {
+  request* req = r.req;
+  release_send(r);
+  req->st = st;
+  req->ep->complete_in_order();
 }
 
 void rndv_protocol::on_ats(const uint8_t* data, size_t length) {
@@ -183,20 +208,15 @@ void rndv_protocol::on_ats(const uint8_t* data, size_t length) {
   if (!h) return w.protocol_error(nullptr, "truncated rendezvous acknowledgement");
   endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "ack for unknown endpoint");
   if (ep == nullptr) return;
-  auto it = sends_.find(h->getSreqId());
-  if (it == sends_.end()) return;  // cancelled meanwhile
-  rndv_send& r = *it->second;
-  // Send ids are the worker's: a peer must not complete a send to another peer.
-  if (r.req->ep != ep) return w.protocol_error(ep, "acknowledgement of another peer's send");
-  request* req = r.req;
-  release_send(r);
+  rndv_send* r = answered_send(ep, h->getSreqId());
+  if (r == nullptr) return;
   const status st = static_cast<status>(h->getStatus());
+  if (r->cancelled) return end_send(*r, status::canceled);
   if (!is_error(st)) {
-    ++req->ep->counters_.messages_sent;
-    req->ep->counters_.bytes_sent += r.length;
+    ++ep->counters_.messages_sent;
+    ep->counters_.bytes_sent += r->length;
   }
-  req->st = is_error(st) ? st : status::ok;
-  req->ep->complete_in_order();
+  end_send(*r, is_error(st) ? st : status::ok);
 }
 
 void rndv_protocol::on_rtr(const uint8_t* data, size_t length) {
@@ -205,8 +225,13 @@ void rndv_protocol::on_rtr(const uint8_t* data, size_t length) {
   endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "rendezvous request for unknown endpoint");
   if (ep == nullptr) return;
   auto it = sends_.find(h->getSreqId());
-  if (it == sends_.end()) {
-    // Cancelled (or never ours): tell the receiver, which would otherwise wait for data.
+  rndv_send* found = it == sends_.end() ? nullptr : it->second;
+  if (found != nullptr && found->req->ep != ep) {
+    return w.protocol_error(ep, "rendezvous request for another endpoint's send");
+  }
+  if (found == nullptr || found->cancelled) {
+    // Cancelled (or never ours): tell the receiver, which would otherwise wait for data. A
+    // cancelled send ends here: the receiver asked instead of reading, and reads nothing now.
     const uint32_t remote = ep->remote_id;
     const uint64_t rreq = h->getRreqId();
     send_control<wire::schema::RndvRefuse>(ep, rndv_msg::refuse, [&](auto r) {
@@ -214,10 +239,10 @@ void rndv_protocol::on_rtr(const uint8_t* data, size_t length) {
       r.setRreqId(rreq);
       r.setStatus(static_cast<int16_t>(status::canceled));
     });
+    if (found != nullptr) end_send(*found, status::canceled);
     return;
   }
-  rndv_send& r = *it->second;
-  if (r.req->ep != ep) return w.protocol_error(ep, "rendezvous request for another peer's send");
+  rndv_send& r = *found;
   if (r.phase != rndv_phase::announced || h->getLength() > r.length) {
     return w.protocol_error(ep, "rendezvous request out of order or too long");
   }
@@ -284,6 +309,8 @@ void rndv_protocol::start_fetch(request* req, rndv_fetch& f, endpoint_impl* ep, 
   f.take = take;
   f.comp = tl::completion{on_fetched, 1, status::ok};
   req->ep = ep;
+  // After our close notice the sender has forgotten the endpoint: nothing is fetched.
+  if (ep->close_notice_sent && req->st == status::in_progress) req->st = status::not_connected;
   if (req->st != status::in_progress || take == 0) return finish_fetch(f);
   const bool can_get = (ep->lane_attr->caps & tl::cap_get_zcopy) && rkey_length != 0 &&
                        ep->lane_iface->memory_domain() != nullptr;
@@ -312,6 +339,7 @@ void rndv_protocol::start_fetch(request* req, rndv_fetch& f, endpoint_impl* ep, 
   f.remote_valid = true;
   req->holds = true;
   req->issuing = true;
+  getting_.insert(&f);
   size_t offset = 0;
   const size_t max_get = std::max<size_t>(ep->lane_attr->max_get_zcopy, 1);
   while (offset < take) {
@@ -346,6 +374,7 @@ void rndv_protocol::release_fetch(rndv_fetch& f) {
     recvs_.erase(f.id);
     f.id = 0;
   }
+  getting_.erase(&f);
   if (f.remote_valid) {
     f.ep->lane_iface->memory_domain()->rkey_release(&f.remote);
     f.remote_valid = false;
@@ -355,6 +384,7 @@ void rndv_protocol::release_fetch(rndv_fetch& f) {
 void rndv_protocol::finish_fetch(rndv_fetch& f) {
   endpoint_impl* ep = f.ep;
   request* req = f.req;
+  getting_.erase(&f);
   if (f.remote_valid) {
     ep->lane_iface->memory_domain()->rkey_release(&f.remote);
     f.remote_valid = false;
@@ -372,6 +402,7 @@ void rndv_protocol::finish_fetch(rndv_fetch& f) {
   }
   ep->counters_.bytes_received += f.take;
   f.done(req, outcome);
+  resume_close(ep);
 }
 
 void rndv_protocol::on_data(const uint8_t* data, size_t length) {
@@ -397,6 +428,7 @@ void rndv_protocol::on_data(const uint8_t* data, size_t length) {
   // The sender completes once it pushed everything; no acknowledgement is needed.
   ep->counters_.bytes_received += f.take;
   f.done(f.req, status::ok);
+  resume_close(ep);
 }
 
 void rndv_protocol::on_cancel(const uint8_t* data, size_t length) {
@@ -404,9 +436,18 @@ void rndv_protocol::on_cancel(const uint8_t* data, size_t length) {
   if (!h) return w.protocol_error(nullptr, "truncated rendezvous cancel");
   endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "rendezvous cancel for unknown endpoint");
   if (ep == nullptr) return;
-  // The announcement waits as an unexpected tagged message or as a deferred AM.
-  module_of<tag_protocol>(w).drop_announcement(*ep, h->getSreqId());
-  module_of<am_protocol>(w).drop_announcement(*ep, h->getSreqId());
+  // The announcement waits as an unexpected tagged message or as a deferred AM. Dropped, it is
+  // answered here; matched, the fetch answers (RndvAts) or the receive asked (RndvRtr).
+  const uint64_t sreq = h->getSreqId();
+  const bool dropped = module_of<tag_protocol>(w).drop_announcement(*ep, sreq) ||
+                       module_of<am_protocol>(w).drop_announcement(*ep, sreq);
+  if (!dropped) return;
+  const uint32_t remote = ep->remote_id;
+  send_control<wire::schema::RndvAts>(ep, rndv_msg::ats, [&](auto a) {
+    a.setDstEp(remote);
+    a.setSreqId(sreq);
+    a.setStatus(static_cast<int16_t>(status::canceled));
+  });
 }
 
 void rndv_protocol::on_refuse(const uint8_t* data, size_t length) {
@@ -423,6 +464,7 @@ void rndv_protocol::on_refuse(const uint8_t* data, size_t length) {
   f.id = 0;
   const status st = static_cast<status>(h->getStatus());
   f.done(f.req, is_error(st) ? st : status::canceled);
+  resume_close(ep);
 }
 
 // -- hooks ---------------------------------------------------------------------------------------
@@ -438,6 +480,38 @@ void rndv_protocol::endpoint_failed(endpoint_impl& ep, status reason) {
     f->id = 0;
     f->done(f->req, reason);
   }
+  // A send the user cancelled ends as cancelled, whatever ended the endpoint.
+  for (auto& [id, r] : sends_) {
+    if (r->req->ep == &ep && r->cancelled && r->req->st != status::in_progress) {
+      r->req->st = status::canceled;
+    }
+  }
+}
+
+void rndv_protocol::endpoint_deleted(endpoint_impl& ep) {
+  // The lane went first, and with it the transport's operations: whatever still waits on the
+  // endpoint (a get whose completion the transport dropped, data the peer never pushed) ends.
+  std::vector<rndv_fetch*> orphans;
+  for (rndv_fetch* f : getting_) {
+    if (f->ep == &ep) orphans.push_back(f);
+  }
+  for (auto& [id, f] : recvs_) {
+    if (f->ep == &ep) orphans.push_back(f);
+  }
+  for (rndv_fetch* f : orphans) {
+    release_fetch(*f);
+    f->done(f->req, status::canceled);
+  }
+}
+
+bool rndv_protocol::busy_on(const endpoint_impl& ep) const {
+  for (const rndv_fetch* f : getting_) {
+    if (f->ep == &ep) return true;
+  }
+  for (const auto& [id, f] : recvs_) {
+    if (f->ep == &ep) return true;
+  }
+  return false;
 }
 
 void rndv_protocol::info(std::ostream& out) const {

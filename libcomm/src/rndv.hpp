@@ -11,6 +11,15 @@
 //
 // The tag and AM modules own the requests: a send keeps an rndv_send in its state, a receive an
 // rndv_fetch, and this module keeps tables of both by id.
+//
+// Every announcement gets exactly one answer that ends the sender's part: RndvAts (the receiver's
+// fetch ended, or it dropped the announcement on RndvCancel), RndvRtr (the sender then pushes, or
+// refuses a cancelled send), or the endpoint's failure or deletion. Until then the sender keeps
+// the buffer registered and the request open, even once cancelled, so a receiver that matched
+// never reads a withdrawn buffer. A peer that never answers holds a send (the user's own request,
+// one registration) until the endpoint fails or is closed by the peer or the worker goes; a
+// forced cancel, whose caller may reuse the buffer at once, withdraws the registration at once
+// (a fetch racing with it fails at the sender's device instead of reading that memory).
 #pragma once
 
 #include "worker_impl.hpp"
@@ -18,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace comm::detail {
@@ -39,6 +49,7 @@ enum class rndv_phase : uint8_t { none, announced, pushing };
 struct rndv_send {
   request* req = nullptr;          ///< the send
   rndv_phase phase = rndv_phase::none; ///< where it stands
+  bool cancelled = false;          ///< cancelled (report): completes with canceled when answered
   uint64_t id = 0;                 ///< our id in the send table, sent as sreq (0: not in it)
   uint64_t peer_id = 0;            ///< the receiver's request id (software rendezvous)
   size_t length = 0;               ///< data bytes
@@ -96,7 +107,9 @@ public:
   status send(request* req, rndv_send& r, size_t length, const rts_fields& fields);
   /// Releases what a rendezvous send holds (table entry, registration); idempotent.
   void release_send(rndv_send& r);
-  /// Cancels an announced send: the peer drops the announcement if it is still unmatched.
+  /// Cancels an announced send: the peer drops the announcement if it is still unmatched. Reported,
+  /// the send completes with canceled once the peer answered (its fetch is over) or the endpoint
+  /// failed; forced, it withdraws the buffer and is released at once.
   status cancel_send(request* req, rndv_send& r, cancel_mode mode);
 
   // -- receiver --
@@ -115,6 +128,8 @@ public:
   const std::unordered_map<uint64_t, rndv_fetch*>& receives() const noexcept { return recvs_; }
 
   void endpoint_failed(endpoint_impl& ep, status reason) override;
+  void endpoint_deleted(endpoint_impl& ep) override;
+  bool busy_on(const endpoint_impl& ep) const override;
   void info(std::ostream& out) const override;
 
 private:
@@ -132,9 +147,15 @@ private:
   static void on_fetched(tl::completion* comp);
   /// Ends a fetch: releases the key, acknowledges the sender, tells the receiving module.
   void finish_fetch(rndv_fetch& f);
+  /// The send `sreq` that peer `ep` answers for, or null (logged as a protocol error when it is
+  /// another endpoint's).
+  rndv_send* answered_send(endpoint_impl* ep, uint64_t sreq);
+  /// Ends a send the peer answered with `st`: releases it and completes it in order.
+  void end_send(rndv_send& r, status st);
 
   std::unordered_map<uint64_t, rndv_send*> sends_;  ///< sends awaiting the peer, by id
   std::unordered_map<uint64_t, rndv_fetch*> recvs_; ///< software-rendezvous receives, by id
+  std::unordered_set<rndv_fetch*> getting_;         ///< fetches with gets in flight
   uint64_t next_id_ = 1;                            ///< next id in those tables
   wire::header_writer<wire::schema::RndvData> hdr_data_; ///< header of pushed data
 };

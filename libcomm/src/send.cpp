@@ -199,12 +199,15 @@ status send_flush(request* req) {
   return st;
 }
 
-/// Sends the close notice, then flushes.
+/// A close first flushes what went before it. Once that and every request before it completed,
+/// and no module has an operation in flight on the endpoint (endpoint_impl::complete_in_order),
+/// it comes back here with has_started set: it sends the close notice, then flushes that.
 status send_close(request* req) {
-  if (!req->has_started) {
-    status st = send_close_notice(req->ep);
+  endpoint_impl* ep = req->ep;
+  if (req->has_started && !ep->close_notice_sent) {
+    status st = send_close_notice(ep);
     if (st != status::ok) return st;
-    req->has_started = true;
+    ep->close_notice_sent = true;
   }
   return send_flush(req);
 }
@@ -296,7 +299,8 @@ status send_close_notice(endpoint_impl* ep) {
 }
 
 void worker_impl::queue_control(endpoint_impl* ep, tl::am_id id, std::vector<uint8_t> bytes) {
-  if (ep->state == endpoint_impl::phase::failed) return;
+  // After our close notice the peer has forgotten the endpoint: nothing more goes to it.
+  if (ep->state == endpoint_impl::phase::failed || ep->close_notice_sent) return;
   if (!reply_fits(ep, sizeof(request) + bytes.size())) return;
   request* req = alloc_request(control_ops, request_params{}, request::role::control);
   req->ep = ep;
@@ -304,7 +308,9 @@ void worker_impl::queue_control(endpoint_impl* ep, tl::am_id id, std::vector<uin
   req->wire = std::move(bytes);
   const bool idle = ep->pending_head == nullptr;
   ep->push_pending(req);
-  if (idle && ep->state == endpoint_impl::phase::connected && !ep->dispatch_pending()) {
+  const bool open = ep->state == endpoint_impl::phase::connected ||
+                    ep->state == endpoint_impl::phase::closing;
+  if (idle && open && !ep->dispatch_pending()) {
     ep->wait_for_resources();
   }
 }

@@ -458,7 +458,7 @@ void tag_protocol::on_announcement(endpoint_impl& ep, tag_t tag, uint64_t imm,
   w.note_events(wakeup_tag_recv | wakeup_rx);
 }
 
-void tag_protocol::drop_announcement(endpoint_impl& ep, uint64_t sreq) {
+bool tag_protocol::drop_announcement(endpoint_impl& ep, uint64_t sreq) {
   std::vector<unexpected_msg*> doomed_msgs;
   w.matcher.for_each_unexpected([&](tag_unexpected* u) {
     auto* msg = static_cast<unexpected_msg*>(u);
@@ -468,6 +468,7 @@ void tag_protocol::drop_announcement(endpoint_impl& ep, uint64_t sreq) {
     w.matcher.remove_unexpected(msg);
     free_unexpected(msg);
   }
+  return !doomed_msgs.empty();
 }
 
 op tag_protocol::receive_unexpected(request* req, unexpected_msg* found) {

@@ -95,8 +95,9 @@ public:
   /// A rendezvous announcement of a tagged message from `ep`: fetched into a matching receive,
   /// or kept as an unexpected message.
   void on_announcement(endpoint_impl& ep, tag_t tag, uint64_t imm, rndv_announcement&& a);
-  /// Drops the announcement `sreq` of `ep` if it waits unmatched (its sender cancelled it).
-  void drop_announcement(endpoint_impl& ep, uint64_t sreq);
+  /// Drops the announcement `sreq` of `ep` if it waits unmatched (its sender cancelled it); true
+  /// if it did.
+  bool drop_announcement(endpoint_impl& ep, uint64_t sreq);
 
   void forget_peer(endpoint_impl& ep, held_fate fate) override;
   void endpoint_failed(endpoint_impl& ep, status reason) override;

@@ -144,7 +144,10 @@ void wireup_protocol::on_close(const uint8_t* data, size_t length) {
   }
   endpoint_impl* ep = w.find_ep(header->getDstEp());
   if (ep == nullptr) return;  // already gone: closes may cross
-  ep->fail(status::not_connected);
+  // A peer that keeps to the protocol flushed before telling us (send.cpp's close). One that does
+  // not may leave a fetch of ours in flight: it ends once the endpoint's lane is gone, before the
+  // endpoint is freed (rndv's endpoint_deleted).
+  ep->peer_closed();
   if (ep->created_by_peer) w.destroy_ep(ep);
 }
 

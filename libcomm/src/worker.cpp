@@ -113,6 +113,8 @@ worker_impl::~worker_impl() noexcept {
     if (ep == nullptr) continue;
     // Best effort: tell the peer at once rather than leaving it to notice our exit.
     const bool peer_knows_us = ep->state == endpoint_impl::phase::connected ||
+                               (ep->state == endpoint_impl::phase::closing &&
+                                !ep->close_notice_sent) ||
                                (ep->state == endpoint_impl::phase::wireup && ep->lane &&
                                 ep->remote_id != 0);
     if (peer_knows_us) (void)send_close_notice(ep);

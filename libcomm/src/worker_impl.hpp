@@ -65,6 +65,8 @@ public:
   uint64_t next_msg_id = 1;                 ///< id of the next multi-fragment message
   size_t short_limit = 0;                   ///< largest eager-short message, header included
   size_t rndv_thresh = 0;                   ///< messages at least this large use rendezvous
+  bool close_notice_sent = false;           ///< our close notice went: nothing more is sent
+  bool peer_closed_too = false;             ///< the peer's close notice crossed our close
 
   request* pending_head = nullptr;          ///< sends waiting for resources or wireup, in order
   request* pending_tail = nullptr;
@@ -129,6 +131,15 @@ public:
     fence_req = nullptr;
     held_head = held_tail = nullptr;
   }
+  /// The peer's close notice arrived: the endpoint fails with not_connected, except that a close
+  /// of ours under way ends well (both sides closed).
+  void peer_closed();
+  /// True while a module has an operation on this endpoint a close must wait for
+  /// (protocol::busy_on).
+  bool modules_busy() const;
+  /// A close whose flush completed after everything before it: queues it again to send the close
+  /// notice, then flush that (send.cpp's close_ops).
+  void send_close_notice_of(request* close);
 };
 
 /// The worker's state.

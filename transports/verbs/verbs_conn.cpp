@@ -183,11 +183,35 @@ void verbs_conn::receive_reposted() {
   if (++rx_to_return_ >= grant_threshold()) owner_.watch(*this);
 }
 
+bool verbs_conn::holds_user_memory() const {
+  return std::any_of(outstanding_.begin(), outstanding_.end(), [](const tx_entry& e) {
+    return e.comp != nullptr || e.pins.count != 0 || e.read;
+  });
+}
+
+void verbs_conn::release() {
+  released_ = true;
+  release_due_ = true;
+  owner_.watch(*this);
+}
+
+status verbs_conn::send_release() {
+  const status st = send_credit_free(message_kind::release);
+  if (st == status::ok) release_due_ = false;
+  return st;
+}
+
 status verbs_conn::send_grant() {
+  const status st = send_credit_free(message_kind::grant);
+  if (st == status::ok) ++grants_sent_;
+  return st;
+}
+
+status verbs_conn::send_credit_free(message_kind kind) {
   const status st = can_post(false);
   if (st != status::ok) return st;
   message_header header;
-  header.kind = static_cast<uint8_t>(message_kind::grant);
+  header.kind = static_cast<uint8_t>(kind);
   header.credits = take_credits_to_return();
   tx_request req;
   ibv_sge sge{reinterpret_cast<uintptr_t>(&header), sizeof(header), 0};
@@ -206,9 +230,7 @@ status verbs_conn::send_grant() {
   req.wr.opcode = IBV_WR_SEND;
   req.wr.sg_list = &sge;
   req.wr.num_sge = 1;
-  const status posted = post(req);
-  if (posted == status::ok) ++grants_sent_;
-  return posted;
+  return post(req);
 }
 
 bool verbs_conn::pending_can_run() const {
@@ -216,7 +238,8 @@ bool verbs_conn::pending_can_run() const {
 }
 
 bool verbs_conn::needs_watching() const {
-  return state_ != conn_state::failed && (rx_to_return_ >= grant_threshold() || !pending.empty());
+  return state_ != conn_state::failed &&
+         (rx_to_return_ >= grant_threshold() || !pending.empty() || release_due_);
 }
 
 }  // namespace comm::verbs

@@ -89,6 +89,25 @@ public:
   /// Sends the rdmacm disconnect (once, when connected).
   void disconnect();
 
+  // -- leaving a connection the peer may share --
+
+  /// True while an operation still reads or writes the user's memory (a zcopy send, an RDMA
+  /// operation, anything with a completion): such a connection closes with its endpoint.
+  bool holds_user_memory() const;
+  /// This side's endpoint left for good: the peer is told with a release message (sent from
+  /// progress() once a send slot is free); no endpoint of this side claims the connection again.
+  void release();
+  /// True once release() was called.
+  bool released() const { return released_; }
+  /// True once the peer's release message arrived: it has no endpoint on the connection.
+  bool peer_released() const { return peer_released_; }
+  /// The peer's release message arrived.
+  void peer_left() { peer_released_ = true; }
+  /// True while the release message waits for a send slot.
+  bool release_due() const { return release_due_ && state_ == conn_state::ready; }
+  /// Sends the release message; ok, or no_resource when no slot is free.
+  status send_release();
+
   // -- sending --
 
   /// ok when a request (with a credit when `needs_credit`) can be posted now, else no_resource,
@@ -129,7 +148,7 @@ public:
   status send_grant();
   /// True when parked operations may be able to run now.
   bool pending_can_run() const;
-  /// True while it has a grant to send or parked operations, and has not failed.
+  /// True while it has a grant or a release to send or parked operations, and has not failed.
   bool needs_watching() const;
   /// Explicit grants sent so far.
   uint64_t grants_sent() const { return grants_sent_; }
@@ -141,6 +160,8 @@ private:
   bool wants_signal(const tx_request& req) const;
   /// Credits waiting to be returned that justify an explicit grant.
   uint32_t grant_threshold() const;
+  /// Sends a message of `kind` (grant or release) with the credits to return; needs no credit.
+  status send_credit_free(message_kind kind);
 
   verbs_iface& owner_;
   uint64_t serial_;
@@ -152,6 +173,9 @@ private:
   status failure_ = status::ok;
   bool disconnected_ = false;
   bool established_ = false;
+  bool released_ = false;
+  bool peer_released_ = false;
+  bool release_due_ = false;
   handshake peer_{};
 
   uint32_t tx_credits_ = 0;

@@ -27,9 +27,7 @@ verbs_ep::verbs_ep(verbs_iface& owner, verbs_conn& conn) : owner_(owner), conn_(
 
 verbs_ep::~verbs_ep() {
   if (conn_ == nullptr) return;
-  conn_->ep = nullptr;
-  // A connection the peer opened stays for the peer's endpoint, unless it is dead.
-  if (!conn_->passive() || conn_->state() == conn_state::failed) owner_.close_conn(*conn_);
+  owner_.release_conn(*conn_);
 }
 
 status verbs_ep::ready_to_send(bool needs_credit) const {

@@ -12,7 +12,8 @@ namespace comm::verbs {
 
 class verbs_iface;
 
-/// One endpoint. Destroying it closes a connection it opened, or releases one it shared.
+/// One endpoint. Destroying it leaves its connection (verbs_iface::release_conn): the connection
+/// closes, or stays for the peer's endpoint that shares it until that one leaves it too.
 class verbs_ep final : public tl::ep {
 public:
   /// An endpoint using `conn` of `owner`.

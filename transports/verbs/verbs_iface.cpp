@@ -385,12 +385,26 @@ void verbs_iface::destroy_conn(verbs_conn& c) {
 }
 
 void verbs_iface::close_conn(verbs_conn& c) {
+  COMM_LOG(debug, log_name, "connection %llu (qp %u): closed",
+           static_cast<unsigned long long>(c.serial()), c.qp()->qp_num);
   c.ep = nullptr;
   if (in_progress_) {
     closing_.push_back(c.serial());
   } else {
     destroy_conn(c);
   }
+}
+
+void verbs_iface::release_conn(verbs_conn& c) {
+  c.ep = nullptr;
+  c.pending.purge(nullptr, nullptr);
+  if (c.state() != conn_state::ready || c.peer_released() || c.holds_user_memory()) {
+    close_conn(c);
+    return;
+  }
+  COMM_LOG(debug, log_name, "connection %llu (qp %u): its endpoint left, the peer may still use it",
+           static_cast<unsigned long long>(c.serial()), c.qp()->qp_num);
+  c.release();
 }
 
 void verbs_iface::report_failure(verbs_conn& c) { failed_.push_back(c.serial()); }
@@ -407,8 +421,8 @@ verbs_conn* verbs_iface::conn_of_id(rdma_cm_id* id) {
 
 verbs_conn* verbs_iface::claimable_conn(uint64_t peer_iface_id) {
   for (auto& [serial, c] : conns_) {
-    if (c->passive() && c->ep == nullptr && c->state() == conn_state::ready &&
-        c->peer_iface_id() == peer_iface_id) {
+    if (c->passive() && c->ep == nullptr && c->state() == conn_state::ready && !c->released() &&
+        !c->peer_released() && c->peer_iface_id() == peer_iface_id) {
       return c.get();
     }
   }
@@ -457,6 +471,9 @@ status verbs_iface::create_ep(const std::vector<uint8_t>& device_address,
   if (!parse_iface_address(iface_address, &rec)) return status::invalid_addr;
   if (!is_reachable(device_address, iface_address)) return status::unreachable;
   if (verbs_conn* shared = claimable_conn(rec.iface_id)) {
+    COMM_LOG(debug, log_name,
+             "connection %llu (qp %u): the peer opened it, a new endpoint shares it",
+             static_cast<unsigned long long>(shared->serial()), shared->qp()->qp_num);
     out = std::make_unique<verbs_ep>(*this, *shared);
     return status::ok;
   }
@@ -480,6 +497,8 @@ status verbs_iface::create_ep(const std::vector<uint8_t>& device_address,
   const uint32_t psn = next_psn_++ & 0xffffff;
   verbs_conn& c =
       add_conn(std::make_unique<verbs_conn>(*this, next_serial_++, qp, id, false, psn));
+  COMM_LOG(debug, log_name, "connection %llu (qp %u): opening for a new endpoint",
+           static_cast<unsigned long long>(c.serial()), qp->qp_num);
   out = std::make_unique<verbs_ep>(*this, c);
   return status::ok;
 }
@@ -529,7 +548,11 @@ void verbs_iface::handle_cm_event(cm_event_copy& copy) {
       c->fail(status::unreachable);
       break;
     case RDMA_CM_EVENT_DISCONNECTED:
-      c->fail(status::connection_reset);
+      if (c->ep == nullptr) {
+        close_conn(*c);  // nobody here uses it: the peer closed it, as it should
+      } else {
+        c->fail(status::connection_reset);
+      }
       break;
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
       fail_all(status::io_error);
@@ -597,6 +620,8 @@ void verbs_iface::handle_connect_request(const cm_event_copy& copy) {
   }
   const uint32_t psn = next_psn_++ & 0xffffff;
   verbs_conn& c = add_conn(std::make_unique<verbs_conn>(*this, next_serial_++, qp, id, true, psn));
+  COMM_LOG(debug, log_name, "connection %llu (qp %u): accepted from qp %u",
+           static_cast<unsigned long long>(c.serial()), qp->qp_num, peer.qp_num);
   const handshake h = local_handshake(qp, psn);
   rdma_conn_param param{};
   param.private_data = &h;
@@ -716,6 +741,7 @@ void verbs_iface::handle_receive(const ibv_wc& wc) {
   const bool valid = wc.status == IBV_WC_SUCCESS && wc.byte_len >= sizeof(h) &&
                      h.reserved == 0 &&
                      (h.kind == static_cast<uint8_t>(message_kind::grant) ||
+                      h.kind == static_cast<uint8_t>(message_kind::release) ||
                       (h.kind == static_cast<uint8_t>(message_kind::am) &&
                        h.am_id < tl::am_id_count));
   if (c == nullptr || !valid) {
@@ -730,7 +756,20 @@ void verbs_iface::handle_receive(const ibv_wc& wc) {
     repost(buffer);
     return;
   }
+  if (h.kind == static_cast<uint8_t>(message_kind::release)) {
+    repost(buffer);
+    handle_release(*c);
+    return;
+  }
   deliver(*c, h.am_id, buffer, wc.byte_len - sizeof(h));
+}
+
+void verbs_iface::handle_release(verbs_conn& c) {
+  c.peer_left();
+  COMM_LOG(debug, log_name, "connection %llu (qp %u): the peer's endpoint left it%s",
+           static_cast<unsigned long long>(c.serial()), c.qp()->qp_num,
+           c.ep == nullptr ? ", and none here uses it: closed" : "");
+  if (c.ep == nullptr) close_conn(c);
 }
 
 void verbs_iface::deliver(verbs_conn& c, tl::am_id id, uint32_t buffer, size_t length) {
@@ -817,6 +856,7 @@ unsigned verbs_iface::serve_watched() {
     if (found == conns_.end()) continue;
     verbs_conn& c = *found->second;
     if (c.grant_due()) c.send_grant();
+    if (c.release_due()) c.send_release();
     if (c.pending_can_run()) n += c.pending.dispatch();
     if (c.needs_watching()) {
       watched_[kept++] = serial;
@@ -857,7 +897,8 @@ status verbs_iface::event_arm() {
   for (uint64_t serial : watched_) {
     const auto found = conns_.find(serial);
     if (found == conns_.end()) continue;
-    if (found->second->grant_due() || found->second->pending_can_run()) return status::busy;
+    const verbs_conn& c = *found->second;
+    if (c.grant_due() || c.release_due() || c.pending_can_run()) return status::busy;
   }
   if (t_.req_notify_cq(cq_, 0) != 0) return status::io_error;
   armed_ = true;

@@ -80,6 +80,12 @@ public:
   void watch(verbs_conn& c);
   /// Closes `c` now, or at the end of the current progress() call.
   void close_conn(verbs_conn& c);
+  /// The endpoint on `c` is gone. `c` closes now when the peer cannot be using it (it never
+  /// became ready, failed, or the peer left it too) or when operations on it still touch the
+  /// user's memory; otherwise the peer is told (a release message) and `c` stays for the peer's
+  /// endpoint, closing once the peer leaves it too. So destroying an endpoint never fails the
+  /// peer's endpoint that shares its connection.
+  void release_conn(verbs_conn& c);
   /// Creates an RC QP on this interface's PD, CQ and SRQ, moved to INIT; null on failure.
   ibv_qp* create_qp();
   /// This side's handshake for a connection on `qp` starting at `psn`.
@@ -116,6 +122,7 @@ private:
   void handle_wc(const ibv_wc& wc);
   void handle_receive(const ibv_wc& wc);
   void deliver(verbs_conn& c, tl::am_id id, uint32_t buffer, size_t length);
+  void handle_release(verbs_conn& c);
   bool repost(uint32_t buffer);
   void drain_cq_events();
   unsigned poll_events();

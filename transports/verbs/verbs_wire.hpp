@@ -17,6 +17,7 @@ namespace comm::verbs {
 enum class message_kind : uint8_t {
   am = 1,     ///< an active message: header, then the payload
   grant = 2,  ///< credits only (sent when the receiver has nothing to piggy-back them on)
+  release = 3,  ///< credits, and: the sender has no endpoint on this connection any more
 };
 
 /// Header of every SEND; the AM payload follows at offset 8 (so it stays 8-byte aligned).

@@ -94,8 +94,11 @@ public:
   /// Completes once every operation started on this endpoint has completed.
   op flush(const request_params& params = {});
 
-  /// Flushes, then tells the peer and releases the endpoint. The pointer is invalid once the
-  /// returned operation is done (or at once if it is done immediately).
+  /// Flushes, then tells the peer and releases the endpoint. The flush waits for every send before
+  /// the close (a rendezvous send until its receiver fetched it) and for the rendezvous messages
+  /// this endpoint is fetching; a close that crosses the peer's completes ok, one ended by the
+  /// endpoint's failure with that error (the endpoint is released either way). The pointer is
+  /// invalid once the returned operation is done (or at once if it is done immediately).
   op close(const request_params& params = {});
 
   /// Installs the callback told when this endpoint fails.

@@ -299,6 +299,10 @@ public:
   void release(request* req);
   /// Cancels a receive or a send not yet started: report completes it with status::canceled
   /// and calls its callback; force releases it silently. Returns busy if it is past cancelling.
+  /// A rendezvous send already announced can be cancelled too: reported, it completes (canceled)
+  /// only once the receiver answered, since a receiver that matched may be reading its buffer
+  /// until then (or when the endpoint fails); forced, its buffer is withdrawn at once and a
+  /// receiver's fetch racing with the cancel fails.
   status cancel(request* req, cancel_mode mode = cancel_mode::report);
   /// Progresses until `o` is done or `timeout_ms` passed (negative: no limit), then releases its
   /// request. Returns the operation's final status, or timed_out (the request is then canceled).
