@@ -68,6 +68,8 @@ void read_limits(peer_limits* limits) {
   read_limit("COMM_UNEXPECTED_EP_MAX_MSGS", &limits->unexpected_ep_max_msgs);
   read_limit("COMM_AM_RX_MAX_BYTES", &limits->am_rx_max_bytes);
   read_limit("COMM_AM_RX_EP_MAX_BYTES", &limits->am_rx_ep_max_bytes);
+  read_limit("COMM_STREAM_RX_MAX_BYTES", &limits->stream_rx_max_bytes);
+  read_limit("COMM_STREAM_RX_EP_MAX_BYTES", &limits->stream_rx_ep_max_bytes);
   read_limit("COMM_REPLY_EP_MAX_BYTES", &limits->reply_ep_max_bytes);
   read_limit("COMM_PEER_EP_MAX", &limits->peer_ep_max);
 }

@@ -40,6 +40,10 @@ using send_callback = void (*)(request* req, status st, void* user_data);
 using tag_recv_callback = void (*)(request* req, status st, const tag_recv_info& info,
                                    void* user_data);
 
+/// Called when a stream receive completes (ok), fails (the endpoint's error) or is canceled;
+/// `length` is what it wrote into the buffer.
+using stream_recv_callback = void (*)(request* req, status st, size_t length, void* user_data);
+
 /// Packs bytes [offset, offset + max) of a generic send into `dest`; returns bytes written.
 using pack_callback = size_t (*)(void* dest, size_t offset, size_t max, void* user_data);
 
@@ -64,6 +68,8 @@ enum request_flags : uint32_t {
   request_completion_suppressed = 1u << 8,
   /// RMA (DAT barrier fence): start only after every earlier read on the endpoint completed.
   request_fence = 1u << 9,
+  /// Stream receives (UCP_STREAM_RECV_FLAG_WAITALL): complete only once the whole buffer is full.
+  request_stream_waitall = 1u << 10,
 };
 
 /// Optional parameters of a nonblocking operation (mirrors ucp_request_param_t).
@@ -71,6 +77,7 @@ struct request_params {
   uint32_t flags = 0;                      ///< request_flags
   send_callback send_cb = nullptr;         ///< for sends
   tag_recv_callback recv_cb = nullptr;     ///< for tagged receives
+  stream_recv_callback stream_recv_cb = nullptr; ///< for stream receives
   void* user_data = nullptr;               ///< passed to the callbacks
   uint64_t imm = 0;                        ///< immediate value, with request_immediate_value
   pack_callback pack = nullptr;            ///< generic send: pack instead of reading the buffer
