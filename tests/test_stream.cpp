@@ -560,6 +560,18 @@ BOOST_DATA_TEST_CASE(buffer_limit_fails_the_endpoint, each_transport(), tl_name)
   c.reset();
 }
 
+BOOST_AUTO_TEST_CASE(limits_have_variables_and_show_in_info) {
+  setenv("COMM_STREAM_RX_MAX_BYTES", "3m", 1);
+  setenv("COMM_STREAM_RX_EP_MAX_BYTES", "0", 1);  // refused: the default stays
+  const config cfg = config::from_environment();
+  unsetenv("COMM_STREAM_RX_MAX_BYTES");
+  unsetenv("COMM_STREAM_RX_EP_MAX_BYTES");
+  BOOST_CHECK_EQUAL(cfg.limits.stream_rx_max_bytes, 3u << 20);
+  BOOST_CHECK_EQUAL(cfg.limits.stream_rx_ep_max_bytes, config{}.limits.stream_rx_ep_max_bytes);
+  const std::string info = context(cfg).info();
+  BOOST_CHECK_MESSAGE(info.find("stream_rx=3145728") != std::string::npos, info);
+}
+
 /// A forged message: header of type Struct filled by `fill`, then `payload`, 8-byte aligned.
 template <class Struct, class Fill>
 std::vector<uint64_t> forged(Fill&& fill, size_t payload, size_t* length) {
