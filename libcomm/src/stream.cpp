@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <utility>
 
 namespace comm {
 
@@ -113,7 +114,9 @@ struct stream_protocol::ep_state : endpoint_state {
   size_t buffered = 0;                          ///< stream bytes in `blocks`
   size_t charged = 0;                           ///< what `blocks` count against the limits
   bool ready = false;                           ///< in the ready list
-  std::list<endpoint_impl*>::iterator ready_at; ///< where, when ready
+  endpoint_impl* ep = nullptr;                  ///< its endpoint, while ready
+  ep_state* ready_prev = nullptr;               ///< neighbours in the ready list
+  ep_state* ready_next = nullptr;
 };
 
 stream_protocol::stream_protocol(worker_impl& owner, unsigned index) : protocol(owner, index) {
@@ -124,6 +127,20 @@ stream_protocol::stream_protocol(worker_impl& owner, unsigned index) : protocol(
 
 stream_protocol::~stream_protocol() noexcept {
   for (auto& [data, start] : lent_) std::free(start);
+  std::free(spare_);
+}
+
+uint8_t* stream_protocol::take_block(size_t capacity) {
+  if (capacity == min_block && spare_ != nullptr) return std::exchange(spare_, nullptr);
+  return static_cast<uint8_t*>(std::malloc(capacity));
+}
+
+void stream_protocol::drop_block(uint8_t* data, size_t capacity) {
+  if (capacity == min_block && spare_ == nullptr) {
+    spare_ = data;
+  } else {
+    std::free(data);
+  }
 }
 
 // -- arrival -------------------------------------------------------------------------------------
@@ -213,7 +230,7 @@ void stream_protocol::buffer(endpoint_impl* ep, ep_state& s, const uint8_t* data
     if (buffered_total_ + cost > c.stream_rx_max_bytes) {
       return w.exceed_limit(ep, "COMM_STREAM_RX_MAX_BYTES", c.stream_rx_max_bytes);
     }
-    auto* bytes = static_cast<uint8_t*>(std::malloc(capacity));
+    uint8_t* bytes = take_block(capacity);
     if (bytes == nullptr) return w.protocol_error(ep, "no memory to buffer stream data");
     std::memcpy(bytes, data, length);
     s.blocks.push_back(block{bytes, capacity, 0, length});
@@ -238,7 +255,7 @@ size_t stream_protocol::drain(endpoint_impl& ep, ep_state& s,
     moved += n;
     if (b.begin < b.end) break;
     const size_t cost = b.capacity + block_overhead;
-    std::free(b.data);
+    drop_block(b.data, b.capacity);
     s.blocks.pop_front();
     s.charged -= cost;
     buffered_total_ -= cost;
@@ -334,20 +351,38 @@ size_t stream_protocol::buffered(const endpoint_impl& ep) const {
 void stream_protocol::update_ready(endpoint_impl& ep, ep_state& s) {
   const bool ready = s.buffered != 0 && s.recv_head == nullptr;
   if (ready == s.ready) return;
+  s.ep = &ep;
   if (ready) {
-    s.ready_at = ready_.insert(ready_.end(), &ep);
+    link_ready(s);
   } else {
-    ready_.erase(s.ready_at);
+    unlink_ready(s);
   }
-  s.ready = ready;
+}
+
+void stream_protocol::link_ready(ep_state& s) {
+  s.ready_prev = ready_tail_;
+  s.ready_next = nullptr;
+  (ready_tail_ != nullptr ? ready_tail_->ready_next : ready_head_) = &s;
+  ready_tail_ = &s;
+  s.ready = true;
+  ++ready_count_;
+}
+
+void stream_protocol::unlink_ready(ep_state& s) {
+  (s.ready_prev != nullptr ? s.ready_prev->ready_next : ready_head_) = s.ready_next;
+  (s.ready_next != nullptr ? s.ready_next->ready_prev : ready_tail_) = s.ready_prev;
+  s.ready_prev = s.ready_next = nullptr;
+  s.ready = false;
+  --ready_count_;
 }
 
 size_t stream_protocol::poll(stream_poll_entry* out, size_t max) {
-  const size_t n = std::min(max, ready_.size());
+  const size_t n = std::min(max, ready_count_);
   for (size_t i = 0; i < n; ++i) {
-    endpoint_impl* ep = ready_.front();
-    out[i] = stream_poll_entry{ep, find_state<ep_state>(*ep)->buffered};
-    ready_.splice(ready_.end(), ready_, ready_.begin());
+    ep_state& s = *ready_head_;
+    out[i] = stream_poll_entry{s.ep, s.buffered};
+    unlink_ready(s);  // to the back: the next poll starts with the others
+    link_ready(s);
   }
   return n;
 }
@@ -355,7 +390,7 @@ size_t stream_protocol::poll(stream_poll_entry* out, size_t max) {
 // -- hooks ---------------------------------------------------------------------------------------
 
 void stream_protocol::free_blocks(endpoint_impl& ep, ep_state& s) {
-  for (const block& b : s.blocks) std::free(b.data);
+  for (const block& b : s.blocks) drop_block(b.data, b.capacity);
   s.blocks.clear();
   buffered_total_ -= s.charged;
   s.charged = 0;
@@ -388,7 +423,7 @@ void stream_protocol::endpoint_deleted(endpoint_impl& ep) {
 }
 
 void stream_protocol::info(std::ostream& out) const {
-  out << "streams: " << ready_.size() << " endpoints with data ready, buffered " << buffered_total_
+  out << "streams: " << ready_count_ << " endpoints with data ready, buffered " << buffered_total_
       << " of " << w.ctx.cfg().limits.stream_rx_max_bytes << " B, blocks lent " << lent_.size()
       << '\n';
 }

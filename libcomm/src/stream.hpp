@@ -12,7 +12,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <list>
 #include <unordered_map>
 
 namespace comm::detail {
@@ -89,8 +88,19 @@ private:
   void free_blocks(endpoint_impl& ep, ep_state& s);
   /// Keeps the ready list in step with what `ep` buffers.
   void update_ready(endpoint_impl& ep, ep_state& s);
+  /// Appends `s` to the ready list.
+  void link_ready(ep_state& s);
+  /// Takes `s` out of the ready list.
+  void unlink_ready(ep_state& s);
+  /// A block of `capacity` bytes (the spare one when it fits), or null.
+  uint8_t* take_block(size_t capacity);
+  /// Frees a block of `capacity` bytes (or keeps it as the spare).
+  void drop_block(uint8_t* data, size_t capacity);
 
-  std::list<endpoint_impl*> ready_;                ///< endpoints with buffered data, oldest first
+  ep_state* ready_head_ = nullptr;                 ///< endpoints with buffered data, oldest first
+  ep_state* ready_tail_ = nullptr;
+  size_t ready_count_ = 0;                         ///< endpoints in the ready list
+  uint8_t* spare_ = nullptr;                       ///< a freed smallest block, kept for reuse
   std::unordered_map<void*, void*> lent_;          ///< data lent to the user -> its block
   size_t buffered_total_ = 0;                      ///< bytes counted against the worker's limit
 };
