@@ -83,8 +83,8 @@ void finish_sends(worker_pair& p, std::vector<op>& pending) {
   pending.clear();
 }
 
-/// Receives `length` bytes from `ep` (of `owner`) into `out` at `offset` with receives of random sizes (some
-/// at-least, some wait-all), progressing both workers; false on a failure.
+/// Receives `length` bytes from `ep` (of `owner`) into `out` at `offset` with receives of random
+/// sizes (some at-least, some wait-all), progressing both workers; false on a failure.
 bool receive_all(worker_pair& p, worker& owner, endpoint* ep, std::vector<uint8_t>& out,
                  size_t offset, size_t length, std::mt19937& rng) {
   size_t done = 0;
@@ -283,8 +283,8 @@ BOOST_DATA_TEST_CASE(waitall_and_posting_order, each_transport(), tl_name) {
   send_sync(p, p.ab, data.data() + 1005, 95);
   BOOST_REQUIRE(p.until([&] { return buffered_total(*p.b) == 95; }));
   size_t n = 0;
-  BOOST_CHECK(rx->stream_recv(got.data() + 1005, 95, &n, stream_params(whole, request_stream_waitall))
-                  .done());
+  const request_params all = stream_params(whole, request_stream_waitall);
+  BOOST_CHECK(rx->stream_recv(got.data() + 1005, 95, &n, all).done());
   BOOST_CHECK_EQUAL(n, 95u);
   BOOST_CHECK_EQUAL(first_mismatch(got.data(), 1100, 12), -1);
 }
