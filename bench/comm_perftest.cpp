@@ -4,8 +4,9 @@
 // Client:  comm_perftest <server-host> -t <test> -s size -n iters -w warmup
 //                        [-c core] [-p port] [-W window] [-T timeout_s] [-R rank] [-f]
 //                        [-m host|shared]
-//   tests: tag_lat, tag_bw, am_lat, am_bw, put_lat, put_bw, get (UCX's ucp_am_lat, ucp_am_bw,
-//   ucp_put_lat, ucp_put_bw and ucp_get are accepted too)
+//   tests: tag_lat, tag_bw, am_lat, am_bw, put_lat, put_bw, get, stream_lat, stream_bw (UCX's
+//   ucp_am_lat, ucp_am_bw, ucp_put_lat, ucp_put_bw, ucp_get, ucp_stream_lat and ucp_stream_bw are
+//   accepted too)
 //
 // The TCP socket between the two processes carries only the bootstrap (test parameters, packed
 // worker addresses, packed remote keys) and barriers; every measured message travels over
@@ -18,6 +19,12 @@
 // put_lat is a ping-pong in which both sides put into each other's registered buffer and poll the
 // last byte for the iteration's sequence number. The default windows are ucx_perftest's: 32 for
 // tag_bw, am_bw and put_bw, 1 (one operation at a time: per-operation latency) for get.
+//
+// The stream tests follow ucx_perftest's stream_lat / stream_bw: each message is `size` bytes of
+// the byte stream, received with a wait-all receive of `size` bytes. A stream sent on our endpoint
+// arrives on the peer's partner of it (the endpoint its worker made for our connect), which the
+// receiving side finds with worker::stream_poll when the first bytes come; answers go back on that
+// partner, so they arrive on the sender's own endpoint.
 
 #include <comm/context.hpp>
 #include <comm/memory.hpp>
@@ -85,11 +92,14 @@ enum class test_kind : uint32_t {
   put_bw = 5,
   put_lat = 6,
   get = 7,
+  stream_lat = 8,
+  stream_bw = 9,
 };
 /// Every test, in the order of the usage text.
 constexpr test_kind all_tests[] = {test_kind::tag_lat, test_kind::tag_bw, test_kind::am_lat,
                                    test_kind::am_bw,   test_kind::put_lat, test_kind::put_bw,
-                                   test_kind::get};
+                                   test_kind::get,     test_kind::stream_lat,
+                                   test_kind::stream_bw};
 
 /// Where the send and receive buffers come from (-m; the client's choice applies to both sides).
 enum class memory_kind : uint32_t {
@@ -132,6 +142,8 @@ const char* test_name(test_kind t) {
     case test_kind::put_bw: return "put_bw";
     case test_kind::put_lat: return "put_lat";
     case test_kind::get: return "get";
+    case test_kind::stream_lat: return "stream_lat";
+    case test_kind::stream_bw: return "stream_bw";
   }
   return "?";
 }
@@ -144,6 +156,8 @@ const char* ucx_test_name(test_kind t) {
     case test_kind::put_bw: return "ucp_put_bw";
     case test_kind::put_lat: return "ucp_put_lat";
     case test_kind::get: return "ucp_get";
+    case test_kind::stream_lat: return "ucp_stream_lat";
+    case test_kind::stream_bw: return "ucp_stream_bw";
     default: return test_name(t);
   }
 }
@@ -158,13 +172,16 @@ const char* test_description(test_kind t) {
     case test_kind::put_bw: return "put bandwidth";
     case test_kind::put_lat: return "put latency";
     case test_kind::get: return "get latency / bandwidth / message rate";
+    case test_kind::stream_lat: return "stream latency";
+    case test_kind::stream_bw: return "stream bandwidth / message rate";
   }
   return "?";
 }
 
 /// True for the ping-pong tests, whose per-iteration time is a round trip.
 bool is_pingpong_test(test_kind t) {
-  return t == test_kind::tag_lat || t == test_kind::am_lat || t == test_kind::put_lat;
+  return t == test_kind::tag_lat || t == test_kind::am_lat || t == test_kind::put_lat ||
+         t == test_kind::stream_lat;
 }
 
 /// True for the tests whose table shows latency rather than per-message overhead (ucx_perftest's
@@ -182,6 +199,7 @@ uint32_t default_window(test_kind t) {
   switch (t) {
     case test_kind::tag_bw:
     case test_kind::am_bw:
+    case test_kind::stream_bw:
     case test_kind::put_bw: return 32;
     default: return 1;
   }
@@ -191,7 +209,8 @@ uint32_t default_window(test_kind t) {
 test_kind parse_test(const char* arg) {
   for (auto t : all_tests)
     if (std::strcmp(arg, test_name(t)) == 0 || std::strcmp(arg, ucx_test_name(t)) == 0) return t;
-  fail("unknown test '%s' (tag_lat, tag_bw, am_lat, am_bw, put_lat, put_bw, get)", arg);
+  fail("unknown test '%s' (tag_lat, tag_bw, am_lat, am_bw, put_lat, put_bw, get, stream_lat, "
+       "stream_bw)", arg);
 }
 
 /// Parses an unsigned number in [lo, hi] for option `opt`.
@@ -219,8 +238,9 @@ void usage(std::FILE* out) {
   std::fprintf(out,
       "Usage: comm_perftest [server-hostname] [options]\n"
       "  Without a hostname it runs as server and serves one client test.\n\n"
-      "  -t <test>     tag_lat | tag_bw | am_lat | am_bw | put_lat | put_bw | get (tag_lat)\n"
-      "                (UCX's ucp_am_lat, ucp_am_bw, ucp_put_lat, ucp_put_bw, ucp_get accepted)\n"
+      "  -t <test>     tag_lat | tag_bw | am_lat | am_bw | put_lat | put_bw | get |\n"
+      "                stream_lat | stream_bw (tag_lat) (UCX's ucp_am_lat, ucp_am_bw,\n"
+      "                ucp_put_lat, ucp_put_bw, ucp_get, ucp_stream_lat, ucp_stream_bw accepted)\n"
       "  -s <size>     message size in bytes (8)\n"
       "  -n <iters>    measured iterations (1000000)\n"
       "  -w <iters>    warm-up iterations (10000)\n"
@@ -519,7 +539,7 @@ wire_params to_wire(const options& o) {
 /// Checks parameters received from a client and applies them to `o`.
 void apply_wire(const wire_params& p, options& o) {
   if (p.magic != wire_params{}.magic) fail("bootstrap: the client is not comm_perftest");
-  if (p.test < 1 || p.test > static_cast<uint32_t>(test_kind::get))
+  if (p.test < 1 || p.test > static_cast<uint32_t>(test_kind::stream_bw))
     fail("bootstrap: unknown test %u", p.test);
   if (p.size == 0 || p.size > max_size || p.iters == 0 || p.window == 0 || p.timeout_s == 0 ||
       p.memory > static_cast<uint32_t>(memory_kind::shared))
@@ -701,6 +721,7 @@ private:
 struct session {
   comm::worker* w = nullptr;
   comm::endpoint* ep = nullptr;
+  comm::endpoint* stream_rx = nullptr;  ///< where the peer's stream arrives (stream tests)
   page_buffer send_buf;
   page_buffer recv_buf;
   comm::memh* local_reg = nullptr;      ///< registration of recv_buf (RMA tests)
@@ -1001,6 +1022,85 @@ void run_put_latency_server(session& s, const options& o) {
   }
 }
 
+// -- stream tests ---------------------------------------------------------------------------------
+
+/// The endpoint the peer's stream arrives on: found by polling once its first bytes came.
+comm::endpoint* stream_source(session& s, const char* what) {
+  while (s.stream_rx == nullptr) {
+    comm::stream_poll_entry ready;
+    if (s.w->stream_poll(&ready, 1) == 1) {
+      s.stream_rx = ready.ep;
+      break;
+    }
+    s.w->progress();
+    check_alive(s, what);
+  }
+  return s.stream_rx;
+}
+
+/// A wait-all receive of `size` stream bytes on `ep` into the receive buffer.
+comm::op stream_recv_all(session& s, comm::endpoint* ep, size_t size) {
+  comm::request_params p;
+  p.flags = comm::request_stream_waitall;
+  return ep->stream_recv(s.recv_buf.data(), size, nullptr, p);
+}
+
+/// stream_lat client: send `size` bytes of the stream, receive the server's `size` back (on our
+/// own endpoint: the server answers on its partner of it); reports RTT/2.
+void run_stream_latency_client(session& s, const options& o, reporter& rep) {
+  const uint64_t total = o.warmup + o.iters;
+  for (uint64_t i = 0; i < total; ++i) {
+    if (i == o.warmup) rep.start();
+    comm::op snd = s.ep->stream_send(s.send_buf.data(), o.size);
+    complete(s, stream_recv_all(s, s.ep, o.size), "stream_lat reply");
+    complete(s, snd, "stream_send");
+    if (i >= o.warmup) rep.record(ticker::now());
+  }
+  rep.finish(ticker::now());
+}
+
+/// stream_lat server: receive `size` bytes, answer with as many on the same endpoint.
+void run_stream_latency_server(session& s, const options& o) {
+  comm::endpoint* rx = stream_source(s, "stream_lat first ping");
+  const uint64_t total = o.warmup + o.iters;
+  for (uint64_t i = 0; i < total; ++i) {
+    complete(s, stream_recv_all(s, rx, o.size), "stream_lat ping");
+    complete(s, rx->stream_send(s.send_buf.data(), o.size), "stream reply");
+  }
+}
+
+/// stream_bw client: `count` sends of `size` bytes with a window of outstanding sends, then waits
+/// for the server's one-byte acknowledgement.
+void stream_bw_phase(session& s, const options& o, uint64_t count, reporter* rep) {
+  op_window win(o.window);
+  if (rep) rep->start();
+  for (uint64_t i = 0; i < count; ++i) {
+    win.make_room(s, "stream send window");
+    win.push(s, s.ep->stream_send(s.send_buf.data(), o.size), "stream_send");
+    if (!win.empty() || (i & 15) == 0) {
+      s.w->progress();
+      win.reap(s, "stream_send");
+    }
+    if (rep) rep->record(ticker::now());
+  }
+  win.drain(s, "stream_send completion");
+  complete(s, stream_recv_all(s, s.ep, 1), "final ack");
+  if (rep) rep->finish(ticker::now());
+}
+
+/// stream_bw server: `count` wait-all receives of `size` bytes with up to `window` posted, then
+/// the acknowledgement.
+void stream_sink_phase(session& s, const options& o, uint64_t count) {
+  comm::endpoint* rx = stream_source(s, "stream_bw first bytes");
+  op_window win(o.window);
+  for (uint64_t posted = 0; posted < count; ++posted) {
+    win.make_room(s, "stream receive window");
+    win.push(s, stream_recv_all(s, rx, o.size), "stream_recv");
+  }
+  win.drain(s, "stream_recv completion");
+  complete(s, rx->stream_send(s.send_buf.data(), 1), "ack");
+}
+
 // -- dispatch -------------------------------------------------------------------------------------
 
 /// Runs the client's side of the test selected in `o`.
@@ -1012,6 +1112,13 @@ void run_client_test(session& s, const options& o, const ticker& clock) {
     case test_kind::tag_lat:
     case test_kind::am_lat:
       run_latency_client(s, o, rep);
+      return;
+    case test_kind::stream_lat:
+      run_stream_latency_client(s, o, rep);
+      return;
+    case test_kind::stream_bw:
+      if (o.warmup > 0) stream_bw_phase(s, o, o.warmup, nullptr);
+      stream_bw_phase(s, o, o.iters, &rep);
       return;
     case test_kind::put_lat:
       run_put_latency_client(s, o, rep);
@@ -1037,6 +1144,13 @@ void run_server_test(session& s, const options& o) {
     case test_kind::tag_lat:
     case test_kind::am_lat:
       run_latency_server(s, o);
+      return;
+    case test_kind::stream_lat:
+      run_stream_latency_server(s, o);
+      return;
+    case test_kind::stream_bw:
+      if (o.warmup > 0) stream_sink_phase(s, o, o.warmup);
+      stream_sink_phase(s, o, o.iters);
       return;
     case test_kind::put_lat:
       run_put_latency_server(s, o);

@@ -9,12 +9,13 @@
 # iterations, as a round trip through the kernel costs tens of times one through shared memory).
 #
 # Tests: tag_lat (8 B .. 1 MiB), tag_bw (8 B .. 4 MiB; 64 KiB and up go by rendezvous), am_lat,
-# put_bw and get (64 KiB, 1 MiB; UCX's ucp_put_bw and ucp_get). Both tools get the same window
+# put_bw and get (64 KiB, 1 MiB; UCX's ucp_put_bw and ucp_get), stream_lat (8 B, 4 KiB) and
+# stream_bw (8 B .. 1 MiB; UCX's stream tests receive with ucp_stream_recv). Both tools get the same window
 # (ucx_perftest's -O, comm_perftest's -W): ucx_perftest's defaults, 32 for the streaming tests and
 # 1 for get (one get at a time, so get's bandwidth is size / latency of one get).
 #
 #   bench/compare_ucx.sh [-t shm|tcp] [-r rounds] [-n iterations] [-q] [-f filter] [-b build-dir]
-#                        [-o out-dir] [-p port]
+#                        [-o out-dir] [-p port] [-u ucx-tls]
 set -euo pipefail
 
 usage() {
@@ -31,6 +32,7 @@ Usage: bench/compare_ucx.sh [options]
   -p <port>    first bootstrap port; every run uses the next one (default 23000)
   -m <alloc>   libcomm's buffers: host (heap, the default) or shared (comm::mem_alloc, the
                counterpart of ucx_perftest's ucp_mem_map(ALLOCATE) buffers)
+  -u <tls>     UCX_TLS of the shm runs (default shm,self; e.g. posix,self)
   -h           this help
 EOF
 }
@@ -46,7 +48,8 @@ port=23000
 tl=shm
 filter=""
 alloc=host
-while getopts "t:r:n:qf:b:o:p:m:h" opt; do
+ucx_shm_tls=shm,self
+while getopts "t:r:n:qf:b:o:p:m:u:h" opt; do
   case $opt in
     t) tl=$OPTARG ;;
     f) filter=$OPTARG ;;
@@ -57,6 +60,7 @@ while getopts "t:r:n:qf:b:o:p:m:h" opt; do
     o) out=$OPTARG ;;
     p) port=$OPTARG ;;
     m) alloc=$OPTARG ;;
+    u) ucx_shm_tls=$OPTARG ;;
     h) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -64,8 +68,9 @@ done
 [[ $rounds =~ ^[1-9][0-9]{0,2}$ ]] || { echo "rounds must be 1..999" >&2; exit 2; }
 [[ -z $iters || $iters =~ ^[1-9][0-9]{0,9}$ ]] || { echo "bad iteration count" >&2; exit 2; }
 [[ $alloc == host || $alloc == shared ]] || { echo "alloc must be host or shared" >&2; exit 2; }
+[[ $ucx_shm_tls =~ ^[a-z_,]+$ ]] || { echo "bad UCX_TLS list" >&2; exit 2; }
 case $tl in
-  shm) ucx_env=(UCX_TLS=shm,self); comm_env=(COMM_TLS=shm,self); out=${out:-$build/compare} ;;
+  shm) ucx_env=(UCX_TLS=$ucx_shm_tls); comm_env=(COMM_TLS=shm,self); out=${out:-$build/compare} ;;
   tcp) ucx_env=(UCX_TLS=tcp UCX_NET_DEVICES=lo); comm_env=(COMM_TLS=tcp COMM_TCP_DEVICE=lo)
        out=${out:-$build/compare-tcp} ;;
   *) echo "transport must be shm or tcp" >&2; exit 2 ;;
@@ -94,6 +99,12 @@ shm_tests=(
   "put_bw 1048576 20000 ucp_put_bw 32"
   "get 65536 300000 ucp_get 1"
   "get 1048576 20000 ucp_get 1"
+  "stream_lat 8 1000000 stream_lat -"
+  "stream_lat 4096 500000 stream_lat -"
+  "stream_bw 8 10000000 stream_bw 32"
+  "stream_bw 4096 2000000 stream_bw 32"
+  "stream_bw 65536 100000 stream_bw 32"
+  "stream_bw 1048576 8000 stream_bw 32"
 )
 # Over tcp a ping-pong of 8 bytes takes ~5 us instead of ~0.3, and bandwidth is a few GB/s.
 tcp_tests=(
@@ -111,6 +122,9 @@ tcp_tests=(
   "put_bw 1048576 2000 ucp_put_bw 32"
   "get 65536 20000 ucp_get 1"
   "get 1048576 2000 ucp_get 1"
+  "stream_lat 8 200000 stream_lat -"
+  "stream_bw 8 2000000 stream_bw 32"
+  "stream_bw 65536 40000 stream_bw 32"
 )
 if [[ $tl == tcp ]]; then tests=("${tcp_tests[@]}"); else tests=("${shm_tests[@]}"); fi
 run_timeout=120
@@ -240,13 +254,13 @@ for spec in "${tests[@]}"; do
   ratio=$(awk -v u="$u" -v o="$o" 'BEGIN { if (u == "NA" || o == "NA" || u == 0) print "NA";
                                             else printf "%.2f", o / u }')
   echo "$test $size $unit $u $o $ratio" >>"$dat"
-  table+=("$(printf '%-8s %7s %-6s %12s %12s %7s  %s' "$test" "$size" "$unit" "$u" "$o" "$ratio" "$better")")
+  table+=("$(printf '%-10s %7s %-6s %12s %12s %7s  %s' "$test" "$size" "$unit" "$u" "$o" "$ratio" "$better")")
 done
 
 load_end=$(load1)
 echo "# load average at end $load_end, $((SECONDS - started)) s" >>"$dat"
 echo
-printf '%-8s %7s %-6s %12s %12s %7s  %s\n' test size unit UCX ours ratio "(ratio = ours/UCX)"
+printf '%-10s %7s %-6s %12s %12s %7s  %s\n' test size unit UCX ours ratio "(ratio = ours/UCX)"
 printf '%s\n' "${table[@]}"
 echo
 echo "load average: $load_start at start, $load_end at end; $((SECONDS - started)) s"

@@ -1,17 +1,19 @@
 // Fuzzes libcomm's protocol handlers (libcomm/src: wireup, tag eager and fragments, active
-// messages, rendezvous, RMA requests) on a loopback worker, through the self transport: no seam.
+// messages, rendezvous, RMA requests, streams) on a loopback worker, through the self transport: no
+// seam.
 //
 // Each input gets fresh workers over the self transport only: A (the target) and B, connected to A,
 // so A has an endpoint a forged message can name (a fresh worker's first endpoint has id 0x200000:
-// slot 0, generation 2). A has posted a tagged receive and has two AM handlers (one keeps its
-// data). An interface of our own sends the input's records to A's self interface as raw transport
-// active messages, for any AM id, impersonating B:
+// slot 0, generation 2). A has posted a tagged receive, a stream receive on that endpoint, and has
+// two AM handlers (one keeps its data). An interface of our own sends the input's records to A's
+// self interface as raw transport active messages, for any AM id, impersonating B:
 //
 //   record = [am id: 1 byte] [length: 2 bytes, little endian] [length bytes: what the handler gets]
 //
 // Then A must still work: a third worker C connects to A and a tagged message from C reaches a
 // receive posted on A (messages the input left with the same tag may come first; it is looked for
-// among as many receives as there were records). Destroying the workers must release everything
+// among as many receives as there were records), and C's stream bytes reach A's endpoint for C.
+// Destroying the workers must release everything
 // (LeakSanitizer) and close every descriptor but those the shared heap keeps (bounded).
 #include <comm/context.hpp>
 #include <comm/endpoint.hpp>
@@ -48,6 +50,9 @@ using comm::fuzz::require;
 constexpr int max_rounds = 10000;
 /// The tag of the health check's message.
 constexpr comm::tag_t check_tag = 0x5eed;
+/// The id of a fresh worker's first endpoint (slot 0, generation 2): A's endpoint for B.
+constexpr uint32_t first_ep = 0x200000;
+
 /// The AM id whose handler keeps its data (am_data_release after the input).
 constexpr uint16_t keeping_am = 2;
 
@@ -197,6 +202,38 @@ void check_still_working(comm::worker& a, comm::worker& b, size_t records) {
   }
 }
 
+/// A still receives streams: C's bytes arrive whole on A's endpoint for C.
+void check_stream_still_working(comm::worker& a, comm::worker& b) {
+  auto c = comm::worker::create(the_context());
+  comm::endpoint* to_a = connect(*c, a);
+  const char sent[] = "stream check";
+  comm::op s = to_a->stream_send(sent, sizeof sent);
+  require(!s.failed(), "the stream check's send failed");
+  comm::endpoint* from_c = nullptr;
+  for (int i = 0; i < max_rounds && from_c == nullptr; ++i) {
+    progress({&a, &b, c.get()});
+    comm::stream_poll_entry ready[4];
+    const size_t n = a.stream_poll(ready, 4);
+    for (size_t k = 0; k < n; ++k) {
+      if (ready[k].ep->peer_uid() == c->uid() && ready[k].length == sizeof sent) {
+        from_c = ready[k].ep;
+      }
+    }
+  }
+  require(from_c != nullptr, "the worker no longer takes a new peer's stream");
+  char got[sizeof sent] = {};
+  size_t n = 0;
+  require(from_c->stream_recv(got, sizeof got, sizeof got, &n).done() &&
+              std::memcmp(got, sent, sizeof sent) == 0,
+          "a new peer's stream bytes arrived altered");
+  if (s.pending()) {
+    for (int i = 0; i < max_rounds && c->request_status(s.req) == comm::status::in_progress; ++i) {
+      progress({&a, &b, c.get()});
+    }
+    c->release(s.req);
+  }
+}
+
 /// AM handler that keeps persistent data (released after the input).
 comm::status keep_data(void* arg, const void*, size_t, void* data, size_t,
                        const comm::am_recv_params& params) {
@@ -255,12 +292,27 @@ void run(const uint8_t* data, size_t size) {
           "cannot set AM handlers");
   std::vector<uint8_t> posted(4096);
   comm::op r = a->tag_recv(posted.data(), posted.size(), 7, 0xff);
+  // A stream receive waiting on A's endpoint for B: forged stream bytes go into it first.
+  std::vector<uint8_t> stream_posted(4096);
+  comm::endpoint* a_for_b = comm::detail::impl(*a).find_ep(first_ep);
+  comm::op sr{};
+  if (a_for_b != nullptr) {
+    sr = a_for_b->stream_recv(stream_posted.data(), stream_posted.size(), 3000, nullptr);
+  }
   const size_t records = [&] {
     std::unique_ptr<comm::tl::ep> to_a = endpoint_to(a->address());
     return inject(*to_a, data, size, {a.get(), b.get()});
   }();
   check_still_working(*a, *b, records);
+  check_stream_still_working(*a, *b);
   for (void* d : kept) a->am_data_release(d);
+  if (sr.pending()) {
+    if (a->request_status(sr.req) == comm::status::in_progress) {
+      a->cancel(sr.req, comm::cancel_mode::force);
+    } else {
+      a->release(sr.req);
+    }
+  }
   if (r.pending()) {
     if (a->request_status(r.req) == comm::status::in_progress) {
       a->cancel(r.req, comm::cancel_mode::force);
@@ -275,9 +327,6 @@ void run(const uint8_t* data, size_t size) {
 using comm::fuzz::flat;
 using comm::fuzz::seed;
 namespace wire = comm::wire::schema;
-
-/// The id of a fresh worker's first endpoint (slot 0, generation 2): A's endpoint for B.
-constexpr uint32_t first_ep = 0x200000;
 
 /// Appends one record: the AM id, the length, the bytes.
 void append_record(seed& out, uint8_t id, const seed& bytes) {
@@ -421,6 +470,17 @@ std::vector<std::pair<uint8_t, seed>> protocol_records() {
                  f.setDstEp(first_ep);
                  f.setRreqId(6);
                }, 0)});
+  r.push_back({id(P::stream_msg::data), header_then<wire::StreamData>(dst, 40)});
+  r.push_back({id(P::stream_msg::first), header_then<wire::StreamFirst>([](auto f) {
+                 f.setDstEp(first_ep);
+                 f.setMsgId(3);
+                 f.setTotalLength(5000);
+               }, 100)});
+  r.push_back({id(P::stream_msg::fragment), header_then<wire::FragmentMiddle>([](auto f) {
+                 f.setDstEp(first_ep);
+                 f.setMsgId(3);
+                 f.setOffset(100);
+               }, 900)});
   return r;
 }
 

@@ -36,7 +36,7 @@ inline auto each_transport() { return boost::unit_test::data::make(transports_un
 // -- wire ids ------------------------------------------------------------------------------------
 
 /// The wire ids of the protocol modules under one name, for the tests that forge messages (each
-/// module declares its own: wireup_msg, tag_msg, am_msg, rndv_msg, rma_msg).
+/// module declares its own: wireup_msg, tag_msg, am_msg, rndv_msg, rma_msg, stream_msg).
 enum class proto_id : tl::am_id {
   wireup_request = detail::wire_id(detail::wireup_msg::request),
   wireup_reply = detail::wire_id(detail::wireup_msg::reply),
@@ -56,6 +56,9 @@ enum class proto_id : tl::am_id {
   rndv_refuse = detail::wire_id(detail::rndv_msg::refuse),
   rma_request = detail::wire_id(detail::rma_msg::request),
   rma_reply = detail::wire_id(detail::rma_msg::reply),
+  stream_data = detail::wire_id(detail::stream_msg::data),
+  stream_first = detail::wire_id(detail::stream_msg::first),
+  stream_fragment = detail::wire_id(detail::stream_msg::fragment),
 };
 
 /// Hands `length` bytes at `data` to the receive handler of `id` on `w`, as a transport would.

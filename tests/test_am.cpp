@@ -546,3 +546,26 @@ BOOST_DATA_TEST_CASE(am_with_a_pack_callback, each_transport(), tl_name) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(send_engine)
+
+// A message that fits one eager short send but not one bcopy fragment goes whole: the send
+// engine once cut it at the bcopy size and sent the later piece from the start of the buffer.
+BOOST_DATA_TEST_CASE(short_sends_larger_than_a_bcopy_fragment, each_transport(), tl_name) {
+  worker_pair p(tl_name);
+  am_log log;
+  BOOST_REQUIRE(p.b->set_am_handler(1, record, &log, am_flag_whole_msg) == status::ok);
+  const size_t bcopy = p.bcopy_payload();
+  const std::vector<size_t> sizes = {bcopy - 1, bcopy, bcopy + 1, bcopy + 40};
+  for (size_t n : sizes) {
+    const std::vector<uint8_t> data = pattern(n, 77);
+    BOOST_REQUIRE(p.finish(p.ab->am_send(1, nullptr, 0, data.data(), n)) == status::ok);
+  }
+  BOOST_REQUIRE(p.until([&] { return log.calls.size() == sizes.size(); }));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    BOOST_CHECK_EQUAL(log.calls[i].data.size(), sizes[i]);
+    BOOST_CHECK_EQUAL(first_mismatch(log.calls[i].data.data(), sizes[i], 77), -1);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

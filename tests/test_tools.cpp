@@ -113,13 +113,15 @@ BOOST_AUTO_TEST_CASE(comm_perftest_against_a_closed_port_fails_at_once) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(comm_perftest_client_and_server_run_a_short_test) {
+/// Runs a comm_perftest server and a client of `test` (8 B, 2000 iterations) over shm; the output
+/// of both ends with "client <rc> server <rc>".
+launch_result run_perftest_pair(const std::string& test) {
   const std::string port = std::to_string(detail::free_port());
   // The server first; the client once the server says it listens (bounded), as a user would.
   const std::string script =
       "\"$0\" -p " + port + " >\"$1\" 2>&1 & server=$!\n"
       "for i in $(seq 200); do grep -q 'Waiting for connection' \"$1\" && break; sleep 0.05; done\n"
-      "\"$0\" 127.0.0.1 -p " + port + " -t tag_lat -s 8 -n 2000 -w 100 -f; client=$?\n"
+      "\"$0\" 127.0.0.1 -p " + port + " -t " + test + " -s 8 -n 2000 -w 100 -f; client=$?\n"
       "wait $server; server_rc=$?; cat \"$1\"; rm -f \"$1\"\n"
       "echo \"client $client server $server_rc\"\n";
   char scratch[] = "/tmp/comm-perftest-server.XXXXXX";
@@ -130,10 +132,26 @@ BOOST_AUTO_TEST_CASE(comm_perftest_client_and_server_run_a_short_test) {
   opt.env.push_back("COMM_TLS=shm,self");
   const launch_result r = run_command({"bash", "-c", script, perftest, scratch}, opt);
   ::unlink(scratch);
+  return r;
+}
+
+BOOST_AUTO_TEST_CASE(comm_perftest_client_and_server_run_a_short_test) {
+  const launch_result r = run_perftest_pair("tag_lat");
   BOOST_TEST_CONTEXT(r.output) {
     BOOST_TEST(r.exit_code == 0);
     BOOST_TEST(r.count("client 0 server 0") == 1u);
     BOOST_TEST(r.count("Accepted connection from 127.0.0.1") == 1u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(comm_perftest_runs_the_stream_tests) {
+  for (const char* test : {"stream_lat", "stream_bw"}) {
+    const launch_result r = run_perftest_pair(test);
+    BOOST_TEST_CONTEXT(test << ": " << r.output) {
+      BOOST_TEST(r.exit_code == 0);
+      BOOST_TEST(r.count("client 0 server 0") == 1u);
+      BOOST_TEST(r.count("                        2000 ") == 1u);  // the final row (-f)
+    }
   }
 }
 

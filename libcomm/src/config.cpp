@@ -70,6 +70,8 @@ void read_limits(peer_limits* limits) {
   read_limit("COMM_AM_RX_EP_MAX_BYTES", &limits->am_rx_ep_max_bytes);
   read_limit("COMM_AM_HELD_MAX", &limits->am_held_max);
   read_limit("COMM_AM_HELD_MAX_BYTES", &limits->am_held_max_bytes);
+  read_limit("COMM_STREAM_RX_MAX_BYTES", &limits->stream_rx_max_bytes);
+  read_limit("COMM_STREAM_RX_EP_MAX_BYTES", &limits->stream_rx_ep_max_bytes);
   read_limit("COMM_REPLY_EP_MAX_BYTES", &limits->reply_ep_max_bytes);
   read_limit("COMM_RMA_READS_IN", &limits->rma_reads_in);
   read_limit("COMM_PEER_EP_MAX", &limits->peer_ep_max);

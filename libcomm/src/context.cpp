@@ -87,6 +87,8 @@ std::string context::info() const {
       << " unexpected_ep_msgs=" << limits.unexpected_ep_max_msgs
       << " am_rx=" << limits.am_rx_max_bytes << " am_rx_ep=" << limits.am_rx_ep_max_bytes
       << " am_held=" << limits.am_held_max << " am_held_bytes=" << limits.am_held_max_bytes
+      << " stream_rx=" << limits.stream_rx_max_bytes
+      << " stream_rx_ep=" << limits.stream_rx_ep_max_bytes
       << " reply_ep=" << limits.reply_ep_max_bytes << " peer_eps=" << limits.peer_ep_max << '\n';
   return out.str();
 }

@@ -11,6 +11,7 @@
 //   am.hpp      active messages and their handlers      ids 8-10
 //   rndv.hpp    rendezvous for tagged and active msgs   ids 11-15, 18
 //   rma.hpp     registration, keys, put/get             ids 16-17
+//   stream.hpp  ordered byte streams per endpoint       ids 19-21
 //
 // A module registers its receive handlers (one per wire id it owns) with the worker, keeps its
 // requests' state in the request (request::init<S>), its per-endpoint state in the endpoint

@@ -5,6 +5,7 @@
 #include "am.hpp"
 #include "rma.hpp"
 #include "rndv.hpp"
+#include "stream.hpp"
 #include "tag.hpp"
 #include "wireup.hpp"
 
@@ -31,7 +32,8 @@ struct module_list {
 /// that on a failed endpoint the receives waiting for rendezvous data complete before the one
 /// whose fragments were arriving.
 using protocol_list =
-    module_list<wireup_protocol, rndv_protocol, tag_protocol, am_protocol, rma_protocol>;
+    module_list<wireup_protocol, rndv_protocol, tag_protocol, am_protocol, rma_protocol,
+                stream_protocol>;
 
 static_assert(protocol_list::size <= max_protocols, "raise max_protocols");
 

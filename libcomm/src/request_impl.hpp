@@ -65,7 +65,7 @@ struct request_fields {
   // The structs copied whole sit on 16-byte boundaries, so that no 16-byte move of theirs
   // straddles a cache line.
   request_params params;                  ///< callbacks and flags
-  tl::completion tl_completion;           ///< transport completion of its zcopy, get, put or flush
+  alignas(16) tl::completion tl_completion; ///< transport completion of zcopy, get, put, flush
   const detail::request_ops* ops = nullptr; ///< its module's functions
   detail::worker_impl* owner = nullptr;   ///< the worker whose pool holds it
   detail::endpoint_impl* ep = nullptr;    ///< the endpoint it runs on, if any

@@ -153,7 +153,10 @@ status send_copy_fragment(request* req, send_progress& s, const message_framing&
   const size_t remaining = s.length - s.offset;
   alignas(8) uint8_t header[max_proto_header + 8];
   tl::am_id id;
-  const size_t room = a.max_bcopy - max_proto_header - user;
+  // Eager short was chosen because the whole message fits one am_short (choose_protocol), which
+  // may take more than a bcopy fragment: it goes whole, never cut at the bcopy size.
+  const size_t room = s.proto == send_protocol::short_ ? remaining
+                                                        : a.max_bcopy - max_proto_header - user;
   const bool whole = first && remaining <= room;
   if (first && !whole && s.msg_id == 0) s.msg_id = ep.next_msg_id++;
   const size_t header_length = encode_header(req, s, f, first, whole, header, &id);

@@ -85,6 +85,18 @@ struct ActiveMessageFirst { # first fragment of a multi-fragment user AM
   totalLength  @5 :UInt64;  # user header plus data
 }
 
+# -- streams --------------------------------------------------------------------------------------
+
+struct StreamData {         # stream bytes sent whole; they follow the header
+  dstEp @0 :UInt32;
+}
+
+struct StreamFirst {        # first fragment of a stream send cut in fragments (FragmentMiddle next)
+  dstEp       @0 :UInt32;
+  msgId       @1 :UInt64;
+  totalLength @2 :UInt64;   # bytes of the whole send
+}
+
 # -- rendezvous -----------------------------------------------------------------------------------
 
 struct RndvRts {            # ready to send: the receiver fetches `length` bytes at `address`

@@ -44,6 +44,12 @@ struct peer_limits {
   /// Bytes of protocol replies (acknowledgements, RMA replies with their data) an endpoint may
   /// queue for a peer that does not take them (COMM_REPLY_EP_MAX_BYTES).
   size_t reply_ep_max_bytes = size_t{64} << 20;
+  /// Bytes of stream data a worker buffers before the user receives them
+  /// (COMM_STREAM_RX_MAX_BYTES), every endpoint's, each buffered block counted with its
+  /// descriptor. Data taken with endpoint::stream_recv_data no longer counts.
+  size_t stream_rx_max_bytes = size_t{1} << 30;
+  /// The same, for one endpoint (COMM_STREAM_RX_EP_MAX_BYTES).
+  size_t stream_rx_ep_max_bytes = size_t{64} << 20;
   /// Endpoints peers may create on a worker by connecting to its address (COMM_PEER_EP_MAX).
   /// Beyond it a connecting peer is refused with EXCEEDS_LIMIT, after failed ones are released.
   size_t peer_ep_max = 4096;
@@ -76,7 +82,7 @@ struct config {
 
   // -- protocol-layer limits ---------------------------------------------------------------------
   /// What a peer may make a worker hold (COMM_UNEXPECTED_*, COMM_AM_RX_*, COMM_AM_HELD_*,
-  /// COMM_REPLY_EP_MAX_BYTES, COMM_PEER_EP_MAX).
+  /// COMM_STREAM_RX_*, COMM_REPLY_EP_MAX_BYTES, COMM_PEER_EP_MAX, COMM_RMA_READS_IN).
   peer_limits limits;
 
   /// The defaults overridden by the COMM_ environment variables, read once here. Malformed values

@@ -53,6 +53,45 @@ public:
   op am_send(uint16_t id, const void* header, size_t header_length, const void* data,
              size_t length, const request_params& params = {});
 
+  // -- streams (ucp_stream_*) --------------------------------------------------------------------
+
+  /// Sends `length` bytes on this endpoint's byte stream (ucp_stream_send_nbx). The peer's
+  /// endpoint paired with this one receives the bytes of all stream sends in order, without
+  /// their boundaries; a large send goes in fragments. Completes (send_cb) when the buffer may
+  /// be reused. Empty sends complete at once and carry nothing.
+  op stream_send(const void* buffer, size_t length, const request_params& params = {});
+
+  /// Sends the concatenation of `count` entries on the byte stream.
+  op stream_send_iov(const iov_entry* entries, size_t count, const request_params& params = {});
+
+  /// Receives from this endpoint's byte stream into `buffer` (ucp_stream_recv_nbx): completes
+  /// once at least `min_length` bytes (1 to `length`) are in it, having taken what had arrived
+  /// up to `length`. Bytes buffered before the call are taken first; receives complete in the
+  /// order they were posted. Done at once when enough had arrived (`*received`, if not null,
+  /// is then set); otherwise params.stream_recv_cb gets the length. On a failed endpoint the
+  /// bytes that arrived before the failure can still be received, then receives fail with its
+  /// error; a receive waiting when it fails completes with that error, and one still waiting
+  /// when the endpoint is closed with canceled (each with the bytes it got so far). cancel
+  /// completes it with canceled and the bytes it got so far (they are not returned to the
+  /// stream). invalid_param: `min_length` is 0 or above `length`, or a null buffer.
+  op stream_recv(void* buffer, size_t length, size_t min_length, size_t* received,
+                 const request_params& params = {});
+
+  /// stream_recv with `min_length` 1, or `length` when params.flags has request_stream_waitall
+  /// (UCP_STREAM_RECV_FLAG_WAITALL).
+  op stream_recv(void* buffer, size_t length, size_t* received,
+                 const request_params& params = {});
+
+  /// Takes the oldest block of buffered stream bytes without copying
+  /// (ucp_stream_recv_data_nb): returns its start and sets `*length`, or null (and 0) when
+  /// nothing is buffered or receives are posted. The block belongs to the caller until
+  /// stream_data_release; it no longer counts against the stream limits.
+  void* stream_recv_data(size_t* length);
+
+  /// Gives back a block from stream_recv_data (ucp_stream_data_release); invalid_param for any
+  /// other pointer. Blocks not given back are freed with the worker.
+  status stream_data_release(void* data);
+
   // -- RMA ---------------------------------------------------------------------------------------
 
   /// Unpacks a key packed by the peer's worker::rkey_pack for use on this endpoint. Bytes that

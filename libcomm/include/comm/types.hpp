@@ -47,6 +47,10 @@ using send_callback = void (*)(request* req, status st, void* user_data);
 using tag_recv_callback = void (*)(request* req, status st, const tag_recv_info& info,
                                    void* user_data);
 
+/// Called when a stream receive completes (ok), fails (the endpoint's error) or is canceled;
+/// `length` is what it wrote into the buffer.
+using stream_recv_callback = void (*)(request* req, status st, size_t length, void* user_data);
+
 /// Packs bytes [offset, offset + max) of a generic send into `dest`; returns bytes written.
 using pack_callback = size_t (*)(void* dest, size_t offset, size_t max, void* user_data);
 
@@ -77,6 +81,8 @@ enum request_flags : uint32_t {
   /// is recorded in it (worker::request_status), but a success does not notify: send_cb is not
   /// called. A failure notifies as usual.
   request_unsignalled = 1u << 10,
+  /// Stream receives (UCP_STREAM_RECV_FLAG_WAITALL): complete only once the whole buffer is full.
+  request_stream_waitall = 1u << 11,
 };
 
 /// Access rights of a registration (worker::mem_map), as DAT's LMR and RMR privileges.
@@ -94,6 +100,7 @@ struct request_params {
   uint32_t flags = 0;                      ///< request_flags
   send_callback send_cb = nullptr;         ///< for sends
   tag_recv_callback recv_cb = nullptr;     ///< for tagged receives
+  stream_recv_callback stream_recv_cb = nullptr; ///< for stream receives
   void* user_data = nullptr;               ///< passed to the callbacks
   uint64_t imm = 0;                        ///< immediate value, with request_immediate_value
   pack_callback pack = nullptr;            ///< generic send: pack instead of reading the buffer

@@ -92,6 +92,12 @@ struct worker_address_attr {
   std::vector<std::string> transports;  ///< transports it can be reached on
 };
 
+/// An endpoint whose byte stream has data ready (worker::stream_poll).
+struct stream_poll_entry {
+  endpoint* ep = nullptr;  ///< the endpoint
+  size_t length = 0;       ///< stream bytes buffered on it, ready to be received
+};
+
 /// A message found by tag_probe with remove, received later with tag_recv_message.
 class message;
 
@@ -289,6 +295,15 @@ public:
   /// Receives a message taken by tag_probe.
   op tag_recv_message(message* msg, void* buffer, size_t length,
                       const request_params& params = {});
+
+  // -- streams ---------------------------------------------------------------------------------
+
+  /// Writes up to `max` endpoints whose byte stream has buffered data that no posted receive
+  /// waits for (ucp_stream_worker_poll), oldest first; returns how many. An endpoint reported
+  /// goes to the back of the list while it keeps data, so a bounded poll reaches every one.
+  /// Endpoints peers created (the partners of their connect) are reported too: this is how a
+  /// receiver finds the endpoint a peer's stream arrives on.
+  size_t stream_poll(stream_poll_entry* out, size_t max);
 
   // -- requests ----------------------------------------------------------------------------------
 
