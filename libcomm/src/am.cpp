@@ -134,7 +134,8 @@ void release_data_fetch(request* req) {
 
 const request_ops am_data_ops{.name = "am_recv_data",
                               .notify = notify_data,
-                              .release = release_data_fetch};
+                              .release = release_data_fetch,
+                              .events = wakeup_am | wakeup_rx};
 
 /// Bytes the entries hold.
 size_t capacity_of(const iov_entry* entries, size_t count) {

@@ -74,7 +74,7 @@ status cancel_send(request* req, cancel_mode mode) {
 }
 
 const request_ops stream_send_ops{
-    .name = "stream_send", .progress = progress_send, .cancel = cancel_send};
+    .name = "stream_send", .progress = progress_send, .cancel = cancel_send, .events = wakeup_tx};
 
 // -- receives ------------------------------------------------------------------------------------
 
@@ -99,7 +99,7 @@ status cancel_recv(request* req, cancel_mode mode) {
 }
 
 const request_ops stream_recv_ops{
-    .name = "stream_recv", .notify = notify_recv, .cancel = cancel_recv};
+    .name = "stream_recv", .notify = notify_recv, .cancel = cancel_recv, .events = wakeup_rx};
 
 /// True while `ep` is in its worker's table (not closed and released).
 bool live(worker_impl& w, const endpoint_impl* ep) { return w.find_ep(ep->id) == ep; }
@@ -211,6 +211,7 @@ void stream_protocol::take(endpoint_impl* ep, const uint8_t* data, size_t length
 
 void stream_protocol::buffer(endpoint_impl* ep, ep_state& s, const uint8_t* data,
                              size_t length) {
+  w.note_events(wakeup_rx);  // bytes wait for a receive: worker::wait for rx ends
   if (!s.blocks.empty()) {
     block& last = s.blocks.back();
     const size_t n = std::min(length, last.capacity - last.end);
