@@ -16,6 +16,7 @@
 #include <comm/transport/transport.hpp>
 #include <comm/wire/codec.hpp>
 
+#include "base/rkey.hpp"
 #include "tcp/tcp.capnp.h"
 #include "tcp/tcp_wire.hpp"
 
@@ -23,6 +24,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -215,6 +217,17 @@ std::vector<uint8_t> message_frame(unsigned id, const std::vector<uint8_t>& payl
   return bytes;
 }
 
+/// An rma frame of `kind` with the record `rma` and `data` (padded to 8 bytes).
+std::vector<uint8_t> rma_frame(tl::tcp::frame_kind kind, const tl::tcp::parsed_rma& rma,
+                               const std::vector<uint8_t>& data = {}) {
+  tl::tcp::record_writer writer;
+  std::vector<uint8_t> bytes(tl::tcp::frame_header_size + tl::tcp::rma_header_size);
+  writer.rma(kind, 0, rma, data.size(), bytes.data());
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  bytes.resize((bytes.size() + 7) & ~size_t{7}, 0);
+  return bytes;
+}
+
 bool write_all(int fd, const std::vector<uint8_t>& bytes) {
   return ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
 }
@@ -326,10 +339,13 @@ BOOST_AUTO_TEST_CASE(component_devices_and_attributes) {
   const tl::iface_attr& attr = iface->attr();
   BOOST_TEST(iface->transport_name() == "tcp");
   const uint64_t wanted = tl::cap_am_short | tl::cap_am_bcopy | tl::cap_am_zcopy |
-                          tl::cap_pending | tl::cap_event_fd | tl::cap_connect_to_iface |
-                          tl::cap_peer_failure;
+                          tl::cap_put_zcopy | tl::cap_get_zcopy | tl::cap_pending |
+                          tl::cap_event_fd | tl::cap_connect_to_iface | tl::cap_peer_failure;
   BOOST_TEST((attr.caps & wanted) == wanted);
-  BOOST_TEST((attr.caps & (tl::cap_get_zcopy | tl::cap_put_zcopy)) == 0u);
+  BOOST_TEST(attr.max_get_zcopy >= 1024u * 1024);
+  BOOST_TEST(attr.max_put_zcopy == attr.max_get_zcopy);
+  BOOST_TEST(attr.max_outstanding_reads > 0u);
+  BOOST_TEST(iface->memory_domain() != nullptr);
   BOOST_TEST(attr.max_short >= 64u);
   BOOST_TEST(attr.max_short <= 256u);
   BOOST_TEST(attr.max_bcopy >= 8192u);
@@ -1514,6 +1530,236 @@ BOOST_AUTO_TEST_CASE(authentication_across_processes) {
   BOOST_TEST(wait_child(child) == 0);
 }
 
+// -- put and get ----------------------------------------------------------------------------------
+
+/// `size` bytes of `owner` (a pattern from `seed`) registered for RMA, the key unpacked by `user`.
+struct rma_region {
+  tl::iface& owner;
+  tl::iface& user;
+  std::vector<uint8_t> bytes;
+  tl::mem_handle* handle = nullptr;
+  tl::remote_key key;
+  std::vector<uint8_t> packed;
+
+  rma_region(tl::iface& o, tl::iface& u, size_t size, uint8_t seed)
+      : owner(o), user(u), bytes(pattern(size, seed)) {
+    BOOST_REQUIRE(owner.memory_domain()->mem_reg(bytes.data(), bytes.size(), &handle) ==
+                  status::ok);
+    BOOST_REQUIRE(owner.memory_domain()->rkey_pack(handle, packed) == status::ok);
+    BOOST_REQUIRE(user.memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) ==
+                  status::ok);
+  }
+  ~rma_region() {
+    user.memory_domain()->rkey_release(&key);
+    if (handle != nullptr) owner.memory_domain()->mem_dereg(handle);
+  }
+  uint64_t at(size_t offset) const { return reinterpret_cast<uintptr_t>(bytes.data()) + offset; }
+};
+
+/// A completion that records the order in which operations finished.
+struct ordered_completion : tl::completion {
+  size_t index = 0;
+  std::vector<size_t>* order = nullptr;
+  status got = status::in_progress;
+  ordered_completion() {
+    count = 1;
+    func = [](tl::completion* self) {
+      auto* c = static_cast<ordered_completion*>(self);
+      c->got = c->result;
+      c->order->push_back(c->index);
+    };
+  }
+};
+
+BOOST_AUTO_TEST_CASE(gets_and_puts_beyond_the_in_flight_bound_move_the_right_bytes_in_order) {
+  auto a = open_iface();
+  auto b = open_iface();
+  auto ep = connect(*a, *b);
+  constexpr size_t chunk = 65536, count = 3 * tl::tcp::max_rma_in_flight;
+  rma_region region(*b, *a, count * chunk, 21);
+  std::vector<uint8_t> local(count * chunk, 0);
+  std::vector<size_t> order;
+  std::vector<ordered_completion> done(count + 1);
+  done.reserve(count + 16);  // the puts' completions are added below without moving these
+  for (size_t i = 0; i < done.size(); ++i) {
+    done[i].index = i;
+    done[i].order = &order;
+  }
+  // More gets than may be unanswered at once (they wait in the connection's queue), each into
+  // its own slice; then gets of 4 MiB scattered over 16 entries of odd sizes.
+  for (size_t i = 0; i < count; ++i) {
+    const tl::iov entry{local.data() + i * chunk, chunk};
+    BOOST_TEST(ep->get_zcopy(&entry, 1, region.at(i * chunk), region.key, &done[i]) ==
+               status::in_progress);
+  }
+  std::vector<uint8_t> scattered(2 * tl::tcp::max_rma_bytes + 4096, 0xee);
+  std::vector<tl::iov> entries;
+  size_t offset = 0, total = 0;
+  for (size_t i = 0; i < tl::tcp::max_iov; ++i) {
+    const size_t length = i + 1 == tl::tcp::max_iov
+                              ? tl::tcp::max_rma_bytes - total
+                              : tl::tcp::max_rma_bytes / tl::tcp::max_iov - 5 + i;
+    entries.push_back({scattered.data() + offset, length});
+    total += length;
+    offset += length + 3;  // gaps of 3 bytes stay untouched
+  }
+  BOOST_TEST(ep->get_zcopy(entries.data(), entries.size(), region.at(1), region.key,
+                           &done[count]) == status::in_progress);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return order.size() == count + 1; }, 30s));
+  BOOST_REQUIRE(order.size() == count + 1);
+  for (size_t i = 0; i < order.size(); ++i) BOOST_TEST(order[i] == i);
+  BOOST_TEST((local == region.bytes));
+  size_t from = 1;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto* bytes = static_cast<const uint8_t*>(entries[i].buffer);
+    BOOST_TEST(std::equal(bytes, bytes + entries[i].length, region.bytes.begin() + from));
+    BOOST_TEST(bytes[entries[i].length] == 0xee);
+    from += entries[i].length;
+  }
+  // Puts of several sizes (an odd length leaves padding on the wire), then a get of everything.
+  const auto fresh = pattern(region.bytes.size(), 22);
+  size_t at = 0, puts = 0;
+  for (; at < region.bytes.size(); ++puts) {
+    const size_t length = std::min(region.bytes.size() - at, tl::tcp::max_rma_bytes - 1 - puts);
+    done.emplace_back();
+    done.back().index = count + 1 + puts;
+    done.back().order = &order;
+    const tl::iov entry{fresh.data() + at, length};
+    BOOST_TEST(ep->put_zcopy(&entry, 1, region.at(at), region.key, &done.back()) ==
+               status::in_progress);
+    at += length;
+  }
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return order.size() == done.size(); },
+                            30s));
+  for (size_t i = count + 1; i < done.size(); ++i) BOOST_TEST(done[i].got == status::ok);
+  BOOST_TEST((region.bytes == fresh));
+  BOOST_TEST(info_number(*a, "puts and gets sent ") == static_cast<long>(done.size()));
+  BOOST_TEST(info_number(*b, "answered for peers ") == static_cast<long>(done.size()));
+}
+
+BOOST_AUTO_TEST_CASE(a_get_sees_the_bytes_from_before_a_put_issued_after_it) {
+  auto a = open_iface();
+  auto b = open_iface();
+  auto ep = connect(*a, *b);
+  rma_region region(*b, *a, tl::tcp::max_rma_bytes, 23);
+  const auto before = region.bytes;
+  const auto after = pattern(region.bytes.size(), 24);
+  std::vector<uint8_t> read(region.bytes.size());
+  // Several gets are answered from the region without a copy; the put behind them on the
+  // connection lands before their answers are all written, so the owner keeps the old bytes.
+  completion_probe got[3];
+  for (auto& g : got) {
+    const tl::iov entry{read.data(), read.size()};
+    BOOST_TEST(ep->get_zcopy(&entry, 1, region.at(0), region.key, &g) == status::in_progress);
+  }
+  completion_probe put;
+  const tl::iov entry{after.data(), after.size()};
+  BOOST_TEST(ep->put_zcopy(&entry, 1, region.at(0), region.key, &put) == status::in_progress);
+  BOOST_TEST(progress_until({b.get(), a.get()}, [&] {
+    return put.calls == 1 && got[0].calls + got[1].calls + got[2].calls == 3;
+  }));
+  for (const auto& g : got) BOOST_TEST(g.result == status::ok);
+  BOOST_TEST(put.result == status::ok);
+  BOOST_TEST((read == before));
+  BOOST_TEST((region.bytes == after));
+}
+
+BOOST_AUTO_TEST_CASE(the_data_of_a_destroyed_endpoints_get_is_dropped) {
+  auto a = open_iface();
+  auto b = open_iface();
+  auto doomed = connect(*a, *b);
+  auto kept = connect(*a, *b);  // the same connection
+  rma_region region(*b, *a, tl::tcp::max_rma_bytes, 25);
+  std::vector<uint8_t> target(region.bytes.size(), 0x77);
+  completion_probe never;
+  const tl::iov entry{target.data(), target.size()};
+  BOOST_TEST(doomed->get_zcopy(&entry, 1, region.at(0), region.key, &never) ==
+             status::in_progress);
+  progress_for({b.get()}, 5ms);  // the answer is on its way
+  doomed.reset();
+  std::vector<uint8_t> read(4096);
+  completion_probe later;
+  const tl::iov small{read.data(), read.size()};
+  BOOST_TEST(kept->get_zcopy(&small, 1, region.at(100), region.key, &later) ==
+             status::in_progress);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return later.calls == 1; }));
+  BOOST_TEST(later.result == status::ok);
+  BOOST_TEST(std::equal(read.begin(), read.end(), region.bytes.begin() + 100));
+  BOOST_TEST(never.calls == 0);
+  BOOST_TEST(std::all_of(target.begin(), target.end(), [](uint8_t v) { return v == 0x77; }));
+}
+
+BOOST_AUTO_TEST_CASE(deregistering_a_region_under_its_answers_touches_it_no_more) {
+  auto a = open_iface();
+  auto b = open_iface();
+  recorder got;
+  got.install(*b, 1);
+  auto ep = connect(*a, *b);
+  // Memory the owner unmaps right after deregistering it: an answer still read from it would
+  // fail the connection (EFAULT) or crash.
+  const size_t size = tl::tcp::max_rma_bytes;
+  void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  BOOST_REQUIRE(mapped != MAP_FAILED);
+  const auto content = pattern(size, 26);
+  std::memcpy(mapped, content.data(), size);
+  tl::mem_handle* handle = nullptr;
+  BOOST_REQUIRE(b->memory_domain()->mem_reg(mapped, size, &handle) == status::ok);
+  std::vector<uint8_t> packed;
+  BOOST_REQUIRE(b->memory_domain()->rkey_pack(handle, packed) == status::ok);
+  tl::remote_key key;
+  BOOST_REQUIRE(a->memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+  const uint64_t value = 9;  // the connection is open first
+  BOOST_TEST(ep->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return got.size() == 1; }));
+  // Four answers of 4 MiB: more than the kernel buffers hold while `a` does not read.
+  std::vector<std::vector<uint8_t>> reads(4, std::vector<uint8_t>(size));
+  completion_probe done[4];
+  for (size_t i = 0; i < 4; ++i) {
+    const tl::iov entry{reads[i].data(), size};
+    BOOST_TEST(ep->get_zcopy(&entry, 1, reinterpret_cast<uintptr_t>(mapped), key, &done[i]) ==
+               status::in_progress);
+  }
+  BOOST_TEST(progress_until({b.get()}, [&] { return info_number(*b, "answered for peers ") > 0; }));
+  BOOST_TEST(b->memory_domain()->mem_dereg(handle) == status::ok);
+  BOOST_REQUIRE(::munmap(mapped, size) == 0);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] {
+    return done[0].calls + done[1].calls + done[2].calls + done[3].calls == 4;
+  }, 30s));
+  size_t refused = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    BOOST_TEST((done[i].result == status::ok || done[i].result == status::protection_error));
+    if (done[i].result == status::ok) BOOST_TEST((reads[i] == content));
+    refused += done[i].result == status::protection_error ? 1 : 0;
+  }
+  BOOST_TEST_MESSAGE(refused << " of 4 answers refused after the deregistration");
+  // The connection is intact.
+  BOOST_TEST(ep->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return got.size() == 2; }));
+  a->memory_domain()->rkey_release(&key);
+}
+
+BOOST_AUTO_TEST_CASE(outstanding_gets_and_puts_fail_with_their_peer) {
+  auto a = open_iface();
+  auto b = open_iface();
+  failure_log failures;
+  failures.install(*a);
+  auto ep = connect(*a, *b);
+  rma_region region(*b, *a, 1 << 20, 27);
+  std::vector<uint8_t> local(region.bytes.size());
+  completion_probe get, put;
+  const tl::iov entry{local.data(), local.size()};
+  BOOST_TEST(ep->get_zcopy(&entry, 1, region.at(0), region.key, &get) == status::in_progress);
+  BOOST_TEST(ep->put_zcopy(&entry, 1, region.at(0), region.key, &put) == status::in_progress);
+  region.handle = nullptr;  // goes with b
+  b.reset();
+  BOOST_TEST(progress_until({a.get()}, [&] { return failures.entries.size() == 1; }));
+  BOOST_TEST(get.calls == 1);
+  BOOST_TEST(put.calls == 1);
+  BOOST_TEST(is_error(get.result));
+  BOOST_TEST(is_error(put.result));
+  BOOST_TEST(is_error(ep->get_zcopy(&entry, 1, region.at(0), region.key, &get)));
+}
+
 // -- bad peers ------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
@@ -1532,6 +1778,13 @@ BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
   };
   auto bad_hello = hello;
   bad_hello[8] ^= 0xff;  // the magic
+  tl::tcp::parsed_rma rma;
+  rma.op = 1;
+  rma.length = 16;
+  tl::tcp::parsed_rma too_long = rma;
+  too_long.length = tl::tcp::max_rma_bytes + 1;
+  tl::tcp::parsed_rma unnumbered = rma;
+  unnumbered.op = 0;
   const std::vector<std::pair<const char*, std::vector<uint8_t>>> cases = {
       {"random bytes instead of a hello", junk},
       {"a hello with the wrong magic", bad_hello},
@@ -1546,6 +1799,16 @@ BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
       {"a message after bye",
        with(with(hello, frame_header(0, 0, 0, wire::schema::TcpFrameKind::BYE)),
             message_frame(1, pattern(8, 1)))},
+      {"an rma frame with an am id",
+       with(hello, frame_header(1, tl::tcp::rma_header_size, 0,
+                                wire::schema::TcpFrameKind::RMA_GET))},
+      {"an answer to no put or get", with(hello, rma_frame(tl::tcp::frame_kind::rma_reply, rma))},
+      {"a get of more than max_rma_bytes",
+       with(hello, rma_frame(tl::tcp::frame_kind::rma_get, too_long))},
+      {"a put whose data is not its length",
+       with(hello, rma_frame(tl::tcp::frame_kind::rma_put, rma, pattern(7, 3)))},
+      {"an rma operation numbered 0",
+       with(hello, rma_frame(tl::tcp::frame_kind::rma_get, unnumbered))},
   };
   long closed_before = info_number(*receiver, "malformed connections closed ");
   for (const auto& [what, bytes] : cases) {
@@ -1573,6 +1836,70 @@ BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
     return info_number(*receiver, "connections ") == 1;  // only the good one is left
   }));
   BOOST_TEST(got.messages.size() == cases.size());
+}
+
+BOOST_AUTO_TEST_CASE(puts_and_gets_of_a_raw_peer_are_checked_and_bounded) {
+  auto owner = open_iface();
+  auto other = open_iface();
+  rma_region region(*owner, *other, tl::tcp::max_rma_bytes, 28);
+  tl::packed_rkey key;
+  std::memcpy(&key, region.packed.data(), sizeof(key));
+  const auto hello = hello_for(*owner);
+  // Puts and gets outside the region, of a stale generation or an unknown slot are answered with
+  // an error (the put's data is read and dropped) and the connection stays; a put inside lands.
+  const int fd = raw_connect(port_of(*owner));
+  BOOST_REQUIRE(fd >= 0);
+  std::vector<uint8_t> bytes = hello;
+  auto add = [&](const std::vector<uint8_t>& more) {
+    bytes.insert(bytes.end(), more.begin(), more.end());
+  };
+  tl::tcp::parsed_rma rma;
+  rma.slot = key.index;
+  rma.generation = key.generation;
+  rma.address = key.base + key.length - 8;
+  rma.length = 16;
+  rma.op = 1;
+  add(rma_frame(tl::tcp::frame_kind::rma_get, rma));  // runs past the end
+  rma.op = 2;
+  rma.generation = key.generation + 1;
+  rma.address = key.base;
+  add(rma_frame(tl::tcp::frame_kind::rma_put, rma, pattern(16, 5)));  // stale
+  rma.op = 3;
+  rma.slot = key.index + 1000;
+  add(rma_frame(tl::tcp::frame_kind::rma_get, rma));  // no such slot
+  rma.op = 4;
+  rma.slot = key.index;
+  rma.generation = key.generation;
+  rma.address = key.base + 100;
+  rma.length = 5;
+  add(rma_frame(tl::tcp::frame_kind::rma_put, rma, pattern(5, 6)));  // lands
+  BOOST_TEST(write_all(fd, bytes));
+  BOOST_TEST(progress_until({owner.get()}, [&] {
+    return info_number(*owner, "answered for peers ") == 4;
+  }));
+  BOOST_TEST(info_number(*owner, "accesses refused ") == 3);
+  BOOST_TEST(info_number(*owner, "puts taken ") == 1);
+  const auto five = pattern(5, 6);
+  BOOST_TEST(std::equal(five.begin(), five.end(), region.bytes.begin() + 100));
+  BOOST_TEST(region.bytes[105] == pattern(tl::tcp::max_rma_bytes, 28)[105]);
+  BOOST_TEST(!peer_closed(fd));
+  // Asking for more answers than max_rma_in_flight while reading none closes the connection: the
+  // answers of 4 MiB fill the kernel's buffers and the owner keeps at most that many queued.
+  bytes.clear();
+  rma.length = tl::tcp::max_rma_bytes;
+  rma.address = key.base;
+  for (size_t i = 0; i < 2 * tl::tcp::max_rma_in_flight; ++i) {
+    rma.op = 5 + i;
+    add(rma_frame(tl::tcp::frame_kind::rma_get, rma));
+  }
+  BOOST_TEST(write_all(fd, bytes));
+  const long closed_before = info_number(*owner, "malformed connections closed ");
+  BOOST_TEST(progress_until({owner.get()}, [&] {
+    return info_number(*owner, "malformed connections closed ") == closed_before + 1;
+  }));
+  ::close(fd);
+  BOOST_TEST(
+      progress_until({owner.get()}, [&] { return info_number(*owner, "connections ") == 0; }));
 }
 
 // -- blocking progress ----------------------------------------------------------------------------
