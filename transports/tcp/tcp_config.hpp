@@ -10,7 +10,12 @@
 //                           has one, else its IPv6 address; "inet6" alone: IPv6 only). Interfaces
 //                           reach peers of their own family.
 //   COMM_TCP_WINDOW         frames a sender may have undelivered per connection (2..1048576,
-//                           default 256); iface_params::fifo_size wins over it
+//                           default 65536); iface_params::fifo_size wins over it. The kernel's
+//                           socket buffers bound what a peer that does not read costs; the window
+//                           only has to stay out of the way of a receiver that is descheduled for
+//                           a moment: 256 frames held a stream of 8-byte messages to a tenth of
+//                           UCX's rate on a loaded machine, 4096 to a third, 16384 and up kept
+//                           up with it (bench/compare_ucx.sh -t tcp, tag_bw 8 B)
 //   COMM_TCP_PEER_TIMEOUT   seconds a peer's host may leave our data, window probes and keepalives
 //                           unanswered before its endpoints fail with ENDPOINT_TIMEOUT (4..3600,
 //                           default 11). Only the host's kernel has to answer: a peer process that
@@ -47,7 +52,8 @@ inline constexpr knob af_prio_knob{
     "inet,inet6"};
 /// COMM_TCP_WINDOW.
 inline constexpr knob window_knob{
-    "COMM_TCP_WINDOW", "frames a sender may have undelivered per connection, 2..1048576", "256"};
+    "COMM_TCP_WINDOW", "frames a sender may have undelivered per connection, 2..1048576",
+    "65536"};
 /// COMM_TCP_PEER_TIMEOUT (seconds).
 inline constexpr knob peer_timeout_knob{
     "COMM_TCP_PEER_TIMEOUT",
@@ -78,7 +84,7 @@ inline constexpr std::array<knob, 8> tcp_knobs{
 struct tcp_config {
   std::vector<std::string> devices;   ///< COMM_TCP_DEVICE, empty when unset
   std::vector<int> families{AF_INET, AF_INET6};  ///< COMM_TCP_AF_PRIO (AF_INET, AF_INET6)
-  uint32_t window = 256;              ///< COMM_TCP_WINDOW
+  uint32_t window = 65536;            ///< COMM_TCP_WINDOW
   unsigned peer_timeout_s = 11;       ///< COMM_TCP_PEER_TIMEOUT
   unsigned stall_timeout_s = 0;       ///< COMM_TCP_STALL_TIMEOUT
   uint64_t cm_max_handshakes = 1024;  ///< COMM_TCP_CM_MAX_HANDSHAKES

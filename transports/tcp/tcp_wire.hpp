@@ -60,9 +60,9 @@ namespace comm::tl::tcp {
 // -- limits ---------------------------------------------------------------------------------------
 
 inline constexpr size_t max_short = 256;               ///< am_short header + payload
-/// am_bcopy payload. Software rendezvous streams bcopy fragments of this size: 256 KiB moved 4 MiB
-/// messages over loopback at ~1.5x the speed of 64 KiB ones (and of 128 KiB, 512 KiB or 1 MiB);
-/// the connection's send buffer holds two of them.
+/// am_bcopy payload (a software rendezvous, on a transport without get, streams fragments of this
+/// size: 256 KiB moved 4 MiB messages over loopback at ~1.5x the speed of 64 KiB ones); the
+/// connection's send buffer holds two of them.
 inline constexpr size_t max_bcopy = 256 * 1024;
 inline constexpr size_t max_zcopy = 1024 * 1024;       ///< am_zcopy iov total
 inline constexpr size_t max_hdr = 256;                 ///< am_zcopy header
