@@ -13,7 +13,8 @@ constexpr const char* log_name = "tcp";
 
 }  // namespace
 
-tcp_md::tcp_md(tcp_iface& owner, uint64_t iface_id) : owner_(owner), iface_id_(iface_id) {}
+tcp_md::tcp_md(tcp_iface& owner, uint64_t iface_id)
+    : owner_(owner), iface_id_(iface_id), pid_(static_cast<int32_t>(::getpid())) {}
 
 tcp_md::~tcp_md() {
   if (cache_.size() != 0) {
@@ -65,7 +66,7 @@ status tcp_md::rkey_pack(const mem_handle* handle, std::vector<uint8_t>& out) {
   if (r == nullptr) return status::invalid_param;
   packed_rkey key;
   key.magic = rkey_magic_tcp;
-  key.pid = static_cast<int32_t>(::getpid());
+  key.pid = pid_;
   key.index = r->index;
   key.iface_id = iface_id_;
   key.generation = r->generation;

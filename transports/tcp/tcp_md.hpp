@@ -14,6 +14,10 @@
 // started say protection_error; a put still arriving into the region is read and dropped, and
 // answered protection_error.
 //
+// Memory unmapped under a registration (freed without deregistering it), or a bad local iov, is
+// refused by the kernel (EFAULT) when the data is written to or read from the socket: the
+// connection fails and its endpoints with it, as with a bad am_zcopy iov.
+//
 // One thread uses an interface and its memory domain (libcomm calls both under its worker's lock).
 #pragma once
 
@@ -71,6 +75,7 @@ private:
 
   tcp_iface& owner_;
   const uint64_t iface_id_;
+  const int32_t pid_;  ///< in every key (a system call per rendezvous otherwise)
   region_cache cache_;
   std::vector<entry> table_;
   std::vector<uint32_t> free_;  ///< free slots, the next one at the back

@@ -249,12 +249,15 @@ parse_result parse_rma(const uint8_t* data, size_t available, parsed_frame* fram
   out->data_bytes = frame->length - bytes;
   const char* problem = nullptr;
   if (out->op == 0) problem = "an rma record without an operation";
+  if (out->data_bytes > max_rma_bytes || out->length > max_rma_bytes) {
+    problem = "more rma data than max_rma_bytes";
+  }
   switch (frame->kind) {
     case frame_kind::rma_put:
       if (out->data_bytes != out->length) problem = "a put whose data is not its length";
       break;
     case frame_kind::rma_get:
-      if (out->data_bytes != 0 || out->length > max_rma_bytes) problem = "a bad get request";
+      if (out->data_bytes != 0) problem = "a get request with data";
       break;
     default:
       if (out->result != status::ok && out->result != status::protection_error &&

@@ -200,10 +200,10 @@ struct parsed_rma {
 
 /// Checks the TcpRma record of the rma frame `frame` at `data` (right after the frame header,
 /// `available` bytes there): incomplete until the record is all there, garbage (with
-/// frame->problem set) when it is not a record, its operation number is 0, a reply's status is not
-/// one an owner answers, or the data the frame carries does not match the operation (a put
-/// carries `length` bytes, a get none, a reply `length` bytes when it is ok and `length` is what
-/// was asked; the caller checks that against the operation).
+/// frame->problem set) when it is not a record, its operation number is 0, it moves more than
+/// max_rma_bytes, a reply's status is not one an owner answers, or the data the frame carries does
+/// not match the operation (a put carries `length` bytes, a get none, a reply `length` bytes when
+/// it is ok and `length` is what was asked; the caller checks that against the operation).
 parse_result parse_rma(const uint8_t* data, size_t available, parsed_frame* frame,
                        parsed_rma* out);
 
