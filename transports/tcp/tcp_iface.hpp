@@ -10,7 +10,8 @@
 // A handler may keep a message (am_flag_desc, at most max_am_descs at once): the connection's
 // receive buffer (or large-frame buffer) holding it is lent out, the bytes after it move to a
 // replacement (UCX's tcp hands over its receive buffer the same way).
-//   am_short  copied into the connection's send buffer, written at once (max_short 256);
+//   am_short  copied into the connection's send buffer, written at once (max_short 8 KiB, as
+//             UCX's tcp);
 //   am_bcopy  packed into the send buffer, written at once (max_bcopy 256 KiB);
 //   am_zcopy  written with sendmsg straight from the caller's iov (max_zcopy 1 MiB, 16 entries),
 //             the rest kept for EPOLLOUT after a partial write; it completes when the peer's
