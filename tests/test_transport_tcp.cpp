@@ -18,6 +18,7 @@
 
 #include "base/rkey.hpp"
 #include "tcp/tcp.capnp.h"
+#include "tcp/tcp_md.hpp"
 #include "tcp/tcp_wire.hpp"
 
 #include <arpa/inet.h>
@@ -1799,6 +1800,93 @@ BOOST_AUTO_TEST_CASE(outstanding_gets_and_puts_fail_with_their_peer) {
   BOOST_TEST(is_error(ep->get_zcopy(&entry, 1, region.at(0), region.key, &get)));
 }
 
+BOOST_AUTO_TEST_CASE(forged_and_stale_keys_get_errors_and_touch_no_memory) {
+  // The owner's buffer: a registered middle page between two pages nobody registered. Keys that
+  // unpack (the requester checks an access only against the key's own base and length) but name
+  // memory the owner never registered, or a registration that is gone, must be refused by the
+  // owner: the get's target and the owner's memory stay as they were.
+  auto a = open_iface();
+  auto b = open_iface();
+  auto ep = connect(*a, *b);
+  constexpr size_t page = 4096;
+  std::vector<uint8_t> owner = pattern(3 * page, 31);
+  const std::vector<uint8_t> owner_before = owner;
+  tl::md& md = *b->memory_domain();
+  tl::mem_handle* handle = nullptr;
+  BOOST_REQUIRE(md.mem_reg(owner.data() + page, page, &handle) == status::ok);
+  std::vector<uint8_t> packed;
+  BOOST_REQUIRE(md.rkey_pack(handle, packed) == status::ok);
+  tl::packed_rkey good;
+  BOOST_REQUIRE(packed.size() >= sizeof(good));
+  std::memcpy(&good, packed.data(), sizeof(good));
+  // Runs `start` with the forged key and waits for its result (returned at once or completed).
+  auto access = [&](const tl::packed_rkey& k, bool write, uint64_t address, size_t length) {
+    tl::remote_key key;
+    BOOST_REQUIRE(a->memory_domain()->rkey_unpack(&k, sizeof(k), &key) == status::ok);
+    std::vector<uint8_t> local(length, 0x5a);
+    const auto local_before = local;
+    const std::vector<uint8_t> source = pattern(length, 99);
+    completion_probe done;
+    const tl::iov entry{write ? const_cast<uint8_t*>(source.data()) : local.data(), length};
+    status st = write ? ep->put_zcopy(&entry, 1, address, key, &done)
+                      : ep->get_zcopy(&entry, 1, address, key, &done);
+    if (st == status::in_progress) {
+      BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return done.calls == 1; }));
+      st = done.result;
+    }
+    a->memory_domain()->rkey_release(&key);
+    if (st != status::ok) BOOST_TEST((local == local_before));
+    return st;
+  };
+  const uint64_t base = good.base;
+  for (const bool write : {false, true}) {
+    BOOST_TEST_CONTEXT((write ? "put" : "get")) {
+      tl::packed_rkey k = good;
+      k.base -= page;  // the unregistered page before
+      k.length += 2 * page;
+      BOOST_TEST(access(k, write, base - page, 64) == status::protection_error);
+      BOOST_TEST(access(k, write, base - 8, 16) == status::protection_error);
+      BOOST_TEST(access(k, write, base + page - 8, 16) == status::length_error);
+      BOOST_TEST(access(k, write, base + page, 64) == status::protection_error);
+      k = good;
+      k.generation += 1;
+      BOOST_TEST(access(k, write, base, 64) == status::protection_error);
+      k = good;
+      k.index += 1;
+      BOOST_TEST(access(k, write, base, 64) == status::protection_error);
+      k.index = tl::tcp::max_tcp_regions - 1;
+      BOOST_TEST(access(k, write, base, 64) == status::protection_error);
+      // A key naming memory of the test itself, never registered with the owner.
+      std::vector<uint8_t> elsewhere = pattern(page, 77);
+      const auto elsewhere_before = elsewhere;
+      k = good;
+      k.base = reinterpret_cast<uintptr_t>(elsewhere.data());
+      BOOST_TEST(access(k, write, k.base, 64) == status::protection_error);
+      BOOST_TEST((elsewhere == elsewhere_before));
+    }
+  }
+  BOOST_TEST((owner == owner_before));
+  // The real key works; after deregistration it does not, also once the slot holds a new region.
+  BOOST_TEST(access(good, false, base, 64) == status::ok);
+  BOOST_REQUIRE(md.mem_dereg(handle) == status::ok);
+  BOOST_TEST(access(good, false, base, 64) == status::protection_error);
+  BOOST_TEST(access(good, true, base, 64) == status::protection_error);
+  tl::mem_handle* again = nullptr;
+  BOOST_REQUIRE(md.mem_reg(owner.data() + page, page, &again) == status::ok);
+  std::vector<uint8_t> packed_again;
+  BOOST_REQUIRE(md.rkey_pack(again, packed_again) == status::ok);
+  tl::packed_rkey fresh;
+  std::memcpy(&fresh, packed_again.data(), sizeof(fresh));
+  const uint32_t fresh_slot = fresh.index, old_slot = good.index;
+  BOOST_TEST(fresh_slot == old_slot);  // the slot is reused, with a new generation
+  BOOST_TEST(access(good, false, base, 64) == status::protection_error);
+  BOOST_TEST(access(good, true, base, 64) == status::protection_error);
+  BOOST_TEST(access(fresh, false, base, 64) == status::ok);
+  BOOST_TEST((owner == owner_before));
+  BOOST_TEST(md.mem_dereg(again) == status::ok);
+  BOOST_TEST(info_number(*b, "accesses refused ") == 20);
+}
+
 // -- bad peers ------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
@@ -1937,6 +2025,108 @@ BOOST_AUTO_TEST_CASE(puts_and_gets_of_a_raw_peer_are_checked_and_bounded) {
     return info_number(*owner, "malformed connections closed ") == closed_before + 1;
   }));
   ::close(fd);
+  BOOST_TEST(
+      progress_until({owner.get()}, [&] { return info_number(*owner, "connections ") == 0; }));
+}
+
+BOOST_AUTO_TEST_CASE(a_raw_peer_asking_for_unregistered_memory_reads_only_refusals) {
+  // A hostile peer names a deregistered region, memory around a registered one, and memory never
+  // registered at all: every answer on the socket is a refusal without data, in the order asked,
+  // and no byte of the owner's changes.
+  auto owner = open_iface();
+  auto other = open_iface();
+  constexpr size_t page = 4096;
+  std::vector<uint8_t> memory = pattern(3 * page, 41);
+  const std::vector<uint8_t> before = memory;
+  tl::md& md = *owner->memory_domain();
+  tl::mem_handle* live = nullptr;
+  tl::mem_handle* gone = nullptr;
+  BOOST_REQUIRE(md.mem_reg(memory.data() + page, page, &live) == status::ok);
+  BOOST_REQUIRE(md.mem_reg(memory.data() + 2 * page, page, &gone) == status::ok);
+  std::vector<uint8_t> live_packed, gone_packed;
+  BOOST_REQUIRE(md.rkey_pack(live, live_packed) == status::ok);
+  BOOST_REQUIRE(md.rkey_pack(gone, gone_packed) == status::ok);
+  tl::packed_rkey live_key, gone_key;
+  std::memcpy(&live_key, live_packed.data(), sizeof(live_key));
+  std::memcpy(&gone_key, gone_packed.data(), sizeof(gone_key));
+  BOOST_REQUIRE(md.mem_dereg(gone) == status::ok);
+
+  struct ask {
+    tl::tcp::frame_kind kind;
+    uint32_t slot;
+    uint64_t generation;
+    uint64_t address;
+    uint64_t length;
+    status expected;
+  };
+  const uint64_t base = live_key.base;
+  const uint64_t never = reinterpret_cast<uintptr_t>(memory.data());  // the first page
+  const std::vector<ask> asks = {
+      {tl::tcp::frame_kind::rma_get, gone_key.index, gone_key.generation, gone_key.base, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_put, gone_key.index, gone_key.generation, gone_key.base, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_get, live_key.index, live_key.generation, never, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_put, live_key.index, live_key.generation, never, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_get, live_key.index, live_key.generation, base - 1, 2,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_put, live_key.index, live_key.generation, base + page - 1, 2,
+       status::length_error},
+      {tl::tcp::frame_kind::rma_get, live_key.index, live_key.generation, base + page, 8,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_get, live_key.index, live_key.generation, ~uint64_t{0} - 7, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_put, live_key.index, live_key.generation + 1, base, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_get, 1u << 19, 1, base, 64, status::protection_error},
+  };
+  const int fd = raw_connect(port_of(*owner));
+  BOOST_REQUIRE(fd >= 0);
+  std::vector<uint8_t> bytes = hello_for(*owner);
+  for (size_t i = 0; i < asks.size(); ++i) {
+    tl::tcp::parsed_rma rma;
+    rma.op = i + 1;
+    rma.slot = asks[i].slot;
+    rma.generation = asks[i].generation;
+    rma.address = asks[i].address;
+    rma.length = asks[i].length;
+    const bool put = asks[i].kind == tl::tcp::frame_kind::rma_put;
+    const auto data = put ? pattern(rma.length, 9) : std::vector<uint8_t>{};
+    const auto frame = rma_frame(asks[i].kind, rma, data);
+    bytes.insert(bytes.end(), frame.begin(), frame.end());
+  }
+  BOOST_TEST(write_all(fd, bytes));
+  // The challenge and the welcome, then one record-only answer per operation.
+  constexpr size_t handshake = tl::tcp::challenge_size + tl::tcp::welcome_size;
+  constexpr size_t answer_size = tl::tcp::frame_header_size + tl::tcp::rma_header_size;
+  std::vector<uint8_t> got;
+  BOOST_REQUIRE(read_exactly(*owner, fd, handshake + asks.size() * answer_size, &got));
+  for (size_t i = 0; i < asks.size(); ++i) {
+    BOOST_TEST_CONTEXT("answer " << i + 1) {
+      alignas(8) uint8_t answer[answer_size];
+      std::memcpy(answer, got.data() + handshake + i * answer_size, answer_size);
+      tl::tcp::parsed_frame frame;
+      BOOST_REQUIRE(tl::tcp::parse_frame_header(answer, answer_size, &frame) ==
+                    tl::tcp::parse_result::frame);
+      BOOST_TEST((frame.kind == tl::tcp::frame_kind::rma_reply));
+      tl::tcp::parsed_rma rma;
+      BOOST_REQUIRE(tl::tcp::parse_rma(answer + frame.header_bytes,
+                                       answer_size - frame.header_bytes, &frame,
+                                       &rma) == tl::tcp::parse_result::frame);
+      BOOST_TEST(rma.op == i + 1);
+      BOOST_TEST(rma.result == asks[i].expected);
+      BOOST_TEST(rma.data_bytes == 0u);
+    }
+  }
+  BOOST_TEST(info_number(*owner, "accesses refused ") == static_cast<long>(asks.size()));
+  BOOST_TEST(info_number(*owner, "puts taken ") == 0);
+  BOOST_TEST(info_number(*owner, "gets served ") == 0);
+  BOOST_TEST((memory == before));
+  BOOST_TEST(!peer_closed(fd));
+  ::close(fd);
+  BOOST_TEST(md.mem_dereg(live) == status::ok);
   BOOST_TEST(
       progress_until({owner.get()}, [&] { return info_number(*owner, "connections ") == 0; }));
 }
