@@ -195,8 +195,8 @@ ip_address ipv6_loopback() {
 }
 
 /// Seeds: a stream of frames (a message, an ack, a bye, a get and a put with their answers), each
-/// handshake record (a hello from an
-/// IPv4 and from an IPv6 interface), and addresses (IPv4 and IPv6 device addresses).
+/// handshake record (a hello from an IPv4 and from an IPv6 interface), and addresses (IPv4 and
+/// IPv6 device addresses).
 std::vector<seed> make_seeds() {
   record_writer w;
   const uint8_t nonce[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
