@@ -17,12 +17,12 @@
 //             the rest kept for EPOLLOUT after a partial write; it completes when the peer's
 //             acknowledgement says the frame was delivered (the contract: the peer holds the data).
 //   put_zcopy/get_zcopy  (max_rma_bytes 4 MiB, 16 entries) on memory registered with the
-//             interface's memory domain (tcp_md.hpp): emulated over the connection the way UCX's tcp
-//             emulates put. The data moves with no copy of ours on either side: a put is written
-//             from the caller's iov, a get's answer from the owner's registered memory, and the
-//             receiving side reads it from the socket straight into the target memory; the owner
-//             checks every access against its region table (tcp_conn.hpp has the flow). The protocol
-//             layer's rendezvous uses get: the receiver reads the sender's buffer.
+//             interface's memory domain (tcp_md.hpp): emulated over the connection the way UCX's
+//             tcp emulates put. The data moves with no copy of ours on either side: a put is
+//             written from the caller's iov, a get's answer from the owner's registered memory,
+//             and the receiving side reads it from the socket straight into the target memory;
+//             the owner checks every access against its region table (tcp_conn.hpp has the flow).
+//             The protocol layer's rendezvous uses get: the receiver reads the sender's buffer.
 //
 // Who keeps which connection. The interface maps peer interface ids to the connection its
 // endpoints use. create_ep reuses the mapped connection or connects (the new one is mapped). An
