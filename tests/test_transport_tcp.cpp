@@ -71,6 +71,7 @@ std::unique_ptr<tl::iface> open_iface(const std::string& device = "lo", size_t f
   params.device = device;
   params.fifo_size = fifo_size;
   params.auth_key = auth_key;
+  params.opts["COMM_TCP_RMA"] = "1";  // put and get are tested here
   std::unique_ptr<tl::iface> iface;
   const status st = tcp_component().open(params, iface);
   if (st != status::ok) throw std::runtime_error(std::string("open: ") + to_string(st));
@@ -1798,6 +1799,41 @@ BOOST_AUTO_TEST_CASE(outstanding_gets_and_puts_fail_with_their_peer) {
   BOOST_TEST(is_error(get.result));
   BOOST_TEST(is_error(put.result));
   BOOST_TEST(is_error(ep->get_zcopy(&entry, 1, region.at(0), region.key, &get)));
+}
+
+BOOST_AUTO_TEST_CASE(without_comm_tcp_rma_there_is_no_put_get_or_memory_domain) {
+  // The default: no put, get or memory domain (the protocol layer's rendezvous and RMA go by
+  // messages); a peer's rma frames find no region and are refused.
+  tl::iface_params params;
+  params.device = "lo";
+  params.opts.erase("COMM_TCP_RMA");
+  std::unique_ptr<tl::iface> off;
+  BOOST_REQUIRE(tcp_component().open(params, off) == status::ok);
+  BOOST_TEST((off->attr().caps & (tl::cap_put_zcopy | tl::cap_get_zcopy)) == 0u);
+  BOOST_TEST(off->attr().max_get_zcopy == 0u);
+  BOOST_TEST(off->memory_domain() == nullptr);
+  auto on = open_iface();
+  auto ep = connect(*off, *on);
+  rma_region region(*on, *on, 4096, 51);
+  uint8_t local[64];
+  const tl::iov entry{local, sizeof(local)};
+  BOOST_TEST(ep->get_zcopy(&entry, 1, region.at(0), region.key, nullptr) == status::unsupported);
+  BOOST_TEST(ep->put_zcopy(&entry, 1, region.at(0), region.key, nullptr) == status::unsupported);
+  const int fd = raw_connect(port_of(*off));
+  BOOST_REQUIRE(fd >= 0);
+  std::vector<uint8_t> bytes = hello_for(*off);
+  tl::tcp::parsed_rma rma;
+  rma.op = 1;
+  rma.address = region.at(0);
+  rma.length = 64;
+  const auto get = rma_frame(tl::tcp::frame_kind::rma_get, rma);
+  bytes.insert(bytes.end(), get.begin(), get.end());
+  BOOST_TEST(write_all(fd, bytes));
+  BOOST_TEST(progress_until({off.get()}, [&] {
+    return info_number(*off, "accesses refused ") == 1;
+  }));
+  BOOST_TEST(!peer_closed(fd));
+  ::close(fd);
 }
 
 BOOST_AUTO_TEST_CASE(forged_and_stale_keys_get_errors_and_touch_no_memory) {

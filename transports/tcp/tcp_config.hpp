@@ -74,11 +74,17 @@ inline constexpr knob cm_hello_timeout_knob{
 inline constexpr knob cm_handshake_timeout_knob{
     "COMM_TCP_CM_HANDSHAKE_TIMEOUT",
     "ms a connection-manager client has to complete its request, 1..3600000", "10000"};
+/// COMM_TCP_RMA (0 or 1).
+inline constexpr knob rma_knob{
+    "COMM_TCP_RMA",
+    "1: offer put and get (emulated over the connection, no copy), which rendezvous then uses; "
+    "0: none, 0..1",
+    "0"};
 /// Every knob of tcp.
-inline constexpr std::array<knob, 8> tcp_knobs{
+inline constexpr std::array<knob, 9> tcp_knobs{
     device_knob,           af_prio_knob,           window_knob,
     peer_timeout_knob,     stall_timeout_knob,     cm_max_handshakes_knob,
-    cm_hello_timeout_knob, cm_handshake_timeout_knob};
+    cm_hello_timeout_knob, cm_handshake_timeout_knob, rma_knob};
 
 /// The knobs of one interface or connection manager and the timings derived from them.
 struct tcp_config {
@@ -90,6 +96,7 @@ struct tcp_config {
   uint64_t cm_max_handshakes = 1024;  ///< COMM_TCP_CM_MAX_HANDSHAKES
   uint64_t cm_hello_timeout_ms = 3000;       ///< COMM_TCP_CM_HELLO_TIMEOUT
   uint64_t cm_handshake_timeout_ms = 10000;  ///< COMM_TCP_CM_HANDSHAKE_TIMEOUT
+  bool rma = false;                          ///< COMM_TCP_RMA
 
   /// The knobs `opts` sets into `*out`: ok, or invalid_param with the refusal in `*why`.
   static status parse(const options& opts, tcp_config* out, std::string* why);

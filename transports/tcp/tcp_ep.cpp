@@ -106,6 +106,7 @@ status tcp_ep::get_zcopy(const iov* entries, size_t count, uint64_t remote_addre
 
 status tcp_ep::rma(bool write, const iov* entries, size_t count, uint64_t remote_address,
                    const remote_key& key, completion* comp) {
+  if (!(owner_.attr().caps & cap_get_zcopy)) return status::unsupported;  // COMM_TCP_RMA=0
   const packed_rkey* k = tcp_rkey_of(key);
   size_t total = 0;
   if (k == nullptr || count > max_iov || !sum_iov(entries, count, &total)) {

@@ -104,18 +104,20 @@ tcp_iface::tcp_iface(const iface_params& params, const net_device& device)
   if ((open_status_ = open_timer()) != status::ok) return;
 
   md_ = std::make_unique<tcp_md>(*this, iface_id_);
-  attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_put_zcopy | cap_get_zcopy |
-               cap_pending | cap_event_fd | cap_connect_to_iface | cap_peer_failure |
-               cap_costly_progress;
+  attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
+               cap_connect_to_iface | cap_peer_failure | cap_costly_progress;
+  if (config_.rma) attr_.caps |= cap_put_zcopy | cap_get_zcopy;
   attr_.max_short = max_short;
   attr_.max_bcopy = max_bcopy;
   attr_.max_zcopy = max_zcopy;
   attr_.max_hdr = max_hdr;
   attr_.max_iov = max_iov;
   attr_.max_am_descs = max_am_descs;
-  attr_.max_get_zcopy = max_rma_bytes;
-  attr_.max_put_zcopy = max_rma_bytes;
-  attr_.max_outstanding_reads = max_rma_in_flight;
+  if (config_.rma) {
+    attr_.max_get_zcopy = max_rma_bytes;
+    attr_.max_put_zcopy = max_rma_bytes;
+    attr_.max_outstanding_reads = max_rma_in_flight;
+  }
   attr_.latency_ns = 10'000;
   attr_.bandwidth_bytes_per_s = 2e9;
   attr_.priority = 5;
@@ -407,7 +409,7 @@ void tcp_iface::release_am_desc(void* data) {
   }
 }
 
-md* tcp_iface::memory_domain() { return md_.get(); }
+md* tcp_iface::memory_domain() { return config_.rma ? md_.get() : nullptr; }
 
 void tcp_iface::region_gone(uint32_t slot, uint64_t generation) {
   for (const auto& conn : conns_) conn->region_gone(slot, generation);

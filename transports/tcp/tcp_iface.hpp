@@ -16,8 +16,10 @@
 //   am_zcopy  written with sendmsg straight from the caller's iov (max_zcopy 1 MiB, 16 entries),
 //             the rest kept for EPOLLOUT after a partial write; it completes when the peer's
 //             acknowledgement says the frame was delivered (the contract: the peer holds the data).
-//   put_zcopy/get_zcopy  (max_rma_bytes 4 MiB, 16 entries) on memory registered with the
-//             interface's memory domain (tcp_md.hpp): emulated over the connection the way UCX's
+//   put_zcopy/get_zcopy  only with COMM_TCP_RMA=1 (else unsupported, and no memory domain: the
+//             protocol layer's rendezvous and RMA go by messages; README.md says why it is off).
+//             max_rma_bytes 4 MiB, 16 entries, on memory registered with the interface's
+//             memory domain (tcp_md.hpp): emulated over the connection the way UCX's
 //             tcp emulates put. The data moves with no copy of ours on either side: a put is
 //             written from the caller's iov, a get's answer from the owner's registered memory,
 //             and the receiving side reads it from the socket straight into the target memory;
