@@ -38,6 +38,41 @@ void check_extent(const uint8_t* data, size_t available, parse_result r, size_t 
           "record_extent disagrees with the parser");
 }
 
+/// The rma frame `f` at `data` (`available` bytes from its header on): its record is what the
+/// frame announces. False when the record is not all there or is garbage (the walk stops).
+bool check_rma(const uint8_t* data, size_t available, parsed_frame f) {
+  require(f.id == 0 && !f.ack, "an rma frame with an am id or an ack request");
+  require(f.length >= rma_header_size && f.length <= max_header_bytes + max_rma_bytes,
+          "an rma frame of a bad length");
+  parsed_rma rma;
+  const parse_result r = parse_rma(data + f.header_bytes, available - f.header_bytes, &f, &rma);
+  if (r == parse_result::garbage) require(f.problem != nullptr, "garbage without a reason");
+  if (r != parse_result::frame) return false;
+  require(rma.op != 0, "an rma operation numbered 0");
+  require(rma.record_bytes >= rma_header_size && rma.record_bytes <= max_header_bytes &&
+              rma.record_bytes % 8 == 0,
+          "an rma record of a bad size");
+  require(rma.record_bytes + rma.data_bytes == f.length, "rma record and data are not the frame");
+  require(rma.data_bytes <= max_rma_bytes, "more rma data than max_rma_bytes");
+  switch (f.kind) {
+    case frame_kind::rma_put:
+      require(rma.data_bytes == rma.length, "a put whose data is not its length");
+      break;
+    case frame_kind::rma_get:
+      require(rma.data_bytes == 0 && rma.length <= max_rma_bytes, "a bad get");
+      break;
+    default:
+      require(rma.result == comm::status::ok || rma.result == comm::status::protection_error ||
+                  rma.result == comm::status::length_error,
+              "an answer with an unknown status");
+      require(rma.data_bytes == 0 ||
+                  (rma.result == comm::status::ok && rma.data_bytes == rma.length),
+              "an answer whose data is not its length");
+      break;
+  }
+  return true;
+}
+
 /// Walks the bytes as a stream of frames, as tcp_conn does.
 void walk_frames(const uint8_t* data, size_t available) {
   size_t at = 0;
@@ -49,10 +84,14 @@ void walk_frames(const uint8_t* data, size_t available) {
       return;
     }
     require(f.header_bytes >= 8 && f.header_bytes <= available - at, "header outside the bytes");
-    require(f.length <= max_frame_payload, "frame longer than max_frame_payload");
-    require(f.kind == frame_kind::message || f.length == 0, "control frame with a payload");
-    require(f.kind != frame_kind::message || f.id < comm::tl::am_id_count, "am id out of range");
     require(f.total == f.header_bytes + pad8(f.length), "total is not header + padded length");
+    if (is_rma(f.kind)) {
+      if (!check_rma(data + at, available - at, f)) return;
+    } else {
+      require(f.length <= max_frame_payload, "frame longer than max_frame_payload");
+      require(f.kind == frame_kind::message || f.length == 0, "control frame with a payload");
+      require(f.kind != frame_kind::message || f.id < comm::tl::am_id_count, "am id out of range");
+    }
     if (f.total > available - at) return;  // the payload has not all arrived: wait for it
     at += f.total;
   }
@@ -155,8 +194,9 @@ ip_address ipv6_loopback() {
   return ip_address::v6(one);
 }
 
-/// Seeds: a stream of frames (a message, an ack, a bye), each handshake record (a hello from an
-/// IPv4 and from an IPv6 interface), and addresses (IPv4 and IPv6 device addresses).
+/// Seeds: a stream of frames (a message, an ack, a bye, a get and a put with their answers), each
+/// handshake record (a hello from an IPv4 and from an IPv6 interface), and addresses (IPv4 and
+/// IPv6 device addresses).
 std::vector<seed> make_seeds() {
   record_writer w;
   const uint8_t nonce[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
@@ -170,6 +210,28 @@ std::vector<seed> make_seeds() {
   seeds[0].resize(seeds[0].size() + 4);  // padding to 8
   comm::fuzz::append(seeds[0], record, w.frame(frame_kind::ack, 0, 0, false, 9, record));
   comm::fuzz::append(seeds[0], record, w.frame(frame_kind::bye, 0, 0, false, 9, record));
+  // A get, a put of 5 bytes (with its padding) and their answers.
+  parsed_rma rma;
+  rma.op = 1;
+  rma.slot = 2;
+  rma.generation = 3;
+  rma.address = 0x10000;
+  rma.length = 4096;
+  comm::fuzz::append(seeds[0], record, w.rma(frame_kind::rma_get, 9, rma, 0, record));
+  rma.op = 2;
+  rma.length = 5;
+  comm::fuzz::append(seeds[0], record, w.rma(frame_kind::rma_put, 9, rma, 5, record));
+  comm::fuzz::append(seeds[0], payload, 5);
+  seeds[0].resize(seeds[0].size() + 3);
+  rma = parsed_rma{};
+  rma.op = 1;
+  rma.length = 8;
+  comm::fuzz::append(seeds[0], record, w.rma(frame_kind::rma_reply, 9, rma, 8, record));
+  comm::fuzz::append(seeds[0], payload, 8);
+  rma.op = 2;
+  rma.result = comm::status::protection_error;
+  rma.length = 0;
+  comm::fuzz::append(seeds[0], record, w.rma(frame_kind::rma_reply, 9, rma, 0, record));
   seeds[1] = {1};
   w.hello(4242, ip_address::v4(0x0100007f), 77, own_iface_id, 1024, nonce, record);
   comm::fuzz::append(seeds[1], record, hello_size);

@@ -16,13 +16,16 @@
 #include <comm/transport/transport.hpp>
 #include <comm/wire/codec.hpp>
 
+#include "base/rkey.hpp"
 #include "tcp/tcp.capnp.h"
+#include "tcp/tcp_md.hpp"
 #include "tcp/tcp_wire.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,6 +71,7 @@ std::unique_ptr<tl::iface> open_iface(const std::string& device = "lo", size_t f
   params.device = device;
   params.fifo_size = fifo_size;
   params.auth_key = auth_key;
+  params.opts["COMM_TCP_RMA"] = "1";  // put and get are tested here
   std::unique_ptr<tl::iface> iface;
   const status st = tcp_component().open(params, iface);
   if (st != status::ok) throw std::runtime_error(std::string("open: ") + to_string(st));
@@ -215,6 +219,17 @@ std::vector<uint8_t> message_frame(unsigned id, const std::vector<uint8_t>& payl
   return bytes;
 }
 
+/// An rma frame of `kind` with the record `rma` and `data` (padded to 8 bytes).
+std::vector<uint8_t> rma_frame(tl::tcp::frame_kind kind, const tl::tcp::parsed_rma& rma,
+                               const std::vector<uint8_t>& data = {}) {
+  tl::tcp::record_writer writer;
+  std::vector<uint8_t> bytes(tl::tcp::frame_header_size + tl::tcp::rma_header_size);
+  writer.rma(kind, 0, rma, data.size(), bytes.data());
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  bytes.resize((bytes.size() + 7) & ~size_t{7}, 0);
+  return bytes;
+}
+
 bool write_all(int fd, const std::vector<uint8_t>& bytes) {
   return ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
 }
@@ -326,12 +341,15 @@ BOOST_AUTO_TEST_CASE(component_devices_and_attributes) {
   const tl::iface_attr& attr = iface->attr();
   BOOST_TEST(iface->transport_name() == "tcp");
   const uint64_t wanted = tl::cap_am_short | tl::cap_am_bcopy | tl::cap_am_zcopy |
-                          tl::cap_pending | tl::cap_event_fd | tl::cap_connect_to_iface |
-                          tl::cap_peer_failure;
+                          tl::cap_put_zcopy | tl::cap_get_zcopy | tl::cap_pending |
+                          tl::cap_event_fd | tl::cap_connect_to_iface | tl::cap_peer_failure;
   BOOST_TEST((attr.caps & wanted) == wanted);
-  BOOST_TEST((attr.caps & (tl::cap_get_zcopy | tl::cap_put_zcopy)) == 0u);
-  BOOST_TEST(attr.max_short >= 64u);
-  BOOST_TEST(attr.max_short <= 256u);
+  BOOST_TEST(attr.max_get_zcopy >= 1024u * 1024);
+  BOOST_TEST(attr.max_put_zcopy == attr.max_get_zcopy);
+  BOOST_TEST(attr.max_outstanding_reads > 0u);
+  BOOST_TEST(iface->memory_domain() != nullptr);
+  BOOST_TEST(attr.max_short >= 4096u);
+  BOOST_TEST(attr.max_short <= attr.max_bcopy);
   BOOST_TEST(attr.max_bcopy >= 8192u);
   BOOST_TEST(attr.max_zcopy >= 256u * 1024);
   BOOST_TEST(attr.max_iov == 16u);
@@ -1194,6 +1212,45 @@ BOOST_AUTO_TEST_CASE(full_send_buffer_parks_short_sends_and_resumes_in_order) {
   BOOST_TEST(purged.empty());
 }
 
+BOOST_AUTO_TEST_CASE(the_largest_shorts_survive_a_full_socket_intact_and_in_order) {
+  auto sender = open_iface();
+  auto receiver = open_iface();
+  recorder got;
+  got.install(*receiver, 1);
+  auto ep = connect(*sender, *receiver);
+  const size_t payload = sender->attr().max_short - 8;
+  std::vector<uint8_t> buffer(payload);
+  auto fill = [&](uint64_t seq) {
+    for (size_t i = 0; i < payload; ++i) buffer[i] = static_cast<uint8_t>(seq * 31 + i);
+  };
+  // The connection is open first (until then messages wait in the send buffer).
+  uint64_t seq = 0;
+  fill(seq);
+  BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), buffer.data(), payload) == status::ok);
+  BOOST_TEST(progress_until({receiver.get(), sender.get()}, [&] { return got.size() == 1; }));
+  // While the receiver sleeps the kernel takes less and less: one write goes in part, the rest
+  // waits in the send buffer (the caller refills its buffer at once) until it has no room.
+  for (++seq; seq < 100'000; ++seq) {
+    fill(seq);
+    if (ep->am_short(1, &seq, sizeof(seq), buffer.data(), payload) != status::ok) break;
+    std::fill(buffer.begin(), buffer.end(), 0xee);
+  }
+  BOOST_TEST(seq < 100'000u);
+  BOOST_TEST(info_number(*sender, "writes the kernel did not take in full ") > 0);
+  BOOST_TEST(progress_until({receiver.get(), sender.get()},
+                            [&] { return got.messages.size() == seq; }, 30s));
+  bool intact = got.messages.size() == seq;
+  for (uint64_t i = 0; intact && i < seq; ++i) {
+    const auto& bytes = got.messages[i].bytes;
+    uint64_t value = ~uint64_t{0};
+    std::memcpy(&value, bytes.data(), sizeof(value));
+    fill(i);
+    intact = value == i && bytes.size() == 8 + payload &&
+             std::equal(buffer.begin(), buffer.end(), bytes.begin() + 8);
+  }
+  BOOST_TEST(intact);
+}
+
 BOOST_AUTO_TEST_CASE(destroyed_endpoint_still_delivers_its_buffered_bytes) {
   auto sender = open_iface();
   auto receiver = open_iface();
@@ -1514,6 +1571,358 @@ BOOST_AUTO_TEST_CASE(authentication_across_processes) {
   BOOST_TEST(wait_child(child) == 0);
 }
 
+// -- put and get ----------------------------------------------------------------------------------
+
+/// `size` bytes of `owner` (a pattern from `seed`) registered for RMA, the key unpacked by `user`.
+struct rma_region {
+  tl::iface& owner;
+  tl::iface& user;
+  std::vector<uint8_t> bytes;
+  tl::mem_handle* handle = nullptr;
+  tl::remote_key key;
+  std::vector<uint8_t> packed;
+
+  rma_region(tl::iface& o, tl::iface& u, size_t size, uint8_t seed)
+      : owner(o), user(u), bytes(pattern(size, seed)) {
+    BOOST_REQUIRE(owner.memory_domain()->mem_reg(bytes.data(), bytes.size(), &handle) ==
+                  status::ok);
+    BOOST_REQUIRE(owner.memory_domain()->rkey_pack(handle, packed) == status::ok);
+    BOOST_REQUIRE(user.memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) ==
+                  status::ok);
+  }
+  ~rma_region() {
+    user.memory_domain()->rkey_release(&key);
+    if (handle != nullptr) owner.memory_domain()->mem_dereg(handle);
+  }
+  uint64_t at(size_t offset) const { return reinterpret_cast<uintptr_t>(bytes.data()) + offset; }
+};
+
+/// A completion that records the order in which operations finished.
+struct ordered_completion : tl::completion {
+  size_t index = 0;
+  std::vector<size_t>* order = nullptr;
+  status got = status::in_progress;
+  ordered_completion() {
+    count = 1;
+    func = [](tl::completion* self) {
+      auto* c = static_cast<ordered_completion*>(self);
+      c->got = c->result;
+      c->order->push_back(c->index);
+    };
+  }
+};
+
+BOOST_AUTO_TEST_CASE(gets_and_puts_beyond_the_in_flight_bound_move_the_right_bytes_in_order) {
+  auto a = open_iface();
+  auto b = open_iface();
+  auto ep = connect(*a, *b);
+  constexpr size_t chunk = 65536, count = 3 * tl::tcp::max_rma_in_flight;
+  rma_region region(*b, *a, count * chunk, 21);
+  std::vector<uint8_t> local(count * chunk, 0);
+  std::vector<size_t> order;
+  std::vector<ordered_completion> done(count + 1);
+  done.reserve(count + 16);  // the puts' completions are added below without moving these
+  for (size_t i = 0; i < done.size(); ++i) {
+    done[i].index = i;
+    done[i].order = &order;
+  }
+  // More gets than may be unanswered at once (they wait in the connection's queue), each into
+  // its own slice; then gets of 4 MiB scattered over 16 entries of odd sizes.
+  for (size_t i = 0; i < count; ++i) {
+    const tl::iov entry{local.data() + i * chunk, chunk};
+    BOOST_TEST(ep->get_zcopy(&entry, 1, region.at(i * chunk), region.key, &done[i]) ==
+               status::in_progress);
+  }
+  std::vector<uint8_t> scattered(2 * tl::tcp::max_rma_bytes + 4096, 0xee);
+  std::vector<tl::iov> entries;
+  size_t offset = 0, total = 0;
+  for (size_t i = 0; i < tl::tcp::max_iov; ++i) {
+    const size_t length = i + 1 == tl::tcp::max_iov
+                              ? tl::tcp::max_rma_bytes - total
+                              : tl::tcp::max_rma_bytes / tl::tcp::max_iov - 5 + i;
+    entries.push_back({scattered.data() + offset, length});
+    total += length;
+    offset += length + 3;  // gaps of 3 bytes stay untouched
+  }
+  BOOST_TEST(ep->get_zcopy(entries.data(), entries.size(), region.at(1), region.key,
+                           &done[count]) == status::in_progress);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return order.size() == count + 1; }, 30s));
+  BOOST_REQUIRE(order.size() == count + 1);
+  for (size_t i = 0; i < order.size(); ++i) BOOST_TEST(order[i] == i);
+  BOOST_TEST((local == region.bytes));
+  size_t from = 1;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto* bytes = static_cast<const uint8_t*>(entries[i].buffer);
+    BOOST_TEST(std::equal(bytes, bytes + entries[i].length, region.bytes.begin() + from));
+    BOOST_TEST(bytes[entries[i].length] == 0xee);
+    from += entries[i].length;
+  }
+  // Puts of several sizes (an odd length leaves padding on the wire), then a get of everything.
+  const auto fresh = pattern(region.bytes.size(), 22);
+  size_t at = 0, puts = 0;
+  for (; at < region.bytes.size(); ++puts) {
+    const size_t length = std::min(region.bytes.size() - at, tl::tcp::max_rma_bytes - 1 - puts);
+    done.emplace_back();
+    done.back().index = count + 1 + puts;
+    done.back().order = &order;
+    const tl::iov entry{fresh.data() + at, length};
+    BOOST_TEST(ep->put_zcopy(&entry, 1, region.at(at), region.key, &done.back()) ==
+               status::in_progress);
+    at += length;
+  }
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return order.size() == done.size(); },
+                            30s));
+  for (size_t i = count + 1; i < done.size(); ++i) BOOST_TEST(done[i].got == status::ok);
+  BOOST_TEST((region.bytes == fresh));
+  BOOST_TEST(info_number(*a, "puts and gets sent ") == static_cast<long>(done.size()));
+  BOOST_TEST(info_number(*b, "answered for peers ") == static_cast<long>(done.size()));
+}
+
+BOOST_AUTO_TEST_CASE(a_get_sees_the_bytes_from_before_a_put_issued_after_it) {
+  auto a = open_iface();
+  auto b = open_iface();
+  auto ep = connect(*a, *b);
+  rma_region region(*b, *a, tl::tcp::max_rma_bytes, 23);
+  const auto before = region.bytes;
+  const auto after = pattern(region.bytes.size(), 24);
+  std::vector<uint8_t> read(region.bytes.size());
+  // Several gets are answered from the region without a copy; the put behind them on the
+  // connection lands before their answers are all written, so the owner keeps the old bytes.
+  completion_probe got[3];
+  for (auto& g : got) {
+    const tl::iov entry{read.data(), read.size()};
+    BOOST_TEST(ep->get_zcopy(&entry, 1, region.at(0), region.key, &g) == status::in_progress);
+  }
+  completion_probe put;
+  const tl::iov entry{after.data(), after.size()};
+  BOOST_TEST(ep->put_zcopy(&entry, 1, region.at(0), region.key, &put) == status::in_progress);
+  BOOST_TEST(progress_until({b.get(), a.get()}, [&] {
+    return put.calls == 1 && got[0].calls + got[1].calls + got[2].calls == 3;
+  }));
+  for (const auto& g : got) BOOST_TEST(g.result == status::ok);
+  BOOST_TEST(put.result == status::ok);
+  BOOST_TEST((read == before));
+  BOOST_TEST((region.bytes == after));
+}
+
+BOOST_AUTO_TEST_CASE(the_data_of_a_destroyed_endpoints_get_is_dropped) {
+  auto a = open_iface();
+  auto b = open_iface();
+  auto doomed = connect(*a, *b);
+  auto kept = connect(*a, *b);  // the same connection
+  rma_region region(*b, *a, tl::tcp::max_rma_bytes, 25);
+  std::vector<uint8_t> target(region.bytes.size(), 0x77);
+  completion_probe never;
+  const tl::iov entry{target.data(), target.size()};
+  BOOST_TEST(doomed->get_zcopy(&entry, 1, region.at(0), region.key, &never) ==
+             status::in_progress);
+  progress_for({b.get()}, 5ms);  // the answer is on its way
+  doomed.reset();
+  std::vector<uint8_t> read(4096);
+  completion_probe later;
+  const tl::iov small{read.data(), read.size()};
+  BOOST_TEST(kept->get_zcopy(&small, 1, region.at(100), region.key, &later) ==
+             status::in_progress);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return later.calls == 1; }));
+  BOOST_TEST(later.result == status::ok);
+  BOOST_TEST(std::equal(read.begin(), read.end(), region.bytes.begin() + 100));
+  BOOST_TEST(never.calls == 0);
+  BOOST_TEST(std::all_of(target.begin(), target.end(), [](uint8_t v) { return v == 0x77; }));
+}
+
+BOOST_AUTO_TEST_CASE(deregistering_a_region_under_its_answers_touches_it_no_more) {
+  auto a = open_iface();
+  auto b = open_iface();
+  recorder got;
+  got.install(*b, 1);
+  auto ep = connect(*a, *b);
+  // Memory the owner unmaps right after deregistering it: an answer still read from it would
+  // fail the connection (EFAULT) or crash.
+  const size_t size = tl::tcp::max_rma_bytes;
+  void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  BOOST_REQUIRE(mapped != MAP_FAILED);
+  const auto content = pattern(size, 26);
+  std::memcpy(mapped, content.data(), size);
+  tl::mem_handle* handle = nullptr;
+  BOOST_REQUIRE(b->memory_domain()->mem_reg(mapped, size, &handle) == status::ok);
+  std::vector<uint8_t> packed;
+  BOOST_REQUIRE(b->memory_domain()->rkey_pack(handle, packed) == status::ok);
+  tl::remote_key key;
+  BOOST_REQUIRE(a->memory_domain()->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+  const uint64_t value = 9;  // the connection is open first
+  BOOST_TEST(ep->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return got.size() == 1; }));
+  // Four answers of 4 MiB: more than the kernel buffers hold while `a` does not read.
+  std::vector<std::vector<uint8_t>> reads(4, std::vector<uint8_t>(size));
+  completion_probe done[4];
+  for (size_t i = 0; i < 4; ++i) {
+    const tl::iov entry{reads[i].data(), size};
+    BOOST_TEST(ep->get_zcopy(&entry, 1, reinterpret_cast<uintptr_t>(mapped), key, &done[i]) ==
+               status::in_progress);
+  }
+  BOOST_TEST(progress_until({b.get()}, [&] { return info_number(*b, "answered for peers ") > 0; }));
+  BOOST_TEST(b->memory_domain()->mem_dereg(handle) == status::ok);
+  BOOST_REQUIRE(::munmap(mapped, size) == 0);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] {
+    return done[0].calls + done[1].calls + done[2].calls + done[3].calls == 4;
+  }, 30s));
+  size_t refused = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    BOOST_TEST((done[i].result == status::ok || done[i].result == status::protection_error));
+    if (done[i].result == status::ok) BOOST_TEST((reads[i] == content));
+    refused += done[i].result == status::protection_error ? 1 : 0;
+  }
+  BOOST_TEST_MESSAGE(refused << " of 4 answers refused after the deregistration");
+  // The connection is intact.
+  BOOST_TEST(ep->am_short(1, &value, sizeof(value), nullptr, 0) == status::ok);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return got.size() == 2; }));
+  a->memory_domain()->rkey_release(&key);
+}
+
+BOOST_AUTO_TEST_CASE(outstanding_gets_and_puts_fail_with_their_peer) {
+  auto a = open_iface();
+  auto b = open_iface();
+  failure_log failures;
+  failures.install(*a);
+  auto ep = connect(*a, *b);
+  rma_region region(*b, *a, 1 << 20, 27);
+  std::vector<uint8_t> local(region.bytes.size());
+  completion_probe get, put;
+  const tl::iov entry{local.data(), local.size()};
+  BOOST_TEST(ep->get_zcopy(&entry, 1, region.at(0), region.key, &get) == status::in_progress);
+  BOOST_TEST(ep->put_zcopy(&entry, 1, region.at(0), region.key, &put) == status::in_progress);
+  region.handle = nullptr;  // goes with b
+  b.reset();
+  BOOST_TEST(progress_until({a.get()}, [&] { return failures.entries.size() == 1; }));
+  BOOST_TEST(get.calls == 1);
+  BOOST_TEST(put.calls == 1);
+  BOOST_TEST(is_error(get.result));
+  BOOST_TEST(is_error(put.result));
+  BOOST_TEST(is_error(ep->get_zcopy(&entry, 1, region.at(0), region.key, &get)));
+}
+
+BOOST_AUTO_TEST_CASE(without_comm_tcp_rma_there_is_no_put_get_or_memory_domain) {
+  // The default: no put, get or memory domain (the protocol layer's rendezvous and RMA go by
+  // messages); a peer's rma frames find no region and are refused.
+  tl::iface_params params;
+  params.device = "lo";
+  params.opts.erase("COMM_TCP_RMA");
+  std::unique_ptr<tl::iface> off;
+  BOOST_REQUIRE(tcp_component().open(params, off) == status::ok);
+  BOOST_TEST((off->attr().caps & (tl::cap_put_zcopy | tl::cap_get_zcopy)) == 0u);
+  BOOST_TEST(off->attr().max_get_zcopy == 0u);
+  BOOST_TEST(off->memory_domain() == nullptr);
+  auto on = open_iface();
+  auto ep = connect(*off, *on);
+  rma_region region(*on, *on, 4096, 51);
+  uint8_t local[64];
+  const tl::iov entry{local, sizeof(local)};
+  BOOST_TEST(ep->get_zcopy(&entry, 1, region.at(0), region.key, nullptr) == status::unsupported);
+  BOOST_TEST(ep->put_zcopy(&entry, 1, region.at(0), region.key, nullptr) == status::unsupported);
+  const int fd = raw_connect(port_of(*off));
+  BOOST_REQUIRE(fd >= 0);
+  std::vector<uint8_t> bytes = hello_for(*off);
+  tl::tcp::parsed_rma rma;
+  rma.op = 1;
+  rma.address = region.at(0);
+  rma.length = 64;
+  const auto get = rma_frame(tl::tcp::frame_kind::rma_get, rma);
+  bytes.insert(bytes.end(), get.begin(), get.end());
+  BOOST_TEST(write_all(fd, bytes));
+  BOOST_TEST(progress_until({off.get()}, [&] {
+    return info_number(*off, "accesses refused ") == 1;
+  }));
+  BOOST_TEST(!peer_closed(fd));
+  ::close(fd);
+}
+
+BOOST_AUTO_TEST_CASE(forged_and_stale_keys_get_errors_and_touch_no_memory) {
+  // The owner's buffer: a registered middle page between two pages nobody registered. Keys that
+  // unpack (the requester checks an access only against the key's own base and length) but name
+  // memory the owner never registered, or a registration that is gone, must be refused by the
+  // owner: the get's target and the owner's memory stay as they were.
+  auto a = open_iface();
+  auto b = open_iface();
+  auto ep = connect(*a, *b);
+  constexpr size_t page = 4096;
+  std::vector<uint8_t> owner = pattern(3 * page, 31);
+  const std::vector<uint8_t> owner_before = owner;
+  tl::md& md = *b->memory_domain();
+  tl::mem_handle* handle = nullptr;
+  BOOST_REQUIRE(md.mem_reg(owner.data() + page, page, &handle) == status::ok);
+  std::vector<uint8_t> packed;
+  BOOST_REQUIRE(md.rkey_pack(handle, packed) == status::ok);
+  tl::packed_rkey good;
+  BOOST_REQUIRE(packed.size() >= sizeof(good));
+  std::memcpy(&good, packed.data(), sizeof(good));
+  // Runs `start` with the forged key and waits for its result (returned at once or completed).
+  auto access = [&](const tl::packed_rkey& k, bool write, uint64_t address, size_t length) {
+    tl::remote_key key;
+    BOOST_REQUIRE(a->memory_domain()->rkey_unpack(&k, sizeof(k), &key) == status::ok);
+    std::vector<uint8_t> local(length, 0x5a);
+    const auto local_before = local;
+    const std::vector<uint8_t> source = pattern(length, 99);
+    completion_probe done;
+    const tl::iov entry{write ? const_cast<uint8_t*>(source.data()) : local.data(), length};
+    status st = write ? ep->put_zcopy(&entry, 1, address, key, &done)
+                      : ep->get_zcopy(&entry, 1, address, key, &done);
+    if (st == status::in_progress) {
+      BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return done.calls == 1; }));
+      st = done.result;
+    }
+    a->memory_domain()->rkey_release(&key);
+    if (st != status::ok) BOOST_TEST((local == local_before));
+    return st;
+  };
+  const uint64_t base = good.base;
+  for (const bool write : {false, true}) {
+    BOOST_TEST_CONTEXT((write ? "put" : "get")) {
+      tl::packed_rkey k = good;
+      k.base -= page;  // the unregistered page before
+      k.length += 2 * page;
+      BOOST_TEST(access(k, write, base - page, 64) == status::protection_error);
+      BOOST_TEST(access(k, write, base - 8, 16) == status::protection_error);
+      BOOST_TEST(access(k, write, base + page - 8, 16) == status::length_error);
+      BOOST_TEST(access(k, write, base + page, 64) == status::protection_error);
+      k = good;
+      k.generation += 1;
+      BOOST_TEST(access(k, write, base, 64) == status::protection_error);
+      k = good;
+      k.index += 1;
+      BOOST_TEST(access(k, write, base, 64) == status::protection_error);
+      k.index = tl::tcp::max_tcp_regions - 1;
+      BOOST_TEST(access(k, write, base, 64) == status::protection_error);
+      // A key naming memory of the test itself, never registered with the owner.
+      std::vector<uint8_t> elsewhere = pattern(page, 77);
+      const auto elsewhere_before = elsewhere;
+      k = good;
+      k.base = reinterpret_cast<uintptr_t>(elsewhere.data());
+      BOOST_TEST(access(k, write, k.base, 64) == status::protection_error);
+      BOOST_TEST((elsewhere == elsewhere_before));
+    }
+  }
+  BOOST_TEST((owner == owner_before));
+  // The real key works; after deregistration it does not, also once the slot holds a new region.
+  BOOST_TEST(access(good, false, base, 64) == status::ok);
+  BOOST_REQUIRE(md.mem_dereg(handle) == status::ok);
+  BOOST_TEST(access(good, false, base, 64) == status::protection_error);
+  BOOST_TEST(access(good, true, base, 64) == status::protection_error);
+  tl::mem_handle* again = nullptr;
+  BOOST_REQUIRE(md.mem_reg(owner.data() + page, page, &again) == status::ok);
+  std::vector<uint8_t> packed_again;
+  BOOST_REQUIRE(md.rkey_pack(again, packed_again) == status::ok);
+  tl::packed_rkey fresh;
+  std::memcpy(&fresh, packed_again.data(), sizeof(fresh));
+  const uint32_t fresh_slot = fresh.index, old_slot = good.index;
+  BOOST_TEST(fresh_slot == old_slot);  // the slot is reused, with a new generation
+  BOOST_TEST(access(good, false, base, 64) == status::protection_error);
+  BOOST_TEST(access(good, true, base, 64) == status::protection_error);
+  BOOST_TEST(access(fresh, false, base, 64) == status::ok);
+  BOOST_TEST((owner == owner_before));
+  BOOST_TEST(md.mem_dereg(again) == status::ok);
+  BOOST_TEST(info_number(*b, "accesses refused ") == 20);
+}
+
 // -- bad peers ------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
@@ -1532,6 +1941,13 @@ BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
   };
   auto bad_hello = hello;
   bad_hello[8] ^= 0xff;  // the magic
+  tl::tcp::parsed_rma rma;
+  rma.op = 1;
+  rma.length = 16;
+  tl::tcp::parsed_rma too_long = rma;
+  too_long.length = tl::tcp::max_rma_bytes + 1;
+  tl::tcp::parsed_rma unnumbered = rma;
+  unnumbered.op = 0;
   const std::vector<std::pair<const char*, std::vector<uint8_t>>> cases = {
       {"random bytes instead of a hello", junk},
       {"a hello with the wrong magic", bad_hello},
@@ -1546,6 +1962,16 @@ BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
       {"a message after bye",
        with(with(hello, frame_header(0, 0, 0, wire::schema::TcpFrameKind::BYE)),
             message_frame(1, pattern(8, 1)))},
+      {"an rma frame with an am id",
+       with(hello, frame_header(1, tl::tcp::rma_header_size, 0,
+                                wire::schema::TcpFrameKind::RMA_GET))},
+      {"an answer to no put or get", with(hello, rma_frame(tl::tcp::frame_kind::rma_reply, rma))},
+      {"a get of more than max_rma_bytes",
+       with(hello, rma_frame(tl::tcp::frame_kind::rma_get, too_long))},
+      {"a put whose data is not its length",
+       with(hello, rma_frame(tl::tcp::frame_kind::rma_put, rma, pattern(7, 3)))},
+      {"an rma operation numbered 0",
+       with(hello, rma_frame(tl::tcp::frame_kind::rma_get, unnumbered))},
   };
   long closed_before = info_number(*receiver, "malformed connections closed ");
   for (const auto& [what, bytes] : cases) {
@@ -1573,6 +1999,172 @@ BOOST_AUTO_TEST_CASE(garbage_from_raw_sockets_closes_only_that_connection) {
     return info_number(*receiver, "connections ") == 1;  // only the good one is left
   }));
   BOOST_TEST(got.messages.size() == cases.size());
+}
+
+BOOST_AUTO_TEST_CASE(puts_and_gets_of_a_raw_peer_are_checked_and_bounded) {
+  auto owner = open_iface();
+  auto other = open_iface();
+  rma_region region(*owner, *other, tl::tcp::max_rma_bytes, 28);
+  tl::packed_rkey key;
+  std::memcpy(&key, region.packed.data(), sizeof(key));
+  const auto hello = hello_for(*owner);
+  // Puts and gets outside the region, of a stale generation or an unknown slot are answered with
+  // an error (the put's data is read and dropped) and the connection stays; a put inside lands.
+  const int fd = raw_connect(port_of(*owner));
+  BOOST_REQUIRE(fd >= 0);
+  std::vector<uint8_t> bytes = hello;
+  auto add = [&](const std::vector<uint8_t>& more) {
+    bytes.insert(bytes.end(), more.begin(), more.end());
+  };
+  tl::tcp::parsed_rma rma;
+  rma.slot = key.index;
+  rma.generation = key.generation;
+  rma.address = key.base + key.length - 8;
+  rma.length = 16;
+  rma.op = 1;
+  add(rma_frame(tl::tcp::frame_kind::rma_get, rma));  // runs past the end
+  rma.op = 2;
+  rma.generation = key.generation + 1;
+  rma.address = key.base;
+  add(rma_frame(tl::tcp::frame_kind::rma_put, rma, pattern(16, 5)));  // stale
+  rma.op = 3;
+  rma.slot = key.index + 1000;
+  add(rma_frame(tl::tcp::frame_kind::rma_get, rma));  // no such slot
+  rma.op = 4;
+  rma.slot = key.index;
+  rma.generation = key.generation;
+  rma.address = key.base + 100;
+  rma.length = 5;
+  add(rma_frame(tl::tcp::frame_kind::rma_put, rma, pattern(5, 6)));  // lands
+  BOOST_TEST(write_all(fd, bytes));
+  BOOST_TEST(progress_until({owner.get()}, [&] {
+    return info_number(*owner, "answered for peers ") == 4;
+  }));
+  BOOST_TEST(info_number(*owner, "accesses refused ") == 3);
+  BOOST_TEST(info_number(*owner, "puts taken ") == 1);
+  const auto five = pattern(5, 6);
+  BOOST_TEST(std::equal(five.begin(), five.end(), region.bytes.begin() + 100));
+  BOOST_TEST(region.bytes[105] == pattern(tl::tcp::max_rma_bytes, 28)[105]);
+  BOOST_TEST(!peer_closed(fd));
+  // Asking for more answers than max_rma_in_flight while reading none closes the connection: the
+  // answers of 4 MiB fill the kernel's buffers and the owner keeps at most that many queued.
+  bytes.clear();
+  rma.length = tl::tcp::max_rma_bytes;
+  rma.address = key.base;
+  for (size_t i = 0; i < 2 * tl::tcp::max_rma_in_flight; ++i) {
+    rma.op = 5 + i;
+    add(rma_frame(tl::tcp::frame_kind::rma_get, rma));
+  }
+  BOOST_TEST(write_all(fd, bytes));
+  const long closed_before = info_number(*owner, "malformed connections closed ");
+  BOOST_TEST(progress_until({owner.get()}, [&] {
+    return info_number(*owner, "malformed connections closed ") == closed_before + 1;
+  }));
+  ::close(fd);
+  BOOST_TEST(
+      progress_until({owner.get()}, [&] { return info_number(*owner, "connections ") == 0; }));
+}
+
+BOOST_AUTO_TEST_CASE(a_raw_peer_asking_for_unregistered_memory_reads_only_refusals) {
+  // A hostile peer names a deregistered region, memory around a registered one, and memory never
+  // registered at all: every answer on the socket is a refusal without data, in the order asked,
+  // and no byte of the owner's changes.
+  auto owner = open_iface();
+  auto other = open_iface();
+  constexpr size_t page = 4096;
+  std::vector<uint8_t> memory = pattern(3 * page, 41);
+  const std::vector<uint8_t> before = memory;
+  tl::md& md = *owner->memory_domain();
+  tl::mem_handle* live = nullptr;
+  tl::mem_handle* gone = nullptr;
+  BOOST_REQUIRE(md.mem_reg(memory.data() + page, page, &live) == status::ok);
+  BOOST_REQUIRE(md.mem_reg(memory.data() + 2 * page, page, &gone) == status::ok);
+  std::vector<uint8_t> live_packed, gone_packed;
+  BOOST_REQUIRE(md.rkey_pack(live, live_packed) == status::ok);
+  BOOST_REQUIRE(md.rkey_pack(gone, gone_packed) == status::ok);
+  tl::packed_rkey live_key, gone_key;
+  std::memcpy(&live_key, live_packed.data(), sizeof(live_key));
+  std::memcpy(&gone_key, gone_packed.data(), sizeof(gone_key));
+  BOOST_REQUIRE(md.mem_dereg(gone) == status::ok);
+
+  struct ask {
+    tl::tcp::frame_kind kind;
+    uint32_t slot;
+    uint64_t generation;
+    uint64_t address;
+    uint64_t length;
+    status expected;
+  };
+  const uint64_t base = live_key.base;
+  const uint64_t never = reinterpret_cast<uintptr_t>(memory.data());  // the first page
+  const std::vector<ask> asks = {
+      {tl::tcp::frame_kind::rma_get, gone_key.index, gone_key.generation, gone_key.base, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_put, gone_key.index, gone_key.generation, gone_key.base, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_get, live_key.index, live_key.generation, never, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_put, live_key.index, live_key.generation, never, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_get, live_key.index, live_key.generation, base - 1, 2,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_put, live_key.index, live_key.generation, base + page - 1, 2,
+       status::length_error},
+      {tl::tcp::frame_kind::rma_get, live_key.index, live_key.generation, base + page, 8,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_get, live_key.index, live_key.generation, ~uint64_t{0} - 7, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_put, live_key.index, live_key.generation + 1, base, 64,
+       status::protection_error},
+      {tl::tcp::frame_kind::rma_get, 1u << 19, 1, base, 64, status::protection_error},
+  };
+  const int fd = raw_connect(port_of(*owner));
+  BOOST_REQUIRE(fd >= 0);
+  std::vector<uint8_t> bytes = hello_for(*owner);
+  for (size_t i = 0; i < asks.size(); ++i) {
+    tl::tcp::parsed_rma rma;
+    rma.op = i + 1;
+    rma.slot = asks[i].slot;
+    rma.generation = asks[i].generation;
+    rma.address = asks[i].address;
+    rma.length = asks[i].length;
+    const bool put = asks[i].kind == tl::tcp::frame_kind::rma_put;
+    const auto data = put ? pattern(rma.length, 9) : std::vector<uint8_t>{};
+    const auto frame = rma_frame(asks[i].kind, rma, data);
+    bytes.insert(bytes.end(), frame.begin(), frame.end());
+  }
+  BOOST_TEST(write_all(fd, bytes));
+  // The challenge and the welcome, then one record-only answer per operation.
+  constexpr size_t handshake = tl::tcp::challenge_size + tl::tcp::welcome_size;
+  constexpr size_t answer_size = tl::tcp::frame_header_size + tl::tcp::rma_header_size;
+  std::vector<uint8_t> got;
+  BOOST_REQUIRE(read_exactly(*owner, fd, handshake + asks.size() * answer_size, &got));
+  for (size_t i = 0; i < asks.size(); ++i) {
+    BOOST_TEST_CONTEXT("answer " << i + 1) {
+      alignas(8) uint8_t answer[answer_size];
+      std::memcpy(answer, got.data() + handshake + i * answer_size, answer_size);
+      tl::tcp::parsed_frame frame;
+      BOOST_REQUIRE(tl::tcp::parse_frame_header(answer, answer_size, &frame) ==
+                    tl::tcp::parse_result::frame);
+      BOOST_TEST((frame.kind == tl::tcp::frame_kind::rma_reply));
+      tl::tcp::parsed_rma rma;
+      BOOST_REQUIRE(tl::tcp::parse_rma(answer + frame.header_bytes,
+                                       answer_size - frame.header_bytes, &frame,
+                                       &rma) == tl::tcp::parse_result::frame);
+      BOOST_TEST(rma.op == i + 1);
+      BOOST_TEST(rma.result == asks[i].expected);
+      BOOST_TEST(rma.data_bytes == 0u);
+    }
+  }
+  BOOST_TEST(info_number(*owner, "accesses refused ") == static_cast<long>(asks.size()));
+  BOOST_TEST(info_number(*owner, "puts taken ") == 0);
+  BOOST_TEST(info_number(*owner, "gets served ") == 0);
+  BOOST_TEST((memory == before));
+  BOOST_TEST(!peer_closed(fd));
+  ::close(fd);
+  BOOST_TEST(md.mem_dereg(live) == status::ok);
+  BOOST_TEST(
+      progress_until({owner.get()}, [&] { return info_number(*owner, "connections ") == 0; }));
 }
 
 // -- blocking progress ----------------------------------------------------------------------------

@@ -58,6 +58,10 @@ enum TcpFrameKind {
   message @0;               # an active message for the handler of amId
   ack     @1;               # nothing but `delivered` (length 0)
   bye     @2;               # the sender has no endpoints left here and sends no more messages
+  rmaPut  @3;               # version 4: a TcpRma then its `length` bytes, for registered memory
+  rmaGet  @4;               # version 4: a TcpRma asking for `length` bytes of registered memory
+  rmaReply @5;              # version 4: a TcpRma answering the oldest put or get still unanswered,
+                            # followed by the data of a get that succeeded
 }
 
 struct TcpFrame {           # every record after the handshake, both ways: this header, `length` bytes
@@ -67,6 +71,15 @@ struct TcpFrame {           # every record after the handshake, both ways: this 
                             # ack frame: a heartbeat, answered once the receiver's process reads it)
   kind         @3 :TcpFrameKind;
   delivered    @4 :UInt64;  # messages of the other direction delivered so far (a piggybacked ack)
+}
+
+struct TcpRma {             # after the TcpFrame header of the rma kinds (amId 0, no ackRequested)
+  op         @0 :UInt64;    # the requester's number of the operation on this connection (1, 2, ...)
+  status     @1 :Int16;     # rmaReply: 0 or why the owner refused (PROTECTION_ERROR, LENGTH_ERROR)
+  slot       @2 :UInt32;    # put/get: the region's slot in the owner's table (from the remote key)
+  generation @3 :UInt64;    # put/get: the slot's generation when the region was registered
+  address    @4 :UInt64;    # put/get: where in the owner's address space
+  length     @5 :UInt64;    # bytes moved: the data after a put or a successful get reply
 }
 
 # -- connection manager (client-server handshake on a socket) -------------------------------------

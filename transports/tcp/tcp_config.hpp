@@ -10,7 +10,12 @@
 //                           has one, else its IPv6 address; "inet6" alone: IPv6 only). Interfaces
 //                           reach peers of their own family.
 //   COMM_TCP_WINDOW         frames a sender may have undelivered per connection (2..1048576,
-//                           default 256); iface_params::fifo_size wins over it
+//                           default 65536); iface_params::fifo_size wins over it. The kernel's
+//                           socket buffers bound what a peer that does not read costs; the window
+//                           only has to stay out of the way of a receiver that is descheduled for
+//                           a moment: 256 frames held a stream of 8-byte messages to a tenth of
+//                           UCX's rate on a loaded machine, 4096 to a third, 16384 and up kept
+//                           up with it (bench/compare_ucx.sh -t tcp, tag_bw 8 B)
 //   COMM_TCP_PEER_TIMEOUT   seconds a peer's host may leave our data, window probes and keepalives
 //                           unanswered before its endpoints fail with ENDPOINT_TIMEOUT (4..3600,
 //                           default 11). Only the host's kernel has to answer: a peer process that
@@ -47,7 +52,8 @@ inline constexpr knob af_prio_knob{
     "inet,inet6"};
 /// COMM_TCP_WINDOW.
 inline constexpr knob window_knob{
-    "COMM_TCP_WINDOW", "frames a sender may have undelivered per connection, 2..1048576", "256"};
+    "COMM_TCP_WINDOW", "frames a sender may have undelivered per connection, 2..1048576",
+    "65536"};
 /// COMM_TCP_PEER_TIMEOUT (seconds).
 inline constexpr knob peer_timeout_knob{
     "COMM_TCP_PEER_TIMEOUT",
@@ -68,22 +74,29 @@ inline constexpr knob cm_hello_timeout_knob{
 inline constexpr knob cm_handshake_timeout_knob{
     "COMM_TCP_CM_HANDSHAKE_TIMEOUT",
     "ms a connection-manager client has to complete its request, 1..3600000", "10000"};
+/// COMM_TCP_RMA (0 or 1).
+inline constexpr knob rma_knob{
+    "COMM_TCP_RMA",
+    "1: offer put and get (emulated over the connection, no copy), which rendezvous then uses; "
+    "0: none, 0..1",
+    "0"};
 /// Every knob of tcp.
-inline constexpr std::array<knob, 8> tcp_knobs{
+inline constexpr std::array<knob, 9> tcp_knobs{
     device_knob,           af_prio_knob,           window_knob,
     peer_timeout_knob,     stall_timeout_knob,     cm_max_handshakes_knob,
-    cm_hello_timeout_knob, cm_handshake_timeout_knob};
+    cm_hello_timeout_knob, cm_handshake_timeout_knob, rma_knob};
 
 /// The knobs of one interface or connection manager and the timings derived from them.
 struct tcp_config {
   std::vector<std::string> devices;   ///< COMM_TCP_DEVICE, empty when unset
   std::vector<int> families{AF_INET, AF_INET6};  ///< COMM_TCP_AF_PRIO (AF_INET, AF_INET6)
-  uint32_t window = 256;              ///< COMM_TCP_WINDOW
+  uint32_t window = 65536;            ///< COMM_TCP_WINDOW
   unsigned peer_timeout_s = 11;       ///< COMM_TCP_PEER_TIMEOUT
   unsigned stall_timeout_s = 0;       ///< COMM_TCP_STALL_TIMEOUT
   uint64_t cm_max_handshakes = 1024;  ///< COMM_TCP_CM_MAX_HANDSHAKES
   uint64_t cm_hello_timeout_ms = 3000;       ///< COMM_TCP_CM_HELLO_TIMEOUT
   uint64_t cm_handshake_timeout_ms = 10000;  ///< COMM_TCP_CM_HANDSHAKE_TIMEOUT
+  bool rma = false;                          ///< COMM_TCP_RMA
 
   /// The knobs `opts` sets into `*out`: ok, or invalid_param with the refusal in `*why`.
   static status parse(const options& opts, tcp_config* out, std::string* why);

@@ -32,6 +32,9 @@ const uint64_t zero_padding = 0;
 
 bool would_block(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
 
+/// Bytes one read into the receive buffer asks for when no known frame needs more.
+constexpr size_t read_batch = 64 * 1024;
+
 }  // namespace
 
 // -- construction ---------------------------------------------------------------------------------
@@ -116,6 +119,7 @@ void tcp_conn::attach(tcp_ep* ep) {
 
 void tcp_conn::detach(tcp_ep* ep) {
   if (zcopy_queued_ && zop_owner_ == ep) own_zcopy_rest();
+  orphan_rma(ep);
   auto it = std::find(eps_.begin(), eps_.end(), ep);
   if (it == eps_.end()) return;
   if (iterating_ != 0) {
@@ -239,9 +243,10 @@ void tcp_conn::consume_written(size_t sent) {
       sent = 0;
     }
   }
-  if (zop_.first == zop_.count) {  // now it waits for its ack
+  if (zop_.first == zop_.count) {  // now it waits for its ack (a message) or the answer (rma)
     zcopy_queued_ = false;
     zop_owner_ = nullptr;
+    zop_answer_ = false;
     zop_copy_.reset();
   }
 }
@@ -349,6 +354,17 @@ void tcp_conn::finish_connect() {
 unsigned tcp_conn::after_io() {
   unsigned events = 0;
   if (phase_ == phase::finished) return 0;
+  if (phase_ == phase::open) {
+    if (!answers_.empty()) send_rma_answers();
+    if (!rma_waiting_.empty()) send_rma_requests();
+  }
+  if (!rma_done_.empty()) {
+    std::vector<rma_result> done;
+    done.swap(rma_done_);
+    for (const rma_result& r : done) r.ep->rma_done(r.comp, r.result);  // may issue more
+    events += static_cast<unsigned>(done.size());
+    if (phase_ == phase::finished) return events;
+  }
   if (acks_advanced_) {
     acks_advanced_ = false;
     for_each_ep([&](tcp_ep* ep) { events += ep->complete_delivered(peer_delivered_); });
@@ -382,6 +398,8 @@ void tcp_conn::fail(status reason, const char* why, int error) {
   owner_.unmap(this);
   zcopy_queued_ = false;
   zop_owner_ = nullptr;
+  zop_answer_ = false;
+  fail_rma(reason);
   for_each_ep([&](tcp_ep* ep) { ep->conn_failed(reason); });
   if (iterating_ != 0) {
     for (tcp_ep*& ep : eps_) {
@@ -478,28 +496,33 @@ unsigned tcp_conn::on_readable() {
     delivered = deliver_buffered();  // leftovers first, so the buffer has room
     if (phase_ == phase::finished || fd_ < 0 || has_frames()) return delivered;
   }
+  if (sink_.active) {
+    if (read_sink()) finish_sink();
+    return delivered;
+  }
   if (large_total_ != 0) {
     if (read_large()) delivered += finish_large();
     return delivered;
   }
   if (!read_small()) return delivered;
   delivered += deliver_buffered();
-  if (large_total_ != 0 && fd_ >= 0 && read_large()) {  // a large frame began: its bytes are likely there
-    delivered += finish_large();
-  }
+  // A large frame or rma data began: its bytes are likely there.
+  if (large_total_ != 0 && fd_ >= 0 && read_large()) delivered += finish_large();
+  if (sink_.active && fd_ >= 0 && read_sink()) finish_sink();
   return delivered;
 }
 
 bool tcp_conn::read_small() {
-  // Room for the rest of a known incomplete frame, else for a good batch of small ones.
-  size_t need = in_.capacity() / 4;
+  // Room for the rest of a known incomplete message frame, else for a good batch of small ones;
+  // the data of an rma frame is not read here beyond what comes with its header (see sink_).
+  size_t need = read_batch;
   parsed_frame f;
   if (phase_ == phase::open &&
       parse_frame_header(in_.data(), in_.size(), &f) == parse_result::frame &&
-      f.total > in_.size()) {
-    need = f.total - in_.size();
+      f.total > in_.size() && !is_rma(f.kind)) {
+    need = std::max(need, f.total - in_.size());
   }
-  const size_t room = in_.tail_room(need);
+  const size_t room = std::min(in_.tail_room(need), need);
   const ssize_t got = ::recv(fd_, in_.tail(), room, MSG_DONTWAIT);
   if (!account(got)) return false;
   in_.commit(static_cast<size_t>(got));
@@ -562,6 +585,12 @@ unsigned tcp_conn::deliver_buffered() {
       break;
     }
     if (r == parse_result::incomplete) break;
+    if (is_rma(f.kind)) {
+      if (!take_rma(f)) break;
+      ++delivered;
+      if (sink_.active) break;  // its data is read straight into memory
+      continue;
+    }
     if (f.total > in_.size()) {
       if (f.total > in_.capacity() / 2) start_large(f);
       break;
@@ -578,26 +607,37 @@ unsigned tcp_conn::deliver_buffered() {
 }
 
 bool tcp_conn::has_frames() const {
-  if (phase_ == phase::finished || fd_ < 0 || in_.empty() || large_total_ != 0) return false;
+  if (phase_ == phase::finished || fd_ < 0 || in_.empty() || large_total_ != 0 || sink_.active) {
+    return false;
+  }
   if (phase_ != phase::open) {
     size_t bytes = 0;
     return record_extent(in_.data(), in_.size(), &bytes) != parse_result::incomplete;
   }
   parsed_frame f;
   const parse_result r = parse_frame_header(in_.data(), in_.size(), &f);
+  if (r == parse_result::frame && is_rma(f.kind)) {
+    parsed_rma rma;  // enough to start: the frame and rma headers
+    const size_t after = in_.size() - std::min(in_.size(), f.header_bytes);
+    return parse_rma(in_.data() + f.header_bytes, after, &f, &rma) != parse_result::incomplete;
+  }
   return r == parse_result::garbage ||
          (r == parse_result::frame && (f.total <= in_.size() || f.total > in_.capacity() / 2));
 }
 
-unsigned tcp_conn::take_frame(const parsed_frame& frame, uint8_t* start) {
-  if (frame.delivered != peer_delivered_) {
-    if (frame.delivered < peer_delivered_ || frame.delivered > frames_sent_) {
-      garbage("a bad acknowledgement");
-      return 0;
-    }
-    peer_delivered_ = frame.delivered;
-    acks_advanced_ = true;
+bool tcp_conn::note_delivered(const parsed_frame& frame) {
+  if (frame.delivered == peer_delivered_) return true;
+  if (frame.delivered < peer_delivered_ || frame.delivered > frames_sent_) {
+    garbage("a bad acknowledgement");
+    return false;
   }
+  peer_delivered_ = frame.delivered;
+  acks_advanced_ = true;
+  return true;
+}
+
+unsigned tcp_conn::take_frame(const parsed_frame& frame, uint8_t* start) {
+  if (!note_delivered(frame)) return 0;
   switch (frame.kind) {
     case frame_kind::message:
       if (bye_received_) {
@@ -618,8 +658,9 @@ unsigned tcp_conn::take_frame(const parsed_frame& frame, uint8_t* start) {
       }
       bye_received_ = true;
       return 0;
+    default:
+      return 0;  // rma frames go through take_rma
   }
-  return 0;
 }
 
 void tcp_conn::start_large(const parsed_frame& frame) {
@@ -651,6 +692,344 @@ void tcp_conn::garbage(const char* why) {
     finish();
   } else {
     fail(status::protocol_error, nullptr, 0);
+  }
+}
+
+// -- put and get ----------------------------------------------------------------------------------
+
+void tcp_conn::queue_rma(tcp_ep* by, bool write, const iov* entries, size_t count, uint32_t slot,
+                         uint64_t generation, uint64_t address, uint64_t length,
+                         completion* comp) {
+  rma_op& op = rma_waiting_.emplace_back();
+  op.ep = by;
+  op.comp = comp;
+  op.write = write;
+  op.slot = slot;
+  op.generation = generation;
+  op.address = address;
+  op.length = length;
+  for (size_t i = 0; i < count; ++i) {
+    if (entries[i].length != 0) op.entries[op.count++] = entries[i];
+  }
+  if (phase_ == phase::open) send_rma_requests();
+}
+
+uint8_t* tcp_conn::reserve_rma_record() {
+  constexpr size_t bytes = frame_header_size + rma_header_size;
+  return tx_.size() + bytes <= send_buffer_size ? tx_.reserve(bytes) : nullptr;
+}
+
+void tcp_conn::send_rma_requests() {
+  bool queued = false;
+  while (!rma_waiting_.empty() && rma_sent_.size() < max_rma_in_flight && !zcopy_queued_ &&
+         fd_ >= 0) {
+    rma_op& op = rma_waiting_.front();
+    parsed_rma record;
+    record.op = rma_numbered_ + 1;
+    record.slot = op.slot;
+    record.generation = op.generation;
+    record.address = op.address;
+    record.length = op.length;
+    if (op.write) {
+      const size_t head = owner_.writer().rma(frame_kind::rma_put, delivered_, record, op.length,
+                                              zop_.head);
+      zop_.count = 0;
+      zop_.first = 0;
+      zop_.vec[zop_.count++] = {zop_.head, head};
+      for (size_t i = 0; i < op.count; ++i) {
+        zop_.vec[zop_.count++] = {const_cast<void*>(op.entries[i].buffer), op.entries[i].length};
+      }
+      if (const size_t pad = pad8(op.length) - op.length; pad != 0) {
+        zop_.vec[zop_.count++] = {const_cast<uint64_t*>(&zero_padding), pad};
+      }
+      zcopy_queued_ = true;
+      zop_owner_ = op.ep;
+    } else {
+      uint8_t* dest = reserve_rma_record();
+      if (dest == nullptr) break;
+      owner_.writer().rma(frame_kind::rma_get, delivered_, record, 0, dest);
+      tx_.commit(frame_header_size + rma_header_size);
+    }
+    ack_sent_ = delivered_;
+    ack_urgent_ = false;
+    op.number = ++rma_numbered_;
+    ++owner_.counters().rma_requests;
+    rma_sent_.push_back(op);
+    rma_waiting_.pop_front();
+    queued = true;
+  }
+  if (queued && !out_watched_) write_queued();
+}
+
+void tcp_conn::send_rma_answers() {
+  bool queued = false;
+  while (!answers_.empty() && !zcopy_queued_ && fd_ >= 0) {
+    rma_answer& a = answers_.front();
+    parsed_rma record;
+    record.op = a.op;
+    record.result = a.result;
+    record.length = a.length;
+    if (a.data != nullptr) {
+      const size_t head = owner_.writer().rma(frame_kind::rma_reply, delivered_, record, a.length,
+                                              zop_.head);
+      zop_.count = 0;
+      zop_.first = 0;
+      zop_.vec[zop_.count++] = {zop_.head, head};
+      zop_.vec[zop_.count++] = {const_cast<uint8_t*>(a.data), a.length};
+      if (const size_t pad = pad8(a.length) - a.length; pad != 0) {
+        zop_.vec[zop_.count++] = {const_cast<uint64_t*>(&zero_padding), pad};
+      }
+      zcopy_queued_ = true;
+      zop_owner_ = nullptr;
+      zop_answer_ = !a.copy;
+      zop_slot_ = a.slot;
+      zop_generation_ = a.generation;
+      zop_copy_ = std::move(a.copy);
+    } else {
+      uint8_t* dest = reserve_rma_record();
+      if (dest == nullptr) break;
+      owner_.writer().rma(frame_kind::rma_reply, delivered_, record, 0, dest);
+      tx_.commit(frame_header_size + rma_header_size);
+    }
+    ack_sent_ = delivered_;
+    ack_urgent_ = false;
+    ++owner_.counters().rma_answers;
+    answers_.pop_front();
+    queued = true;
+  }
+  if (queued && !out_watched_) write_queued();
+}
+
+bool tcp_conn::take_rma(parsed_frame& frame) {
+  parsed_rma rma;
+  const size_t after = in_.size() - std::min(in_.size(), frame.header_bytes);
+  const parse_result r = parse_rma(in_.data() + frame.header_bytes, after, &frame, &rma);
+  if (r == parse_result::incomplete) return false;
+  if (r == parse_result::garbage) {
+    garbage(frame.problem);
+    return false;
+  }
+  if (!note_delivered(frame)) return false;
+  const size_t head = frame.header_bytes + rma.record_bytes;
+  const size_t rest = frame.total - head;  // data and padding
+  switch (frame.kind) {
+    case frame_kind::rma_get:
+      take_get_request(rma);
+      break;
+    case frame_kind::rma_put:
+      start_put(rma, rest);
+      break;
+    default:
+      take_answer(rma, rest);
+      break;
+  }
+  if (phase_ == phase::finished || fd_ < 0) return false;
+  in_.consume(head);
+  if (sink_.active) sink_from_buffer();
+  return true;
+}
+
+void tcp_conn::take_get_request(const parsed_rma& rma) {
+  if (answers_.size() >= max_rma_in_flight) return garbage("more puts and gets than allowed");
+  tcp_md& md = owner_.tcp_memory_domain();
+  const status result = md.check(rma.slot, rma.generation, rma.address, rma.length);
+  md.count_access(false, result);
+  rma_answer& a = answers_.emplace_back();
+  a.op = rma.op;
+  a.result = result;
+  if (result == status::ok) {
+    a.slot = rma.slot;
+    a.generation = rma.generation;
+    a.data = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(rma.address));
+    a.length = rma.length;
+  }
+}
+
+void tcp_conn::start_put(const parsed_rma& rma, size_t rest) {
+  if (answers_.size() >= max_rma_in_flight) return garbage("more puts and gets than allowed");
+  tcp_md& md = owner_.tcp_memory_domain();
+  const status result = md.check(rma.slot, rma.generation, rma.address, rma.length);
+  md.count_access(true, result);
+  sink_ = rma_sink{};
+  sink_.active = true;
+  sink_.put = true;
+  sink_.keep = result == status::ok;
+  if (sink_.keep) {
+    owner_.counters().rma_bytes_received += rma.length;
+    keep_answers_before_put(rma.address, rma.length);
+  }
+  sink_.left = rest;
+  sink_.op = rma.op;
+  sink_.result = result;
+  sink_.slot = rma.slot;
+  sink_.generation = rma.generation;
+  if (sink_.keep) {
+    sink_.vec[sink_.count++] = {reinterpret_cast<void*>(static_cast<uintptr_t>(rma.address)),
+                                rma.length};
+    if (rest != rma.length) sink_.vec[sink_.count++] = {&pad_sink_, rest - rma.length};
+  }
+  if (rest == 0) finish_sink();
+}
+
+void tcp_conn::keep_answers_before_put(uint64_t address, uint64_t length) {
+  const auto overlaps = [&](const void* data, uint64_t bytes) {
+    const auto start = reinterpret_cast<uintptr_t>(data);
+    return start < address + length && address < start + bytes;
+  };
+  for (rma_answer& a : answers_) {
+    if (a.data == nullptr || a.copy || !overlaps(a.data, a.length)) continue;
+    a.copy.reset(new uint8_t[a.length]);
+    std::memcpy(a.copy.get(), a.data, a.length);
+    a.data = a.copy.get();
+  }
+  if (zcopy_queued_ && zop_answer_) {
+    for (size_t i = zop_.first; i < zop_.count; ++i) {
+      if (!overlaps(zop_.vec[i].iov_base, zop_.vec[i].iov_len)) continue;
+      own_zcopy_rest();
+      zop_answer_ = false;
+      break;
+    }
+  }
+}
+
+void tcp_conn::take_answer(const parsed_rma& rma, size_t rest) {
+  if (rma_sent_.empty() || rma_sent_.front().number != rma.op) {
+    return garbage("an answer to no put or get");
+  }
+  const rma_op op = rma_sent_.front();
+  const bool with_data = !op.write && rma.result == status::ok;
+  if (with_data ? rma.data_bytes != op.length || rma.length != op.length : rma.data_bytes != 0) {
+    return garbage("an answer that does not fit its put or get");
+  }
+  rma_sent_.pop_front();
+  if (!with_data) {
+    if (op.ep != nullptr) rma_finished(op.ep, op.comp, rma.result);
+    return;
+  }
+  owner_.counters().rma_bytes_received += op.length;
+  sink_ = rma_sink{};
+  sink_.active = true;
+  sink_.keep = op.ep != nullptr;
+  sink_.left = rest;
+  sink_.ep = op.ep;
+  sink_.comp = op.comp;
+  if (sink_.keep) {
+    for (size_t i = 0; i < op.count; ++i) {
+      sink_.vec[sink_.count++] = {const_cast<void*>(op.entries[i].buffer), op.entries[i].length};
+    }
+    if (rest != op.length) sink_.vec[sink_.count++] = {&pad_sink_, rest - op.length};
+  }
+}
+
+void tcp_conn::sink_from_buffer() {
+  const size_t bytes = std::min(in_.size(), sink_.left);
+  if (sink_.keep) {
+    size_t done = 0;
+    for (size_t i = sink_.first; i < sink_.count && done < bytes; ++i) {
+      const size_t n = std::min(sink_.vec[i].iov_len, bytes - done);
+      std::memcpy(sink_.vec[i].iov_base, in_.data() + done, n);
+      done += n;
+    }
+  }
+  in_.consume(bytes);
+  advance_sink(bytes);
+  if (sink_.left == 0) finish_sink();
+}
+
+bool tcp_conn::read_sink() {
+  iovec scratch;
+  const iovec* vec = sink_.vec + sink_.first;
+  int count = static_cast<int>(sink_.count - sink_.first);
+  if (!sink_.keep) {
+    size_t capacity = 0;
+    scratch = {owner_.scratch(&capacity), std::min(capacity, sink_.left)};
+    vec = &scratch;
+    count = 1;
+  }
+  const ssize_t got = ::readv(fd_, vec, count);
+  if (!account(got)) return false;
+  advance_sink(static_cast<size_t>(got));
+  return sink_.left == 0;
+}
+
+void tcp_conn::advance_sink(size_t bytes) {
+  sink_.left -= bytes;
+  if (!sink_.keep) return;
+  while (bytes != 0 && sink_.first < sink_.count) {
+    iovec& entry = sink_.vec[sink_.first];
+    if (bytes >= entry.iov_len) {
+      bytes -= entry.iov_len;
+      ++sink_.first;
+    } else {
+      entry.iov_base = static_cast<uint8_t*>(entry.iov_base) + bytes;
+      entry.iov_len -= bytes;
+      bytes = 0;
+    }
+  }
+}
+
+void tcp_conn::finish_sink() {
+  rma_sink done = sink_;
+  sink_ = rma_sink{};
+  if (!done.put) {
+    if (done.ep != nullptr) rma_finished(done.ep, done.comp, status::ok);
+    return;
+  }
+  rma_answer& a = answers_.emplace_back();
+  a.op = done.op;
+  a.result = done.result;
+}
+
+void tcp_conn::rma_finished(tcp_ep* ep, completion* comp, status result) {
+  rma_done_.push_back({ep, comp, result});
+}
+
+void tcp_conn::fail_rma(status reason) {
+  for (const rma_result& r : rma_done_) r.ep->rma_failed(r.comp, r.result);
+  rma_done_.clear();
+  if (sink_.active && !sink_.put && sink_.ep != nullptr) sink_.ep->rma_failed(sink_.comp, reason);
+  sink_ = rma_sink{};
+  for (auto* queue : {&rma_sent_, &rma_waiting_}) {
+    for (const rma_op& op : *queue) {
+      if (op.ep != nullptr) op.ep->rma_failed(op.comp, reason);
+    }
+    queue->clear();
+  }
+  answers_.clear();
+}
+
+void tcp_conn::orphan_rma(tcp_ep* ep) {
+  rma_waiting_.erase(std::remove_if(rma_waiting_.begin(), rma_waiting_.end(),
+                                    [&](const rma_op& op) { return op.ep == ep; }),
+                     rma_waiting_.end());
+  for (rma_op& op : rma_sent_) {
+    if (op.ep == ep) op.ep = nullptr;
+  }
+  rma_done_.erase(std::remove_if(rma_done_.begin(), rma_done_.end(),
+                                 [&](const rma_result& r) { return r.ep == ep; }),
+                  rma_done_.end());
+  if (sink_.active && !sink_.put && sink_.ep == ep) {
+    sink_.ep = nullptr;
+    sink_.keep = false;  // the rest is dropped
+  }
+}
+
+void tcp_conn::region_gone(uint32_t slot, uint64_t generation) {
+  for (rma_answer& a : answers_) {
+    if (a.data != nullptr && !a.copy && a.slot == slot && a.generation == generation) {
+      a.data = nullptr;
+      a.length = 0;
+      a.result = status::protection_error;
+    }
+  }
+  if (zcopy_queued_ && zop_answer_ && zop_slot_ == slot && zop_generation_ == generation) {
+    own_zcopy_rest();
+    zop_answer_ = false;
+  }
+  if (sink_.active && sink_.put && sink_.keep && sink_.slot == slot &&
+      sink_.generation == generation) {
+    sink_.keep = false;
+    sink_.result = status::protection_error;
   }
 }
 

@@ -16,6 +16,17 @@
 // Acknowledging: each header we send carries how many messages we delivered; a bare ack goes at
 // the end of a call that delivered a zcopy frame, or once half of our window was delivered
 // unacknowledged, and only when nothing else carried it.
+//
+// Put and get (tcp_md.hpp has the memory domain). A requester's operations wait in the connection's
+// queue in call order and go on the wire in that order, at most max_rma_in_flight unanswered: a get
+// as a small request frame in the send buffer, a put as a zcopy frame straight from the caller's
+// iov. While operations wait, messages sent after them wait too (no_resource), so the order on the
+// wire is the order of the calls. The owner checks each against its region table and answers in
+// the order asked: a get's answer is a zcopy frame straight from the registered memory, a put's (or
+// a refusal) a small frame. Data arriving for a put or a get is read from the socket straight into
+// the target memory (only what came in one read with its header is copied out of the receive
+// buffer); data nobody may receive any more (a refused put, the get of an endpoint destroyed
+// meanwhile) is read and dropped. Operations complete with the answer, from progress().
 #pragma once
 
 #include "base/auth.hpp"
@@ -28,6 +39,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,7 +91,8 @@ public:
   /// used up, a zcopy frame is half written, or the buffer is full. commit_message() what is
   /// written there.
   uint8_t* reserve_message(size_t bytes) {
-    if (zcopy_queued_ || !window_open() || tx_.size() + bytes > send_buffer_size) [[unlikely]] {
+    if (zcopy_queued_ || !window_open() || tx_.size() + bytes > send_buffer_size ||
+        !rma_waiting_.empty()) [[unlikely]] {
       return nullptr;
     }
     return tx_.reserve(bytes);
@@ -91,8 +104,9 @@ public:
   /// Pads and appends the message frame written at `frame`, and writes when the socket is idle.
   void commit_message(uint8_t* frame, size_t length);
 
-  /// True when a zcopy frame may be queued now (window open, none half written).
-  bool zcopy_room() const { return !zcopy_queued_ && window_open(); }
+  /// True when a zcopy frame may be queued now (window open, none half written, no put or get
+  /// waiting to go before it).
+  bool zcopy_room() const { return !zcopy_queued_ && window_open() && rma_waiting_.empty(); }
 
   /// Queues a zcopy frame of `by`: header + the iov, `total` bytes of iov in all. Returns the
   /// number of the frame (what `delivered` must reach for it to be acknowledged).
@@ -103,6 +117,17 @@ public:
   bool has_room() const {
     return zcopy_room() && tx_.size() + frame_size(max_bcopy) <= send_buffer_size;
   }
+
+  /// A put or get of endpoint `by`, checked by it: `entries` (up to max_iov, total `length` > 0
+  /// bytes) from or into [address, address + length) of the peer's region in `slot` with
+  /// `generation`. Queued behind earlier ones; `comp` completes from progress() with the owner's
+  /// answer (by->rma_done()).
+  void queue_rma(tcp_ep* by, bool write, const iov* entries, size_t count, uint32_t slot,
+                 uint64_t generation, uint64_t address, uint64_t length, completion* comp);
+
+  /// The region in `slot` with `generation` of our memory domain was deregistered: answers not
+  /// started refuse, a get answer half written is copied, a put arriving into it is dropped.
+  void region_gone(uint32_t slot, uint64_t generation);
 
   /// True when the kernel took every message frame given to the connection (the handshake's own
   /// records are not messages: a connection still being set up with nothing sent is written).
@@ -195,7 +220,83 @@ private:
     size_t first = 0;        ///< first entry not written completely
   };
 
+  /// A put or get of ours, from the call until the owner's answer.
+  struct rma_op {
+    uint64_t number = 0;        ///< on this connection (1, 2, ...) once on the wire
+    tcp_ep* ep = nullptr;       ///< null once the endpoint is gone (a get's data is then dropped)
+    completion* comp = nullptr;
+    bool write = false;         ///< a put
+    uint32_t slot = 0;
+    uint64_t generation = 0;
+    uint64_t address = 0;
+    uint64_t length = 0;
+    size_t count = 0;
+    iov entries[max_iov];
+  };
+  /// An answer we owe the peer for its put or get, in the order asked.
+  struct rma_answer {
+    uint64_t op = 0;
+    status result = status::ok;
+    uint32_t slot = 0;               ///< the region read by a get that succeeded
+    uint64_t generation = 0;
+    const uint8_t* data = nullptr;   ///< a get that succeeded: the bytes to send
+    uint64_t length = 0;
+    /// `data` copied out of the region (a later put of the peer writes over it first).
+    std::unique_ptr<uint8_t[]> copy;
+  };
+  /// Where the data of an rma frame being read goes: straight into memory, or dropped.
+  struct rma_sink {
+    bool active = false;
+    bool keep = false;           ///< into vec; else read into the scratch buffer and dropped
+    bool put = false;            ///< the data of a peer's put (else the answer to a get of ours)
+    iovec vec[max_iov + 1];      ///< the target memory, then the padding
+    size_t count = 0;
+    size_t first = 0;
+    size_t left = 0;             ///< bytes still to read: data and padding
+    // a put: what to answer once it is in
+    uint64_t op = 0;
+    status result = status::ok;
+    uint32_t slot = 0;
+    uint64_t generation = 0;
+    // a get of ours: whom to tell
+    tcp_ep* ep = nullptr;
+    completion* comp = nullptr;
+  };
+
   bool window_open() const { return frames_sent_ - peer_delivered_ < window_; }
+
+  // put and get
+  /// Puts waiting operations on the wire while the in-flight bound, the send buffer and the zcopy
+  /// slot allow.
+  void send_rma_requests();
+  /// Writes the answers owed, in order, while the send buffer and the zcopy slot allow.
+  void send_rma_answers();
+  /// Room in the send buffer (within send_buffer_size) for an rma frame without data, or null.
+  uint8_t* reserve_rma_record();
+  /// Handles the rma frame `frame` at the head of the receive buffer; false when its record is not
+  /// all there yet or the frame was garbage.
+  bool take_rma(parsed_frame& frame);
+  void take_get_request(const parsed_rma& rma);
+  void start_put(const parsed_rma& rma, size_t rest);
+  /// Copies the data of answers not written yet that [address, address + length) overlaps: the
+  /// peer's put there comes after its get, so the get must see the bytes from before it.
+  void keep_answers_before_put(uint64_t address, uint64_t length);
+  void take_answer(const parsed_rma& rma, size_t rest);
+  /// Moves what the receive buffer holds of the sink's data into it.
+  void sink_from_buffer();
+  /// Reads the sink's data from the socket; true when it is complete.
+  bool read_sink();
+  void advance_sink(size_t bytes);
+  void finish_sink();
+  /// Hands a finished operation to its endpoint (completed from after_io()).
+  void rma_finished(tcp_ep* ep, completion* comp, status result);
+  /// The peer failed: every operation of ours completes with `reason` through its endpoint.
+  void fail_rma(status reason);
+  /// Drops the operations of `ep` (destroyed): waiting ones are forgotten, data still coming for
+  /// its gets is dropped.
+  void orphan_rma(tcp_ep* ep);
+  /// Notes the `delivered` count a frame carries; false (connection closed) when it is impossible.
+  bool note_delivered(const parsed_frame& frame);
 
   // reading
   unsigned on_readable();
@@ -283,6 +384,9 @@ private:
   zcopy_frame zop_;
   bool zcopy_queued_ = false;
   tcp_ep* zop_owner_ = nullptr;  ///< whose iov zop_ points into (null once copied)
+  bool zop_answer_ = false;      ///< zop_ is a get answer from our region zop_slot_/generation
+  uint32_t zop_slot_ = 0;
+  uint64_t zop_generation_ = 0;
   std::unique_ptr<uint8_t[]> zop_copy_;
   uint64_t frames_sent_ = 0;     ///< messages accepted for sending
   uint64_t peer_delivered_ = 0;  ///< messages the peer said it delivered
@@ -299,6 +403,20 @@ private:
   bool desc_kept_ = false;       ///< the handler kept the frame take_frame just delivered
   uint64_t ack_sent_ = 0;        ///< the largest `delivered` put on the wire
   bool ack_urgent_ = false;      ///< a zcopy frame was delivered since then
+
+  // put and get
+  std::deque<rma_op> rma_waiting_;  ///< ours, not on the wire yet
+  std::deque<rma_op> rma_sent_;     ///< ours, on the wire, unanswered (max_rma_in_flight)
+  uint64_t rma_numbered_ = 0;       ///< operations of ours put on the wire
+  struct rma_result {
+    tcp_ep* ep;
+    completion* comp;
+    status result;
+  };
+  std::vector<rma_result> rma_done_;  ///< finished, to complete from after_io()
+  std::deque<rma_answer> answers_;    ///< owed to the peer (max_rma_in_flight)
+  rma_sink sink_;
+  uint64_t pad_sink_ = 0;             ///< where the padding after rma data is read to
 
   // liveness
   uint8_t silent_checks_ = 0;    ///< checks in a row that found the peer's host silent

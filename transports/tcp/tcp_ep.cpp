@@ -2,6 +2,7 @@
 
 #include "tcp/tcp_conn.hpp"
 #include "tcp/tcp_iface.hpp"
+#include "tcp/tcp_md.hpp"
 
 #include <comm/log.hpp>
 
@@ -91,6 +92,49 @@ status tcp_ep::am_zcopy(am_id id, const void* header, size_t header_length, cons
   return status::in_progress;  // completed by the peer's ack, or with the failure
 }
 
+// -- put and get ----------------------------------------------------------------------------------
+
+status tcp_ep::put_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                         const remote_key& key, completion* comp) {
+  return rma(true, entries, count, remote_address, key, comp);
+}
+
+status tcp_ep::get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                         const remote_key& key, completion* comp) {
+  return rma(false, entries, count, remote_address, key, comp);
+}
+
+status tcp_ep::rma(bool write, const iov* entries, size_t count, uint64_t remote_address,
+                   const remote_key& key, completion* comp) {
+  if (!(owner_.attr().caps & cap_get_zcopy)) return status::unsupported;  // COMM_TCP_RMA=0
+  const packed_rkey* k = tcp_rkey_of(key);
+  size_t total = 0;
+  if (k == nullptr || count > max_iov || !sum_iov(entries, count, &total)) {
+    return status::invalid_param;
+  }
+  if (broken()) [[unlikely]] return failure_;
+  if (k->iface_id != peer_.iface_id) return status::invalid_param;  // a key of another peer
+  if (const status st = check_range(k->base, k->length, remote_address, total); st != status::ok) {
+    return st;
+  }
+  if (total > max_rma_bytes) return status::invalid_param;
+  if (total == 0) return status::ok;
+  // A put keeps its place behind parked sends; a get never answers no_resource (its caller may
+  // not be able to park it), and reads need no order against earlier sends without a fence.
+  if (write && pending_.blocks_sends()) return refuse_no_resource();
+  ++rma_outstanding_;
+  conn_->queue_rma(this, write, entries, count, k->index, k->generation, remote_address, total,
+                   comp);
+  return status::in_progress;
+}
+
+void tcp_ep::rma_done(completion* comp, status result) {
+  --rma_outstanding_;
+  if (comp != nullptr) complete(comp, result);
+}
+
+void tcp_ep::rma_failed(completion* comp, status result) { rma_failed_.emplace_back(comp, result); }
+
 // -- acknowledgements, pending, flush -------------------------------------------------------------
 
 unsigned tcp_ep::complete_delivered(uint64_t delivered) {
@@ -108,7 +152,7 @@ unsigned tcp_ep::complete_delivered(uint64_t delivered) {
 bool tcp_ep::has_room() const { return conn_ != nullptr && conn_->has_room(); }
 
 bool tcp_ep::idle() const {
-  return conn_ != nullptr && conn_->all_written() && zacked_ == zissued_;
+  return conn_ != nullptr && conn_->all_written() && zacked_ == zissued_ && rma_outstanding_ == 0;
 }
 
 bool tcp_ep::parked_and_ready() const { return !pending_.empty() && !broken() && has_room(); }
@@ -161,6 +205,9 @@ void tcp_ep::fail(status reason) {
     ++zacked_;
     if (comp != nullptr) complete(comp, reason);
   }
+  std::vector<std::pair<completion*, status>> operations;
+  operations.swap(rma_failed_);
+  for (const auto& [comp, result] : operations) rma_done(comp, result);
   std::vector<completion*> flushes;
   flushes.swap(flushes_);
   for (completion* comp : flushes) complete(comp, reason);

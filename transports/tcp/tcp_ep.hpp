@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace comm::tl::tcp {
@@ -39,6 +40,14 @@ public:
   /// Always in_progress when accepted: `comp` completes once the peer acknowledged delivery.
   status am_zcopy(am_id id, const void* header, size_t header_length, const iov* entries,
                   size_t count, completion* comp) override;
+  /// Checked here against the key (unpacked by a tcp md, of this endpoint's peer interface),
+  /// then queued on the connection: in_progress until the owner answers; ok for 0 bytes.
+  status put_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                   const remote_key& key, completion* comp) override;
+  /// As put_zcopy; the local iov is filled in order. Never no_resource: operations beyond the
+  /// connection's in-flight bound wait in its queue (memory of the caller's own operations).
+  status get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
+                   const remote_key& key, completion* comp) override;
   status pending_add(pending_req* req) override;
   void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
   status flush(completion* comp) override;
@@ -55,6 +64,12 @@ public:
 
   /// Retries parked requests (after a dispatch that left some re-parked with room left).
   unsigned dispatch_pending() { return after_progress(); }
+
+  /// A put or get of ours finished with `result`: completes `comp` (from the connection's
+  /// after_io()).
+  void rma_done(completion* comp, status result);
+  /// A put or get of ours ends with `result` when the failure is reported (fail()).
+  void rma_failed(completion* comp, status result);
 
   /// The connection failed with `reason`: later sends answer it, and the interface reports it.
   void conn_failed(status reason);
@@ -82,6 +97,9 @@ private:
   /// True when nothing waits: the connection wrote everything, no zcopy of ours unacknowledged.
   bool idle() const;
   status refuse_no_resource();
+  /// Checks and queues a put (`write`) or get.
+  status rma(bool write, const iov* entries, size_t count, uint64_t remote_address,
+             const remote_key& key, completion* comp);
 
   tcp_iface& owner_;
   tcp_conn* conn_;
@@ -95,6 +113,9 @@ private:
   std::unique_ptr<zcopy_slot[]> zring_;
   uint64_t zissued_ = 0;
   uint64_t zacked_ = 0;
+  uint64_t rma_outstanding_ = 0;  ///< puts and gets not completed yet
+  /// Puts and gets of a failed connection, completed by fail() with their results.
+  std::vector<std::pair<completion*, status>> rma_failed_;
   pending_queue pending_;
   std::vector<completion*> flushes_;
   const ip_address peer_ip_;

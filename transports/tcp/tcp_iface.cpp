@@ -106,8 +106,10 @@ tcp_iface::tcp_iface(const iface_params& params, const net_device& device)
   if ((open_status_ = open_listener()) != status::ok) return;
   if ((open_status_ = open_timer()) != status::ok) return;
 
+  md_ = std::make_unique<tcp_md>(*this, iface_id_);
   attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
                cap_connect_to_iface | cap_peer_failure | cap_costly_progress;
+  if (config_.rma) attr_.caps |= cap_put_zcopy | cap_get_zcopy;
   attr_.max_short = max_short;
   attr_.max_bcopy = max_bcopy;
   attr_.max_zcopy = max_zcopy;
@@ -115,6 +117,11 @@ tcp_iface::tcp_iface(const iface_params& params, const net_device& device)
   attr_.max_iov = max_iov;
   attr_.max_am_descs = max_am_descs;
   attr_.max_outstanding_reads = max_outstanding_reads;
+  if (config_.rma) {
+    attr_.max_get_zcopy = max_rma_bytes;
+    attr_.max_put_zcopy = max_rma_bytes;
+    attr_.max_outstanding_reads = max_rma_in_flight;
+  }
   attr_.latency_ns = 10'000;
   attr_.bandwidth_bytes_per_s = 2e9;
   attr_.priority = 5;
@@ -404,6 +411,19 @@ void tcp_iface::release_am_desc(void* data) {
     COMM_LOG(error, log_name, "release_am_desc: %p is not a descriptor kept from this interface",
              data);
   }
+}
+
+md* tcp_iface::memory_domain() { return config_.rma ? md_.get() : nullptr; }
+
+void tcp_iface::region_gone(uint32_t slot, uint64_t generation) {
+  for (const auto& conn : conns_) conn->region_gone(slot, generation);
+}
+
+void* tcp_iface::scratch(size_t* capacity) {
+  constexpr size_t bytes = 64 * 1024;
+  if (!scratch_) scratch_.reset(new uint64_t[bytes / sizeof(uint64_t)]);
+  *capacity = bytes;
+  return scratch_.get();
 }
 
 std::unique_ptr<uint64_t[]> tcp_iface::take_frame_buffer(size_t bytes, size_t* capacity) {
@@ -718,6 +738,11 @@ std::string tcp_iface::info() const {
           (probes_capped_
                ? "at least every " + std::to_string(config_.probe_interval_max_ms()) + " ms)\n"
                : "backing off to 120 s: kernel before 6.15)\n");
+  text += "tcp: puts and gets sent " + std::to_string(c.rma_requests) + ", answered for peers " +
+          std::to_string(c.rma_answers) + ", bytes read into memory " +
+          std::to_string(c.rma_bytes_received) + " (up to " + std::to_string(max_rma_bytes) +
+          " bytes each, " + std::to_string(max_rma_in_flight) + " unanswered per connection)\n";
+  if (md_) text += md_->info();
   text += "tcp: peers given up: host silent " + std::to_string(c.silent_hosts) +
           ", process stalled " + std::to_string(c.stalled_peers) + " (heartbeats sent " +
           std::to_string(c.heartbeats_sent) + ")\n";

@@ -10,12 +10,21 @@
 // A handler may keep a message (am_flag_desc, at most max_am_descs at once): the connection's
 // receive buffer (or large-frame buffer) holding it is lent out, the bytes after it move to a
 // replacement (UCX's tcp hands over its receive buffer the same way).
-//   am_short  copied into the connection's send buffer, written at once (max_short 256);
+//   am_short  copied into the connection's send buffer, written at once (max_short 8 KiB, as
+//             UCX's tcp);
 //   am_bcopy  packed into the send buffer, written at once (max_bcopy 256 KiB);
 //   am_zcopy  written with sendmsg straight from the caller's iov (max_zcopy 1 MiB, 16 entries),
 //             the rest kept for EPOLLOUT after a partial write; it completes when the peer's
 //             acknowledgement says the frame was delivered (the contract: the peer holds the data).
-// No get/put: the protocol layer uses its software rendezvous, streaming bcopy fragments.
+//   put_zcopy/get_zcopy  only with COMM_TCP_RMA=1 (else unsupported, and no memory domain: the
+//             protocol layer's rendezvous and RMA go by messages; README.md says why it is off).
+//             max_rma_bytes 4 MiB, 16 entries, on memory registered with the interface's
+//             memory domain (tcp_md.hpp): emulated over the connection the way UCX's
+//             tcp emulates put. The data moves with no copy of ours on either side: a put is
+//             written from the caller's iov, a get's answer from the owner's registered memory,
+//             and the receiving side reads it from the socket straight into the target memory;
+//             the owner checks every access against its region table (tcp_conn.hpp has the flow).
+//             The protocol layer's rendezvous uses get: the receiver reads the sender's buffer.
 //
 // Who keeps which connection. The interface maps peer interface ids to the connection its
 // endpoints use. create_ep reuses the mapped connection or connects (the new one is mapped). An
@@ -61,7 +70,9 @@
 // window (its fifo_size: messages undelivered) used up, sends answer no_resource and the caller
 // parks on its endpoint's pending queue, resumed when EPOLLOUT says the socket drained or an
 // acknowledgement returns credits. A slow receiver costs the sender one send buffer per peer,
-// nothing per message.
+// nothing per message. A peer's puts and gets cost the owner at most max_rma_in_flight queued
+// answers per connection (a peer asking for more is closed as broken); a requester's own operations
+// beyond that wait in its connection's queue (memory of the caller's outstanding operations).
 //
 // Everything is driven by one epoll fd per interface, which is also the event fd (level
 // triggered: it stays readable while a socket has something for progress()). While a single
@@ -119,6 +130,7 @@
 #include "base/iface_base.hpp"
 #include "tcp/tcp_buffer.hpp"
 #include "tcp/tcp_config.hpp"
+#include "tcp/tcp_md.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -179,6 +191,9 @@ struct tcp_counters {
   uint64_t stalled_peers = 0;     ///< connections failed: COMM_TCP_STALL_TIMEOUT passed
   uint64_t heartbeats_sent = 0;   ///< acknowledgements asked for by the stall check
   uint64_t liveness_checks = 0;   ///< timer ticks that checked the connections
+  uint64_t rma_requests = 0;      ///< puts and gets of ours put on the wire
+  uint64_t rma_answers = 0;       ///< answers to peers' puts and gets
+  uint64_t rma_bytes_received = 0;  ///< data of puts and get answers read into memory
 };
 
 /// A tcp interface: a data listener on one device, its connections to peer interfaces and the
@@ -207,6 +222,7 @@ public:
                    const std::vector<uint8_t>& iface_address, std::unique_ptr<ep>& out) override;
   std::string info() const override;
   void release_am_desc(void* data) override;
+  md* memory_domain() override;
 
   // -- used by tcp_ep and tcp_conn --
 
@@ -267,6 +283,13 @@ public:
 
   /// The record builders every connection of this interface uses (one thread).
   record_writer& writer() { return writer_; }
+
+  /// The memory domain whose regions peers' puts and gets reach.
+  tcp_md& tcp_memory_domain() { return *md_; }
+  /// Our region `slot` of `generation` was deregistered: tells every connection.
+  void region_gone(uint32_t slot, uint64_t generation);
+  /// A buffer that data nobody receives is read into and dropped; `*capacity` is its size.
+  void* scratch(size_t* capacity);
 
   tcp_counters& counters() { return counters_; }
 
@@ -359,6 +382,8 @@ private:
   desc_pool descs_{max_am_descs};                  ///< receive buffers kept by handlers
 
   record_writer writer_;
+  std::unique_ptr<tcp_md> md_;
+  std::unique_ptr<uint64_t[]> scratch_;  ///< see scratch()
   unsigned progress_calls_ = 0;
   uint64_t accept_failures_ = 0;
   tcp_counters counters_;

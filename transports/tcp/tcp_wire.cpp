@@ -160,6 +160,12 @@ static_assert(static_cast<int>(frame_kind::ack) ==
               static_cast<int>(wire::schema::TcpFrameKind::ACK));
 static_assert(static_cast<int>(frame_kind::bye) ==
               static_cast<int>(wire::schema::TcpFrameKind::BYE));
+static_assert(static_cast<int>(frame_kind::rma_put) ==
+              static_cast<int>(wire::schema::TcpFrameKind::RMA_PUT));
+static_assert(static_cast<int>(frame_kind::rma_get) ==
+              static_cast<int>(wire::schema::TcpFrameKind::RMA_GET));
+static_assert(static_cast<int>(frame_kind::rma_reply) ==
+              static_cast<int>(wire::schema::TcpFrameKind::RMA_REPLY));
 static_assert(static_cast<int>(outcome::duplicate) ==
               static_cast<int>(wire::schema::TcpOutcome::DUPLICATE));
 static_assert(static_cast<int>(outcome::refused) ==
@@ -196,6 +202,18 @@ parse_result parse_frame_header(const uint8_t* data, size_t available, parsed_fr
       return parse_result::garbage;
     }
     out->kind = kind == wire::schema::TcpFrameKind::ACK ? frame_kind::ack : frame_kind::bye;
+  } else if (kind == wire::schema::TcpFrameKind::RMA_PUT ||
+             kind == wire::schema::TcpFrameKind::RMA_GET ||
+             kind == wire::schema::TcpFrameKind::RMA_REPLY) {
+    out->kind = static_cast<frame_kind>(kind);
+    if (id != 0 || header->getAckRequested()) {
+      out->problem = "an rma frame with an am id or an ack request";
+      return parse_result::garbage;
+    }
+    if (length < rma_header_size || length > max_header_bytes + max_rma_bytes) {
+      out->problem = "an rma frame of a bad length";
+      return parse_result::garbage;
+    }
   } else {
     out->problem = "unknown frame kind";
     return parse_result::garbage;
@@ -206,6 +224,55 @@ parse_result parse_frame_header(const uint8_t* data, size_t available, parsed_fr
   out->header_bytes = bytes;
   out->length = length;
   out->total = bytes + pad8(length);
+  return parse_result::frame;
+}
+
+parse_result parse_rma(const uint8_t* data, size_t available, parsed_frame* frame,
+                       parsed_rma* out) {
+  size_t bytes = 0;
+  const parse_result extent = check_extent<wire::schema::TcpRma>(data, available, &bytes);
+  if (extent == parse_result::incomplete) return extent;
+  const auto record = extent == parse_result::frame
+                          ? wire::read_header<wire::schema::TcpRma>(data, available)
+                          : std::nullopt;
+  if (!record || bytes > frame->length) {
+    frame->problem = "not an rma record";
+    return parse_result::garbage;
+  }
+  out->op = record->getOp();
+  out->result = static_cast<status>(record->getStatus());
+  out->slot = record->getSlot();
+  out->generation = record->getGeneration();
+  out->address = record->getAddress();
+  out->length = record->getLength();
+  out->record_bytes = bytes;
+  out->data_bytes = frame->length - bytes;
+  const char* problem = nullptr;
+  if (out->op == 0) problem = "an rma record without an operation";
+  if (out->data_bytes > max_rma_bytes || out->length > max_rma_bytes) {
+    problem = "more rma data than max_rma_bytes";
+  }
+  switch (frame->kind) {
+    case frame_kind::rma_put:
+      if (out->data_bytes != out->length) problem = "a put whose data is not its length";
+      break;
+    case frame_kind::rma_get:
+      if (out->data_bytes != 0) problem = "a get request with data";
+      break;
+    default:
+      if (out->result != status::ok && out->result != status::protection_error &&
+          out->result != status::length_error) {
+        problem = "an rma reply with an unknown status";
+      } else if (out->data_bytes != 0 && (out->result != status::ok ||
+                                          out->data_bytes != out->length)) {
+        problem = "an rma reply whose data is not its length";
+      }
+      break;
+  }
+  if (problem != nullptr) {
+    frame->problem = problem;
+    return parse_result::garbage;
+  }
   return parse_result::frame;
 }
 

@@ -11,7 +11,12 @@
 //   TcpFrame | bytes | pad ...          <->     TcpFrame | bytes | pad ...
 //
 // Every record after the handshake is a TcpFrame header followed by `length` bytes padded to a
-// multiple of 8: a message (kind message), a bare acknowledgement (kind ack, length 0) or a bye.
+// multiple of 8: a message (kind message), a bare acknowledgement (kind ack, length 0), a bye, or
+// one of the rma kinds, whose `length` bytes are a TcpRma record and data: a put (record + the
+// bytes for the owner's registered memory), a get (record only), and the owner's answer to the
+// oldest put or get it has not answered (record, + the bytes read when a get succeeded). The rma
+// kinds do not count as messages (no window, no `delivered`): a requester has at most
+// max_rma_in_flight of them unanswered per connection, and an answer completes them.
 // Every header carries `delivered`, the number of messages of the other direction delivered so
 // far, so acknowledgements ride on the traffic going back; a bare ack goes only when one is due
 // and nothing else is sent. Acknowledgements do two things. A zcopy completes once the peer holds
@@ -54,21 +59,34 @@ namespace comm::tl::tcp {
 
 // -- limits ---------------------------------------------------------------------------------------
 
-inline constexpr size_t max_short = 256;               ///< am_short header + payload
-/// am_bcopy payload. Software rendezvous streams bcopy fragments of this size: 256 KiB moved 4 MiB
-/// messages over loopback at ~1.5x the speed of 64 KiB ones (and of 128 KiB, 512 KiB or 1 MiB);
-/// the connection's send buffer holds two of them.
+/// am_short header + payload (UCX's tcp takes 8 KiB short messages too). Copied into the send
+/// buffer like a bcopy: writing a 4 KiB payload straight from the caller's buffer (sendmsg with an
+/// iov) cost as much CPU per round trip as the copy (bm_tcp bm_short_pingpong/4096: 10.1 against
+/// 9.9 us), so the copy it is.
+inline constexpr size_t max_short = 8192;
+/// am_bcopy payload (a software rendezvous, on a transport without get, streams fragments of this
+/// size: 256 KiB moved 4 MiB messages over loopback at ~1.5x the speed of 64 KiB ones); the
+/// connection's send buffer holds two of them.
 inline constexpr size_t max_bcopy = 256 * 1024;
 inline constexpr size_t max_zcopy = 1024 * 1024;       ///< am_zcopy iov total
 inline constexpr size_t max_hdr = 256;                 ///< am_zcopy header
 inline constexpr size_t max_iov = 16;                  ///< am_zcopy iov entries
-/// Largest `length` a frame may announce (what a zcopy can send).
+/// Largest `length` a message frame may announce (what a zcopy can send).
 inline constexpr size_t max_frame_payload = max_hdr + max_zcopy;
+/// Largest put_zcopy/get_zcopy: the bytes of one rma frame. The data goes from the caller's (or
+/// the owner's registered) memory to the socket and from the socket to the target memory without
+/// a copy of ours, so one size for every operation; larger transfers take several.
+inline constexpr size_t max_rma_bytes = 4 * 1024 * 1024;
+/// Put and get operations a requester may have unanswered on one connection; the owner queues at
+/// most this many answers (a peer asking for more is closed as broken).
+inline constexpr size_t max_rma_in_flight = 64;
 
 /// Bytes of a TcpFrame header as we write it.
 inline constexpr size_t frame_header_size = wire::header_size<wire::schema::TcpFrame>();
 /// Bytes of a TcpHello as we write it.
 inline constexpr size_t hello_size = wire::header_size<wire::schema::TcpHello>();
+/// Bytes of a TcpRma record as we write it (after the frame header of the rma kinds).
+inline constexpr size_t rma_header_size = wire::header_size<wire::schema::TcpRma>();
 /// Bytes of the other handshake records as we write them.
 inline constexpr size_t challenge_size = wire::header_size<wire::schema::TcpChallenge>();
 inline constexpr size_t proof_record_size = wire::header_size<wire::schema::TcpProof>();
@@ -81,8 +99,8 @@ inline constexpr uint64_t challenge_magic = 0x434f4d4d54435043ull;  ///< "COMMTC
 inline constexpr uint64_t proof_magic = 0x434f4d4d54435050ull;      ///< "COMMTCPP"
 inline constexpr uint64_t welcome_magic = 0x434f4d4d54435057ull;    ///< "COMMTCPW"
 /// Version 2: one connection both ways, the challenge and welcome, piggybacked acks. Version 3:
-/// the connector's IPv6 listening address.
-inline constexpr uint16_t hello_version = 3;
+/// the connector's IPv6 listening address. Version 4: put and get (the rma frame kinds).
+inline constexpr uint16_t hello_version = 4;
 
 /// `length` rounded up to a multiple of 8.
 constexpr size_t pad8(size_t length) { return (length + 7) & ~size_t{7}; }
@@ -149,7 +167,10 @@ enum class parse_result {
 parse_result record_extent(const uint8_t* data, size_t available, size_t* bytes);
 
 /// What a frame carries.
-enum class frame_kind : uint8_t { message, ack, bye };
+enum class frame_kind : uint8_t { message, ack, bye, rma_put, rma_get, rma_reply };
+
+/// True for the kinds that carry a TcpRma record.
+constexpr bool is_rma(frame_kind kind) { return kind >= frame_kind::rma_put; }
 
 /// A validated frame header.
 struct parsed_frame {
@@ -165,8 +186,30 @@ struct parsed_frame {
 
 /// Checks the frame header at `data` (8-byte aligned, `available` bytes): a data-only TcpFrame of a
 /// known kind, an am id below am_id_count and a length within max_frame_payload (0 for acks and
-/// byes).
+/// byes); an rma frame has am id 0, no ack request, and room for its TcpRma record and at most
+/// max_rma_bytes of data (none for a get).
 parse_result parse_frame_header(const uint8_t* data, size_t available, parsed_frame* out);
+
+/// A validated TcpRma record (after the frame header of an rma frame).
+struct parsed_rma {
+  uint64_t op = 0;
+  status result = status::ok;  ///< rma_reply: ok, protection_error or length_error
+  uint32_t slot = 0;
+  uint64_t generation = 0;
+  uint64_t address = 0;
+  uint64_t length = 0;         ///< the bytes the operation moves
+  size_t record_bytes = 0;     ///< bytes of the TcpRma record
+  size_t data_bytes = 0;       ///< bytes of data after it in the frame
+};
+
+/// Checks the TcpRma record of the rma frame `frame` at `data` (right after the frame header,
+/// `available` bytes there): incomplete until the record is all there, garbage (with
+/// frame->problem set) when it is not a record, its operation number is 0, it moves more than
+/// max_rma_bytes, a reply's status is not one an owner answers, or the data the frame carries does
+/// not match the operation (a put carries `length` bytes, a get none, a reply `length` bytes when
+/// it is ok and `length` is what was asked; the caller checks that against the operation).
+parse_result parse_rma(const uint8_t* data, size_t available, parsed_frame* frame,
+                       parsed_rma* out);
 
 /// The fields of a hello that matter once it was checked.
 struct parsed_hello {
@@ -216,6 +259,23 @@ public:
     return frame_.copy_to(dest);
   }
 
+  /// Writes the header of an rma frame of `kind` and its TcpRma record at `dest` (frame_header_size
+  /// + rma_header_size bytes); `data_bytes` of data follow it. Returns the bytes written.
+  size_t rma(frame_kind kind, uint64_t delivered, const parsed_rma& record, size_t data_bytes,
+             void* dest) {
+    auto* out = static_cast<uint8_t*>(dest);
+    frame(kind, 0, rma_header_size + data_bytes, false, delivered, out);
+    auto& r = rma_.fields();
+    r.setOp(record.op);
+    r.setStatus(static_cast<int16_t>(record.result));
+    r.setSlot(record.slot);
+    r.setGeneration(record.generation);
+    r.setAddress(record.address);
+    r.setLength(record.length);
+    rma_.copy_to(out + frame_header_size);
+    return frame_header_size + rma_header_size;
+  }
+
   /// Writes a hello (hello_size bytes) at `dest`.
   void hello(uint16_t src_port, const ip_address& src_address, uint64_t src_id, uint64_t dst_id,
              uint32_t window, const uint8_t nonce[16], void* dest);
@@ -228,6 +288,7 @@ public:
 
 private:
   wire::header_writer<wire::schema::TcpFrame> frame_;
+  wire::header_writer<wire::schema::TcpRma> rma_;
   wire::header_writer<wire::schema::TcpHello> hello_;
   wire::header_writer<wire::schema::TcpChallenge> challenge_;
   wire::header_writer<wire::schema::TcpProof> proof_;
