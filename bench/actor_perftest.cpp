@@ -2,14 +2,22 @@
 //   inproc  both actors in one actor system (CAF's floor: no serialisation, no transport),
 //   caf     CAF 0.17.6's own middleman (publish / remote_actor over loopback TCP),
 //   comm    libcomm's node (shared memory between processes on one host; COMM_TLS applies),
-// with the server in a forked process pinned to core 0 and the client pinned to core 1. Every
-// round runs every mode once; the medians over rounds and their ratios are printed, and the
-// 1 MiB round trip is compared with a plain memcpy of 1 MiB each way. Payloads are
-// std::vector<char>, which CAF serialises as one block, and for the "blob" column
-// comm::actors::blob, which the node moves without serialising (one copy per hop over shm).
+// each in every placement asked for: "pinned" (server on core 0, client on core 1), "unpinned"
+// (as a user runs them: the kernel places every thread) and "one-core" (both on core 1, as on a
+// loaded machine). Every configuration is CAF's and the node's default. Every round runs every
+// placement and mode once, each in fresh processes; the median and the worst round of each
+// metric are printed, and the goals as ratios within one round: the node's round trip against
+// in-process CAF's, CAF's middleman against the node, and the 1 MiB round trips against a memcpy
+// of 1 MiB each way (measured in the same client process). Payloads are std::vector<char>, which
+// CAF serialises as one block, and for the "blob" column comm::actors::blob, which the node moves
+// without serialising (one copy per hop over shm).
 //
-//   actor_perftest [-r rounds] [-n round trips] [-w one-way messages] [-m modes] [-l] [-s]
+//   actor_perftest [-r rounds] [-n round trips] [-w one-way messages] [-m modes] [-p placements]
+//                  [-t tests] [-l] [-s]
+//     -r  rounds (default 10)
 //     -m  comma-separated modes (default inproc,caf,comm)
+//     -p  comma-separated placements (default pinned,unpinned; also one-core)
+//     -t  comma-separated tests (default rtt,oneway,vector,blob)
 //     -l  large only: skip the 8-byte tests
 //     -s  small only: skip the 1 MiB tests
 #include <comm/actors/node.hpp>
@@ -28,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -100,23 +109,52 @@ caf::behavior streamer(caf::event_based_actor* self, caf::actor pong, int64_t n,
   };
 }
 
-/// Configuration shared by every mode: two scheduler threads (one per core).
+/// Configuration shared by every mode: CAF's defaults (as many scheduler threads as cores).
 void common_config(caf::actor_system_config& cfg) {
-  cfg.set("scheduler.max-threads", 2);
   cfg.set("logger.verbosity", caf::atom("quiet"));
   cfg.add_message_type<comm::actors::blob>(comm::actors::blob_type_name);
 }
+
+/// Where the two sides run: each pinned to its own core (server 0, client 1), both unpinned (as a
+/// user runs them), or both pinned to core 1 (a loaded machine: one core for both).
+enum class placement { pinned, unpinned, one_core };
+
+const char* name_of(placement p) {
+  switch (p) {
+    case placement::pinned: return "pinned";
+    case placement::unpinned: return "unpinned";
+    case placement::one_core: return "one-core";
+  }
+  return "?";
+}
+
+/// Pins the calling process for `p`'s server or client side.
+void place(placement p, bool server) {
+  if (p == placement::pinned) pin_to(server ? 0 : 1);
+  if (p == placement::one_core) pin_to(1);
+}
+
+/// Which tests a run makes.
+struct selection {
+  bool rtt = true;     ///< 8-byte round trip
+  bool oneway = true;  ///< 8-byte one-way rate
+  bool vector = true;  ///< 1 MiB std::vector<char> round trip
+  bool blob = true;    ///< 1 MiB blob round trip
+};
 
 struct results {
   double rtt_us = 0;       ///< 8-byte round trip
   double rtt_large_us = 0; ///< 1 MiB round trip
   double rtt_blob_us = 0;  ///< 1 MiB round trip as a blob
   double oneway_per_s = 0; ///< 8-byte one-way messages per second
+  double memcpy_us = 0;    ///< one memcpy of 1 MiB, measured in the same process
 };
+
+double memcpy_us(size_t size);
 
 /// Runs the client side against `pong` in `sys`.
 bool measure(caf::actor_system& sys, const caf::actor& pong, int64_t trips, int64_t oneway,
-             bool large_only, bool small_only, results* out) {
+             const selection& which, results* out) {
   caf::scoped_actor self{sys};
   auto run = [&](auto&& spawn_it, int64_t expected) {
     const auto start = clock_type::now();
@@ -136,44 +174,50 @@ bool measure(caf::actor_system& sys, const caf::actor& pong, int64_t trips, int6
     std::memset(payload.mutable_data(), 'x', size);
     return run([&] { sys.spawn(pinger<comm::actors::blob>, pong, n, payload, self); }, n);
   };
-  if (!large_only) {
+  if (which.rtt) {
     if (ping(8, std::max<int64_t>(trips / 10, 10)) < 0) return false;  // warm up
     const double t = ping(8, trips);
     if (t < 0) return false;
     out->rtt_us = t / trips * 1e6;
+  }
+  if (which.oneway) {
     const double s = run([&] { sys.spawn(streamer, pong, oneway, self); }, oneway);
     if (s < 0) return false;
     out->oneway_per_s = oneway / s;
   }
-  if (small_only) return true;
   const int64_t large_trips = std::max<int64_t>(trips / 100, 20);
-  if (ping(large_size, 5) < 0) return false;
-  const double t = ping(large_size, large_trips);
-  if (t < 0) return false;
-  out->rtt_large_us = t / large_trips * 1e6;
-  if (ping_blob(large_size, 5) < 0) return false;
-  const double tb = ping_blob(large_size, large_trips);
-  if (tb < 0) return false;
-  out->rtt_blob_us = tb / large_trips * 1e6;
+  if (which.vector) {
+    if (ping(large_size, 5) < 0) return false;
+    const double t = ping(large_size, large_trips);
+    if (t < 0) return false;
+    out->rtt_large_us = t / large_trips * 1e6;
+  }
+  if (which.blob) {
+    if (ping_blob(large_size, 5) < 0) return false;
+    const double tb = ping_blob(large_size, large_trips);
+    if (tb < 0) return false;
+    out->rtt_blob_us = tb / large_trips * 1e6;
+  }
+  if (which.vector || which.blob) out->memcpy_us = memcpy_us(large_size);
   return true;
 }
 
 /// In one process: both actors in one system.
-bool run_inproc(int64_t trips, int64_t oneway, bool large_only, bool small_only, results* out) {
-  pin_to(1);
+bool run_inproc(int64_t trips, int64_t oneway, const selection& which,
+                results* out) {
   caf::actor_system_config cfg;
   common_config(cfg);
   caf::actor_system sys{cfg};
   auto pong = sys.spawn(ponger);
-  const bool ok = measure(sys, pong, trips, oneway, large_only, small_only, out);
+  const bool ok = measure(sys, pong, trips, oneway, which, out);
   caf::anon_send_exit(pong, caf::exit_reason::user_shutdown);
   return ok;
 }
 
 /// The server process of the two-process modes: publishes a ponger, writes where to `fd`, and
 /// runs until killed.
-[[noreturn]] void serve(const std::string& mode, int fd) {
-  pin_to(0);
+[[noreturn]] void serve(const std::string& mode, placement where, int fd) {
+  place(where, true);
   caf::actor_system_config cfg;
   common_config(cfg);
   if (mode == "caf") {
@@ -183,16 +227,16 @@ bool run_inproc(int64_t trips, int64_t oneway, bool large_only, bool small_only,
   }
   caf::actor_system sys{cfg};
   auto pong = sys.spawn(ponger);
-  std::string where;
+  std::string line;
   if (mode == "caf") {
     auto port = sys.middleman().publish(pong, 0, "127.0.0.1");
-    if (port) where = "127.0.0.1:" + std::to_string(*port);
+    if (port) line = "127.0.0.1:" + std::to_string(*port);
   } else {
     auto* n = comm::actors::node::get(sys);
-    if (n != nullptr && !n->publish(pong, "pong")) where = n->address();
+    if (n != nullptr && !n->publish(pong, "pong")) line = n->address();
   }
-  where += "\n";
-  (void)!::write(fd, where.data(), where.size());
+  line += "\n";
+  (void)!::write(fd, line.data(), line.size());
   ::close(fd);
   for (;;) ::pause();
 }
@@ -205,52 +249,81 @@ std::string read_line(int fd) {
   return line;
 }
 
-/// Two processes: a forked server, this process the client.
-bool run_remote(const std::string& mode, int64_t trips, int64_t oneway, bool large_only,
-                bool small_only, results* out) {
+/// The client side of a two-process mode, against the server at `where`.
+bool run_client(const std::string& mode, const std::string& where, int64_t trips,
+                int64_t oneway, const selection& which, results* out) {
+  caf::actor_system_config cfg;
+  common_config(cfg);
+  if (mode == "caf") {
+    cfg.load<caf::io::middleman>();
+  } else {
+    comm::actors::node_params params;
+    params.listen_address.clear();
+    comm::actors::node::load(cfg, params);
+  }
+  caf::actor_system sys{cfg};
+  const auto colon = where.rfind(':');
+  caf::expected<caf::actor> pong =
+      mode == "caf"
+          ? sys.middleman().remote_actor(where.substr(0, colon),
+                                         static_cast<uint16_t>(std::stoi(where.substr(colon + 1))))
+          : comm::actors::node::get(sys)->lookup(where, "pong");
+  if (!pong) {
+    std::fprintf(stderr, "%s: cannot reach the server at %s: %s\n", mode.c_str(), where.c_str(),
+                 sys.render(pong.error()).c_str());
+    return false;
+  }
+  return measure(sys, *pong, trips, oneway, which, out);
+}
+
+/// Two processes: a forked server, this process the client. The client also runs in a child,
+/// so that its pinning does not stay with the driver.
+bool run_remote(const std::string& mode, placement where, int64_t trips, int64_t oneway,
+                const selection& which, results* out) {
   int fds[2];
   if (::pipe(fds) != 0) return false;
   std::fflush(nullptr);
   const pid_t server = ::fork();
   if (server == 0) {
     ::close(fds[0]);
-    serve(mode, fds[1]);
+    serve(mode, where, fds[1]);
   }
   ::close(fds[1]);
-  const std::string where = read_line(fds[0]);
+  const std::string address = read_line(fds[0]);
   ::close(fds[0]);
   bool ok = false;
-  if (!where.empty()) {
-    pin_to(1);
-    caf::actor_system_config cfg;
-    common_config(cfg);
-    if (mode == "caf") {
-      cfg.load<caf::io::middleman>();
-    } else {
-      comm::actors::node_params params;
-      params.listen_address.clear();
-      comm::actors::node::load(cfg, params);
-    }
-    caf::actor_system sys{cfg};
-    const auto colon = where.rfind(':');
-    caf::expected<caf::actor> pong =
-        mode == "caf" ? sys.middleman().remote_actor(where.substr(0, colon),
-                                                     static_cast<uint16_t>(
-                                                         std::stoi(where.substr(colon + 1))))
-                      : comm::actors::node::get(sys)->lookup(where, "pong");
-    if (pong) {
-      ok = measure(sys, *pong, trips, oneway, large_only, small_only, out);
-    } else {
-      std::fprintf(stderr, "%s: cannot reach the server at %s: %s\n", mode.c_str(),
-                   where.c_str(), sys.render(pong.error()).c_str());
-    }
-    ::kill(server, SIGKILL);
-    ::waitpid(server, nullptr, 0);
-    return ok;
+  if (!address.empty()) {
+    place(where, false);
+    ok = run_client(mode, address, trips, oneway, which, out);
   }
   ::kill(server, SIGKILL);
   ::waitpid(server, nullptr, 0);
-  return false;
+  return ok;
+}
+
+/// Runs `body(results*)` in a forked child (so that pinning and CAF's threads stay there) and
+/// reads its results back.
+template <class Body>
+bool in_child(Body body, results* out) {
+  int fds[2];
+  if (::pipe(fds) != 0) return false;
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    results res;
+    const bool ok = body(&res);
+    if (ok) (void)!::write(fds[1], &res, sizeof(res));
+    ::_exit(ok ? 0 : 1);
+  }
+  ::close(fds[1]);
+  results res;
+  const bool ok = ::read(fds[0], &res, sizeof(res)) == static_cast<ssize_t>(sizeof(res));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (ok) *out = res;
+  return ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 /// Microseconds of one memcpy of `size` bytes between two buffers, best of several.
@@ -274,58 +347,27 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-}  // namespace
+/// The median and the worst of one metric over the rounds (worst: largest, or smallest when
+/// `higher_is_better`).
+struct spread {
+  double med = 0;
+  double worst = 0;
+};
 
-int main(int argc, char** argv) {
-  int rounds = 3;
-  int64_t trips = 20000;
-  int64_t oneway = 200000;
-  bool large_only = false;
-  bool small_only = false;
-  std::vector<std::string> modes = {"inproc", "caf", "comm"};
-  for (int opt; (opt = ::getopt(argc, argv, "r:n:w:m:lsh")) != -1;) {
-    switch (opt) {
-      case 'r': rounds = std::atoi(optarg); break;
-      case 'n': trips = std::atoll(optarg); break;
-      case 'w': oneway = std::atoll(optarg); break;
-      case 'l': large_only = true; break;
-      case 's': small_only = true; break;
-      case 'm': {
-        modes.clear();
-        std::stringstream list(optarg);
-        for (std::string m; std::getline(list, m, ',');) modes.push_back(m);
-        break;
-      }
-      default:
-        std::fprintf(stderr, "usage: %s [-r rounds] [-n trips] [-w oneway] [-m modes] [-l] [-s]\n",
-                     argv[0]);
-        return 2;
-    }
-  }
-  std::map<std::string, std::vector<results>> all;
-  for (int r = 0; r < rounds; ++r) {
-    for (const auto& mode : modes) {
-      results res;
-      // CAF's middleman needs far fewer iterations to take as long.
-      const int64_t n = mode == "caf" ? std::max<int64_t>(trips / 20, 50) : trips;
-      const int64_t w = mode == "caf" ? std::max<int64_t>(oneway / 10, 1000) : oneway;
-      const bool ok = mode == "inproc" ? run_inproc(n, w, large_only, small_only, &res)
-                                       : run_remote(mode, n, w, large_only, small_only, &res);
-      if (!ok) {
-        std::fprintf(stderr, "round %d: %s failed\n", r, mode.c_str());
-        continue;
-      }
-      std::printf("round %d %-6s rtt 8 B %8.2f us   rtt 1 MiB %8.1f us   blob %8.1f us   "
-                  "one-way 8 B %10.0f msg/s\n",
-                  r, mode.c_str(), res.rtt_us, res.rtt_large_us, res.rtt_blob_us,
-                  res.oneway_per_s);
-      std::fflush(stdout);
-      all[mode].push_back(res);
-    }
-  }
-  std::printf("\nmedians over %d rounds\n%-8s %12s %14s %14s %16s\n", rounds, "mode",
-              "rtt 8 B us", "rtt 1 MiB us", "blob 1 MiB us", "one-way msg/s");
-  std::map<std::string, results> med;
+spread spread_of(const std::vector<double>& v, bool higher_is_better) {
+  if (v.empty()) return {};
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return {median(v), higher_is_better ? *lo : *hi};
+}
+
+/// What every round measured, by placement and mode.
+using round_table = std::map<std::string, std::map<std::string, std::vector<results>>>;
+
+/// Prints the medians and the worst rounds of every mode of one placement.
+void print_modes(const std::string& where,
+                 const std::map<std::string, std::vector<results>>& all) {
+  std::printf("\n%s: median / worst over the rounds\n%-8s %20s %20s %20s %24s\n", where.c_str(),
+              "mode", "rtt 8 B us", "rtt 1 MiB us", "blob 1 MiB us", "one-way msg/s");
   for (const auto& [mode, list] : all) {
     std::vector<double> a, b, d, c;
     for (const auto& x : list) {
@@ -334,26 +376,166 @@ int main(int argc, char** argv) {
       d.push_back(x.rtt_blob_us);
       c.push_back(x.oneway_per_s);
     }
-    med[mode] = {median(a), median(b), median(d), median(c)};
-    std::printf("%-8s %12.2f %14.1f %14.1f %16.0f\n", mode.c_str(), med[mode].rtt_us,
-                med[mode].rtt_large_us, med[mode].rtt_blob_us, med[mode].oneway_per_s);
+    const spread rtt = spread_of(a, false), large = spread_of(b, false),
+                 blob = spread_of(d, false), rate = spread_of(c, true);
+    std::printf("%-8s %9.2f / %8.2f %9.1f / %8.1f %9.1f / %8.1f %11.0f / %10.0f\n", mode.c_str(),
+                rtt.med, rtt.worst, large.med, large.worst, blob.med, blob.worst, rate.med,
+                rate.worst);
   }
-  const double copy = memcpy_us(large_size);
-  std::printf("memcpy 1 MiB: %.1f us (each way: %.1f us per round trip)\n", copy, 2 * copy);
-  if (med.count("comm")) {
-    const results& c = med["comm"];
-    if (med.count("inproc") && c.rtt_us > 0) {
-      std::printf("comm rtt 8 B / in-process CAF rtt: %.2f (goal: at most 3)\n",
-                  c.rtt_us / med["inproc"].rtt_us);
+}
+
+/// Ratios of every round in which both `mode` and its reference ran, as median and worst.
+template <class Ratio>
+std::optional<spread> ratios(const std::vector<results>& comm,
+                             const std::vector<results>& reference, Ratio ratio,
+                             bool higher_is_better) {
+  std::vector<double> v;
+  for (size_t i = 0; i < comm.size() && i < reference.size(); ++i) {
+    const double r = ratio(comm[i], reference[i]);
+    if (r > 0) v.push_back(r);
+  }
+  if (v.empty()) return std::nullopt;
+  return spread_of(v, higher_is_better);
+}
+
+/// Prints the goals of DESIGN.md as ratios of the same round, median and worst.
+void print_goals(const std::string& where, const std::map<std::string, std::vector<results>>& all) {
+  if (!all.count("comm")) return;
+  const auto& comm = all.at("comm");
+  std::printf("%s goals (median / worst round):\n", where.c_str());
+  if (all.count("inproc")) {
+    if (auto r = ratios(comm, all.at("inproc"),
+                        [](const results& c, const results& i) {
+                          return c.rtt_us > 0 && i.rtt_us > 0 ? c.rtt_us / i.rtt_us : 0;
+                        }, false)) {
+      std::printf("  comm rtt 8 B / in-process CAF rtt:   %6.2f / %6.2f (goal: at most 3, no "
+                  "unpinned round above 5)\n", r->med, r->worst);
     }
-    if (med.count("caf") && c.rtt_us > 0) {
-      std::printf("CAF middleman rtt 8 B / comm rtt: %.1f (goal: at least 50)\n",
-                  med["caf"].rtt_us / c.rtt_us);
+  }
+  if (all.count("caf")) {
+    if (auto r = ratios(comm, all.at("caf"),
+                        [](const results& c, const results& m) {
+                          return c.rtt_us > 0 && m.rtt_us > 0 ? m.rtt_us / c.rtt_us : 0;
+                        }, true)) {
+      std::printf("  CAF middleman rtt 8 B / comm rtt:    %6.1f / %6.1f (goal: at least 50)\n",
+                  r->med, r->worst);
     }
-    std::printf("comm one-way 8 B: %.2f M msg/s (goal: at least 2)\n", c.oneway_per_s / 1e6);
-    std::printf("comm rtt 1 MiB / (2 x memcpy 1 MiB): %.2f as std::vector<char>, %.2f as blob "
-                "(goal: at most 2)\n",
-                c.rtt_large_us / (2 * copy), c.rtt_blob_us / (2 * copy));
+  }
+  auto own = [&](auto metric, bool higher) {
+    return ratios(comm, comm, [&](const results& c, const results&) { return metric(c); }, higher);
+  };
+  if (auto r = own([](const results& c) { return c.oneway_per_s / 1e6; }, true)) {
+    std::printf("  comm one-way 8 B, M msg/s:           %6.2f / %6.2f (goal: at least 2)\n",
+                r->med, r->worst);
+  }
+  if (auto r = own([](const results& c) {
+        return c.memcpy_us > 0 ? c.rtt_blob_us / (2 * c.memcpy_us) : 0;
+      }, false)) {
+    std::printf("  comm blob rtt 1 MiB / 2 x memcpy:    %6.2f / %6.2f (goal: at most 2)\n",
+                r->med, r->worst);
+  }
+  if (auto r = own([](const results& c) {
+        return c.memcpy_us > 0 ? c.rtt_large_us / (2 * c.memcpy_us) : 0;
+      }, false)) {
+    std::printf("  comm vector rtt 1 MiB / 2 x memcpy:  %6.2f / %6.2f\n", r->med, r->worst);
+  }
+}
+
+/// Splits a comma-separated list.
+std::vector<std::string> split(const char* text) {
+  std::vector<std::string> out;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) out.push_back(item);
+  return out;
+}
+
+void usage(const char* self) {
+  std::fprintf(stderr,
+               "usage: %s [-r rounds] [-n trips] [-w oneway] [-m modes] [-p placements] "
+               "[-t tests] [-l] [-s]\n"
+               "  -m  inproc,caf,comm (default all)\n"
+               "  -p  pinned,unpinned,one-core (default pinned,unpinned)\n"
+               "  -t  rtt,oneway,vector,blob (default all)\n"
+               "  -l  large only (-t vector,blob); -s small only (-t rtt,oneway)\n",
+               self);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 10;
+  int64_t trips = 20000;
+  int64_t oneway = 200000;
+  selection which;
+  std::vector<std::string> modes = {"inproc", "caf", "comm"};
+  std::vector<placement> placements = {placement::pinned, placement::unpinned};
+  for (int opt; (opt = ::getopt(argc, argv, "r:n:w:m:p:t:lsh")) != -1;) {
+    switch (opt) {
+      case 'r': rounds = std::atoi(optarg); break;
+      case 'n': trips = std::atoll(optarg); break;
+      case 'w': oneway = std::atoll(optarg); break;
+      case 'l': which.rtt = which.oneway = false; break;
+      case 's': which.vector = which.blob = false; break;
+      case 'm': modes = split(optarg); break;
+      case 'p': {
+        placements.clear();
+        for (const auto& p : split(optarg)) {
+          if (p == "pinned") placements.push_back(placement::pinned);
+          else if (p == "unpinned") placements.push_back(placement::unpinned);
+          else if (p == "one-core") placements.push_back(placement::one_core);
+          else { usage(argv[0]); return 2; }
+        }
+        break;
+      }
+      case 't': {
+        which = selection{false, false, false, false};
+        for (const auto& t : split(optarg)) {
+          if (t == "rtt") which.rtt = true;
+          else if (t == "oneway") which.oneway = true;
+          else if (t == "vector") which.vector = true;
+          else if (t == "blob") which.blob = true;
+          else { usage(argv[0]); return 2; }
+        }
+        break;
+      }
+      default:
+        usage(argv[0]);
+        return 2;
+    }
+  }
+  round_table all;
+  for (int r = 0; r < rounds; ++r) {
+    for (placement where : placements) {
+      for (const auto& mode : modes) {
+        results res;
+        // CAF's middleman needs far fewer iterations to take as long.
+        const int64_t n = mode == "caf" ? std::max<int64_t>(trips / 20, 50) : trips;
+        const int64_t w = mode == "caf" ? std::max<int64_t>(oneway / 10, 1000) : oneway;
+        const bool ok = in_child(
+            [&](results* out) {
+              if (mode != "inproc") return run_remote(mode, where, n, w, which, out);
+              // In-process CAF's floor uses both cores when the two-process modes do.
+              if (where == placement::one_core) pin_to(1);
+              return run_inproc(n, w, which, out);
+            },
+            &res);
+        if (!ok) {
+          std::fprintf(stderr, "round %d: %s %s failed\n", r, name_of(where), mode.c_str());
+          continue;
+        }
+        std::printf("round %d %-8s %-6s rtt 8 B %8.2f us   rtt 1 MiB %8.1f us   blob %8.1f us   "
+                    "one-way 8 B %10.0f msg/s   memcpy 1 MiB %5.1f us\n",
+                    r, name_of(where), mode.c_str(), res.rtt_us, res.rtt_large_us,
+                    res.rtt_blob_us, res.oneway_per_s, res.memcpy_us);
+        std::fflush(stdout);
+        all[name_of(where)][mode].push_back(res);
+      }
+    }
+  }
+  for (placement where : placements) {
+    const auto& table = all[name_of(where)];
+    print_modes(name_of(where), table);
+    print_goals(name_of(where), table);
   }
   return 0;
 }

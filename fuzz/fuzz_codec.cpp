@@ -185,6 +185,43 @@ seed node_hello_seed() {
   return flat(message);
 }
 
+/// A tagged zcopy descriptor with two iov entries.
+seed shm_tag_zcopy_seed() {
+  capnp::MallocMessageBuilder message;
+  auto d = message.initRoot<schema::ShmTagZcopyDescriptor>();
+  d.setSenderPid(1234);
+  d.setCompletionSeq(5);
+  d.setTag(0x77);
+  d.setImm(9);
+  auto list = d.initIov(2);
+  list[0].setAddress(0x10000);
+  list[0].setLength(100);
+  list[1].setAddress(0x20000);
+  list[1].setLength(4000);
+  return flat(message);
+}
+
+/// A rendezvous announcement of the shm transport with a key.
+seed shm_tag_rndv_seed() {
+  capnp::MallocMessageBuilder message;
+  auto d = message.initRoot<schema::ShmTagRndvDescriptor>();
+  d.setSenderPid(1234);
+  d.setSenderFd(7);
+  d.setSenderIfaceId(0x1122);
+  d.setSenderFifoSize(256);
+  d.setSenderCellSize(128);
+  d.setSenderSegSize(8192);
+  d.setOpSlot(3);
+  d.setOpGeneration(1);
+  d.setTag(0x42);
+  d.setHeaderLength(16);
+  d.setAddress(0x30000);
+  d.setLength(1 << 20);
+  const uint8_t key[48] = {0x73, 0x68, 0x72, 0x6b, 2};
+  d.setRkey(kj::arrayPtr(key, sizeof(key)));
+  return flat(message);
+}
+
 /// One schema type: how its bytes are checked and what its seed is.
 struct codec_case {
   void (*check)(const aligned_copy&);
@@ -222,6 +259,9 @@ constexpr codec_case cases[] = {
     {check_checked<schema::CmMessage>, cm_request_seed},
     {check_checked<schema::CmEndpointData>, empty_seed<schema::CmEndpointData>},
     {check_checked<schema::ActorNodeHello>, node_hello_seed},
+    {check_data_only<schema::ShmTagHeader>, data_only_seed<schema::ShmTagHeader>},
+    {check_checked<schema::ShmTagZcopyDescriptor>, shm_tag_zcopy_seed},
+    {check_checked<schema::ShmTagRndvDescriptor>, shm_tag_rndv_seed},
 };
 
 /// Seeds: one record of every schema type, after its selector byte.

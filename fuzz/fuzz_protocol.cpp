@@ -20,7 +20,7 @@
 
 #include "check.hpp"
 #include "seeds.hpp"
-#include "worker_impl.hpp"
+#include "protocols.hpp"
 
 #include "schema/wire.capnp.h"
 
@@ -331,77 +331,81 @@ seed wireup_request() {
   return flat(message);
 }
 
-using P = comm::detail::proto_id;
+namespace P = comm::detail;
 
-constexpr uint8_t id(P p) { return static_cast<uint8_t>(p); }
+/// The wire id of a protocol module's message kind.
+template <class Id>
+constexpr uint8_t id(Id p) {
+  return comm::detail::wire_id(p);
+}
 
 /// One record of every protocol message, addressed to A's endpoint for B.
 std::vector<std::pair<uint8_t, seed>> protocol_records() {
   std::vector<std::pair<uint8_t, seed>> r;
   auto dst = [](auto f) { f.setDstEp(first_ep); };
-  r.push_back({id(P::wireup_request), wireup_request()});
-  r.push_back({id(P::wireup_reply), header_then<wire::WireupReply>([](auto f) {
+  r.push_back({id(P::wireup_msg::request), wireup_request()});
+  r.push_back({id(P::wireup_msg::reply), header_then<wire::WireupReply>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setSrcEp(first_ep);
                }, 0)});
-  r.push_back({id(P::ep_close), header_then<wire::EndpointClose>(dst, 0)});
-  r.push_back({id(P::tag_eager), header_then<wire::TagEager>([](auto f) {
+  r.push_back({id(P::wireup_msg::close), header_then<wire::EndpointClose>(dst, 0)});
+  r.push_back({id(P::tag_msg::eager), header_then<wire::TagEager>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setTag(7);
                }, 32)});
-  r.push_back({id(P::tag_eager_imm), header_then<wire::TagEagerImm>([](auto f) {
+  r.push_back({id(P::tag_msg::eager_imm), header_then<wire::TagEagerImm>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setTag(0x5eed);
                  f.setImm(3);
                }, 64)});
-  r.push_back({id(P::tag_eager_first), header_then<wire::TagEagerFirst>([](auto f) {
+  r.push_back({id(P::tag_msg::eager_first), header_then<wire::TagEagerFirst>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setTag(7);
                  f.setMsgId(1);
                  f.setTotalLength(100);
                }, 40)});
-  r.push_back({id(P::tag_fragment), header_then<wire::FragmentMiddle>([](auto f) {
+  r.push_back({id(P::tag_msg::fragment), header_then<wire::FragmentMiddle>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setMsgId(1);
                  f.setOffset(40);
                }, 60)});
-  r.push_back({id(P::am_single), header_then<wire::ActiveMessage>([](auto f) {
+  r.push_back({id(P::am_msg::single), header_then<wire::ActiveMessage>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setAmId(2);
                  f.setHeaderLength(4);
                }, 24)});
-  r.push_back({id(P::am_first), header_then<wire::ActiveMessageFirst>([](auto f) {
+  r.push_back({id(P::am_msg::first), header_then<wire::ActiveMessageFirst>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setAmId(1);
                  f.setHeaderLength(4);
                  f.setMsgId(2);
                  f.setTotalLength(50);
                }, 20)});
-  r.push_back({id(P::am_fragment), header_then<wire::FragmentMiddle>([](auto f) {
+  r.push_back({id(P::am_msg::fragment), header_then<wire::FragmentMiddle>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setMsgId(2);
                  f.setOffset(16);
                }, 34)});
-  r.push_back({id(P::rndv_rts), rts()});
-  r.push_back({id(P::rndv_ats), header_then<wire::RndvAts>([](auto f) {
+  r.push_back({id(P::rndv_msg::rts), rts()});
+  r.push_back({id(P::rndv_msg::ats), header_then<wire::RndvAts>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setSreqId(5);
                }, 0)});
-  r.push_back({id(P::rndv_rtr), header_then<wire::RndvRtr>([](auto f) {
+  r.push_back({id(P::rndv_msg::rtr), header_then<wire::RndvRtr>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setSreqId(5);
                  f.setRreqId(6);
                  f.setLength(1000);
                }, 0)});
-  r.push_back({id(P::rndv_data), header_then<wire::RndvData>([](auto f) {
+  r.push_back({id(P::rndv_msg::data), header_then<wire::RndvData>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setRreqId(6);
                }, 100)});
-  r.push_back({id(P::rndv_cancel), header_then<wire::RndvCancel>([](auto f) {
+  r.push_back({id(P::rndv_msg::cancel), header_then<wire::RndvCancel>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setSreqId(5);
                }, 0)});
-  r.push_back({id(P::rma_request), header_then<wire::RmaRequest>([](auto f) {
+  r.push_back({id(P::rma_msg::request), header_then<wire::RmaRequest>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setIsGet(true);
                  f.setReqId(1);
@@ -409,11 +413,11 @@ std::vector<std::pair<uint8_t, seed>> protocol_records() {
                  f.setAddress(0x10000);
                  f.setLength(64);
                }, 0)});
-  r.push_back({id(P::rma_reply), header_then<wire::RmaReply>([](auto f) {
+  r.push_back({id(P::rma_msg::reply), header_then<wire::RmaReply>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setReqId(1);
                }, 64)});
-  r.push_back({id(P::rndv_refuse), header_then<wire::RndvRefuse>([](auto f) {
+  r.push_back({id(P::rndv_msg::refuse), header_then<wire::RndvRefuse>([](auto f) {
                  f.setDstEp(first_ep);
                  f.setRreqId(6);
                }, 0)});

@@ -7,6 +7,10 @@
 //                is accepted (bit 1) or rejected, after the callback returns.
 //   bit 0 set:   client side. The connection manager connects to a raw listener, whose accepted
 //                socket sends the bytes (the server's challenge and reply) and shuts down.
+//   bit 3:       over IPv6 loopback (::1) instead of 127.0.0.1.
+//   bit 4:       the client-server flow (cm::resolve / cm::accept_flow) instead of the short
+//                handshake: once connected, whatever else the peer sends, and its end, reach the
+//                connection's last stage (a disconnect).
 // Either way the handshake must end (established, failed, or the socket closed) within a few
 // seconds of the peer's end of input, and every descriptor it opened must be closed again.
 #include <comm/transport/transport.hpp>
@@ -65,16 +69,44 @@ struct recorder final : cm_handler {
   std::unique_ptr<cm_conn> handed;
 };
 
-/// The connection managers (plain and keyed), their listeners and a raw listener for the client
-/// side, made once.
-struct setup {
-  recorder events;
-  std::unique_ptr<cm> plain;
-  std::unique_ptr<cm> keyed;
+/// What a flow connection reported during one input.
+struct flow_recorder final : cm_flow_handler {
+  comm::status on_resolved(cm_conn* conn, std::string_view, comm::status result) override {
+    const uint8_t request[] = {9, 8, 7, 6, 5, 4, 3, 2, 1};
+    cm_private_data data;
+    data.data = request;
+    data.length = sizeof(request);
+    if (result != comm::status::ok || conn->connect(data) != comm::status::ok) ended = true;
+    return result;
+  }
+  void on_connect(cm_conn* conn, comm::status result, const uint8_t*, size_t) override {
+    if (result != comm::status::ok || conn->notify() != comm::status::ok) ended = true;
+  }
+  void on_notify(cm_conn*, comm::status result) override {
+    if (result != comm::status::ok) ended = true;
+  }
+  void on_disconnect(cm_conn*) override { ended = true; }
+
+  bool ended = false;
+};
+
+/// Where one family's raw peers and listeners are.
+struct family {
+  std::string host;  ///< "127.0.0.1" or "[::1]"
   std::unique_ptr<cm_listener> plain_listener;
   std::unique_ptr<cm_listener> keyed_listener;
   int raw_listener = -1;
   uint16_t raw_port = 0;
+  bool v6 = false;
+};
+
+/// The connection managers (plain and keyed), their listeners and a raw listener for the client
+/// side, for IPv4 and IPv6 loopback, made once.
+struct setup {
+  recorder events;
+  std::unique_ptr<cm> plain;
+  std::unique_ptr<cm> keyed;
+  family families[2];  ///< IPv4, IPv6
 };
 
 /// The tcp transport.
@@ -95,18 +127,36 @@ std::unique_ptr<cm> open_cm(recorder& events, std::string key) {
   return made;
 }
 
-/// A nonblocking listening socket on loopback; `*port` is its port.
-int raw_listen(uint16_t* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  sockaddr_in where{};
-  where.sin_family = AF_INET;
-  where.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(where);
+/// The loopback address of IPv4 or IPv6 with `port`.
+sockaddr_storage loopback(bool v6, uint16_t port, socklen_t* length) {
+  sockaddr_storage where{};
+  if (v6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&where);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_addr = in6addr_loopback;
+    in6->sin6_port = htons(port);
+    *length = sizeof(sockaddr_in6);
+  } else {
+    auto* in = reinterpret_cast<sockaddr_in*>(&where);
+    in->sin_family = AF_INET;
+    in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    in->sin_port = htons(port);
+    *length = sizeof(sockaddr_in);
+  }
+  return where;
+}
+
+/// A nonblocking listening socket on loopback (`v6`: ::1); `*port` is its port.
+int raw_listen(bool v6, uint16_t* port) {
+  const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  socklen_t length = 0;
+  sockaddr_storage where = loopback(v6, 0, &length);
   require(fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&where), length) == 0 &&
               ::listen(fd, 16) == 0 &&
               ::getsockname(fd, reinterpret_cast<sockaddr*>(&where), &length) == 0,
           "cannot make the raw listener");
-  *port = ntohs(where.sin_port);
+  *port = v6 ? ntohs(reinterpret_cast<sockaddr_in6&>(where).sin6_port)
+             : ntohs(reinterpret_cast<sockaddr_in&>(where).sin_port);
   return fd;
 }
 
@@ -116,10 +166,16 @@ setup& the_setup() {
     auto* made = new setup;
     made->plain = open_cm(made->events, "");
     made->keyed = open_cm(made->events, "fuzzing-cluster-key");
-    require(made->plain->listen("127.0.0.1:0", 64, made->plain_listener) == comm::status::ok &&
-                made->keyed->listen("127.0.0.1:0", 64, made->keyed_listener) == comm::status::ok,
-            "cannot listen");
-    made->raw_listener = raw_listen(&made->raw_port);
+    for (const bool v6 : {false, true}) {
+      family& f = made->families[v6 ? 1 : 0];
+      f.v6 = v6;
+      f.host = v6 ? "[::1]" : "127.0.0.1";
+      const std::string any = f.host + ":0";
+      require(made->plain->listen(any, 64, f.plain_listener) == comm::status::ok &&
+                  made->keyed->listen(any, 64, f.keyed_listener) == comm::status::ok,
+              "cannot listen");
+      f.raw_listener = raw_listen(v6, &f.raw_port);
+    }
     return made;
   }();
   return *s;
@@ -132,19 +188,17 @@ void reset_on_close(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof(now));
 }
 
-/// A connected socket to `port` on loopback. Local ports run short while the machine's other
-/// connections (ours and anyone's) sit in TIME_WAIT: that is retried for a while, anything else
-/// is a failure of the listener.
-int raw_connect(uint16_t port) {
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  to.sin_port = htons(port);
+/// A connected socket to `port` on loopback (`v6`: ::1). Local ports run short while the machine's
+/// other connections (ours and anyone's) sit in TIME_WAIT: that is retried for a while, anything
+/// else is a failure of the listener.
+int raw_connect(bool v6, uint16_t port) {
+  socklen_t length = 0;
+  const sockaddr_storage to = loopback(v6, port, &length);
   const auto deadline = clock_type::now() + handshake_bound;
   for (;;) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     require(fd >= 0, "cannot make a socket");
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) {
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), length) == 0) {
       reset_on_close(fd);
       return fd;
     }
@@ -191,10 +245,31 @@ void run_until(cm& manager, int fd, Done done) {
   }
 }
 
+/// Answers handed-over request `handed` on the flow, then progresses until the connection ends
+/// (its notify failed, or the peer disconnected) and closes it.
+void answer_on_the_flow(cm& manager, std::unique_ptr<cm_conn> handed, int client, bool* closed) {
+  flow_recorder flow;
+  cm_server_params params;
+  params.handler = &flow;
+  const uint8_t reply[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  params.reply.data = reply;
+  params.reply.length = sizeof(reply);
+  params.timeout_ms = 2000;
+  cm_conn* answered = nullptr;
+  require(manager.accept_flow(std::move(handed), params, &answered) == comm::status::ok,
+          "cannot accept a handed-over request on the flow");
+  run_until(manager, client, [&] {
+    *closed = *closed || drain(client);
+    return flow.ended;
+  });
+  manager.close(answered);
+}
+
 /// Plays a client sending the input to a listener, then answers a handed-over request.
-void server_side(setup& s, bool keyed, bool accept, const uint8_t* data, size_t size) {
+void server_side(setup& s, const family& f, bool keyed, bool accept, bool flow,
+                 const uint8_t* data, size_t size) {
   cm& manager = keyed ? *s.keyed : *s.plain;
-  const int client = raw_connect(keyed ? s.keyed_listener->port() : s.plain_listener->port());
+  const int client = raw_connect(f.v6, keyed ? f.keyed_listener->port() : f.plain_listener->port());
   send_and_shut(client, data, size);
   bool closed = false;
   run_until(manager, client, [&] {
@@ -202,7 +277,9 @@ void server_side(setup& s, bool keyed, bool accept, const uint8_t* data, size_t 
     return closed || s.events.handed != nullptr;
   });
   if (s.events.handed != nullptr) {
-    if (accept) {
+    if (accept && flow) {
+      answer_on_the_flow(manager, std::move(s.events.handed), client, &closed);
+    } else if (accept) {
       cm_conn* answered = nullptr;
       const uint8_t reply[] = {1, 2, 3, 4, 5, 6, 7, 8};
       require(manager.accept(std::move(s.events.handed), reply, sizeof(reply), 2000, &answered) ==
@@ -219,33 +296,44 @@ void server_side(setup& s, bool keyed, bool accept, const uint8_t* data, size_t 
   ::close(client);
 }
 
-/// Plays a server: accepts the connection manager's connect and sends it the input.
-void client_side(setup& s, const uint8_t* data, size_t size) {
+/// Plays a server: accepts the connection manager's connect (the short handshake, or with `flow`
+/// the client-server flow, which notifies once answered) and sends it the input.
+void client_side(setup& s, const family& f, bool flow, const uint8_t* data, size_t size) {
   cm_conn* conn = nullptr;
-  const uint8_t request[] = {9, 8, 7, 6, 5, 4, 3, 2, 1};
-  require(s.plain->connect("127.0.0.1:" + std::to_string(s.raw_port), request, sizeof(request),
-                           2000, &conn) == comm::status::ok,
-          "cannot start a connect");
+  const std::string address = f.host + ":" + std::to_string(f.raw_port);
+  flow_recorder events;
+  if (flow) {
+    cm_client_params params;
+    params.address = address;
+    params.handler = &events;
+    params.timeout_ms = 2000;
+    require(s.plain->resolve(params, &conn) == comm::status::ok, "cannot start a flow client");
+  } else {
+    const uint8_t request[] = {9, 8, 7, 6, 5, 4, 3, 2, 1};
+    require(s.plain->connect(address, request, sizeof(request), 2000, &conn) == comm::status::ok,
+            "cannot start a connect");
+  }
+  const auto ended = [&] { return flow ? events.ended : s.events.ended != 0; };
   int server = -1;
   run_until(*s.plain, -1, [&] {
-    server = ::accept4(s.raw_listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    return server >= 0 || s.events.ended != 0;
+    server = ::accept4(f.raw_listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    return server >= 0 || ended();
   });
-  if (server < 0) {
-    // It failed before we accepted: the connection may still wait in the backlog.
-    while ((server = ::accept4(s.raw_listener, nullptr, nullptr, SOCK_NONBLOCK)) >= 0) {
-      reset_on_close(server);
-      ::close(server);
-    }
-    return;
+  if (server >= 0) {
+    reset_on_close(server);
+    send_and_shut(server, data, size);
+    run_until(*s.plain, server, [&] {
+      drain(server);
+      return ended();
+    });
+    ::close(server);
   }
-  reset_on_close(server);
-  send_and_shut(server, data, size);
-  run_until(*s.plain, server, [&] {
-    drain(server);
-    return s.events.ended != 0;
-  });
-  ::close(server);
+  // It may have failed before we accepted: the connection may still wait in the backlog.
+  while ((server = ::accept4(f.raw_listener, nullptr, nullptr, SOCK_NONBLOCK)) >= 0) {
+    reset_on_close(server);
+    ::close(server);
+  }
+  if (flow) s.plain->close(conn);
 }
 
 /// Progresses both managers until the descriptors are back to `baseline` (closing connections
@@ -319,11 +407,27 @@ seed server_bytes(int16_t status) {
   return out;
 }
 
-/// Seeds: a client's whole handshake (rejected, accepted, against the keyed listener) and a
-/// server's (accepting, rejecting).
+/// What a server sends (`flags`: the client side, over IPv6 and/or the flow).
+seed server_bytes(uint8_t flags, int16_t status) {
+  seed out = server_bytes(status);
+  out[0] = flags;
+  return out;
+}
+
+/// Seeds: a client's whole handshake (rejected, accepted, against the keyed listener; over IPv6,
+/// on the flow) and a server's (accepting, rejecting; over IPv6, on the flow).
 std::vector<seed> make_seeds() {
-  return {client_bytes(0), client_bytes(2), client_bytes(4), server_bytes(0),
-          server_bytes(static_cast<int16_t>(comm::status::rejected))};
+  return {client_bytes(0),
+          client_bytes(2),
+          client_bytes(4),
+          server_bytes(0),
+          server_bytes(static_cast<int16_t>(comm::status::rejected)),
+          client_bytes(2 | 8),
+          client_bytes(2 | 16),
+          client_bytes(2 | 8 | 16),
+          server_bytes(1 | 8, 0),
+          server_bytes(1 | 16, 0),
+          server_bytes(1 | 8 | 16, static_cast<int16_t>(comm::status::rejected))};
 }
 
 }  // namespace
@@ -339,10 +443,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t baseline = comm::fuzz::open_fds().size();
   s.events.reset();
   const uint8_t flags = data[0];
+  const family& f = s.families[(flags & 8u) != 0 ? 1 : 0];
+  const bool flow = (flags & 16u) != 0;
   if (flags & 1u) {
-    client_side(s, data + 1, size - 1);
+    client_side(s, f, flow, data + 1, size - 1);
   } else {
-    server_side(s, (flags & 4u) != 0, (flags & 2u) != 0, data + 1, size - 1);
+    server_side(s, f, (flags & 4u) != 0, (flags & 2u) != 0, flow, data + 1, size - 1);
   }
   settle(s, baseline);
   return 0;

@@ -68,6 +68,9 @@ void check_hello(const uint8_t* data, size_t available) {
   if (r != parse_result::frame) return;
   require(hello.src_iface_id != 0, "a hello from interface 0");
   require(hello.window >= min_window && hello.window <= max_window, "window out of bounds");
+  require(hello.src_address.is_v4() || hello.src_address.is_v6(),
+          "a hello whose source address has no family");
+  require(hello.src_address.scope == 0, "a hello carried a scope");
 }
 
 /// A challenge.
@@ -105,12 +108,29 @@ void check_welcome(const uint8_t* data, size_t available) {
   }
 }
 
+/// A device address that unpacked: a unicast address of a known family, its unused bytes zero.
+void check_device(const device_addr& device, const std::vector<uint8_t>& bytes) {
+  require(device.pack() == bytes, "a device address does not round-trip");
+  const ip_address address = device.address();
+  require(device.family == device_family_ipv4 || device.family == device_family_ipv6,
+          "a device address of an unknown family");
+  require((device.family == device_family_ipv6) == address.is_v6(),
+          "a device address whose family byte and address disagree");
+  require(!address.unspecified() && address.scope == 0, "an unspecified or scoped address");
+  require(address.is_v6() ? address.bytes[0] != 0xff : address.bytes[0] < 224,
+          "a multicast device address");
+  for (size_t i = 4; address.is_v4() && i < 16; ++i) {
+    require(device.ip[i] == 0, "an IPv4 device address with bytes past its 4");
+  }
+  require(device.reserved[0] == 0 && device.reserved[1] == 0 && device.reserved[2] == 0,
+          "a device address with reserved bytes set");
+  require(device.loopback() == address.loopback(), "loopback() disagrees with the address");
+}
+
 /// Device and interface addresses: what unpacks packs back to the same bytes.
 void check_addresses(const uint8_t* data, size_t available) {
   const std::vector<uint8_t> bytes(data, data + available);
-  if (auto device = device_addr::unpack(bytes)) {
-    require(device->ipv4 != 0 && device->pack() == bytes, "a device address does not round-trip");
-  }
+  if (auto device = device_addr::unpack(bytes)) check_device(*device, bytes);
   if (auto iface = iface_addr::unpack(bytes)) {
     const uint64_t id = iface->iface_id;
     const uint32_t window = iface->window;
@@ -129,12 +149,19 @@ constexpr size_t checker_count = std::size(checkers);
 
 using comm::fuzz::seed;
 
-/// Seeds: a stream of frames (a message, an ack, a bye), each handshake record, and addresses.
+/// The IPv6 loopback address.
+ip_address ipv6_loopback() {
+  const uint8_t one[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  return ip_address::v6(one);
+}
+
+/// Seeds: a stream of frames (a message, an ack, a bye), each handshake record (a hello from an
+/// IPv4 and from an IPv6 interface), and addresses (IPv4 and IPv6 device addresses).
 std::vector<seed> make_seeds() {
   record_writer w;
   const uint8_t nonce[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
   const uint8_t proof[32] = {0xaa, 0xbb, 0xcc};
-  std::vector<seed> seeds(checker_count + 1);
+  std::vector<seed> seeds(checker_count + 3);
   uint8_t record[max_header_bytes] = {};
   seeds[0] = {0};
   const char payload[13] = "hello, frame";
@@ -144,7 +171,7 @@ std::vector<seed> make_seeds() {
   comm::fuzz::append(seeds[0], record, w.frame(frame_kind::ack, 0, 0, false, 9, record));
   comm::fuzz::append(seeds[0], record, w.frame(frame_kind::bye, 0, 0, false, 9, record));
   seeds[1] = {1};
-  w.hello(4242, 0x0100007f, 77, own_iface_id, 1024, nonce, record);
+  w.hello(4242, ip_address::v4(0x0100007f), 77, own_iface_id, 1024, nonce, record);
   comm::fuzz::append(seeds[1], record, hello_size);
   seeds[2] = {2};
   w.challenge(own_iface_id, true, nonce, record);
@@ -156,7 +183,7 @@ std::vector<seed> make_seeds() {
   w.welcome(outcome::accepted, proof, record);
   comm::fuzz::append(seeds[4], record, welcome_size);
   seeds[5] = {5};
-  const auto device = device_addr::local(0x0100007f).pack();
+  const auto device = device_addr::local(ip_address::v4(0x0100007f)).pack();
   seeds[5].insert(seeds[5].end(), device.begin(), device.end());
   seeds[6] = {5};
   iface_addr iface;
@@ -165,6 +192,12 @@ std::vector<seed> make_seeds() {
   iface.window = 1024;
   const auto packed = iface.pack();
   seeds[6].insert(seeds[6].end(), packed.begin(), packed.end());
+  seeds[7] = {1};
+  w.hello(4242, ipv6_loopback(), 77, own_iface_id, 1024, nonce, record);
+  comm::fuzz::append(seeds[7], record, hello_size);
+  seeds[8] = {5};
+  const auto device6 = device_addr::local(ipv6_loopback()).pack();
+  seeds[8].insert(seeds[8].end(), device6.begin(), device6.end());
   return seeds;
 }
 

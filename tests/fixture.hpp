@@ -15,7 +15,7 @@
 #include <comm/worker.hpp>
 
 #include "transport_list.hpp"
-#include "worker_impl.hpp"
+#include "protocols.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -32,6 +32,36 @@ namespace comm::test {
 
 /// Dataset for BOOST_DATA_TEST_CASE: one sample per transport under test.
 inline auto each_transport() { return boost::unit_test::data::make(transports_under_test()); }
+
+// -- wire ids ------------------------------------------------------------------------------------
+
+/// The wire ids of the protocol modules under one name, for the tests that forge messages (each
+/// module declares its own: wireup_msg, tag_msg, am_msg, rndv_msg, rma_msg).
+enum class proto_id : tl::am_id {
+  wireup_request = detail::wire_id(detail::wireup_msg::request),
+  wireup_reply = detail::wire_id(detail::wireup_msg::reply),
+  ep_close = detail::wire_id(detail::wireup_msg::close),
+  tag_eager = detail::wire_id(detail::tag_msg::eager),
+  tag_eager_imm = detail::wire_id(detail::tag_msg::eager_imm),
+  tag_eager_first = detail::wire_id(detail::tag_msg::eager_first),
+  tag_fragment = detail::wire_id(detail::tag_msg::fragment),
+  am_single = detail::wire_id(detail::am_msg::single),
+  am_first = detail::wire_id(detail::am_msg::first),
+  am_fragment = detail::wire_id(detail::am_msg::fragment),
+  rndv_rts = detail::wire_id(detail::rndv_msg::rts),
+  rndv_ats = detail::wire_id(detail::rndv_msg::ats),
+  rndv_rtr = detail::wire_id(detail::rndv_msg::rtr),
+  rndv_data = detail::wire_id(detail::rndv_msg::data),
+  rndv_cancel = detail::wire_id(detail::rndv_msg::cancel),
+  rndv_refuse = detail::wire_id(detail::rndv_msg::refuse),
+  rma_request = detail::wire_id(detail::rma_msg::request),
+  rma_reply = detail::wire_id(detail::rma_msg::reply),
+};
+
+/// Hands `length` bytes at `data` to the receive handler of `id` on `w`, as a transport would.
+inline void feed(worker& w, proto_id id, const uint8_t* data, size_t length) {
+  detail::impl(w).deliver(static_cast<tl::am_id>(id), data, length);
+}
 
 // -- bounded loops -------------------------------------------------------------------------------
 

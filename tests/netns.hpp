@@ -1,6 +1,9 @@
-// Two "hosts" for tests that cross a network: a pair of network namespaces joined by a veth pair,
-// each end with an address of its own (10.199.<n>.1 and .2/24) and loopback up. Made with ip(8)
-// and removed when the object goes (deleting a namespace deletes its veth end). Needs root.
+// Two "hosts" for tests that cross a network: a pair of network namespaces joined by two veth
+// pairs, and loopback up. The first link gives each end an IPv4 address (10.199.<n>.1 and .2/24)
+// and an IPv6 one (fd00:199:<n>::1 and ::2/64); the second has link-local IPv6 addresses only
+// (fe80::199:1 and ::2/64, none made up by the kernel). IPv6 addresses are added with nodad, so
+// they are usable at once (no duplicate address detection to wait for). Made with ip(8) and
+// removed when the object goes (deleting a namespace deletes its veth ends). Needs root.
 //
 // A process enters a host with enter(); do it in a forked child before any libcomm object exists,
 // because transports cache the namespace identity of the process when first used.
@@ -26,18 +29,24 @@ public:
     names_[1] = "commtest-b-" + id;
     veth_[0] = "cta" + id;
     veth_[1] = "ctb" + id;
-    const std::string veth_a = veth_[0], veth_b = veth_[1];
+    link_veth_[0] = "cla" + id;
+    link_veth_[1] = "clb" + id;
     remove();
-    const std::string a = names_[0], b = names_[1];
-    ok_ = run("ip netns add " + a) && run("ip netns add " + b) &&
-          run("ip link add " + veth_a + " type veth peer name " + veth_b) &&
-          run("ip link set " + veth_a + " netns " + a) &&
-          run("ip link set " + veth_b + " netns " + b) &&
-          run("ip -n " + a + " addr add " + address(0) + "/24 dev " + veth_a) &&
-          run("ip -n " + b + " addr add " + address(1) + "/24 dev " + veth_b) &&
-          run("ip -n " + a + " link set " + veth_a + " up") &&
-          run("ip -n " + b + " link set " + veth_b + " up") &&
-          run("ip -n " + a + " link set lo up") && run("ip -n " + b + " link set lo up");
+    ok_ = run("ip netns add " + names_[0]) && run("ip netns add " + names_[1]) &&
+          run("ip link add " + veth_[0] + " type veth peer name " + veth_[1]) &&
+          run("ip link add " + link_veth_[0] + " type veth peer name " + link_veth_[1]);
+    for (int which = 0; ok_ && which < 2; ++which) {
+      const std::string in = "ip -n " + names_[which] + " ";
+      const std::string veth = veth_[which], link = link_veth_[which];
+      ok_ = run("ip link set " + veth + " netns " + names_[which]) &&
+            run("ip link set " + link + " netns " + names_[which]) &&
+            run(in + "addr add " + address(which) + "/24 dev " + veth) &&
+            run(in + "addr add " + address6(which) + "/64 dev " + veth + " nodad") &&
+            run(in + "link set " + link + " addrgenmode none") &&
+            run(in + "addr add " + link_local(which) + "/64 dev " + link + " nodad") &&
+            run(in + "link set " + veth + " up") && run(in + "link set " + link + " up") &&
+            run(in + "link set lo up");
+    }
   }
   ~netns_pair() { remove(); }
   netns_pair(const netns_pair&) = delete;
@@ -48,6 +57,18 @@ public:
 
   /// The IPv4 address of host `which` (0 or 1).
   std::string address(int which) const { return "10.199." + subnet_ + "." + (which ? "2" : "1"); }
+
+  /// The IPv6 address of host `which` on the first link.
+  std::string address6(int which) const {
+    return "fd00:199:" + subnet_ + "::" + (which ? "2" : "1");
+  }
+
+  /// The link-local IPv6 address of host `which` on the second link.
+  std::string link_local(int which) const { return which ? "fe80::199:2" : "fe80::199:1"; }
+
+  /// Host `which`'s end of the second (link-local only) link: the interface a link-local address
+  /// is reached through from there.
+  const std::string& link_device(int which) const { return link_veth_[which]; }
 
   /// Moves the calling process into host `which`'s network namespace; false on failure.
   bool enter(int which) const {
@@ -75,6 +96,7 @@ private:
 
   std::string names_[2];
   std::string veth_[2];
+  std::string link_veth_[2];
   std::string subnet_;
   bool ok_ = false;
 };

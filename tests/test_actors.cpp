@@ -8,6 +8,7 @@
 #include "test_actors_scenarios.hpp"
 
 #include <memory>
+#include <thread>
 
 using namespace comm::test::actors;
 
@@ -48,6 +49,30 @@ struct two_nodes {
   }
 };
 
+/// A typed interface: adds two ints.
+using adder = caf::typed_actor<caf::replies_to<add_atom, int32_t, int32_t>::with<int32_t>>;
+
+/// A wider one: adds, and fails on request.
+using calculator = caf::typed_actor<caf::replies_to<add_atom, int32_t, int32_t>::with<int32_t>,
+                                    caf::replies_to<fail_atom>::with<int32_t>>;
+
+/// An interface the calculator does not have.
+using echoer = caf::typed_actor<caf::replies_to<echo_atom, std::vector<char>>::with<
+    std::vector<char>>>;
+
+calculator::behavior_type typed_calculator() {
+  return {
+      [](add_atom, int32_t a, int32_t b) { return a + b; },
+      [](fail_atom) -> caf::result<int32_t> { return caf::sec::invalid_argument; },
+  };
+}
+
+/// The rendering of a failed lookup's error, or "found".
+template <class T>
+std::string failure_of(caf::actor_system& sys, const caf::expected<T>& found) {
+  return found ? "found" : sys.render(found.error());
+}
+
 }  // namespace
 
 BOOST_FIXTURE_TEST_SUITE(in_process, two_nodes)
@@ -76,6 +101,26 @@ BOOST_AUTO_TEST_CASE(error_response) {
 
 BOOST_AUTO_TEST_CASE(unknown_type_is_answered_with_an_error) {
   BOOST_TEST(check_unknown_type(*client_sys, lookup()) == "");
+}
+
+BOOST_AUTO_TEST_CASE(answer_of_an_unknown_type_fails_the_request_at_once) {
+  BOOST_TEST(check_unknown_reply(*client_sys, lookup()) == "");
+  BOOST_TEST(node_of(*client_sys).stats().unreadable_messages == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(send_of_an_unknown_type_is_counted) {
+  BOOST_TEST(check_unknown_send(*client_sys, lookup()) == "");
+}
+
+BOOST_AUTO_TEST_CASE(status_of_tells_comm_errors_from_others) {
+  using comm::actors::status_of;
+  BOOST_TEST((status_of(caf::error{}) == comm::status::ok));
+  BOOST_TEST((status_of(comm::actors::make_error(comm::status::rejected)) ==
+              comm::status::rejected));
+  const comm::status foreign = status_of(caf::make_error(caf::sec::request_timeout));
+  BOOST_TEST((foreign == comm::actors::foreign_error));
+  BOOST_TEST(comm::is_error(foreign));
+  BOOST_TEST((foreign != comm::status::ok));
 }
 
 BOOST_AUTO_TEST_CASE(remote_actor_requests_from_its_sender) {
@@ -174,6 +219,65 @@ BOOST_AUTO_TEST_CASE(disconnect_kills_proxies_and_fails_requests) {
   BOOST_TEST((comm::actors::status_of(client.disconnect(address())) == comm::status::no_elem));
 }
 
+BOOST_AUTO_TEST_CASE(one_connection_per_node_whatever_the_address) {
+  const std::string port = address().substr(address().rfind(':'));
+  auto& client = node_of(*client_sys);
+  auto& server = node_of(*service_sys);
+  auto by_number = client.lookup("127.0.0.1" + port, service_name);
+  auto by_name = client.lookup("localhost" + port, service_name);
+  BOOST_REQUIRE(by_number);
+  BOOST_REQUIRE(by_name);
+  BOOST_TEST((*by_number == *by_name));
+  BOOST_TEST(client.stats().peers == 1u);
+  BOOST_TEST(client.stats().proxies == 1u);
+  // The service node sees the second connection close (asynchronously; at most 5 s).
+  for (int i = 0; i < 2500 && server.stats().peers != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  BOOST_TEST(server.stats().peers == 1u);
+  BOOST_TEST(check_request(*client_sys, *by_name) == "");
+  // Either name reaches the one connection.
+  BOOST_REQUIRE(!client.disconnect("localhost" + port));
+  BOOST_TEST(client.stats().peers == 0u);
+  BOOST_TEST((comm::actors::status_of(client.disconnect("127.0.0.1" + port)) ==
+              comm::status::no_elem));
+}
+
+BOOST_AUTO_TEST_CASE(typed_actors_are_looked_up_by_interface) {
+  auto& server = node_of(*service_sys);
+  auto& client = node_of(*client_sys);
+  auto calc = service_sys->spawn(typed_calculator);
+  BOOST_REQUIRE(!server.publish(calc, "calc"));
+  // The same interface, and a narrower one (as CAF's remote_actor allows).
+  auto as_calculator = client.lookup<calculator>(address(), "calc");
+  BOOST_REQUIRE_MESSAGE(as_calculator, failure_of(*client_sys, as_calculator));
+  auto as_adder = client.lookup<adder>(address(), "calc");
+  BOOST_REQUIRE_MESSAGE(as_adder, failure_of(*client_sys, as_adder));
+  caf::scoped_actor self{*client_sys};
+  int32_t sum = 0;
+  self->request(*as_adder, std::chrono::seconds(5), add_atom::value, int32_t{2}, int32_t{3})
+      .receive([&](int32_t r) { sum = r; }, [](caf::error&) {});
+  BOOST_TEST(sum == 5);
+  // Any actor may still be looked up as a caf::actor.
+  BOOST_TEST(static_cast<bool>(client.lookup(address(), "calc")));
+  // A handle whose interface the actor lacks is refused, naming both.
+  auto as_echoer = client.lookup<echoer>(address(), "calc");
+  BOOST_REQUIRE(!as_echoer);
+  BOOST_TEST((as_echoer.error() == caf::sec::unexpected_actor_messaging_interface));
+  BOOST_TEST(failure_of(*client_sys, as_echoer).find("published as") != std::string::npos);
+  BOOST_TEST(failure_of(*client_sys, as_echoer).find("echo") != std::string::npos);
+  // So is a typed handle to an actor published without an interface.
+  auto untyped = client.lookup<adder>(address(), service_name);
+  BOOST_REQUIRE(!untyped);
+  BOOST_TEST((untyped.error() == caf::sec::unexpected_actor_messaging_interface));
+  BOOST_TEST(failure_of(*client_sys, untyped).find("not published as a typed actor") !=
+             std::string::npos);
+  // The node's own names are checked alike.
+  BOOST_TEST(static_cast<bool>(server.lookup<adder>(address(), "calc")));
+  BOOST_TEST(!server.lookup<echoer>(address(), "calc"));
+  caf::anon_send_exit(calc, caf::exit_reason::user_shutdown);
+}
+
 BOOST_AUTO_TEST_CASE(no_growth_over_connect_disconnect_cycles) {
   auto& client = node_of(*client_sys);
   auto& server = node_of(*service_sys);
@@ -214,6 +318,8 @@ BOOST_AUTO_TEST_CASE(request_response_and_errors) {
   BOOST_TEST(check_request(*client_sys, proxy) == "");
   BOOST_TEST(check_error_response(*client_sys, proxy) == "");
   BOOST_TEST(check_unknown_type(*client_sys, proxy) == "");
+  BOOST_TEST(check_unknown_reply(*client_sys, proxy) == "");
+  BOOST_TEST(check_unknown_send(*client_sys, proxy) == "");
   BOOST_TEST(check_callback(*client_sys, proxy) == "");
 }
 

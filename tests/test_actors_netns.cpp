@@ -69,7 +69,8 @@ BOOST_AUTO_TEST_CASE(send_request_response_error_over_tcp) {
       start_client(hosts, service.address, [](caf::actor_system& sys, const std::string& at) {
         std::string failure = run_checks(sys, at,
                                          {check_request, check_error_response, check_callback,
-                                          check_unknown_type, check_remote_exit,
+                                          check_unknown_type, check_unknown_reply,
+                                          check_unknown_send, check_remote_exit,
                                           check_local_exit});
         return failure.empty() ? check_unknown_name(sys, at) : failure;
       });

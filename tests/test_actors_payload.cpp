@@ -24,6 +24,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -543,6 +544,32 @@ BOOST_AUTO_TEST_CASE(every_truncation_and_a_wrong_count_are_errors) {
   auto longer = whole;
   longer.push_back('\0');
   BOOST_TEST(!read(longer, {}, msg.size(), back));
+}
+
+BOOST_AUTO_TEST_CASE(an_interface_reads_back_and_broken_ones_are_refused) {
+  const interface ifs{"caf::replies_to<@atom, @i32, @i32>::with<@i32>", "", std::string(70, 'x')};
+  std::vector<char> buf;
+  encode_interface(ifs, buf);
+  interface back;
+  BOOST_TEST(decode_interface(buf.data(), buf.size(), back));
+  BOOST_TEST((back == ifs));
+  interface none;
+  BOOST_TEST(decode_interface(nullptr, 0, none));
+  BOOST_TEST(none.empty());
+  // A cut between two signatures is a shorter interface; a cut inside a length, or a length
+  // claiming more than is left, is refused.
+  std::set<size_t> between;
+  size_t at = 0;
+  for (const auto& signature : ifs) between.insert(at += 4 + signature.size());
+  for (size_t cut = 1; cut < buf.size(); ++cut) {
+    interface part;
+    BOOST_TEST_CONTEXT("first " << cut << " bytes") {
+      BOOST_TEST(decode_interface(buf.data(), cut, part) == (between.count(cut) != 0));
+    }
+  }
+  std::vector<char> huge(max_interface_bytes + 1, '\0');
+  interface refused;
+  BOOST_TEST(!decode_interface(huge.data(), huge.size(), refused));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

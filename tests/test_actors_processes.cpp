@@ -29,7 +29,8 @@ BOOST_AUTO_TEST_CASE(send_request_response_error) {
   BOOST_TEST(run_client(service, [](caf::actor_system& sys, const std::string& address) {
                return run_checks(sys, address,
                                  {check_request, check_error_response, check_callback,
-                                  check_unknown_type});
+                                  check_unknown_type, check_unknown_reply,
+                                  check_unknown_send});
              }) == 0);
   BOOST_TEST(service.stop() == 0);
 }

@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -38,6 +39,8 @@ using victim_atom = caf::atom_constant<caf::atom("victim")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
+using reveal_atom = caf::atom_constant<caf::atom("reveal")>;
+using unreadable_atom = caf::atom_constant<caf::atom("unreadable")>;
 using exited_atom = caf::atom_constant<caf::atom("exited")>;
 using digest_atom = caf::atom_constant<caf::atom("digest")>;
 using keep_atom = caf::atom_constant<caf::atom("keep")>;
@@ -57,6 +60,17 @@ struct secret {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, secret& x) {
   return f(caf::meta::type_name("secret"), x.value);
+}
+
+/// A type only the service registers: a client node cannot read an answer of it.
+struct hidden {
+  int32_t value = 0;
+};
+
+/// Serialisation of hidden.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, hidden& x) {
+  return f(caf::meta::type_name("hidden"), x.value);
 }
 
 /// What the service remembers per sender and across messages.
@@ -164,6 +178,10 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
         auto s = comm::actors::node::get(self->home_system())->stats();
         return {s.peers, s.proxies, s.remote_monitors, s.frames_held, s.peak_bytes_held};
       },
+      [](reveal_atom) { return hidden{5}; },
+      [self](unreadable_atom) {
+        return comm::actors::node::get(self->home_system())->stats().unreadable_messages;
+      },
   };
 }
 
@@ -171,7 +189,8 @@ inline caf::behavior service(caf::stateful_actor<service_state>* self) {
 using node_tweak = std::function<void(comm::actors::node_params&)>;
 
 /// Configures a node for a test: listening on `listen_address`, registering `secret` when
-/// `knows_secret`, with `tweak` applied to its parameters.
+/// `knows_secret` (a client) and `hidden` otherwise (the service), with `tweak` applied to its
+/// parameters.
 inline void configure(caf::actor_system_config& cfg, const std::string& listen_address,
                       bool knows_secret, const node_tweak& tweak = {}) {
   comm::actors::node_params params;
@@ -179,7 +198,11 @@ inline void configure(caf::actor_system_config& cfg, const std::string& listen_a
   params.connect_timeout = std::chrono::milliseconds(5000);
   if (tweak) tweak(params);
   comm::actors::node::load(cfg, params);
-  if (knows_secret) cfg.add_message_type<secret>("secret");
+  if (knows_secret) {
+    cfg.add_message_type<secret>("secret");
+  } else {
+    cfg.add_message_type<hidden>("hidden");
+  }
 }
 
 /// The node of `sys`.
@@ -234,6 +257,56 @@ inline std::string check_unknown_type(caf::actor_system& sys, const caf::actor& 
                });
   // The connection survives it.
   return failure.empty() ? check_request(sys, svc) : failure;
+}
+
+/// An answer of a type the client node lacks fails the request at once (not at its timeout) with
+/// sec::unknown_type naming the type.
+inline std::string check_unknown_reply(caf::actor_system& sys, const caf::actor& svc) {
+  caf::scoped_actor self{sys};
+  std::string failure = "no answer";
+  self->request(svc, std::chrono::seconds(20), reveal_atom::value)
+      .receive([&](int32_t) { failure = "hidden read as an int"; },
+               [&](caf::error& e) {
+                 const std::string text = sys.render(e);
+                 failure = e == caf::sec::unknown_type && text.find("hidden") != std::string::npos
+                               ? ""
+                               : describe(sys, "wrong error", e);
+               });
+  return failure.empty() ? check_request(sys, svc) : failure;
+}
+
+/// The service node's count of messages it could not read.
+inline std::optional<uint64_t> unreadable_count(caf::actor_system& sys, const caf::actor& svc) {
+  caf::scoped_actor self{sys};
+  std::optional<uint64_t> count;
+  self->request(svc, std::chrono::seconds(5), unreadable_atom::value)
+      .receive([&](uint64_t n) { count = n; }, [](caf::error&) {});
+  return count;
+}
+
+/// A plain send of a type the service node lacks is dropped there and counted in its stats.
+inline std::string check_unknown_send(caf::actor_system& sys, const caf::actor& svc) {
+  const auto before = unreadable_count(sys, svc);
+  if (!before) return "no unreadable count";
+  {
+    caf::scoped_actor self{sys};
+    self->send(svc, secret{3});
+    self->send(svc, secret{4});
+  }
+  // Frames of one sender arrive in order: a request from another actor may overtake them, so
+  // ask until they are counted (bounded).
+  std::optional<uint64_t> after;
+  for (int i = 0; i < 500; ++i) {
+    after = unreadable_count(sys, svc);
+    if (!after || *after >= *before + 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!after) return "no unreadable count after the sends";
+  if (*after != *before + 2) {
+    return "unreadable messages " + std::to_string(*before) + " -> " + std::to_string(*after) +
+           ", expected +2";
+  }
+  return check_request(sys, svc);
 }
 
 /// The service requests back from the actor that asked it (sender identity): 41 + 1.

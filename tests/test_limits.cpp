@@ -19,7 +19,7 @@ using namespace comm::test;
 
 namespace limits_test {
 
-using detail::proto_id;
+using test::proto_id;
 
 /// A worker pair whose context has the limits `tweak` sets, with b's endpoint for what `ab`
 /// sends (the one a hostile a fails) watched by an error handler.
@@ -452,7 +452,7 @@ BOOST_DATA_TEST_CASE(rendezvous_am_burst_waits_for_room, each_transport(), tl_na
   for (uint8_t i = 0; i < count; ++i) BOOST_CHECK_EQUAL(log.order[i], i);
   BOOST_CHECK_EQUAL(v.errors.calls, 0);
   BOOST_CHECK_EQUAL(v.b().am_rx_bytes, 0u);
-  BOOST_CHECK_EQUAL(v.b().deferred_ams, 0u);
+  BOOST_CHECK_EQUAL(detail::module_of<detail::am_protocol>(v.b()).deferred(), 0u);
   BOOST_CHECK_EQUAL(v.b().unexpected_bytes, 0u);
 }
 

@@ -1,6 +1,8 @@
 // Client-server connections in one process: listen, connection requests with private data both
 // ways, accept (also on another worker), reject, unreachable, timeouts, authentication, hostile
-// bytes at the listener, disconnects, and a connect/exchange/close loop that must not leak.
+// bytes at the listener, disconnects, and a connect/exchange/close loop that must not leak. Over
+// IPv6 too: [::1] and [::] listeners, clients by IPv6 literal and by names with IPv6 addresses
+// (a private resolver), a tcp lane over ::1.
 #define BOOST_TEST_MODULE listener
 #include <boost/test/unit_test.hpp>
 
@@ -30,10 +32,10 @@ namespace {
 
 /// Gives this process a resolver of its own (it needs root): a private mount and network
 /// namespace (loopback up) in which /etc is an overlay, its upper layer a tmpfs mounted on
-/// `scratch` (an empty directory). There `name` resolves to 127.0.0.1 from the hosts file, and
+/// `scratch` (an empty directory). There the names of `hosts` (a hosts file) resolve from it, and
 /// any other name goes to a DNS server at 127.0.0.1:53 that never answers (a bound UDP socket,
 /// returned in `*silent_dns`), so its lookup hangs for the resolver's 30 s timeout.
-bool private_resolver(const std::string& name, const std::string& scratch, int* silent_dns) {
+bool private_resolver(const std::string& hosts, const std::string& scratch, int* silent_dns) {
   if (::unshare(CLONE_NEWNS | CLONE_NEWNET) != 0 ||
       ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
       ::mount("tmpfs", scratch.c_str(), "tmpfs", 0, "size=1m") != 0 ||
@@ -42,7 +44,7 @@ bool private_resolver(const std::string& name, const std::string& scratch, int* 
   }
   const std::string upper = scratch + "/upper", work = scratch + "/work";
   if (::mkdir(upper.c_str(), 0755) != 0 || ::mkdir(work.c_str(), 0755) != 0) return false;
-  std::ofstream(upper + "/hosts") << "127.0.0.1 localhost " << name << "\n";
+  std::ofstream(upper + "/hosts") << hosts;
   std::ofstream(upper + "/nsswitch.conf") << "hosts: files dns\n";
   std::ofstream(upper + "/resolv.conf") << "nameserver 127.0.0.1\noptions timeout:30 attempts:1\n";
   const std::string options = "lowerdir=/etc,upperdir=" + upper + ",workdir=" + work;
@@ -61,7 +63,7 @@ bool private_resolver(const std::string& name, const std::string& scratch, int* 
 /// and the first then failed with UNREACHABLE at its timeout, its lookup still hanging.
 int connect_while_a_lookup_hangs(const std::string& scratch) {
   int silent_dns = -1;
-  if (!private_resolver("comm-test-server", scratch, &silent_dns)) return 2;
+  if (!private_resolver("127.0.0.1 localhost comm-test-server\n", scratch, &silent_dns)) return 2;
   connected_pair p(config_with({"shm", "tcp"}), config_with({"shm", "tcp"}));
   ep_events hung;
   endpoint* hep = nullptr;
@@ -72,6 +74,48 @@ int connect_while_a_lookup_hangs(const std::string& scratch) {
   if (hung.errors != 0) return 5;  // the lookup is still hanging
   if (!run(*p.srv.w, *p.cli.w, [&] { return hung.errors == 1; })) return 6;
   return hung.error == status::unreachable && hung.connects == 0 ? 0 : 7;
+}
+
+/// The child's part of names_resolving_to_ipv6_addresses_connect: 0 when a name with only an
+/// IPv6 address connects, a name with both connects whichever of its addresses listens (the
+/// other refuses: the next is tried), and listening on a name takes its IPv4 address first.
+int connect_by_names_of_both_families(const std::string& scratch) {
+  int silent_dns = -1;
+  const std::string hosts =
+      "127.0.0.1 localhost\n::1 comm-v6-only\n::1 comm-both\n127.0.0.1 comm-both\n";
+  if (!private_resolver(hosts, scratch, &silent_dns)) return 2;
+  for (const char* server_address : {"[::1]:0", "127.0.0.1:0"}) {
+    ep_events ce, se;  // first: destroying the workers below still reports to them
+    server srv(config_with({"shm", "tcp"}), server_address);
+    client cli(config_with({"shm", "tcp"}));
+    const bool v6 = server_address[0] == '[';
+    for (const std::string host : {v6 ? "comm-v6-only" : "comm-both", "comm-both"}) {
+      const int before = ce.connects;
+      endpoint* cep = nullptr;
+      endpoint* sep = nullptr;
+      const std::string address = host + ":" + std::to_string(srv.port);
+      if (cli.w->connect(address, params_for(ce), &cep) != status::ok) return 3;
+      if (!run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); })) return 4;
+      conn_request* r = srv.requests.front();
+      srv.requests.pop_front();
+      if (srv.w->accept(r, params_for(se), &sep) != status::ok) return 5;
+      if (!run(*srv.w, *cli.w, [&] { return ce.connects == before + 1; })) return 6;
+    }
+    if (ce.errors != 0) return 7;
+  }
+  server by_name(config_with({"shm", "tcp"}), "comm-both:0");
+  if (by_name.l->address().rfind("127.0.0.1:", 0) != 0) return 8;
+  server v6_name(config_with({"shm", "tcp"}), "comm-v6-only:0");
+  if (v6_name.l->address().rfind("[::1]:", 0) != 0) return 9;
+  return 0;
+}
+
+/// A configuration of `transports` whose tcp interfaces take IPv6 loopback (::1).
+config ipv6_loopback_config(const std::vector<std::string>& transports) {
+  config cfg = config_with(transports);
+  cfg.transport_options["COMM_TCP_AF_PRIO"] = "inet6";
+  cfg.transport_options["COMM_TCP_DEVICE"] = "lo";
+  return cfg;
 }
 
 }  // namespace
@@ -94,6 +138,120 @@ BOOST_AUTO_TEST_CASE(wildcard_without_a_key_listens_on_loopback_only) {
   BOOST_TEST(srv.l->address().rfind("127.0.0.1:", 0) == 0u);
   server keyed(config_with({"shm", "tcp"}, "secret"), "0.0.0.0:0");
   BOOST_TEST(keyed.l->address().rfind("0.0.0.0:", 0) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(listen_on_ipv6_loopback_reports_the_real_address) {
+  server srv(config_with({"shm", "tcp"}), "[::1]:0");
+  BOOST_TEST(srv.l->port() != 0);
+  BOOST_TEST(srv.l->address() == "[::1]:" + std::to_string(srv.l->port()));
+  BOOST_TEST(srv.w->info().find("listener " + srv.l->address()) != std::string::npos);
+  std::unique_ptr<listener> again;
+  listener_params lp;
+  lp.address = srv.l->address();
+  BOOST_TEST(srv.w->listen(lp, &again) == status::busy);
+  for (const char* malformed : {"[::1:0", "[::1]x:0", "[]:0", "[::1]:http", "::1]:0"}) {
+    lp.address = malformed;
+    BOOST_TEST(srv.w->listen(lp, &again) == status::invalid_addr, malformed);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ipv6_wildcard_without_a_key_listens_on_ipv6_loopback_only) {
+  server srv(config_with({"shm", "tcp"}), "[::]:0");
+  BOOST_TEST(srv.l->address().rfind("[::1]:", 0) == 0u);
+  server keyed(config_with({"shm", "tcp"}, "secret"), "[::]:0");
+  BOOST_TEST(keyed.l->address().rfind("[::]:", 0) == 0u);
+}
+
+namespace {
+
+/// Connects `cli` to `srv` at "[::1]:port" and accepts; the endpoints in `*cep` and `*sep`.
+bool connect_over_ipv6(server& srv, client& cli, ep_events& ce, ep_events& se, endpoint** cep,
+                       endpoint** sep, conn_request_attr* attr) {
+  const std::string address = "[::1]:" + std::to_string(srv.port);
+  if (cli.w->connect(address, params_for(ce, "hi"), cep) != status::ok) return false;
+  if (!run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); })) return false;
+  conn_request* r = srv.requests.front();
+  srv.requests.pop_front();
+  if (srv.l->query(r, attr) != status::ok) return false;
+  if (srv.w->accept(r, params_for(se), sep) != status::ok) return false;
+  return run(*srv.w, *cli.w, [&] { return ce.connects == 1 && se.connects == 1; });
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(clients_connect_over_ipv6_loopback_on_either_lane) {
+  {
+    // The connection manager over ::1, the lane shared memory.
+    ep_events ce, se;  // first: destroying the workers below still reports to them
+    server srv(config_with({"shm", "tcp"}), "[::1]:0");
+    client cli(config_with({"shm", "tcp"}));
+    endpoint *cep = nullptr, *sep = nullptr;
+    conn_request_attr attr;
+    BOOST_REQUIRE(connect_over_ipv6(srv, cli, ce, se, &cep, &sep, &attr));
+    BOOST_TEST(attr.client_address.rfind("[::1]:", 0) == 0u, attr.client_address);
+    BOOST_TEST(cep->transport() == "shm");
+    BOOST_TEST(tag_exchange(*cli.w, cep, *srv.w, 100, 11));
+  }
+  // Both over IPv6: the connection manager and the tcp lane (COMM_TCP_AF_PRIO=inet6 on lo).
+  ep_events ce, se;
+  server srv(ipv6_loopback_config({"tcp"}), "[::1]:0");
+  client cli(ipv6_loopback_config({"tcp"}));
+  endpoint *cep = nullptr, *sep = nullptr;
+  conn_request_attr attr;
+  BOOST_REQUIRE(connect_over_ipv6(srv, cli, ce, se, &cep, &sep, &attr));
+  BOOST_TEST(cep->transport() == "tcp");
+  BOOST_TEST(cli.w->info().find("tcp: device lo address ::1 port") != std::string::npos);
+  BOOST_TEST(tag_exchange(*cli.w, cep, *srv.w, 8, 12));
+  BOOST_TEST(tag_exchange(*srv.w, sep, *cli.w, 2 << 20, 13));  // rendezvous
+}
+
+BOOST_AUTO_TEST_CASE(a_keyed_ipv6_wildcard_takes_clients_of_both_families) {
+  ep_events events[2][2];  // first: destroying the workers below still reports to them
+  server srv(config_with({"shm", "tcp"}, "secret"), "[::]:0");
+  client cli(config_with({"shm", "tcp"}, "secret"));
+  int round = 0;
+  for (const std::string host : {"127.0.0.1", "[::1]"}) {
+    ep_events& ce = events[round][0];
+    ep_events& se = events[round++][1];
+    endpoint *cep = nullptr, *sep = nullptr;
+    BOOST_REQUIRE_EQUAL(
+        cli.w->connect(host + ":" + std::to_string(srv.port), params_for(ce), &cep), status::ok);
+    BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return !srv.requests.empty(); }));
+    conn_request_attr attr;
+    BOOST_REQUIRE(srv.l->query(srv.requests.front(), &attr) == status::ok);
+    // An IPv4 client of a dual-stack listener shows as IPv4, not as ::ffff:127.0.0.1.
+    BOOST_TEST(attr.client_address.rfind(host + ":", 0) == 0u, attr.client_address);
+    BOOST_REQUIRE(srv.w->accept(srv.requests.front(), params_for(se), &sep) == status::ok);
+    srv.requests.pop_front();
+    BOOST_REQUIRE(run(*srv.w, *cli.w, [&] { return ce.connects == 1 && se.connects == 1; }));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(nobody_listening_on_ipv6_is_unreachable) {
+  uint16_t port = 0;
+  {
+    server gone(config_with({"shm", "tcp"}), "[::1]:0");
+    port = gone.l->port();
+  }
+  ep_events ce;
+  client cli(config_with({"shm", "tcp"}));
+  endpoint* cep = nullptr;
+  BOOST_REQUIRE_EQUAL(cli.w->connect("[::1]:" + std::to_string(port), params_for(ce), &cep),
+                      status::ok);
+  BOOST_REQUIRE(spin_until([&] { cli.w->progress(); }, [&] { return ce.errors == 1; }, 10));
+  BOOST_TEST(ce.error == status::unreachable);
+}
+
+BOOST_AUTO_TEST_CASE(names_resolving_to_ipv6_addresses_connect) {
+  // In a child with a resolver of its own: names with an IPv6 address only, and with both.
+  char scratch[] = "/tmp/comm-hosts-XXXXXX";
+  BOOST_REQUIRE(::mkdtemp(scratch) != nullptr);
+  const pid_t child =
+      comm::test::fork_child([&] { return connect_by_names_of_both_families(scratch); });
+  const int outcome = comm::test::wait_child(child);
+  ::rmdir(scratch);
+  BOOST_TEST_INFO("2: no private resolver (root and ip(8) are needed)");
+  BOOST_TEST(outcome == 0);
 }
 
 BOOST_AUTO_TEST_CASE(private_data_travels_both_ways_and_the_lane_is_shared_memory) {

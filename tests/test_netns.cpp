@@ -1,13 +1,16 @@
-// Two hosts: client and server processes in network namespaces of their own, joined by a veth
-// pair, talking through the connection manager and the tcp lane (a shared-memory lane cannot reach
-// another network namespace). AM, tagged eager and rendezvous messages both ways; a wrong key;
-// the server or the client killed while data is moving. A slow receiver is not a dead one: a
+// Two hosts: client and server processes in network namespaces of their own, joined by veth
+// pairs, talking through the connection manager and the tcp lane (a shared-memory lane cannot
+// reach another network namespace), over IPv4, IPv6 and link-local IPv6 addresses (both the
+// connection manager and the lane). AM, tagged eager and rendezvous messages both ways; a wrong
+// key; the server or the client killed while data is moving. A slow receiver is not a dead one: a
 // receiver stopped (SIGSTOP) for 20 s with thousands of sends waiting loses nothing; killed, every
 // waiting send fails at once; its host silenced (link down), within COMM_TCP_PEER_TIMEOUT.
 //
 // The parent creates no libcomm object: each child enters its namespace first (transports read the
 // namespace identity once per process).
 #define BOOST_TEST_MODULE netns
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "fixture.hpp"
@@ -30,7 +33,7 @@
 using namespace comm;
 using namespace comm::test;
 
-namespace {
+namespace netns_test {
 
 constexpr const char* cluster_key = "netns test key";
 constexpr uint16_t echo_am = 1;
@@ -42,12 +45,42 @@ struct hosts_fixture {
   netns_pair hosts;
 };
 
-config host_config(const std::string& key) {
+// -- address families ---------------------------------------------------------------------------
+
+/// The addresses a case uses: "ipv4" (10.199.<n>.x), "ipv6" (fd00:199:<n>::x) or "link-local"
+/// (fe80::199:x on the second link, reached through the local end of that link).
+using family = std::string;
+
+/// How a process in host `from` names host `which` in "host:port" for `f`: a link-local address
+/// carries the interface of `from` it is reached through.
+std::string host_of(const netns_pair& hosts, const family& f, int which, int from) {
+  if (f == "ipv6") return "[" + hosts.address6(which) + "]";
+  if (f == "link-local") return "[" + hosts.link_local(which) + "%" + hosts.link_device(from) + "]";
+  return hosts.address(which);
+}
+
+/// What a process in host `which` shows as its tcp interface's address for `f` (its info()).
+std::string lane_address_of(const netns_pair& hosts, const family& f, int which) {
+  if (f == "ipv6") return hosts.address6(which);
+  if (f == "link-local") return hosts.link_local(which) + "%" + hosts.link_device(which);
+  return hosts.address(which);
+}
+
+/// shm and tcp with cluster key `key`; for IPv6 families the tcp lane takes IPv6 addresses, for
+/// link-local ones the device of host `which`'s link-local link.
+config host_config(const std::string& key, const netns_pair* hosts = nullptr,
+                   const family& f = "ipv4", int which = 0) {
   config cfg = config::from_environment();
   cfg.transports = {"shm", "tcp"};
   cfg.auth_key = key;
+  if (f != "ipv4") cfg.transport_options["COMM_TCP_AF_PRIO"] = "inet6";
+  if (f == "link-local") cfg.transport_options["COMM_TCP_DEVICE"] = hosts->link_device(which);
   return cfg;
 }
+
+/// The families every cross-host basic case runs over, and the shorter list for the rest.
+const std::vector<family> all_families = {"ipv4", "ipv6", "link-local"};
+const std::vector<family> ip_families = {"ipv4", "ipv6"};
 
 using clock_type = std::chrono::steady_clock;
 
@@ -91,12 +124,13 @@ void on_server_ep_error(void* arg, endpoint*, status reason) {
 /// What `stop_server` tells the server: stop now, or once an endpoint error came.
 enum server_stop : uint64_t { stop_now = 0, stop_after_an_error = 1 };
 
-/// Runs an echo server in host 0: sends its port to `out`, serves until `in` says stop (a
-/// server_stop word, at most 60 s), then reports errors seen, the last error and when it came.
+/// Runs an echo server in host 0 on family `f`: sends its port to `out`, serves until `in` says
+/// stop (a server_stop word, at most 60 s), then reports errors seen, the last error and when it
+/// came.
 int run_server(const netns_pair& hosts, const channel& out, const channel& in,
-               const std::string& key) {
+               const std::string& key, const family& f) {
   CHILD_CHECK(hosts.enter(0));
-  context ctx(host_config(key));
+  context ctx(host_config(key, &hosts, f, 0));
   echo_server s;
   worker_params wp;
   wp.name = "server";
@@ -104,12 +138,13 @@ int run_server(const netns_pair& hosts, const channel& out, const channel& in,
   CHILD_CHECK(s.w->set_am_handler(echo_am, on_echo_am, &s, am_flag_whole_msg) == status::ok);
   std::vector<conn_request*> requests;
   listener_params lp;
-  lp.address = hosts.address(0) + ":0";
+  lp.address = host_of(hosts, f, 0, 0) + ":0";
   lp.on_request = [](void* arg, conn_request* r) {
     static_cast<std::vector<conn_request*>*>(arg)->push_back(r);
   };
   lp.arg = &requests;
   CHILD_CHECK(s.w->listen(lp, &s.l) == status::ok);
+  CHILD_CHECK(s.l->address() == host_of(hosts, f, 0, 0) + ":" + std::to_string(s.l->port()));
   out.send_word(s.l->port());
   std::vector<uint8_t> buffer(8 << 20);
   const auto start = clock_type::now();
@@ -118,6 +153,9 @@ int run_server(const netns_pair& hosts, const channel& out, const channel& in,
   while (seconds_since(start) < 60 && !(stop_at_error && s.errors > 0)) {
     s.w->progress();
     for (conn_request* r : requests) {
+      conn_request_attr attr;
+      CHILD_CHECK(s.l->query(r, &attr) == status::ok);
+      CHILD_CHECK((attr.client_address[0] == '[') == (f != "ipv4"));  // the client's family
       endpoint_params p;
       p.on_error = on_server_ep_error;
       p.error_arg = &s;
@@ -181,8 +219,11 @@ status on_reply_am(void* arg, const void*, size_t, void* data, size_t length,
 }
 
 /// A client in host 1 connected to the server at `address`; `connected` says whether it worked.
+/// With `hosts`, its tcp lane takes family `f`.
 struct host_client {
-  host_client(const std::string& address, const std::string& key) : ctx(host_config(key)) {
+  host_client(const std::string& address, const std::string& key,
+              const netns_pair* hosts = nullptr, const family& f = "ipv4")
+      : ctx(host_config(key, hosts, f, 1)) {
     worker_params wp;
     wp.name = "client";
     w = worker::create(ctx, wp);
@@ -229,10 +270,11 @@ struct host_client {
   bool connected = false;
 };
 
-/// Starts a server child; returns its pid and port through the arguments.
+/// Starts a server child on family `f`; returns its pid and port through the arguments.
 pid_t start_server(const netns_pair& hosts, channel& from_server, channel& to_server,
-                   const std::string& key, uint64_t* port) {
-  const pid_t pid = fork_child([&] { return run_server(hosts, from_server, to_server, key); });
+                   const std::string& key, uint64_t* port, const family& f = "ipv4") {
+  const pid_t pid =
+      fork_child([&] { return run_server(hosts, from_server, to_server, key, f); });
   BOOST_REQUIRE_MESSAGE(from_server.receive_word(port), "the server did not start");
   return pid;
 }
@@ -419,21 +461,27 @@ void end_receiver(pid_t receiver) {
   BOOST_TEST(wait_child(receiver) == -1);
 }
 
-}  // namespace
+}  // namespace netns_test
+
+using namespace netns_test;
 
 
 BOOST_FIXTURE_TEST_SUITE(two_hosts, hosts_fixture)
 
-BOOST_AUTO_TEST_CASE(am_tag_and_rendezvous_cross_hosts_over_tcp) {
+BOOST_DATA_TEST_CASE(am_tag_and_rendezvous_cross_hosts_over_tcp,
+                     boost::unit_test::data::make(all_families), f) {
   channel from_server, to_server, from_client;
   uint64_t port = 0;
-  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
-  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port, f);
+  const std::string address = host_of(hosts, f, 0, 1) + ":" + std::to_string(port);
   const pid_t client = fork_child([&] {
     CHILD_CHECK(hosts.enter(1));
-    host_client c(address, cluster_key);
+    host_client c(address, cluster_key, &hosts, f);
     CHILD_CHECK(c.connected);
     CHILD_CHECK(c.ep->transport() == "tcp");
+    // The lane runs over the family's addresses too.
+    CHILD_CHECK(c.w->info().find("address " + lane_address_of(hosts, f, 1) + " port") !=
+                std::string::npos);
     CHILD_CHECK(c.am_echo(100, 1));
     CHILD_CHECK(c.am_echo(300 << 10, 2));  // rendezvous AM
     CHILD_CHECK(c.tag_echo(8, 3));
@@ -446,17 +494,18 @@ BOOST_AUTO_TEST_CASE(am_tag_and_rendezvous_cross_hosts_over_tcp) {
   BOOST_TEST(r.requests == 1u);
 }
 
-BOOST_AUTO_TEST_CASE(a_client_with_the_wrong_key_is_rejected_across_hosts) {
+BOOST_DATA_TEST_CASE(a_client_with_the_wrong_key_is_rejected_across_hosts,
+                     boost::unit_test::data::make(ip_families), f) {
   channel from_server, to_server;
   uint64_t port = 0;
-  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
-  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port, f);
+  const std::string address = host_of(hosts, f, 0, 1) + ":" + std::to_string(port);
   const pid_t client = fork_child([&] {
     CHILD_CHECK(hosts.enter(1));
-    host_client c(address, "not the key");
+    host_client c(address, "not the key", &hosts, f);
     CHILD_CHECK(c.started && !c.connected);
     CHILD_CHECK(c.state.error == status::rejected);
-    host_client good(address, cluster_key);
+    host_client good(address, cluster_key, &hosts, f);
     CHILD_CHECK(good.connected);
     CHILD_CHECK(good.tag_echo(1000, 9));
     return 0;
@@ -466,14 +515,15 @@ BOOST_AUTO_TEST_CASE(a_client_with_the_wrong_key_is_rejected_across_hosts) {
   BOOST_TEST(r.requests == 1u);  // only the good client reached the server
 }
 
-BOOST_AUTO_TEST_CASE(the_server_killed_mid_transfer_fails_the_client_promptly) {
+BOOST_DATA_TEST_CASE(the_server_killed_mid_transfer_fails_the_client_promptly,
+                     boost::unit_test::data::make(ip_families), f) {
   channel from_server, to_server, from_client;
   uint64_t port = 0;
-  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
-  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port, f);
+  const std::string address = host_of(hosts, f, 0, 1) + ":" + std::to_string(port);
   const pid_t client = fork_child([&] {
     CHILD_CHECK(hosts.enter(1));
-    host_client c(address, cluster_key);
+    host_client c(address, cluster_key, &hosts, f);
     CHILD_CHECK(c.connected);
     const auto data = pattern(1 << 20, 11);
     std::vector<op> sends;
@@ -503,14 +553,15 @@ BOOST_AUTO_TEST_CASE(the_server_killed_mid_transfer_fails_the_client_promptly) {
   BOOST_TEST(wait_child(server) == -1);  // killed
 }
 
-BOOST_AUTO_TEST_CASE(the_client_killed_mid_transfer_fails_the_server_endpoint_promptly) {
+BOOST_DATA_TEST_CASE(the_client_killed_mid_transfer_fails_the_server_endpoint_promptly,
+                     boost::unit_test::data::make(ip_families), f) {
   channel from_server, to_server, from_client;
   uint64_t port = 0;
-  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port);
-  const std::string address = hosts.address(0) + ":" + std::to_string(port);
+  const pid_t server = start_server(hosts, from_server, to_server, cluster_key, &port, f);
+  const std::string address = host_of(hosts, f, 0, 1) + ":" + std::to_string(port);
   const pid_t client = fork_child([&] {
     CHILD_CHECK(hosts.enter(1));
-    host_client c(address, cluster_key);
+    host_client c(address, cluster_key, &hosts, f);
     CHILD_CHECK(c.connected);
     const auto data = pattern(1 << 20, 12);
     std::vector<op> sends;

@@ -1,4 +1,5 @@
-// What is particular to the tcp transport: devices and addresses, one connection shared both ways
+// What is particular to the tcp transport: devices and addresses (IPv4 and IPv6, COMM_TCP_AF_PRIO,
+// the device address decoder's checks, link-local reachability), one connection shared both ways
 // (simultaneous connects, several endpoints, bye and reconnect, piggybacked acknowledgements), the
 // receiver's window, backpressure with a slow receiver (partial zcopy writes, a full kernel buffer,
 // bounded memory), liveness timeouts, authentication with a shared key (right, wrong and missing
@@ -16,6 +17,7 @@
 #include <comm/wire/codec.hpp>
 
 #include "tcp/tcp.capnp.h"
+#include "tcp/tcp_wire.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -26,6 +28,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -180,7 +183,7 @@ std::vector<uint8_t> bytes_of(const Writer& writer) {
 std::vector<uint8_t> hello_for(const tl::iface& iface, uint64_t src_id = 1) {
   wire::header_writer<wire::schema::TcpHello> writer;
   writer.fields().setMagic(0x434f4d4d54435000ull);
-  writer.fields().setVersion(2);
+  writer.fields().setVersion(tl::tcp::hello_version);
   writer.fields().setSrcPort(1);
   writer.fields().setSrcAddress(htonl(INADDR_LOOPBACK));
   writer.fields().setSrcIfaceId(src_id);
@@ -377,7 +380,7 @@ BOOST_AUTO_TEST_CASE(addresses_are_validated) {
 
   // A loopback address only reaches the same host (boot) and network namespace.
   auto other_host = device;
-  other_host[4] ^= 0xff;  // another boot id
+  other_host[offsetof(tl::tcp::device_addr, boot_id)] ^= 0xff;  // another boot id
   BOOST_TEST(!a->is_reachable(other_host, address));
   BOOST_TEST(a->create_ep(other_host, address, ep) == status::unreachable);
   auto other_namespace = device;
@@ -427,6 +430,157 @@ BOOST_AUTO_TEST_CASE(hello_for_another_interface_is_refused) {
   BOOST_TEST(failures.entries[0].reason == status::unreachable);
   BOOST_TEST(progress_until({a.get(), b.get()},
                             [&] { return info_number(*b, "malformed connections closed ") == 1; }));
+}
+
+// -- IPv6 -----------------------------------------------------------------------------------------
+
+namespace {
+
+/// An interface on `device` that takes its IPv6 address (COMM_TCP_AF_PRIO=inet6).
+std::unique_ptr<tl::iface> open_iface6(const std::string& device = "lo") {
+  tl::iface_params params;
+  params.device = device;
+  params.opts["COMM_TCP_AF_PRIO"] = "inet6";
+  std::unique_ptr<tl::iface> iface;
+  const status st = tcp_component().open(params, iface);
+  if (st != status::ok) throw std::runtime_error(std::string("open: ") + to_string(st));
+  return iface;
+}
+
+constexpr size_t family_at = offsetof(tl::tcp::device_addr, family);
+constexpr size_t reserved_at = offsetof(tl::tcp::device_addr, reserved);
+constexpr size_t ip_at = offsetof(tl::tcp::device_addr, ip);
+
+/// `device` (a packed device address) with family byte `family` and address bytes `ip` (16).
+std::vector<uint8_t> with_ip(std::vector<uint8_t> device, uint8_t family,
+                             std::initializer_list<uint8_t> ip) {
+  device[family_at] = family;
+  std::fill(device.begin() + ip_at, device.begin() + ip_at + 16, 0);
+  std::copy(ip.begin(), ip.end(), device.begin() + ip_at);
+  return device;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(af_prio_chooses_the_family_of_every_device) {
+  scoped_env unset("COMM_TCP_DEVICE", nullptr);
+  tl::component& tcp = tcp_component();
+  tl::options v6;
+  v6["COMM_TCP_AF_PRIO"] = "inet6";
+  const auto devices = tcp.devices(v6);
+  BOOST_TEST((std::find(devices.begin(), devices.end(), "lo") != devices.end()));  // ::1
+  if (devices.size() > 1) BOOST_TEST(devices.front() != "lo");  // a real device first
+  for (const char* refused : {"inet,ipx", "inet,inet", "", "inet6,"}) {
+    tl::options bad;
+    bad["COMM_TCP_AF_PRIO"] = refused;
+    std::string why;
+    BOOST_TEST(tcp.check_options(bad, &why) == status::invalid_param);
+    BOOST_TEST(why.find("COMM_TCP_AF_PRIO=" + std::string(refused) + " refused") == 0u, why);
+    std::unique_ptr<tl::iface> none;
+    tl::iface_params params;
+    params.opts = bad;
+    BOOST_TEST(tcp.open(params, none) == status::invalid_param);
+  }
+  tl::options both;
+  both["COMM_TCP_AF_PRIO"] = "inet6,inet";
+  BOOST_TEST(tcp.check_options(both, nullptr) == status::ok);
+
+  auto iface = open_iface6();
+  BOOST_TEST(iface->device_address().at(family_at) == tl::tcp::device_family_ipv6);
+  BOOST_TEST(iface->info().find("tcp: device lo address ::1 port " +
+                                std::to_string(port_of(*iface))) != std::string::npos);
+  BOOST_TEST(open_iface()->device_address().at(family_at) == tl::tcp::device_family_ipv4);
+}
+
+BOOST_AUTO_TEST_CASE(ipv6_loopback_interfaces_carry_every_kind_of_message_both_ways) {
+  auto a = open_iface6();
+  auto b = open_iface6();
+  three_recorders at_a(*a), at_b(*b);
+  auto ab = connect(*a, *b);
+  BOOST_TEST(send_three({a.get(), b.get()}, *ab) == status::ok);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return at_b.all_arrived(); }));
+  BOOST_TEST(at_b.contents_match());
+  auto ba = connect(*b, *a);
+  BOOST_TEST(send_three({a.get(), b.get()}, *ba) == status::ok);
+  BOOST_TEST(progress_until({a.get(), b.get()}, [&] { return at_a.all_arrived(); }));
+  BOOST_TEST(at_a.contents_match());
+  BOOST_TEST(info_number(*a, "connections ") == 1);  // one connection, both ways
+  BOOST_TEST(a->info().find("[::1]:") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(interfaces_reach_peers_of_their_own_family_only) {
+  auto v4 = open_iface();
+  auto v6 = open_iface6();
+  std::unique_ptr<tl::ep> ep;
+  BOOST_TEST(!v4->is_reachable(v6->device_address(), v6->iface_address()));
+  BOOST_TEST(!v6->is_reachable(v4->device_address(), v4->iface_address()));
+  BOOST_TEST(v4->create_ep(v6->device_address(), v6->iface_address(), ep) == status::unreachable);
+  BOOST_TEST(v6->create_ep(v4->device_address(), v4->iface_address(), ep) == status::unreachable);
+  BOOST_TEST(!ep);
+  // The loopback rule holds for ::1 as for 127.0.0.1: same boot, same network namespace.
+  auto other_host = v6->device_address();
+  other_host[offsetof(tl::tcp::device_addr, boot_id)] ^= 0xff;
+  BOOST_TEST(!v6->is_reachable(other_host, v6->iface_address()));
+}
+
+BOOST_AUTO_TEST_CASE(device_addresses_are_decoded_with_bounds_checks) {
+  auto v6 = open_iface6();
+  auto v4 = open_iface();
+  const auto good = v6->device_address();
+  const auto address = v6->iface_address();
+  BOOST_REQUIRE(v6->is_reachable(good, address));
+  auto reserved = good;
+  reserved[reserved_at + 1] = 1;
+  auto shorter = good;
+  shorter.pop_back();
+  auto longer = good;
+  longer.push_back(0);
+  const std::vector<std::vector<uint8_t>> refused = {
+      with_ip(good, 5, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}),       // unknown family
+      reserved,                                                                // reserved bytes
+      with_ip(good, 6, {}),                                                    // ::
+      with_ip(good, 6, {0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}),  // multicast
+      with_ip(good, 6, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1}),  // v4-mapped
+      with_ip(good, 4, {127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}),    // bytes past IPv4
+      with_ip(good, 4, {}),                                                    // 0.0.0.0
+      with_ip(good, 4, {224, 0, 0, 1}),                                        // multicast
+      with_ip(good, 4, {255, 255, 255, 255}),                                  // broadcast
+      shorter,
+      longer,
+  };
+  std::unique_ptr<tl::ep> ep;
+  for (const auto& device : refused) {
+    BOOST_TEST(!v6->is_reachable(device, address));
+    BOOST_TEST(!v4->is_reachable(device, v4->iface_address()));
+    BOOST_TEST(v6->create_ep(device, address, ep) == status::invalid_addr);
+  }
+  BOOST_TEST(!ep);
+  // Well-formed addresses of this host: 127.0.0.1 for the IPv4 interface, ::1 for the IPv6 one.
+  BOOST_TEST(v4->is_reachable(with_ip(good, 4, {127, 0, 0, 1}), v4->iface_address()));
+  BOOST_TEST(v6->is_reachable(with_ip(v4->device_address(), 6,
+                                      {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}),
+                              address));
+}
+
+BOOST_AUTO_TEST_CASE(a_link_local_peer_is_reached_through_our_own_device_only) {
+  // A link-local address travels without its scope: the connecting side goes through its own
+  // device, which a loopback interface cannot do. (Connections over link-local addresses are
+  // made in test_netns, between two network namespaces.)
+  auto loopback = open_iface6();
+  const auto link_local =
+      with_ip(loopback->device_address(), 6, {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7});
+  BOOST_TEST(!loopback->is_reachable(link_local, loopback->iface_address()));
+  tl::options v6;
+  v6["COMM_TCP_AF_PRIO"] = "inet6";
+  const auto devices = tcp_component().devices(v6);
+  const auto real = std::find_if(devices.begin(), devices.end(),
+                                 [](const std::string& name) { return name != "lo"; });
+  if (real == devices.end()) {
+    BOOST_TEST_MESSAGE("no interface but lo has IPv6 here: only the loopback side is checked");
+    return;
+  }
+  auto through_device = open_iface6(*real);
+  BOOST_TEST(through_device->is_reachable(link_local, loopback->iface_address()));
 }
 
 // -- delivery -------------------------------------------------------------------------------------
@@ -1298,7 +1452,7 @@ BOOST_AUTO_TEST_CASE(keyed_connector_refuses_an_acceptor_that_cannot_prove_the_k
   BOOST_TEST(read_exactly(*keyed, fd, wire::header_size<wire::schema::TcpHello>(), &got));
   wire::header_writer<wire::schema::TcpChallenge> challenge;
   challenge.fields().setMagic(0x434f4d4d54435043ull);
-  challenge.fields().setVersion(2);
+  challenge.fields().setVersion(tl::tcp::hello_version);
   challenge.fields().setKeyed(true);
   challenge.fields().setIfaceId(forged_id);
   challenge.fields().setNonce0(42);

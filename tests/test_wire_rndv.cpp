@@ -55,6 +55,11 @@ std::vector<uint8_t> header(Fill&& fill, size_t payload = 0) {
 
 uint64_t errors(worker& w) { return detail::impl(w).protocol_errors; }
 
+/// The software-rendezvous receives of `w` that wait for data, by id.
+const auto& rndv_receives(worker& w) {
+  return detail::module_of<detail::rndv_protocol>(detail::impl(w)).receives();
+}
+
 /// The endpoint of b that receives what ab sends.
 detail::endpoint_impl& victim(worker_pair& p) { return *worker_pair::receiving_ep(*p.b, p.ab); }
 
@@ -69,16 +74,16 @@ BOOST_DATA_TEST_CASE(garbage_announcements_are_counted_and_dropped, each_transpo
     std::vector<uint8_t> junk(8 * (1 + rng() % 40));
     for (auto& b : junk) b = static_cast<uint8_t>(rng());
     aligned_bytes m(junk);
-    wi.on_rndv_rts(m.data(), m.length);
-    wi.on_rndv_ats(m.data(), m.length);
-    wi.on_rndv_rtr(m.data(), m.length);
-    wi.on_rndv_data(m.data(), m.length);
-    wi.on_rndv_cancel(m.data(), m.length);
+    feed(*p.b, proto_id::rndv_rts, m.data(), m.length);
+    feed(*p.b, proto_id::rndv_ats, m.data(), m.length);
+    feed(*p.b, proto_id::rndv_rtr, m.data(), m.length);
+    feed(*p.b, proto_id::rndv_data, m.data(), m.length);
+    feed(*p.b, proto_id::rndv_cancel, m.data(), m.length);
   }
   for (size_t cut = 0; cut < 24; ++cut) {  // truncated headers
     aligned_bytes m(std::vector<uint8_t>(cut, 0));
-    wi.on_rndv_ats(m.data(), m.length);
-    wi.on_rndv_data(m.data(), m.length);
+    feed(*p.b, proto_id::rndv_ats, m.data(), m.length);
+    feed(*p.b, proto_id::rndv_data, m.data(), m.length);
   }
   BOOST_CHECK_GT(errors(*p.b), before);
   BOOST_CHECK_EQUAL(wi.matcher.unexpected_count(), 0u);  // nothing half-parsed was kept
@@ -89,7 +94,7 @@ BOOST_DATA_TEST_CASE(impossible_length_fails_the_endpoint, each_transport(), tra
   worker_pair p(transport);
   auto& v = victim(p);
   aligned_bytes m(rts(v.id, uint64_t{1} << 60, 1));
-  detail::impl(*p.b).on_rndv_rts(m.data(), m.length);
+  feed(*p.b, proto_id::rndv_rts, m.data(), m.length);
   BOOST_CHECK(v.state == detail::endpoint_impl::phase::failed);
   BOOST_CHECK(v.failure == status::protocol_error);
   BOOST_CHECK_EQUAL(detail::impl(*p.b).matcher.unexpected_count(), 0u);
@@ -99,7 +104,7 @@ BOOST_DATA_TEST_CASE(announcement_for_unknown_endpoint, each_transport(), transp
   worker_pair p(transport);
   const uint64_t before = errors(*p.b);
   aligned_bytes m(rts(0xFFFFF, 4096, 1));
-  detail::impl(*p.b).on_rndv_rts(m.data(), m.length);
+  feed(*p.b, proto_id::rndv_rts, m.data(), m.length);
   BOOST_CHECK_EQUAL(errors(*p.b), before + 1);
   BOOST_CHECK_EQUAL(detail::impl(*p.b).matcher.unexpected_count(), 0u);
 }
@@ -123,7 +128,7 @@ BOOST_DATA_TEST_CASE(forged_announcement_cannot_read_the_sender, each_transport(
   auto words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();
   aligned_bytes m(std::vector<uint8_t>(bytes.begin(), bytes.end()));
-  detail::impl(*p.b).on_rndv_rts(m.data(), m.length);
+  feed(*p.b, proto_id::rndv_rts, m.data(), m.length);
   BOOST_REQUIRE(p.until([&] { return rt.calls == 1; }));
   BOOST_CHECK(is_error(rt.st));
   p.b->release(r.req);
@@ -133,12 +138,11 @@ BOOST_DATA_TEST_CASE(forged_announcement_cannot_read_the_sender, each_transport(
 BOOST_DATA_TEST_CASE(stray_acks_and_data_are_harmless, each_transport(), transport) {
   worker_pair p(transport);
   auto& v = victim(p);
-  auto& wi = detail::impl(*p.b);
   aligned_bytes ack(header<wire::schema::RndvAts>([&](auto h) {
     h.setDstEp(v.id);
     h.setSreqId(12345);
   }));
-  wi.on_rndv_ats(ack.data(), ack.length);  // no such send: ignored
+  feed(*p.b, proto_id::rndv_ats, ack.data(), ack.length);  // no such send: ignored
   BOOST_CHECK(v.state != detail::endpoint_impl::phase::failed);
   aligned_bytes data(header<wire::schema::RndvData>(
       [&](auto h) {
@@ -147,7 +151,8 @@ BOOST_DATA_TEST_CASE(stray_acks_and_data_are_harmless, each_transport(), transpo
         h.setOffset(0);
       },
       64));
-  wi.on_rndv_data(data.data(), data.length);  // data for no receive: the peer misbehaves
+  // Data for no receive: the peer misbehaves.
+  feed(*p.b, proto_id::rndv_data, data.data(), data.length);
   BOOST_CHECK(v.state == detail::endpoint_impl::phase::failed);
   BOOST_CHECK(v.failure == status::protocol_error);
   BOOST_CHECK(p.ba->state() == status::ok);  // b's own endpoint to a is unaffected
@@ -157,14 +162,13 @@ BOOST_DATA_TEST_CASE(software_rendezvous_data_out_of_sequence, each_transport(),
   // Force the software protocol by receiving through a request id we register by hand.
   worker_pair p(transport);
   auto& v = victim(p);
-  auto& wi = detail::impl(*p.b);
   std::vector<uint8_t> buf(8192);
   recv_tracker rt;
   op r = p.b->tag_recv(buf.data(), buf.size(), 0x42, tag_mask_full, recv_params(rt));
   aligned_bytes announce(rts(v.id, 8192, 5));  // no key: the receiver asks for the data
-  wi.on_rndv_rts(announce.data(), announce.length);
-  BOOST_REQUIRE_EQUAL(wi.rndv_recvs.size(), 1u);
-  const uint64_t rreq = wi.rndv_recvs.begin()->first;
+  feed(*p.b, proto_id::rndv_rts, announce.data(), announce.length);
+  BOOST_REQUIRE_EQUAL(rndv_receives(*p.b).size(), 1u);
+  const uint64_t rreq = rndv_receives(*p.b).begin()->first;
   aligned_bytes skip(header<wire::schema::RndvData>(
       [&](auto h) {
         h.setDstEp(v.id);
@@ -172,11 +176,11 @@ BOOST_DATA_TEST_CASE(software_rendezvous_data_out_of_sequence, each_transport(),
         h.setOffset(4096);  // skips the first 4 KiB
       },
       100));
-  wi.on_rndv_data(skip.data(), skip.length);
+  feed(*p.b, proto_id::rndv_data, skip.data(), skip.length);
   BOOST_CHECK(v.state == detail::endpoint_impl::phase::failed);
   BOOST_REQUIRE(p.until([&] { return rt.calls == 1; }));  // the receive fails with the endpoint
   BOOST_CHECK(is_error(rt.st));
-  BOOST_CHECK(wi.rndv_recvs.empty());
+  BOOST_CHECK(rndv_receives(*p.b).empty());
   p.b->release(r.req);
 }
 
@@ -192,9 +196,11 @@ BOOST_DATA_TEST_CASE(huge_announced_eager_message_allocates_only_what_arrives, e
         h.setTotalLength(uint64_t{1} << 30);  // announces 1 GiB, sends 16 bytes
       },
       16));
-  detail::impl(*p.b).on_tag_eager_first(first.data(), first.length);
-  BOOST_REQUIRE(v.rx.active && v.rx.unexpected != nullptr);
-  BOOST_CHECK_LE(v.rx.unexpected->capacity, size_t{1} << 20);
+  feed(*p.b, proto_id::tag_eager_first, first.data(), first.length);
+  const detail::unexpected_msg* arriving =
+      detail::module_of<detail::tag_protocol>(detail::impl(*p.b)).arriving(v);
+  BOOST_REQUIRE(arriving != nullptr);
+  BOOST_CHECK_LE(arriving->capacity, size_t{1} << 20);
   BOOST_CHECK(v.state != detail::endpoint_impl::phase::failed);
 }
 
@@ -220,21 +226,21 @@ BOOST_DATA_TEST_CASE(software_rma_requests_are_checked_by_the_owner, each_transp
   };
   // Wrong token, out of range, past the end: nothing is written, the endpoint keeps working.
   auto bad_token = request(0x1234, base, 16, 16);
-  wi.on_rma_request(bad_token.data(), bad_token.length);
+  feed(*p.b, proto_id::rma_request, bad_token.data(), bad_token.length);
   // A put whose data is shorter than its header says is malformed.
   uint64_t token = 0;
-  for (auto& [t, h] : wi.sw_regions) {
+  for (auto& [t, h] : detail::module_of<detail::rma_protocol>(wi).regions()) {
     if (h == handle) token = t;
   }
   BOOST_REQUIRE(token != 0);
   auto outside = request(token, base - 4096, 16, 16);
-  wi.on_rma_request(outside.data(), outside.length);
+  feed(*p.b, proto_id::rma_request, outside.data(), outside.length);
   auto past = request(token, base + 4090, 16, 16);
-  wi.on_rma_request(past.data(), past.length);
+  feed(*p.b, proto_id::rma_request, past.data(), past.length);
   BOOST_CHECK(std::all_of(region.begin(), region.end(), [](uint8_t b) { return b == 0x11; }));
   BOOST_CHECK(v.state != detail::endpoint_impl::phase::failed);
   auto lying = request(token, base, 64, 16);
-  wi.on_rma_request(lying.data(), lying.length);
+  feed(*p.b, proto_id::rma_request, lying.data(), lying.length);
   BOOST_CHECK(v.failure == status::protocol_error);
   BOOST_CHECK(std::all_of(region.begin(), region.end(), [](uint8_t b) { return b == 0x11; }));
   BOOST_CHECK(p.b->mem_unmap(handle) == status::ok);

@@ -2,9 +2,13 @@
 // happens when a connection fails or is closed. Progress thread only, except make_proxy.
 //
 // A connection becomes usable once both hellos are known: the server learns the client's from
-// the connection request and answers with its own in the accept's private data. Two nodes that
-// dial each other at the same time keep both connections; the first one established is the
-// node's ("mapped") connection, which proxies use. Frames are accepted on either.
+// the connection request and answers with its own in the accept's private data. Nodes are peers
+// by identity, not by address: a connection this node dialled that turns out to lead to a node it
+// already dialled (the same node under another address, e.g. "localhost:P" and "127.0.0.1:P") is
+// closed as soon as the server's hello names it, and its address and lookups go to the first.
+// Two nodes that dial each other at the same time keep both connections (each side closing its
+// own could close both); the first one established is the node's ("mapped") connection, which
+// proxies use. Frames are accepted on either.
 #include "node_state.hpp"
 #include "remote_proxy.hpp"
 
@@ -118,6 +122,7 @@ std::shared_ptr<peer> node_state::dial(const std::string& address, comm::status*
   }
   auto p = std::make_shared<peer>(++serial_, address);
   p->ep = ep;
+  p->dialled = true;
   by_ep_[ep] = p;
   by_address_[address] = p;
   peers_.add(1);
@@ -138,6 +143,12 @@ void node_state::on_ep_connect(void* arg, comm::endpoint* ep, const uint8_t* dat
 
 void node_state::introduce(const std::shared_ptr<peer>& p, const node_hello& hello) {
   p->id = hello.id;
+  if (p->dialled) {
+    if (auto known = dialled_peer_of(hello.id, *p)) {
+      fold(p, known);
+      return;
+    }
+  }
   p->ready = true;
   if (!hello.address.empty() && !peer_at(hello.address)) {
     by_address_[hello.address] = p;
@@ -153,6 +164,35 @@ void node_state::introduce(const std::shared_ptr<peer>& p, const node_hello& hel
            hello.address.c_str());
   auto waiting = std::move(p->waiting);
   for (auto& call : waiting) send_lookup(p, call);
+}
+
+std::shared_ptr<peer> node_state::dialled_peer_of(const caf::node_id& id,
+                                                  const peer& other) const {
+  for (const auto& [ep, p] : by_ep_) {
+    if (p.get() != &other && p->dialled && p->ready && p->id == id &&
+        p->alive.load(std::memory_order_relaxed)) {
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+void node_state::fold(const std::shared_ptr<peer>& dup, const std::shared_ptr<peer>& known) {
+  COMM_LOG(debug, "actors", "connection %llu leads to node %s of connection %llu: closed",
+           static_cast<unsigned long long>(dup->serial), caf::to_string(known->id).c_str(),
+           static_cast<unsigned long long>(known->serial));
+  for (auto& address : dup->addresses) {
+    by_address_[address] = known;
+    if (std::find(known->addresses.begin(), known->addresses.end(), address) ==
+        known->addresses.end()) {
+      known->addresses.push_back(address);
+    }
+  }
+  dup->addresses.clear();
+  auto waiting = std::move(dup->waiting);
+  dup->waiting.clear();
+  fail_peer(dup, comm::status::not_connected);  // nothing used it yet
+  for (auto& call : waiting) send_lookup(known, call);
 }
 
 std::shared_ptr<peer> node_state::peer_of(comm::endpoint* ep) const {
@@ -307,9 +347,9 @@ void node_state::start_lookup(const std::shared_ptr<lookup_call>& call) {
   if (call->address == address()) {
     std::lock_guard<std::mutex> g(mtx_);
     auto it = names_.find(call->name);
-    call->complete(it != names_.end() ? caf::expected<caf::actor>{it->second}
-                                      : caf::expected<caf::actor>{
-                                            make_error(comm::status::no_elem)});
+    call->complete(it != names_.end()
+                       ? checked(it->second.handle, it->second.ifs, *call)
+                       : caf::expected<caf::actor>{make_error(comm::status::no_elem)});
     return;
   }
   auto p = peer_at(call->address);

@@ -94,4 +94,28 @@ std::optional<node_hello> decode_hello(caf::actor_system& sys, const uint8_t* da
   return out;
 }
 
+void encode_interface(const interface& ifs, std::vector<char>& buf) {
+  for (const auto& signature : ifs) {
+    const auto n = static_cast<uint32_t>(signature.size());
+    for (int shift = 0; shift < 32; shift += 8) buf.push_back(static_cast<char>(n >> shift));
+    buf.insert(buf.end(), signature.begin(), signature.end());
+  }
+}
+
+bool decode_interface(const void* data, size_t length, interface& out) {
+  if (length > max_interface_bytes) return false;
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  size_t at = 0;
+  while (at < length) {
+    if (length - at < 4) return false;
+    uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(bytes[at + i]) << (8 * i);
+    at += 4;
+    if (n > length - at) return false;
+    out.emplace(reinterpret_cast<const char*>(bytes + at), n);
+    at += n;
+  }
+  return true;
+}
+
 }  // namespace comm::actors::detail

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -92,5 +93,20 @@ std::vector<uint8_t> encode_hello(caf::actor_system& sys, const node_hello& hell
 
 /// Decodes a peer's hello; nothing when the bytes are not one (or another protocol version's).
 std::optional<node_hello> decode_hello(caf::actor_system& sys, const uint8_t* data, size_t length);
+
+/// A typed actor's messaging interface as CAF describes it (actor_system::message_types).
+using interface = std::set<std::string>;
+
+/// Longest interface a lookup reply may carry, in bytes.
+inline constexpr size_t max_interface_bytes = size_t{1} << 20;
+
+/// Appends `ifs` to `buf` (the payload of a lookup reply): each signature as a 4-byte
+/// little-endian length and its bytes.
+void encode_interface(const interface& ifs, std::vector<char>& buf);
+
+/// Decodes a lookup reply's payload into `out`.
+/// @returns false when the bytes are not an interface (lengths that do not add up, more than
+///          max_interface_bytes)
+bool decode_interface(const void* data, size_t length, interface& out);
 
 }  // namespace comm::actors::detail

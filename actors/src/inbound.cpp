@@ -119,7 +119,7 @@ void node_state::dispatch(const std::shared_ptr<peer>& p, const frame_header& h,
       on_lookup(p, h, data, length);
       break;
     case frame_kind::lookup_reply:
-      on_lookup_reply(*p, h);
+      on_lookup_reply(p, h, data, length);
       break;
   }
 }
@@ -137,9 +137,14 @@ void node_state::on_message(const std::shared_ptr<peer>& p, const frame_header& 
   if (auto err = read_message_payload(&unit_, reader_, parts.payload, parts.length,
                                       parts.attached, sender_inside, (h.flags & flag_stages) != 0,
                                       h.type_count, body)) {
-    COMM_LOG(debug, "actors", "message for actor %llu unreadable: %s",
-             static_cast<unsigned long long>(h.receiver), caf::to_string(err).c_str());
-    if (mid.is_request()) reply_error(p, h, err);
+    unreadable_.add(1);
+    if (mid.is_request()) {
+      reply_error(p, h, err);
+    } else if (mid.is_response()) {
+      fail_response(*p, h, err);
+    } else {
+      drop_unreadable(*p, h, err);
+    }
     return;
   }
   auto receiver = receiver_of(*p, h.receiver);
@@ -151,6 +156,33 @@ void node_state::on_message(const std::shared_ptr<peer>& p, const frame_header& 
   receiver->enqueue(caf::make_mailbox_element(std::move(sender), mid, std::move(body.stages),
                                               std::move(body.content)),
                     delivery_unit());
+}
+
+void node_state::fail_response(peer& p, const frame_header& h, const caf::error& err) {
+  COMM_LOG(debug, "actors", "response for actor %llu unreadable: %s; its request fails",
+           static_cast<unsigned long long>(h.receiver), caf::to_string(err).c_str());
+  auto requester = receiver_of(p, h.receiver);
+  if (!requester) return;
+  const bool sender_inside = h.location() == sender_location::in_payload;
+  requester->enqueue(caf::make_mailbox_element(sender_inside ? nullptr : sender_of(p, h),
+                                               caf::message_id{h.message_id}, {},
+                                               caf::make_message(err)),
+                     delivery_unit());
+}
+
+void node_state::drop_unreadable(const peer& p, const frame_header& h, const caf::error& err) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_unreadable_report_ < unreadable_report_interval) {
+    ++unreported_unreadable_;
+    return;
+  }
+  COMM_LOG(warn, "actors",
+           "message from connection %llu to actor %llu unreadable: %s; dropped (%llu more "
+           "dropped since the last report; node_stats::unreadable_messages counts them all)",
+           static_cast<unsigned long long>(p.serial), static_cast<unsigned long long>(h.receiver),
+           caf::to_string(err).c_str(), static_cast<unsigned long long>(unreported_unreadable_));
+  last_unreadable_report_ = now;
+  unreported_unreadable_ = 0;
 }
 
 caf::strong_actor_ptr node_state::receiver_of(peer& p, caf::actor_id aid) {
@@ -233,7 +265,7 @@ void node_state::on_lookup(const std::shared_ptr<peer>& p, const frame_header& h
     return;
   }
   const std::string name(static_cast<const char*>(data), length);
-  caf::actor found;
+  published_actor found;
   {
     std::lock_guard<std::mutex> g(mtx_);
     auto it = names_.find(name);
@@ -241,31 +273,65 @@ void node_state::on_lookup(const std::shared_ptr<peer>& p, const frame_header& h
   }
   outgoing* item = new_frame(p, frame_kind::lookup_reply);
   item->header.message_id = h.message_id;
-  if (found) {
-    make_reachable(caf::actor_cast<caf::strong_actor_ptr>(found));
-    item->header.receiver = found.id();
+  if (found.handle) {
+    make_reachable(caf::actor_cast<caf::strong_actor_ptr>(found.handle));
+    item->header.receiver = found.handle.id();
+    encode_interface(found.ifs, item->payload);
   } else {
     item->header.status = static_cast<int16_t>(comm::status::no_elem);
   }
   submit(item);
 }
 
-void node_state::on_lookup_reply(peer& p, const frame_header& h) {
-  auto it = p.asked.find(h.message_id);
-  if (it == p.asked.end()) return;
+void node_state::on_lookup_reply(const std::shared_ptr<peer>& p, const frame_header& h,
+                                 const void* data, size_t length) {
+  auto it = p->asked.find(h.message_id);
+  if (it == p->asked.end()) return;
   auto call = std::move(it->second);
-  p.asked.erase(it);
+  p->asked.erase(it);
   if (h.receiver == caf::invalid_actor_id) {
     const auto st = h.status < 0 ? static_cast<comm::status>(h.status) : comm::status::no_elem;
     call->complete(make_error(st));
     return;
   }
-  auto proxy = proxies_.get_or_put(p.id, h.receiver);
+  interface published;
+  if (!decode_interface(data, length, published)) {
+    call->complete(make_error(comm::status::protocol_error));
+    violation(p, "malformed interface in a lookup reply");
+    return;
+  }
+  auto proxy = proxies_.get_or_put(p->id, h.receiver);
   if (!proxy) {
     call->complete(make_error(comm::status::not_connected));
     return;
   }
-  call->complete(caf::actor_cast<caf::actor>(proxy));
+  call->complete(checked(caf::actor_cast<caf::actor>(proxy), published, *call));
+}
+
+namespace {
+
+/// "{a, b}" for an interface, "{}" for none.
+std::string describe(const interface& ifs) {
+  std::string out = "{";
+  for (const auto& signature : ifs) {
+    if (out.size() > 1) out += ", ";
+    out += signature;
+  }
+  return out + "}";
+}
+
+}  // namespace
+
+caf::expected<caf::actor> node_state::checked(const caf::actor& found, const interface& published,
+                                              const lookup_call& call) const {
+  if (call.expected.empty() || sys_.assignable(published, call.expected)) return found;
+  const std::string what =
+      published.empty()
+          ? "\"" + call.name + "\" was not published as a typed actor; expected " +
+                describe(call.expected)
+          : "\"" + call.name + "\" was published as " + describe(published) + "; expected " +
+                describe(call.expected);
+  return caf::make_error(caf::sec::unexpected_actor_messaging_interface, what);
 }
 
 void node_state::violation(const std::shared_ptr<peer>& p, const char* what) {

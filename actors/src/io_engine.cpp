@@ -1,6 +1,7 @@
 // The engine's lifecycle and progress loop: tasks from actors, progress, tag matching, and sleep
 // on the worker's event fd plus a wake-up eventfd when idle.
 #include "io_engine.hpp"
+#include "idle_spin.hpp"
 
 #include <comm/log.hpp>
 
@@ -81,17 +82,16 @@ void engine::wake() {
 // -- progress loop ---------------------------------------------------------------------------------
 
 void engine::run() {
-  using clock = std::chrono::steady_clock;
-  auto last_event = clock::now();
+  // Idle turns offer the core as the node's progress thread does (see idle_spin.hpp).
+  comm::actors::detail::idle_spin spin;
   while (!stopping_.load()) {
     size_t events = run_tasks();
     events += worker_->progress();
     events += match_tags();
     if (events != 0) {
-      last_event = clock::now();
-    } else if (clock::now() - last_event >= cfg_.spin_time) {
+      spin.busy();
+    } else if (spin.idle(cfg_.spin_time) == comm::actors::detail::idle_spin::action::sleep) {
       sleep();
-      last_event = clock::now();
     }
   }
   shut_down();

@@ -125,7 +125,8 @@ caf::error make_error(comm::status st) {
 }
 
 comm::status status_of(const caf::error& err) {
-  if (!err || err.category() != error_category) return comm::status::ok;
+  if (!err) return comm::status::ok;
+  if (err.category() != error_category) return foreign_error;
   return static_cast<comm::status>(-static_cast<int>(err.code()));
 }
 
@@ -162,7 +163,22 @@ caf::error node::publish(const caf::actor& whom, const std::string& name) {
   return state_->publish(whom, name);
 }
 
+caf::error node::publish_typed(const caf::actor& whom, const std::string& name,
+                               std::set<std::string> ifs) {
+  return state_->publish(whom, name, std::move(ifs));
+}
+
 caf::error node::unpublish(const std::string& name) { return state_->unpublish(name); }
+
+std::chrono::milliseconds node::default_timeout() const noexcept {
+  return state_->connect_timeout();
+}
+
+caf::expected<caf::actor> node::lookup_as(const std::string& address, const std::string& name,
+                                          std::chrono::milliseconds timeout,
+                                          const std::set<std::string>& expected) {
+  return state_->lookup(address, name, timeout, expected);
+}
 
 caf::expected<caf::actor> node::lookup(const std::string& address, const std::string& name) {
   return state_->lookup(address, name, state_->connect_timeout());

@@ -1,6 +1,7 @@
 // The node's lifecycle, its progress thread, and the public API's entry points (see
 // node_state.hpp for the threading rules).
 #include "node_state.hpp"
+#include "idle_spin.hpp"
 
 #include <comm/log.hpp>
 
@@ -12,6 +13,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace comm::actors::detail {
 
 namespace {
@@ -19,11 +22,8 @@ namespace {
 /// Longest sleep on the event fds: the worker is progressed at least this often.
 constexpr int max_sleep_ms = 10;
 
-/// Idle turns between two looks at the clock while spinning.
-constexpr unsigned idle_check = 64;
-
-/// Shortest time between two offers of the core while spinning: each is a system call.
-constexpr std::chrono::microseconds yield_interval{100};
+/// How long the progress thread spins at least while a send of its node is in flight.
+constexpr std::chrono::microseconds in_flight_spin{5000};
 
 /// Numbers the nodes of this process (see node_state::generation_).
 std::atomic<uint64_t> node_generations{0};
@@ -101,27 +101,17 @@ void node_state::run() {
   thread_id_ = std::this_thread::get_id();
   pthread_setname_np(pthread_self(), "comm.progress");
   pin(params_.cpus);
-  auto idle_since = std::chrono::steady_clock::now();
-  auto yielded = idle_since;
-  unsigned idle_turns = 0;
+  idle_spin spin;
   while (!stopping_.load(std::memory_order_acquire)) {
     if (turn() != 0) {
-      idle_turns = 0;
+      spin.busy();
       continue;
     }
-    // The clock is read once every idle_check turns: spinning must stay cheap. Then the core is
-    // offered to other threads (a sender on the same core) every yield_interval, and after
-    // spin_time the thread sleeps.
-    if (idle_turns++ == 0) idle_since = std::chrono::steady_clock::now();
-    if (idle_turns % idle_check != 0) continue;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - idle_since >= params_.spin_time) {
-      sleep();
-      idle_turns = 0;
-    } else if (now - yielded >= yield_interval) {
-      std::this_thread::yield();
-      yielded = now;
-    }
+    // A send in flight (a large frame the peer is fetching) means an answer is likely on its
+    // way: waiting for it asleep would add a wake-up to every hop of a large ping-pong.
+    const auto spin_time = in_flight_.get() != 0 ? std::max(params_.spin_time, in_flight_spin)
+                                                 : params_.spin_time;
+    if (spin.idle(spin_time) == idle_spin::action::sleep) sleep();
   }
   shut_down();
 }
@@ -140,12 +130,15 @@ size_t node_state::turn() {
 }
 
 size_t node_state::progress_locked() {
-  size_t n = drain();
+  // Frames of other threads that this one sends for them do not count as events: they would
+  // send them themselves, and a thread that only relays should offer its core like an idle one.
+  drain();
   in_callback_ = true;
-  n += worker_->progress();
+  const size_t n = worker_->progress();
   in_callback_ = false;
   close_endpoints();
-  return n + drain();
+  drain();
+  return n;
 }
 
 void node_state::sleep() {
@@ -296,12 +289,13 @@ caf::error node_state::listen_error() const {
   return listen_error_;
 }
 
-caf::error node_state::publish(const caf::actor& whom, const std::string& name) {
+caf::error node_state::publish(const caf::actor& whom, const std::string& name, interface ifs) {
   if (!whom || name.empty()) return make_error(comm::status::invalid_param);
   {
     std::lock_guard<std::mutex> g(mtx_);
-    auto [it, added] = names_.emplace(name, whom);
-    if (!added && it->second != whom) return make_error(comm::status::already_exists);
+    auto [it, added] = names_.emplace(name, published_actor{whom, ifs});
+    if (!added && it->second.handle != whom) return make_error(comm::status::already_exists);
+    it->second.ifs = std::move(ifs);
   }
   sys_.registry().put(whom.id(), whom);
   // The name goes when its actor does.
@@ -310,7 +304,7 @@ caf::error node_state::publish(const caf::actor& whom, const std::string& name) 
   whom->attach_functor([self, name, weak] {
     std::lock_guard<std::mutex> g(self->mtx_);
     auto it = self->names_.find(name);
-    if (it != self->names_.end() && it->second.address() == weak) self->names_.erase(it);
+    if (it != self->names_.end() && it->second.handle.address() == weak) self->names_.erase(it);
   });
   return caf::error{};
 }
@@ -321,11 +315,12 @@ caf::error node_state::unpublish(const std::string& name) {
 }
 
 caf::expected<caf::actor> node_state::lookup(const std::string& address, const std::string& name,
-                                             std::chrono::milliseconds timeout) {
+                                             std::chrono::milliseconds timeout,
+                                             const interface& expected) {
   if (address.empty() || name.empty()) return make_error(comm::status::invalid_param);
   if (on_progress_thread()) return make_error(comm::status::busy);
   if (!thread_.joinable() || stopping_.load()) return make_error(comm::status::not_connected);
-  auto call = std::make_shared<lookup_call>(address, name);
+  auto call = std::make_shared<lookup_call>(address, name, expected);
   post_task([this, call] { start_lookup(call); });
   return call->wait(timeout);
 }
@@ -354,6 +349,7 @@ node_stats node_state::stats() const {
   s.bytes_sent = bytes_sent_.get();
   s.bytes_received = bytes_received_.get();
   s.frames_held = frames_held_.get();
+  s.unreadable_messages = unreadable_.get();
   s.peak_bytes_held = peak_bytes_held_.get();
   return s;
 }

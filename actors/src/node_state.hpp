@@ -84,13 +84,15 @@ public:
   caf::error listen_error() const;
   /// The actor system.
   caf::actor_system& system() const noexcept { return sys_; }
-  /// See node::publish.
-  caf::error publish(const caf::actor& whom, const std::string& name);
+  /// See node::publish; `ifs` is the interface of a typed actor (empty for caf::actor).
+  caf::error publish(const caf::actor& whom, const std::string& name, interface ifs = {});
   /// See node::unpublish.
   caf::error unpublish(const std::string& name);
-  /// See node::lookup.
+  /// See node::lookup; an actor whose interface `expected` may not be assigned from is refused
+  /// (no check when it is empty).
   caf::expected<caf::actor> lookup(const std::string& address, const std::string& name,
-                                   std::chrono::milliseconds timeout);
+                                   std::chrono::milliseconds timeout,
+                                   const interface& expected = {});
   /// See node::disconnect.
   caf::error disconnect(const std::string& address);
   /// See node::stats.
@@ -156,6 +158,8 @@ private:
   void accept(comm::conn_request* request);
   std::shared_ptr<peer> dial(const std::string& address, comm::status* failure);
   void introduce(const std::shared_ptr<peer>& p, const node_hello& hello);
+  std::shared_ptr<peer> dialled_peer_of(const caf::node_id& id, const peer& other) const;
+  void fold(const std::shared_ptr<peer>& dup, const std::shared_ptr<peer>& known);
   std::shared_ptr<peer> peer_of(comm::endpoint* ep) const;
   std::shared_ptr<peer> peer_at(const std::string& address) const;
   void fail_peer(const std::shared_ptr<peer>& p, comm::status reason);
@@ -178,6 +182,8 @@ private:
   void hold(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
   void dispatch(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
   void on_message(const std::shared_ptr<peer>& p, const frame_header& h, frame_parts& parts);
+  void fail_response(peer& p, const frame_header& h, const caf::error& err);
+  void drop_unreadable(const peer& p, const frame_header& h, const caf::error& err);
   caf::strong_actor_ptr sender_of(peer& p, const frame_header& h);
   caf::strong_actor_ptr receiver_of(peer& p, caf::actor_id aid);
   void on_monitor(const std::shared_ptr<peer>& p, caf::actor_id aid);
@@ -185,7 +191,10 @@ private:
   void on_link(const peer& p, const frame_header& h, bool linked);
   void on_lookup(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
                  size_t length);
-  void on_lookup_reply(peer& p, const frame_header& h);
+  void on_lookup_reply(const std::shared_ptr<peer>& p, const frame_header& h, const void* data,
+                       size_t length);
+  caf::expected<caf::actor> checked(const caf::actor& found, const interface& published,
+                                    const lookup_call& call) const;
   void reply_error(const std::shared_ptr<peer>& p, const frame_header& h, const caf::error& err);
   void violation(const std::shared_ptr<peer>& p, const char* what);
   caf::execution_unit* delivery_unit() noexcept;
@@ -244,7 +253,12 @@ private:
   mutable std::mutex mtx_;                      ///< guards what other threads read below
   std::string address_;
   caf::error listen_error_;
-  std::unordered_map<std::string, caf::actor> names_;
+  /// A published actor and its interface (empty: not typed).
+  struct published_actor {
+    caf::actor handle;
+    interface ifs;
+  };
+  std::unordered_map<std::string, published_actor> names_;
   std::unordered_map<caf::node_id, std::shared_ptr<peer>> by_node_;  ///< the mapped connections
 
   std::unordered_map<comm::endpoint*, std::shared_ptr<peer>> by_ep_;  ///< progress thread
@@ -264,6 +278,12 @@ private:
   gauge bytes_sent_;
   gauge bytes_received_;
   gauge frames_held_;
+  gauge unreadable_;
+  gauge in_flight_;  ///< frames in libcomm's hands whose send has not completed (lock holder's)
+  /// Shortest time between two warnings about dropped unreadable messages.
+  static constexpr std::chrono::seconds unreadable_report_interval{1};
+  std::chrono::steady_clock::time_point last_unreadable_report_{};  ///< lock holder's
+  uint64_t unreported_unreadable_ = 0;  ///< dropped since that warning (lock holder's)
   gauge peak_bytes_held_;
 };
 

@@ -206,7 +206,10 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
     if (!on_progress_thread()) wake();
     return true;
   }
-  if (!immediate) p.queued_bytes -= queued_cost(item);  // not queued after all
+  if (!immediate) {  // not queued after all
+    p.queued_bytes -= queued_cost(item);
+    in_flight_.sub(1);
+  }
   if (o.failed()) {
     COMM_LOG(debug, "actors", "send on connection %llu failed: %s",
              static_cast<unsigned long long>(p.serial), comm::to_string(o.st));
@@ -254,6 +257,8 @@ void node_state::sent_frame(peer& p, const frame_header& h) {
 
 void node_state::queue_up(outgoing& item) {
   peer& p = *item.to;
+  item.owner = this;
+  in_flight_.add(1);
   const size_t before = p.queued_bytes;
   p.queued_bytes += queued_cost(item);
   if (before > params_.max_queued_bytes || p.queued_bytes <= params_.max_queued_bytes) return;
@@ -268,6 +273,7 @@ void node_state::queue_up(outgoing& item) {
 void node_state::on_sent(comm::request*, comm::status, void* user_data) {
   auto* item = static_cast<outgoing*>(user_data);
   item->to->queued_bytes -= queued_cost(*item);
+  item->owner->in_flight_.sub(1);
   delete item;
 }
 

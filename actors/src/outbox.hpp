@@ -38,9 +38,12 @@ public:
   static std::vector<char> detach(std::vector<char>& scratch);
 };
 
+class node_state;
+
 /// One frame to send (with `to` set) or one task to run on the progress thread.
 struct outgoing {
   outgoing* next = nullptr;            ///< the queue's link
+  node_state* owner = nullptr;         ///< the node sending it, once in libcomm's hands
   std::shared_ptr<peer> to;            ///< the connection the frame goes to
   frame_header header;                 ///< its envelope (seq is set when it is sent)
   std::vector<char> payload;           ///< its payload

@@ -28,12 +28,14 @@ namespace comm::actors::detail {
 /// A lookup that a caller blocks on until the progress thread completes it.
 class lookup_call {
 public:
-  /// A lookup of `name` at the node listening on `address`.
-  lookup_call(std::string address, std::string name)
-      : address(std::move(address)), name(std::move(name)) {}
+  /// A lookup of `name` at the node listening on `address`, for a handle of interface
+  /// `expected` (empty: caf::actor, no check).
+  lookup_call(std::string address, std::string name, interface expected = {})
+      : address(std::move(address)), name(std::move(name)), expected(std::move(expected)) {}
 
   const std::string address;  ///< the node asked
   const std::string name;     ///< the name asked for
+  const interface expected;   ///< the interface the caller's handle needs
   /// Connections this lookup was sent on that failed before answering (progress thread): the
   /// first such failure redials once, for a node that restarted at the same address.
   int lost_connections = 0;
@@ -88,6 +90,7 @@ struct peer {
 
   comm::endpoint* ep = nullptr; ///< the connection's endpoint
   bool ready = false;           ///< the hello arrived: frames may flow
+  bool dialled = false;         ///< this node opened it (a lookup), rather than accepted it
   bool mapped = false;          ///< the node's connection for `id` (proxies use it)
   std::vector<std::string> addresses;  ///< addresses the peer is known by
   uint32_t send_seq = 0;        ///< number of the next frame sent

@@ -1,6 +1,8 @@
-// Active messages: the send entry point and delivery to the handlers, whole or per fragment, with
-// persistent data and reply endpoints.
-#include "worker_impl.hpp"
+// The AM module: the send entry point, delivery to the handlers, whole or per fragment, with
+// persistent data and reply endpoints, and rendezvous AMs under the AM receive limits.
+#include "am.hpp"
+
+#include "protocols.hpp"
 
 #include <comm/log.hpp>
 #include <comm/memory.hpp>
@@ -8,11 +10,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 
 namespace comm {
 
+using detail::am_protocol;
 using detail::endpoint_impl;
 using detail::impl;
+using detail::module_of;
 using detail::worker_impl;
 
 namespace detail {
@@ -29,21 +34,162 @@ uint8_t* aligned_block(size_t alignment, size_t length) {
   return static_cast<uint8_t*>(block);
 }
 
+/// The module's state on an endpoint: the fragmented message arriving, and the rendezvous AMs
+/// waiting for room.
+struct am_ep_state : endpoint_state {
+  uint16_t id = 0;                  ///< AM id of the fragmented message
+  uint16_t flags = 0;               ///< its wire flags
+  std::vector<uint8_t> header;      ///< copy of its user header
+  uint8_t* buffer = nullptr;        ///< its reassembly buffer (whole-message handlers)
+  std::list<deferred_am> deferred;  ///< rendezvous AMs waiting for room, in order
+};
+
+// -- sends ---------------------------------------------------------------------------------------
+
+size_t encode_first(request* req, const send_progress& s, bool whole, uint8_t* out,
+                    tl::am_id* id) {
+  am_protocol& am = module_of<am_protocol>(*req->owner);
+  const auto& state = req->as<am_send_state>();
+  const uint32_t dst = req->ep->remote_id;
+  const auto header_length = static_cast<uint32_t>(req->header.size());
+  if (!whole) {
+    auto& h = am.hdr_am_first.fields();
+    h.setDstEp(dst);
+    h.setAmId(state.id);
+    h.setFlags(state.flags);
+    h.setHeaderLength(header_length);
+    h.setMsgId(s.msg_id);
+    h.setTotalLength(header_length + s.length);
+    *id = wire_id(am_msg::first);
+    return am.hdr_am_first.copy_to(out);
+  }
+  auto& h = am.hdr_am.fields();
+  h.setDstEp(dst);
+  h.setAmId(state.id);
+  h.setFlags(state.flags);
+  h.setHeaderLength(header_length);
+  *id = wire_id(am_msg::single);
+  return am.hdr_am.copy_to(out);
+}
+
+size_t whole_header_size(const request*) {
+  return wire::header_size<wire::schema::ActiveMessage>();
+}
+
+status send_by_rndv(request* req) {
+  auto& s = req->as<am_send_state>();
+  const rts_fields fields{.is_am = true, .am_id = s.id, .am_flags = s.flags};
+  return module_of<rndv_protocol>(*req->owner).send(req, s.rndv, s.send.length, fields);
+}
+
+const message_framing framing{encode_first, whole_header_size, send_by_rndv,
+                              wire_id(am_msg::fragment)};
+
+status progress_send(request* req) {
+  return send_message(req, req->as<am_send_state>().send, framing);
+}
+
+void release_send(request* req) {
+  module_of<rndv_protocol>(*req->owner).release_send(req->as<am_send_state>().rndv);
+}
+
+status cancel_send(request* req, cancel_mode mode) {
+  auto& s = req->as<am_send_state>();
+  if (s.rndv.phase == rndv_phase::announced) {
+    return module_of<rndv_protocol>(*req->owner).cancel_send(req, s.rndv, mode);
+  }
+  if (req->ep == nullptr) return status::busy;
+  return req->ep->cancel_pending(req, mode);
+}
+
+const request_ops am_send_ops{.name = "am_send",
+                           .progress = progress_send,
+                           .release = release_send,
+                           .cancel = cancel_send};
+
+// -- rendezvous receives -------------------------------------------------------------------------
+
+void release_recv(request* req) {
+  module_of<rndv_protocol>(*req->owner).release_fetch(req->as<am_recv_state>().fetch);
+}
+
+const request_ops am_recv_ops{.name = "am_recv", .release = release_recv};
+
 }  // namespace
 
-void worker_impl::deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags,
-                             const uint8_t* header, size_t header_length, uint8_t* data,
-                             size_t length, unsigned attr, size_t offset, size_t total,
-                             uint64_t msg_id, bool data_is_ours) {
-  const am_handler* found = find_am_handler(id);
+am_protocol::am_protocol(worker_impl& owner, unsigned index) : protocol(owner, index) {
+  receive<&am_protocol::on_single>(am_msg::single);
+  receive<&am_protocol::on_first>(am_msg::first);
+  receive<&am_protocol::on_fragment>(am_msg::fragment);
+  // The user header of an AM travels in one bcopy fragment of the smallest interface.
+  size_t smallest = 0;
+  for (const auto& li : w.ifaces) {
+    const size_t room = li.iface->attr().max_bcopy;
+    if (smallest == 0 || room < smallest) smallest = room;
+  }
+  const size_t header = wire::header_size<wire::schema::ActiveMessageFirst>();
+  max_header_ = smallest > header + max_proto_header ? smallest - header - max_proto_header : 0;
+}
+
+am_protocol::~am_protocol() noexcept {
+  for (auto& [data, block] : persistent_) mem_free(block);  // either allocator
+  for (const large_block& b : large_free_) mem_free(b.block);
+}
+
+status am_protocol::set_handler(uint16_t id, am_callback cb, void* arg, unsigned flags) {
+  if (flags & ~static_cast<unsigned>(am_flag_whole_msg | am_flag_persistent_data)) {
+    return status::invalid_param;
+  }
+  if (cb == nullptr) {
+    if (id < table_size) {
+      table_[id] = handler{};
+    } else {
+      handlers_.erase(id);
+    }
+  } else {
+    const handler h{cb, arg, flags};
+    if (id < table_size) {
+      table_[id] = h;
+    } else {
+      handlers_[id] = h;
+    }
+  }
+  return status::ok;
+}
+
+void am_protocol::release_data(void* data) {
+  auto it = persistent_.find(data);
+  if (it == persistent_.end()) {
+    COMM_LOG(error, "worker", "am_data_release(%p): not data held by a handler", data);
+    return;
+  }
+  release_large(it->second);
+  persistent_.erase(it);
+}
+
+bool am_protocol::detach_data(void* data) {
+  auto it = persistent_.find(data);
+  if (it == persistent_.end()) return false;
+  large_out_.erase(it->second);
+  persistent_.erase(it);
+  return true;
+}
+
+// -- delivery ------------------------------------------------------------------------------------
+
+void am_protocol::deliver(endpoint_impl* ep, uint16_t id, uint16_t wire_flags,
+                          const uint8_t* header, size_t header_length, uint8_t* data,
+                          size_t length, unsigned attr, size_t offset, size_t total,
+                          uint64_t msg_id, bool data_is_ours) {
+  const handler* found = find_handler(id);
   if (found == nullptr) {
     ++ep->counters_.errors;
     COMM_LOG(error, "am", "%s: no handler for active message %u from %s; dropped",
-             params.name.c_str(), id, ep->peer_name_.c_str());
+             w.params.name.c_str(), id, ep->peer_name_.c_str());
     if (data_is_ours) release_large(data);
     return;
   }
-  const am_handler h = *found;
+  const handler h = *found;
   am_recv_params p;
   p.attr = attr;
   p.offset = offset;
@@ -54,13 +200,13 @@ void worker_impl::deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags
     p.reply_ep = ep;
   }
   uint8_t* block = data_is_ours ? data : nullptr;
-  const bool misaligned = reinterpret_cast<uintptr_t>(data) % params.am_alignment != 0;
+  const bool misaligned = reinterpret_cast<uintptr_t>(data) % w.params.am_alignment != 0;
   if (block == nullptr && ((h.flags & am_flag_persistent_data) || misaligned)) {
-    block = aligned_block(params.am_alignment, length);
+    block = aligned_block(w.params.am_alignment, length);
     if (block == nullptr) {
       ++ep->counters_.errors;
-      COMM_LOG(error, "am", "%s: no memory for %zu bytes of AM %u; dropped", params.name.c_str(),
-               length, id);
+      COMM_LOG(error, "am", "%s: no memory for %zu bytes of AM %u; dropped",
+               w.params.name.c_str(), length, id);
       return;
     }
     if (length != 0) std::memcpy(block, data, length);
@@ -72,159 +218,353 @@ void worker_impl::deliver_am(endpoint_impl* ep, uint16_t id, uint16_t wire_flags
   }
   // Held before the call, so that the handler may detach it (worker::am_data_detach) inside.
   p.attr |= am_recv_data_persistent;
-  persistent_data[data] = block;
+  persistent_[data] = block;
   status st = h.cb(h.arg, header, header_length, data, length, p);
   if (st == status::in_progress) return;
-  auto held = persistent_data.find(data);
-  if (held == persistent_data.end()) return;  // detached by the handler
-  persistent_data.erase(held);
+  auto held = persistent_.find(data);
+  if (held == persistent_.end()) return;  // detached by the handler
+  persistent_.erase(held);
   release_large(block);
 }
 
-uint8_t* worker_impl::take_large(size_t length) {
+uint8_t* am_protocol::take_large(size_t length) {
   length = std::max<size_t>(length, 1);
-  for (size_t i = 0; i < large_free.size(); ++i) {
-    const large_block b = large_free[i];
+  for (size_t i = 0; i < large_free_.size(); ++i) {
+    const large_block b = large_free_[i];
     if (b.capacity < length || b.capacity / 2 > length) continue;
-    large_free.erase(large_free.begin() + static_cast<long>(i));
-    large_free_bytes -= b.capacity;
-    large_out[b.block] = b.capacity;
+    large_free_.erase(large_free_.begin() + static_cast<long>(i));
+    large_free_bytes_ -= b.capacity;
+    large_out_[b.block] = b.capacity;
     return static_cast<uint8_t*>(b.block);
   }
   // Shareable (comm::mem_alloc), so that sending the block on is a mapped copy for a peer on this
   // host; page aligned, so only an alignment beyond a page needs the plain heap.
   constexpr size_t page = 4096;
-  uint8_t* fresh = params.am_alignment <= page ? static_cast<uint8_t*>(mem_alloc(length))
-                                               : aligned_block(params.am_alignment, length);
-  if (fresh != nullptr) large_out[fresh] = length;
+  uint8_t* fresh = w.params.am_alignment <= page
+                       ? static_cast<uint8_t*>(mem_alloc(length))
+                       : aligned_block(w.params.am_alignment, length);
+  if (fresh != nullptr) large_out_[fresh] = length;
   return fresh;
 }
 
-void worker_impl::release_large(void* block) {
+void am_protocol::release_large(void* block) {
   constexpr size_t max_blocks = 4;
   constexpr size_t max_bytes = 64u << 20;
-  auto it = large_out.find(block);
-  if (it == large_out.end()) {
+  auto it = large_out_.find(block);
+  if (it == large_out_.end()) {
     std::free(block);  // persistent or reassembled data: aligned_block's (no heap lock needed)
     return;
   }
   const size_t capacity = it->second;
-  large_out.erase(it);
-  if (large_free.size() >= max_blocks || large_free_bytes + capacity > max_bytes) {
+  large_out_.erase(it);
+  if (large_free_.size() >= max_blocks || large_free_bytes_ + capacity > max_bytes) {
     mem_free(block);
     return;
   }
-  large_free.push_back({block, capacity});
-  large_free_bytes += capacity;
+  large_free_.push_back({block, capacity});
+  large_free_bytes_ += capacity;
 }
 
-void worker_impl::on_am_single(const uint8_t* data, size_t length) {
+void am_protocol::on_single(const uint8_t* data, size_t length) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::ActiveMessage>(data, length, &used);
-  if (!h) return protocol_error(nullptr, "truncated active message header");
-  endpoint_impl* ep = receiving_ep(h->getDstEp(), "active message for an unknown endpoint");
+  if (!h) return w.protocol_error(nullptr, "truncated active message header");
+  endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "active message for an unknown endpoint");
   if (ep == nullptr) return;
   const size_t payload = length - used;
   const size_t header_length = h->getHeaderLength();
-  if (header_length > payload) return protocol_error(ep, "AM user header beyond the message");
+  if (header_length > payload) return w.protocol_error(ep, "AM user header beyond the message");
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += payload;
   uint8_t* body = const_cast<uint8_t*>(data) + used;
-  deliver_am(ep, h->getAmId(), h->getFlags(), body, header_length, body + header_length,
-             payload - header_length, am_recv_first, 0, payload - header_length, 0, false);
+  deliver(ep, h->getAmId(), h->getFlags(), body, header_length, body + header_length,
+          payload - header_length, am_recv_first, 0, payload - header_length, 0, false);
 }
 
-void worker_impl::on_am_first(const uint8_t* data, size_t length) {
+void am_protocol::on_first(const uint8_t* data, size_t length) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::ActiveMessageFirst>(data, length, &used);
-  if (!h) return protocol_error(nullptr, "truncated active message header");
-  endpoint_impl* ep = receiving_ep(h->getDstEp(), "active message for an unknown endpoint");
+  if (!h) return w.protocol_error(nullptr, "truncated active message header");
+  endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "active message for an unknown endpoint");
   if (ep == nullptr) return;
   const size_t payload = length - used;
   const size_t header_length = h->getHeaderLength();
   const uint64_t total = h->getTotalLength();
-  if (ep->rx.active) return protocol_error(ep, "new message before the previous one ended");
+  if (ep->rx.owner != nullptr) {
+    return w.protocol_error(ep, "new message before the previous one ended");
+  }
   if (header_length > payload || total > max_am_message || payload > total) {
-    return protocol_error(ep, "first AM fragment with impossible lengths");
+    return w.protocol_error(ep, "first AM fragment with impossible lengths");
   }
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += payload;
-  rx_fragments& rx = ep->rx;
-  rx = rx_fragments{};
-  rx.active = true;
-  rx.is_tag = false;
-  rx.msg_id = h->getMsgId();
-  rx.total = total - header_length;
-  rx.am_id = h->getAmId();
-  rx.am_flags = h->getFlags();
+  ep->rx = rx_message{this, h->getMsgId(), total - header_length, 0};
+  auto& rx = state_of<am_ep_state>(*ep);
+  rx.id = h->getAmId();
+  rx.flags = h->getFlags();
+  rx.buffer = nullptr;
   const uint8_t* body = data + used;
-  rx.am_header.assign(body, body + header_length);
-  on_am_fragment(ep, body + header_length, payload - header_length);
+  rx.header.assign(body, body + header_length);
+  take_fragment(ep, body + header_length, payload - header_length);
 }
 
-void worker_impl::on_am_fragment(endpoint_impl* ep, const uint8_t* data, size_t length) {
-  rx_fragments& rx = ep->rx;
-  const am_handler* handler = find_am_handler(rx.am_id);
-  const bool first = rx.received == 0 && rx.am_buffer == nullptr;
-  if (handler == nullptr) {
+void am_protocol::on_fragment(const uint8_t* data, size_t length) {
+  const uint8_t* payload = nullptr;
+  size_t bytes = 0;
+  endpoint_impl* ep = accept_fragment(w, *this, data, length, &payload, &bytes);
+  if (ep != nullptr) take_fragment(ep, payload, bytes);
+}
+
+void am_protocol::take_fragment(endpoint_impl* ep, const uint8_t* data, size_t length) {
+  rx_message& message = ep->rx;
+  auto& rx = state_of<am_ep_state>(*ep);
+  const handler* found = find_handler(rx.id);
+  const bool first = message.received == 0 && rx.buffer == nullptr;
+  if (found == nullptr) {
     if (first) {
       ++ep->counters_.errors;
       COMM_LOG(error, "am", "%s: no handler for active message %u from %s; dropped",
-               params.name.c_str(), rx.am_id, ep->peer_name_.c_str());
+               w.params.name.c_str(), rx.id, ep->peer_name_.c_str());
     }
-  } else if (handler->flags & am_flag_whole_msg) {
-    if (rx.am_buffer == nullptr) {
+  } else if (found->flags & am_flag_whole_msg) {
+    if (rx.buffer == nullptr) {
       // Counted for the whole announced length at once: that is what the buffer takes.
-      if (!charge_am_rx(ep, rx.total)) return;
-      rx.am_buffer = aligned_block(params.am_alignment, rx.total);
-      if (rx.am_buffer == nullptr) {
-        release_am_rx(ep, rx.total);
-        return protocol_error(ep, "no memory to reassemble an AM");
+      if (!w.charge_am_rx(ep, message.total)) return;
+      rx.buffer = aligned_block(w.params.am_alignment, message.total);
+      if (rx.buffer == nullptr) {
+        w.release_am_rx(ep, message.total);
+        return w.protocol_error(ep, "no memory to reassemble an AM");
       }
     }
-    std::memcpy(rx.am_buffer + rx.received, data, length);
+    std::memcpy(rx.buffer + message.received, data, length);
   } else {
     unsigned attr = (first ? am_recv_first : 0u) |
-                    (rx.received + length < rx.total ? am_recv_more : 0u);
-    deliver_am(ep, rx.am_id, rx.am_flags, rx.am_header.data(), rx.am_header.size(),
-               const_cast<uint8_t*>(data), length, attr, rx.received, rx.total, rx.msg_id, false);
+                    (message.received + length < message.total ? am_recv_more : 0u);
+    deliver(ep, rx.id, rx.flags, rx.header.data(), rx.header.size(), const_cast<uint8_t*>(data),
+            length, attr, message.received, message.total, message.msg_id, false);
   }
-  rx.received += length;
-  if (rx.received < rx.total) return;
-  uint8_t* whole = rx.am_buffer;
-  const uint16_t id = rx.am_id;
-  const uint16_t flags = rx.am_flags;
-  const size_t total = rx.total;
-  const uint64_t msg_id = rx.msg_id;
-  std::vector<uint8_t> header = std::move(rx.am_header);
-  rx = rx_fragments{};
+  message.received += length;
+  if (message.received < message.total) return;
+  uint8_t* whole = rx.buffer;
+  const uint16_t id = rx.id;
+  const uint16_t flags = rx.flags;
+  const size_t total = message.total;
+  const uint64_t msg_id = message.msg_id;
+  std::vector<uint8_t> header = std::move(rx.header);
+  rx.header.clear();
+  rx.buffer = nullptr;
+  message = rx_message{};
   if (whole != nullptr) {
-    release_am_rx(ep, total);
-    deliver_am(ep, id, flags, header.data(), header.size(), whole, total, am_recv_first, 0, total,
-               msg_id, true);
+    w.release_am_rx(ep, total);
+    deliver(ep, id, flags, header.data(), header.size(), whole, total, am_recv_first, 0, total,
+            msg_id, true);
   }
 }
 
+void am_protocol::drop_fragments(endpoint_impl& ep) {
+  if (auto* rx = find_state<am_ep_state>(ep)) {
+    if (rx->buffer != nullptr) {
+      w.release_am_rx(&ep, ep.rx.total);
+      std::free(rx->buffer);
+      rx->buffer = nullptr;
+    }
+    rx->header.clear();
+  }
+  ep.rx = rx_message{};
+}
+
+// -- rendezvous AMs ------------------------------------------------------------------------------
+
+void am_protocol::fetch(endpoint_impl* ep, deferred_am& am) {
+  const handler* found = find_handler(am.id);
+  uint8_t* buffer = found != nullptr ? take_large(am.data.length) : nullptr;
+  request* req = w.alloc_request(am_recv_ops, request_params{});
+  auto& s = req->init<am_recv_state>();
+  s.id = am.id;
+  s.flags = am.flags;
+  s.length = buffer != nullptr ? am.data.length : 0;
+  req->header = std::move(am.header);
+  req->iov.assign(1, iov_entry{buffer, s.length});
+  if (buffer == nullptr) {
+    ++ep->counters_.errors;
+    COMM_LOG(error, "rndv", "%s: cannot take rendezvous AM %u (%s); refused",
+             w.params.name.c_str(), am.id, found == nullptr ? "no handler" : "no memory");
+    req->st = status::no_elem;
+  } else {
+    // Counted until the handler has it (on_announcement checked that it fits).
+    ep->am_rx_bytes += s.length;
+    w.am_rx_bytes += s.length;
+  }
+  module_of<rndv_protocol>(w).start_fetch(req, s.fetch, ep, am.data.sreq, am.data.address,
+                                          s.length, am.data.rkey.data(), am.data.rkey.size(),
+                                          fetched);
+}
+
+void am_protocol::fetched(request* req, status outcome) {
+  auto& s = req->as<am_recv_state>();
+  worker_impl& w = *req->owner;
+  am_protocol& am = module_of<am_protocol>(w);
+  endpoint_impl* ep = s.fetch.ep;
+  uint8_t* data = req->iov.empty() ? nullptr : static_cast<uint8_t*>(req->iov[0].buffer);
+  const size_t length = s.length;
+  const uint16_t id = s.id;
+  const uint16_t flags = s.flags;
+  std::vector<uint8_t> header = std::move(req->header);
+  w.free_request(req);
+  if (data == nullptr) return;
+  w.release_am_rx(ep, length);
+  if (outcome != status::ok) {
+    am.release_large(data);
+    return;
+  }
+  am.deliver(ep, id, flags, header.data(), header.size(), data, length, am_recv_first, 0, length,
+             0, true);
+}
+
+void am_protocol::refuse(endpoint_impl* ep, const deferred_am& am, const char* variable,
+                         size_t limit) {
+  const bool log = w.count_limit_error();
+  ++ep->counters_.errors;
+  if (log) {
+    COMM_LOG(warn, "limits", "%s: refused rendezvous AM %u of %zu bytes from %s: beyond %s=%zu",
+             w.params.name.c_str(), am.id, am.data.length, ep->peer_name_.c_str(), variable,
+             limit);
+  }
+  // A fetch of nothing that fails at once: the sender's request completes with EXCEEDS_LIMIT.
+  request* req = w.alloc_request(am_recv_ops, request_params{});
+  auto& s = req->init<am_recv_state>();
+  req->st = status::exceeds_limit;
+  module_of<rndv_protocol>(w).start_fetch(req, s.fetch, ep, am.data.sreq, am.data.address, 0,
+                                          nullptr, 0, fetched);
+}
+
+void am_protocol::on_announcement(endpoint_impl& ep, uint16_t id, uint16_t flags,
+                                  std::vector<uint8_t> header, rndv_announcement&& a) {
+  deferred_am am{std::move(a), id, flags, std::move(header), 0};
+  const peer_limits& c = w.ctx.cfg().limits;
+  if (am.data.length > c.am_rx_ep_max_bytes) {
+    return refuse(&ep, am, "COMM_AM_RX_EP_MAX_BYTES", c.am_rx_ep_max_bytes);
+  }
+  if (am.data.length > c.am_rx_max_bytes) {
+    return refuse(&ep, am, "COMM_AM_RX_MAX_BYTES", c.am_rx_max_bytes);
+  }
+  auto& waiting = state_of<am_ep_state>(ep).deferred;
+  size_t limit = 0;
+  if (waiting.empty() && w.am_rx_limit(&ep, am.data.length, &limit) == nullptr) {
+    fetch(&ep, am);
+    return;
+  }
+  am.charged = sizeof(deferred_am) + am.data.rkey.size() + am.header.size();
+  if (!w.charge_unexpected(&ep, am.charged, 1)) return;
+  waiting.push_back(std::move(am));
+  ++deferred_;
+  deferred_changed();
+}
+
+void am_protocol::progress() {
+  if (starting_deferred_) return;
+  starting_deferred_ = true;
+  size_t limit = 0;
+  for (size_t i = 0; i < w.ep_table.size() && deferred_ != 0; ++i) {
+    // Re-read after each fetch: a handler run by it may close the endpoint.
+    for (endpoint_impl* ep; (ep = w.ep_table[i]) != nullptr;) {
+      auto* s = find_state<am_ep_state>(*ep);
+      if (s == nullptr || s->deferred.empty()) break;
+      if (w.am_rx_limit(ep, s->deferred.front().data.length, &limit) != nullptr) break;
+      deferred_am am = std::move(s->deferred.front());
+      s->deferred.pop_front();
+      --deferred_;
+      w.uncharge_unexpected(ep, am.charged, 1);
+      fetch(ep, am);
+    }
+  }
+  starting_deferred_ = false;
+  deferred_changed();
+}
+
+void am_protocol::drop_announcement(endpoint_impl& ep, uint64_t sreq) {
+  auto* s = find_state<am_ep_state>(ep);
+  if (s == nullptr) return;
+  for (auto it = s->deferred.begin(); it != s->deferred.end(); ++it) {
+    if (it->data.sreq != sreq) continue;
+    w.uncharge_unexpected(&ep, it->charged, 1);
+    s->deferred.erase(it);
+    --deferred_;
+    deferred_changed();
+    return;
+  }
+}
+
+// -- hooks ---------------------------------------------------------------------------------------
+
+void am_protocol::forget_peer(endpoint_impl& ep, held_fate) {
+  auto* s = find_state<am_ep_state>(ep);
+  if (s == nullptr) return;
+  for (const deferred_am& am : s->deferred) w.uncharge_unexpected(&ep, am.charged, 1);
+  deferred_ -= s->deferred.size();
+  s->deferred.clear();
+  deferred_changed();
+}
+
+void am_protocol::endpoint_failed(endpoint_impl& ep, status) {
+  if (ep.rx.owner == this) drop_fragments(ep);
+}
+
+void am_protocol::endpoint_deleted(endpoint_impl& ep) {
+  if (ep.rx.owner == this) drop_fragments(ep);
+}
+
+void am_protocol::info(std::ostream& out) const {
+  out << "active messages: deferred rendezvous AMs " << deferred_ << ", data held by handlers "
+      << persistent_.size() << '\n';
+}
+
 }  // namespace detail
+
+// -- public API ----------------------------------------------------------------------------------
 
 op endpoint::am_send(uint16_t id, const void* header, size_t header_length, const void* data,
                      size_t length, const request_params& params) {
   endpoint_impl& ep = impl(*this);
   worker_impl& w = ep.owner;
   worker_impl::guard g(w);
-  if (header_length > w.max_am_header_ || (header_length != 0 && header == nullptr) ||
+  am_protocol& am = module_of<am_protocol>(w);
+  if (header_length > am.max_header() || (header_length != 0 && header == nullptr) ||
       (length != 0 && data == nullptr && params.pack == nullptr)) {
     return op{status::invalid_param, nullptr};
   }
   if (ep.state == endpoint_impl::phase::closing) return op{status::not_connected, nullptr};
-  request* req = w.alloc_request(request::kind::am_send, params);
-  req->am_id = id;
-  req->am_flags = (params.flags & request_reply_endpoint) ? detail::am_wire_reply_ep : 0;
+  request* req = w.alloc_request(detail::am_send_ops, params);
+  auto& s = req->init<detail::am_send_state>();
+  s.id = id;
+  s.flags = (params.flags & request_reply_endpoint) ? detail::am_wire_reply_ep : 0;
   const auto* user = static_cast<const uint8_t*>(header);
-  req->control.assign(user, user + header_length);
-  req->iov.assign(1, iov_entry{const_cast<void*>(data), length});
-  req->length = length;
+  req->header.assign(user, user + header_length);
+  req->iov.push_back(iov_entry{const_cast<void*>(data), length});
+  s.send.length = length;
   return detail::start_send(ep, req);
+}
+
+size_t worker::max_am_header() const noexcept {
+  return module_of<am_protocol>(impl(*this)).max_header();
+}
+
+status worker::set_am_handler(uint16_t id, am_callback cb, void* arg, unsigned flags) {
+  worker_impl& w = impl(*this);
+  worker_impl::guard g(w);
+  return module_of<am_protocol>(w).set_handler(id, cb, arg, flags);
+}
+
+void worker::am_data_release(void* data) {
+  worker_impl& w = impl(*this);
+  worker_impl::guard g(w);
+  module_of<am_protocol>(w).release_data(data);
+}
+
+bool worker::am_data_detach(void* data) {
+  worker_impl& w = impl(*this);
+  worker_impl::guard g(w);
+  return module_of<am_protocol>(w).detach_data(data);
 }
 
 }  // namespace comm

@@ -1,4 +1,5 @@
 // Endpoints: the pending queue, ordered completion, flush, close and failure.
+#include "send.hpp"
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
@@ -78,27 +79,18 @@ endpoint_impl::~endpoint_impl() {
   const status reason = failure != status::ok ? failure : status::canceled;
   for (request* req = pending_head, *next; req != nullptr; req = next) {
     next = req->next_pending;
-    if (req->type == request::kind::control) drop_control(req);
+    if (req->type == request::role::control) drop_control(req);
   }
   pending_head = pending_tail = nullptr;
   for (request* req = outstanding_head; req != nullptr; req = req->next_outstanding) {
     if (req->st == status::in_progress) req->st = reason;
   }
   complete_in_order();
-  drop_rx();
-}
-
-void endpoint_impl::drop_rx() {
-  if (rx.am_buffer != nullptr) {
-    owner.release_am_rx(this, rx.total);
-    std::free(rx.am_buffer);
-  }
-  if (rx.unexpected != nullptr) owner.free_unexpected(rx.unexpected);
-  rx = rx_fragments{};
+  for (size_t i = 0; i < owner.protocol_count; ++i) owner.protocols[i]->endpoint_deleted(*this);
 }
 
 void endpoint_impl::push_pending(request* req) {
-  if (req->type == request::kind::control) control_bytes += sizeof(request) + req->control.size();
+  if (req->type == request::role::control) control_bytes += sizeof(request) + req->wire.size();
   req->next_pending = nullptr;
   if (pending_tail != nullptr) {
     pending_tail->next_pending = req;
@@ -109,7 +101,7 @@ void endpoint_impl::push_pending(request* req) {
 }
 
 void endpoint_impl::drop_control(request* req) {
-  control_bytes -= sizeof(request) + req->control.size();
+  control_bytes -= sizeof(request) + req->wire.size();
   owner.free_request(req);
 }
 
@@ -139,7 +131,7 @@ void endpoint_impl::complete_in_order() {
     request* req = outstanding_head;
     outstanding_head = req->next_outstanding;
     if (outstanding_head == nullptr) outstanding_tail = nullptr;
-    const bool closing = req->type == request::kind::close && req->st == status::ok;
+    const bool closing = req->type == request::role::close && req->st == status::ok;
     owner.complete(req, req->st);
     if (closing) {
       if (lane) owner.destroy_ep(this);  // (no lane: we are being destroyed already)
@@ -152,8 +144,8 @@ bool endpoint_impl::dispatch_pending() {
   bool drained = true;
   while (pending_head != nullptr) {
     request* req = pending_head;
-    if (state == phase::wireup && req->type != request::kind::control) break;
-    status st = progress_send(req);
+    if (state == phase::wireup && req->type != request::role::control) break;
+    status st = req->ops->progress(req);
     if (st == status::no_resource) {
       ++counters_.retries;
       drained = false;
@@ -161,7 +153,7 @@ bool endpoint_impl::dispatch_pending() {
     }
     pending_head = req->next_pending;
     if (pending_head == nullptr) pending_tail = nullptr;
-    if (req->type == request::kind::control) {
+    if (req->type == request::role::control) {
       drop_control(req);
     } else if (is_error(st)) {
       req->st = st;
@@ -201,41 +193,26 @@ void endpoint_impl::fail(status reason) {
   }
   for (request* req = pending_head, *next; req != nullptr; req = next) {
     next = req->next_pending;
-    if (req->type == request::kind::control) {
+    if (req->type == request::role::control) {
       drop_control(req);
-    } else if (req->zcopy_done.count > 0) {
+    } else if (req->tl_completion.count > 0) {
       // A zcopy stopped part-way: drop the guard its first fragment took, so it completes with
       // `reason` once the fragments in flight are over (ordered completion runs below).
       req->issuing = true;
-      tl::complete(&req->zcopy_done, reason);
+      tl::complete(&req->tl_completion, reason);
       req->issuing = false;
-    } else if (req->st == status::in_progress && req->zcopy_outstanding == 0) {
+    } else if (req->st == status::in_progress && req->tl_in_flight == 0) {
       req->st = reason;
     }
   }
   pending_head = pending_tail = nullptr;
   for (request* req = outstanding_head; req != nullptr; req = req->next_outstanding) {
-    if (req->st == status::in_progress && req->zcopy_outstanding == 0) req->st = reason;
+    if (req->st == status::in_progress && req->tl_in_flight == 0) req->st = reason;
   }
-  owner.forget_unexpected_from(this, worker_impl::eager_fate::keep);
-  std::vector<request*> starved;
-  for (auto& [id, req] : owner.rndv_recvs) {
-    if (req->rndv_ep == this) starved.push_back(req);
-  }
-  for (request* req : starved) {
-    if (req->am_rndv) {
-      owner.rndv_recvs.erase(req->rndv_id);
-      owner.release_am_rx(this, req->length);
-      owner.release_large(req->iov.empty() ? nullptr : req->iov[0].buffer);
-      owner.free_request(req);
-    } else {
-      owner.complete(req, reason);
-    }
-  }
-  if (rx.active) {
-    request* matched = rx.recv;
-    drop_rx();
-    if (matched != nullptr) owner.complete(matched, reason);
+  // What the peer sent first (nothing is completed), then what waits for it (receives complete).
+  owner.forget_peer(*this, held_fate::keep);
+  for (size_t i = 0; i < owner.protocol_count; ++i) {
+    owner.protocols[i]->endpoint_failed(*this, reason);
   }
   COMM_LOG(info, "endpoint", "%s: endpoint to %s failed: %s", owner.params.name.c_str(),
            peer_name_.c_str(), to_string(reason));
@@ -243,9 +220,40 @@ void endpoint_impl::fail(status reason) {
   if (error_cb != nullptr) error_cb(error_arg, this, reason);
 }
 
+void endpoint_impl::resume_pending() {
+  if (pending_head != nullptr && state == phase::connected && !tl_pending_queued &&
+      !dispatch_pending()) {
+    wait_for_resources();
+  }
+}
+
+status endpoint_impl::cancel_pending(request* req, cancel_mode mode) {
+  if (req->has_started) return status::busy;
+  request** link = &pending_head;
+  request* prev = nullptr;
+  while (*link != nullptr && *link != req) {
+    prev = *link;
+    link = &(*link)->next_pending;
+  }
+  if (*link == nullptr) return status::busy;
+  *link = req->next_pending;
+  if (pending_tail == req) pending_tail = prev;
+  // The send also sits in the ordered completion queue: forced, it leaves it; reported, it
+  // completes from there, after the sends issued before it.
+  if (mode == cancel_mode::force) {
+    remove_outstanding(req);
+    req->finished = true;
+    req->st = status::canceled;
+    owner.free_request(req);
+  } else {
+    req->st = status::canceled;
+  }
+  complete_in_order();
+  return status::ok;
+}
+
 // -- starting sends ------------------------------------------------------------------------------
 
-/// Starts a send request: sends what can go now, queues the rest, and returns its op.
 op start_send(endpoint_impl& ep, request* req) {
   worker_impl& w = ep.owner;
   req->ep = &ep;
@@ -254,7 +262,7 @@ op start_send(endpoint_impl& ep, request* req) {
     return op{ep.failure, nullptr};
   }
   const bool queue_busy = ep.pending_head != nullptr || ep.state == endpoint_impl::phase::wireup;
-  status st = queue_busy ? status::no_resource : progress_send(req);
+  status st = queue_busy ? status::no_resource : req->ops->progress(req);
   if (st == status::no_resource && (req->params.flags & request_force_immediate) &&
       !req->has_started) {
     w.free_request(req);
@@ -265,8 +273,8 @@ op start_send(endpoint_impl& ep, request* req) {
     return op{st, nullptr};
   }
   // A flush or close is done at once only when nothing before it is still outstanding.
-  const bool waits_for_others = (req->type == request::kind::flush ||
-                                 req->type == request::kind::close) &&
+  const bool waits_for_others = (req->type == request::role::flush ||
+                                 req->type == request::role::close) &&
                                 ep.outstanding_head != nullptr;
   if (st == status::ok && !(req->params.flags & request_no_immediate_completion) &&
       req->st == status::ok && !waits_for_others) {
@@ -293,7 +301,8 @@ op endpoint::flush(const request_params& params) {
   endpoint_impl& ep = impl(*this);
   worker_impl::guard g(ep.owner);
   if (ep.state == endpoint_impl::phase::failed) return op{ep.failure, nullptr};
-  return detail::start_send(ep, ep.owner.alloc_request(request::kind::flush, params));
+  request* req = ep.owner.alloc_request(detail::flush_ops, params, request::role::flush);
+  return detail::start_send(ep, req);
 }
 
 op endpoint::close(const request_params& params) {
@@ -310,7 +319,7 @@ op endpoint::close(const request_params& params) {
     return ep.owner.immediate(params, status::ok);
   }
   ep.state = endpoint_impl::phase::closing;
-  request* req = ep.owner.alloc_request(request::kind::close, params);
+  request* req = ep.owner.alloc_request(detail::close_ops, params, request::role::close);
   req->params.flags |= request_no_immediate_completion;
   op o = detail::start_send(ep, req);
   if (o.req != nullptr && o.req->finished && !(params.flags & request_no_immediate_completion)) {

@@ -9,16 +9,13 @@
 //   - endpoints created by peers' wireup requests.
 // A peer that passes a limit fails the endpoint it came through with EXCEEDS_LIMIT; the worker's
 // other endpoints keep working.
+#include "send.hpp"
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
 
 namespace comm::detail {
 namespace {
-
-/// Refusals of wireup requests answered beyond COMM_PEER_EP_MAX at once (each needs a short-lived
-/// endpoint to carry the answer); later ones are dropped unanswered.
-constexpr size_t max_refusals_in_flight = 64;
 
 /// The first limit errors, then every power of two: a hostile peer must not flood the log.
 bool worth_logging(uint64_t count) { return count <= 16 || (count & (count - 1)) == 0; }
@@ -27,10 +24,15 @@ bool worth_logging(uint64_t count) { return count <= 16 || (count & (count - 1))
 
 // -- failing an endpoint -------------------------------------------------------------------------
 
-void worker_impl::exceed_limit(endpoint_impl* ep, const char* variable, size_t limit) {
+bool worker_impl::count_limit_error() {
   ++limit_errors;
+  return worth_logging(limit_errors);
+}
+
+void worker_impl::exceed_limit(endpoint_impl* ep, const char* variable, size_t limit) {
+  const bool log = count_limit_error();
   ++ep->counters_.errors;
-  if (worth_logging(limit_errors)) {
+  if (log) {
     COMM_LOG(warn, "limits",
              "%s: endpoint to %s passed %s=%zu: failed with EXCEEDS_LIMIT (%llu so far)",
              params.name.c_str(), ep->peer_name_.c_str(), variable, limit,
@@ -39,7 +41,7 @@ void worker_impl::exceed_limit(endpoint_impl* ep, const char* variable, size_t l
   // Best effort: the peer's endpoint fails with NOT_CONNECTED instead of sending into the void.
   if (ep->state == endpoint_impl::phase::connected) (void)send_close_notice(ep);
   // Before fail(): its error handler may close the endpoint, which would keep the messages.
-  forget_unexpected_from(ep, eager_fate::drop);
+  forget_peer(*ep, held_fate::drop);
   ep->fail(status::exceeds_limit);
 }
 
@@ -72,50 +74,9 @@ void worker_impl::uncharge_unexpected(endpoint_impl* ep, size_t bytes, size_t ms
   ep->unexpected_msgs -= msgs;
 }
 
-void worker_impl::detach_unexpected(unexpected_msg* msg) {
-  if (msg->from == nullptr) return;
-  msg->from->unexpected_bytes -= msg->charged;
-  --msg->from->unexpected_msgs;
-  msg->from = nullptr;
-}
-
-void worker_impl::forget_unexpected_from(endpoint_impl* ep, eager_fate eager) {
-  std::vector<unexpected_msg*> doomed_msgs;
-  matcher.for_each_unexpected([&](tag_unexpected* u) {
-    auto* msg = static_cast<unexpected_msg*>(u);
-    if (msg->rndv ? msg->ep != ep : msg->from != ep) return;
-    if (msg->rndv || eager == eager_fate::drop) {
-      doomed_msgs.push_back(msg);
-    } else if (eager == eager_fate::detach) {
-      detach_unexpected(msg);  // still receivable, held by the worker alone
-    }
-  });
-  for (unexpected_msg* msg : doomed_msgs) {
-    matcher.remove_unexpected(msg);
-    free_unexpected(msg);
-  }
-  for (const deferred_am& am : ep->deferred_ams) uncharge_unexpected(ep, am.charged, 1);
-  deferred_ams -= ep->deferred_ams.size();
-  ep->deferred_ams.clear();
-}
-
-void worker_impl::drop_announcement(endpoint_impl* ep, uint64_t sreq) {
-  std::vector<unexpected_msg*> doomed_msgs;
-  matcher.for_each_unexpected([&](tag_unexpected* u) {
-    auto* msg = static_cast<unexpected_msg*>(u);
-    if (msg->rndv && msg->ep == ep && msg->sreq == sreq) doomed_msgs.push_back(msg);
-  });
-  for (unexpected_msg* msg : doomed_msgs) {
-    matcher.remove_unexpected(msg);
-    free_unexpected(msg);
-  }
-  for (auto it = ep->deferred_ams.begin(); it != ep->deferred_ams.end(); ++it) {
-    if (it->sreq != sreq) continue;
-    uncharge_unexpected(ep, it->charged, 1);
-    ep->deferred_ams.erase(it);
-    --deferred_ams;
-    return;
-  }
+void worker_impl::detach_unexpected(endpoint_impl* ep, size_t bytes, size_t msgs) {
+  ep->unexpected_bytes -= bytes;
+  ep->unexpected_msgs -= msgs;
 }
 
 // -- active messages before delivery -------------------------------------------------------------
@@ -149,59 +110,6 @@ void worker_impl::release_am_rx(endpoint_impl* ep, size_t bytes) {
   am_rx_bytes -= bytes;
 }
 
-void worker_impl::refuse_am(endpoint_impl* ep, const deferred_am& am, const char* variable,
-                            size_t limit) {
-  ++limit_errors;
-  ++ep->counters_.errors;
-  if (worth_logging(limit_errors)) {
-    COMM_LOG(warn, "limits", "%s: refused rendezvous AM %u of %zu bytes from %s: beyond %s=%zu",
-             params.name.c_str(), am.am_id, am.length, ep->peer_name_.c_str(), variable, limit);
-  }
-  // A fetch of nothing that fails at once: the sender's request completes with EXCEEDS_LIMIT.
-  request* req = alloc_request(request::kind::tag_recv, request_params{});
-  req->am_rndv = true;
-  req->matched = true;
-  req->st = status::exceeds_limit;
-  start_fetch(req, ep, am.sreq, am.address, am.length, nullptr, 0);
-}
-
-void worker_impl::on_rndv_am(endpoint_impl* ep, deferred_am&& am) {
-  const peer_limits& c = ctx.cfg().limits;
-  if (am.length > c.am_rx_ep_max_bytes) {
-    return refuse_am(ep, am, "COMM_AM_RX_EP_MAX_BYTES", c.am_rx_ep_max_bytes);
-  }
-  if (am.length > c.am_rx_max_bytes) {
-    return refuse_am(ep, am, "COMM_AM_RX_MAX_BYTES", c.am_rx_max_bytes);
-  }
-  size_t limit = 0;
-  if (ep->deferred_ams.empty() && am_rx_limit(ep, am.length, &limit) == nullptr) {
-    fetch_am(ep, am);
-    return;
-  }
-  am.charged = sizeof(deferred_am) + am.rkey.size() + am.header.size();
-  if (!charge_unexpected(ep, am.charged, 1)) return;
-  ep->deferred_ams.push_back(std::move(am));
-  ++deferred_ams;
-}
-
-void worker_impl::start_deferred_ams() {
-  if (starting_deferred) return;
-  starting_deferred = true;
-  size_t limit = 0;
-  for (size_t i = 0; i < ep_table.size() && deferred_ams != 0; ++i) {
-    // Re-read after each fetch: a handler run by it may close the endpoint.
-    for (endpoint_impl* ep; (ep = ep_table[i]) != nullptr && !ep->deferred_ams.empty();) {
-      if (am_rx_limit(ep, ep->deferred_ams.front().length, &limit) != nullptr) break;
-      deferred_am am = std::move(ep->deferred_ams.front());
-      ep->deferred_ams.pop_front();
-      --deferred_ams;
-      uncharge_unexpected(ep, am.charged, 1);
-      fetch_am(ep, am);
-    }
-  }
-  starting_deferred = false;
-}
-
 // -- replies queued for the peer -----------------------------------------------------------------
 
 bool worker_impl::reply_fits(endpoint_impl* ep, size_t cost) {
@@ -220,31 +128,6 @@ bool worker_impl::make_room_for_peer_ep() {
     }
   }
   return peer_eps < ctx.cfg().limits.peer_ep_max;
-}
-
-void worker_impl::refuse_wireup(const std::vector<uint8_t>& address, uint32_t src_ep) {
-  const size_t limit = ctx.cfg().limits.peer_ep_max;
-  ++limit_errors;
-  const bool answer = peer_eps < limit + max_refusals_in_flight;
-  if (worth_logging(limit_errors)) {
-    COMM_LOG(warn, "limits", "%s: refused a peer's wireup request: COMM_PEER_EP_MAX=%zu endpoints "
-             "created by peers%s (%llu so far)", params.name.c_str(), limit,
-             answer ? "" : ", too many refusals under way to answer it",
-             static_cast<unsigned long long>(limit_errors));
-  }
-  endpoint_impl* ep = nullptr;
-  if (!answer || create_ep(address.data(), address.size(), true, &ep) != status::ok) return;
-  // A short-lived endpoint carries the refusal, then closes (and is freed) behind it.
-  ep->remote_id = src_ep;
-  ep->state = endpoint_impl::phase::connected;
-  wire::header_writer<wire::schema::WireupReply> reply;
-  reply.fields().setDstEp(src_ep);
-  reply.fields().setSrcEp(0);
-  reply.fields().setStatus(static_cast<int16_t>(status::exceeds_limit));
-  auto bytes = static_cast<const uint8_t*>(reply.bytes());
-  queue_control(ep, proto_id::wireup_reply, std::vector<uint8_t>(bytes, bytes + reply.size()));
-  op closing = ep->close();
-  if (closing.pending()) release(closing.req);
 }
 
 }  // namespace comm::detail

@@ -1,134 +1,187 @@
 // Requests: the state of one nonblocking operation, pooled per worker.
+//
+// A request is a common header, which the worker, the endpoint queues and completion use, plus the
+// state of the protocol module that runs it. That state lives in the request's `state` storage as
+// a type only its module knows (request::init<S>, request::as<S>), so a new protocol adds its own
+// state type without touching this file (unless that type outgrows `state_capacity`). Requests
+// come from the worker's pool and are reused: resetting one copies the header from a blank
+// template, and init<S> copies S's blank over the state storage, both in fixed 16-byte moves.
 #pragma once
 
 #include <comm/transport/transport.hpp>
 #include <comm/types.hpp>
 
-#include "tag_matcher.hpp"
-
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+// Sanitizer and debug builds check that a request's state is read as the type it was made with.
+#if !defined(NDEBUG) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define COMM_CHECK_REQUEST_STATE 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define COMM_CHECK_REQUEST_STATE 1
+#endif
+#endif
+#ifndef COMM_CHECK_REQUEST_STATE
+#define COMM_CHECK_REQUEST_STATE 0
+#endif
 
 namespace comm {
 
 namespace detail {
 class endpoint_impl;
 class worker_impl;
-}
+struct request_ops;
+}  // namespace detail
 
-/// The plain fields of a request, reset in one assignment when the pool hands it out again.
+/// The plain fields of a request: the common header, then the storage of its module's state.
 struct request_fields {
-  /// What the request does.
-  enum class kind : uint8_t { tag_send, am_send, tag_recv, flush, close, control, get, put };
+  /// What the worker itself does with a request; everything else is its module's business.
+  enum class role : uint8_t {
+    operation,  ///< a protocol module's operation (send, receive, RMA, ...)
+    flush,      ///< an endpoint flush (also the request of an immediate completion)
+    close,      ///< an endpoint close: the notice to the peer, then a flush
+    control,    ///< a protocol message queued for the peer (acknowledgement, reply, wireup)
+  };
 
-  /// How a send moves its data.
-  enum class protocol : uint8_t { short_, bcopy, zcopy, rndv };
-
-  /// Where a rendezvous send stands.
-  enum class rndv_phase : uint8_t { none, announced, pushing };
-
-  kind type = kind::tag_send;             ///< what the request does
-  protocol proto = protocol::bcopy;       ///< send protocol
-  status st = status::in_progress;        ///< in_progress, or the final status
+  role type = role::operation;            ///< what the worker does with it
   bool finished = false;                  ///< the operation is over (callback called)
   bool released = false;                  ///< the user released it; free once finished
   bool user_visible = false;              ///< handed to the user (must not be freed by us)
-  bool has_started = false;               ///< a fragment reached the transport (no cancel)
-  bool issuing = false;                   ///< inside progress_send (defer ordered completion)
+  bool has_started = false;               ///< something reached the transport (no cancel)
+  bool issuing = false;                   ///< its module is issuing it (defer ordered completion)
+  bool holds = false;                     ///< its module keeps something to release at completion
+  status st = status::in_progress;        ///< in_progress, or the final status
+  int tl_in_flight = 0;                   ///< transport operations (zcopy, get, flush) under way
 
-  detail::worker_impl* owner = nullptr;   ///< the worker whose pool holds it
-  detail::endpoint_impl* ep = nullptr;    ///< endpoint of a send, flush, close or fetch
-
+  // The structs copied whole sit on 16-byte boundaries, so that no 16-byte move of theirs
+  // straddles a cache line.
   request_params params;                  ///< callbacks and flags
-
-  // -- send state ----------------------------------------------------------------------------
-  tag_t tag = 0;                          ///< tag of a tagged send
-  uint16_t am_id = 0;                     ///< id of an AM
-  uint16_t am_flags = 0;                  ///< wire flags of an AM
-  size_t length = 0;                      ///< total data bytes
-  size_t offset = 0;                      ///< data bytes handed to the transport so far
-  uint64_t msg_id = 0;                    ///< identifies fragments of one message
-  int zcopy_outstanding = 0;              ///< transport zcopy operations not yet complete
-  tl::completion zcopy_done;              ///< transport completion of zcopy fragments / flush
-  tl::am_id control_id = 0;               ///< protocol id of a control message
+  tl::completion tl_completion;           ///< transport completion of its zcopy, get, put or flush
+  const detail::request_ops* ops = nullptr; ///< its module's functions
+  detail::worker_impl* owner = nullptr;   ///< the worker whose pool holds it
+  detail::endpoint_impl* ep = nullptr;    ///< the endpoint it runs on, if any
   request* next_pending = nullptr;        ///< in the endpoint's pending queue
   request* next_outstanding = nullptr;    ///< in the endpoint's ordered completion queue
+#if COMM_CHECK_REQUEST_STATE
+  const void* state_type = nullptr;       ///< identifies the type in `state` (checked builds)
+#endif
 
-  // -- rendezvous and RMA state --------------------------------------------------------------
-  rndv_phase phase = rndv_phase::none;    ///< rendezvous send progress
-  uint64_t rndv_id = 0;                   ///< our id in the worker's rendezvous table
-  uint64_t rndv_peer_id = 0;              ///< the peer's request id (sreq or rreq)
-  tl::md* rndv_md = nullptr;              ///< memory domain of a registration made for rendezvous
-  tl::mem_handle* rndv_reg = nullptr;     ///< that registration
-  size_t rndv_limit = 0;                  ///< bytes to push (software rendezvous)
-  detail::endpoint_impl* rndv_ep = nullptr; ///< receiver: endpoint back to the sender
-  tl::remote_key remote;                  ///< receiver: unpacked key of the sender's buffer
-  bool remote_valid = false;              ///< `remote` must be released
-  bool am_rndv = false;                   ///< receiver: fetching an active message
-  uint64_t remote_address = 0;            ///< RMA / fetch: remote address
-  comm::rkey* key = nullptr;              ///< RMA: the key
-  unsigned reads = 0;                     ///< RMA: reads this request has in flight
-
-  // -- receive state -------------------------------------------------------------------------
-  detail::tag_expected expected;          ///< the posted receive in the matcher
-  bool matched = false;                   ///< matched to a message (no longer cancellable)
-  tag_recv_info info;                     ///< what was received
-  size_t received = 0;                    ///< data bytes that arrived so far
+  /// Bytes of module state a request holds.
+  static constexpr size_t state_capacity = 208;
+  /// The module's state (request::init<S>).
+  alignas(16) unsigned char state[state_capacity];
 };
 
-static_assert(std::is_trivially_copyable_v<request_fields> && sizeof(request_fields) % 8 == 0 &&
-                  offsetof(request_fields, received) + sizeof(size_t) == sizeof(request_fields),
-              "request::reset copies it in 16- and 8-byte words and it has no tail padding");
+static_assert(std::is_trivially_copyable_v<request_fields> &&
+                  std::is_standard_layout_v<request_fields> &&
+                  offsetof(request_fields, params) % 16 == 0 &&
+                  offsetof(request_fields, tl_completion) % 16 == 0 &&
+                  offsetof(request_fields, state) % 16 == 0,
+              "request::reset copies the header in 16-byte words up to the state storage");
 
-/// One nonblocking operation (send, receive, flush, close, RMA). Allocated from the worker's
-/// pool; its buffers keep their capacity across reuse.
+/// One nonblocking operation (send, receive, flush, close, control message, RMA). Allocated from
+/// the worker's pool; its buffers keep their capacity across reuse.
 class request : public request_fields {
 public:
-  std::vector<iov_entry> iov;             ///< data of a send or receive, in order
-  std::vector<uint8_t> control;           ///< AM user header, or bytes of a control message
-  std::vector<uint8_t> wire;              ///< an encoded rendezvous message
+  std::vector<iov_entry> iov;             ///< the user's data: what is sent, received or moved
+  std::vector<uint8_t> header;            ///< an active message's user header (sent or received)
+  std::vector<uint8_t> wire;              ///< an encoded protocol message kept until it is sent
 
-  /// Resets every field for reuse from the pool.
+  /// Resets the header for reuse from the pool (the state is set by init).
   void reset() {
-    // A copy from a blank template in straight-line 16-byte moves: assigning a temporary, a
-    // memcpy of the whole, or even a loop of vector moves compiles to `rep stos`/`rep movs`,
-    // whose start-up cost dominated the per-message path.
+    // Copies from a blank template in straight-line 16-byte moves: assigning a temporary, a memcpy
+    // of the whole, or even a loop of vector moves compiles to `rep stos`/`rep movs`, whose
+    // start-up cost dominated the per-message path.
     static const request_fields blank{};
-    copy_words(reinterpret_cast<char*>(static_cast<request_fields*>(this)),
-               reinterpret_cast<const char*>(&blank),
-               std::make_index_sequence<sizeof(request_fields) / 16>{});
-    if constexpr (sizeof(request_fields) % 16 != 0) {
-      constexpr size_t last = sizeof(request_fields) - 8;
-      std::memcpy(reinterpret_cast<char*>(static_cast<request_fields*>(this)) + last,
-                  reinterpret_cast<const char*>(&blank) + last, 8);
-    }
+    copy_blank<offsetof(request_fields, state)>(static_cast<request_fields*>(this), &blank);
     iov.clear();
-    control.clear();
+    header.clear();
     wire.clear();
   }
 
-  /// Copies 16-byte word I of `from` to `to`, for every I, as separate fixed-size copies: one
-  /// 16-byte load and store each (g++ 12 and clang 14 for x86-64, clang 14 for aarch64).
-  template <size_t... I>
-  static void copy_words(char* to, const char* from, std::index_sequence<I...>) {
-    (std::memcpy(to + 16 * I, from + 16 * I, 16), ...);
+  /// Sets the data entries (the list is empty after reset); one entry goes in without a call.
+  void set_iov(const iov_entry* entries, size_t count) {
+    if (count == 1) {
+      iov.push_back(*entries);
+    } else {
+      iov.assign(entries, entries + count);
+    }
   }
 
-  /// The request whose posted-receive entry is `e`.
-  static request* of_expected(detail::tag_expected* e) {
-    return static_cast<request*>(reinterpret_cast<request_fields*>(
-        reinterpret_cast<char*>(e) - offsetof(request_fields, expected)));
+  /// Gives the request a blank state of type S (its module's) and returns it.
+  template <class S>
+  S& init() {
+    static_assert(std::is_trivially_copyable_v<S> && std::is_trivially_destructible_v<S>,
+                  "request state is copied and dropped as bytes");
+    static_assert(sizeof(S) <= state_capacity && alignof(S) <= 16,
+                  "request state too large: raise request_fields::state_capacity");
+    static const S blank{};
+    copy_blank<sizeof(S)>(state, &blank);
+#if COMM_CHECK_REQUEST_STATE
+    state_type = &type_id<S>;
+#endif
+    return as<S>();
+  }
+
+  /// The state of type S that init<S> made.
+  template <class S>
+  S& as() {
+#if COMM_CHECK_REQUEST_STATE
+    if (state_type != &type_id<S>) wrong_state();
+#endif
+    return *std::launder(reinterpret_cast<S*>(state));
+  }
+
+  /// The request whose state (or the part of it at `member_offset`) is at `part`.
+  static request* of_state(void* part, size_t member_offset = 0) {
+    auto* fields = reinterpret_cast<request_fields*>(static_cast<char*>(part) - member_offset -
+                                                     offsetof(request_fields, state));
+    return static_cast<request*>(fields);
   }
 
   /// The request whose transport completion is `c`.
   static request* of_completion(tl::completion* c) {
     return static_cast<request*>(reinterpret_cast<request_fields*>(
-        reinterpret_cast<char*>(c) - offsetof(request_fields, zcopy_done)));
+        reinterpret_cast<char*>(c) - offsetof(request_fields, tl_completion)));
   }
+
+private:
+  /// Copies `Bytes` bytes from `from` to `to` as fixed-size copies: one 16-byte load and store
+  /// each (g++ 12 and clang 14 for x86-64, clang 14 for aarch64), then the tail.
+  template <size_t Bytes>
+  static void copy_blank(void* to, const void* from) {
+    copy_words(static_cast<char*>(to), static_cast<const char*>(from),
+               std::make_index_sequence<Bytes / 16>{});
+    if constexpr (Bytes % 16 != 0) {
+      std::memcpy(static_cast<char*>(to) + Bytes / 16 * 16,
+                  static_cast<const char*>(from) + Bytes / 16 * 16, Bytes % 16);
+    }
+  }
+
+  /// Copies 16-byte word I of `from` to `to`, for every I.
+  template <size_t... I>
+  static void copy_words(char* to, const char* from, std::index_sequence<I...>) {
+    (std::memcpy(to + 16 * I, from + 16 * I, 16), ...);
+  }
+
+#if COMM_CHECK_REQUEST_STATE
+  /// One address per state type.
+  template <class S>
+  static constexpr char type_id = 0;
+  /// A module read a request's state as another type than it was made with.
+  [[noreturn]] static void wrong_state() {
+    std::fputs("libcomm: a request's state was read as another type than it holds\n", stderr);
+    std::abort();
+  }
+#endif
 };
 
 }  // namespace comm

@@ -1,6 +1,8 @@
-// Memory registration, remote keys, and put/get with DAT's RDMA-read semantics.
+// The RMA module: memory registration, remote keys, and put/get with DAT's RDMA-read semantics.
+#include "rma.hpp"
+
 #include "iov.hpp"
-#include "worker_impl.hpp"
+#include "protocols.hpp"
 
 #include <comm/log.hpp>
 
@@ -37,6 +39,8 @@ public:
 
 using detail::endpoint_impl;
 using detail::impl;
+using detail::module_of;
+using detail::rma_protocol;
 using detail::worker_impl;
 
 namespace detail {
@@ -56,58 +60,103 @@ status check_range(const rkey& key, uint64_t address, size_t length) {
   return status::ok;
 }
 
+/// The module's state on an endpoint.
+struct rma_ep_state : endpoint_state {
+  unsigned reads_in_flight = 0;  ///< gets outstanding on the lane
+};
+
+/// The transport completed the operations of an RMA request (or a software one's replies).
+void on_done(tl::completion* comp) {
+  auto* req = request::of_completion(comp);
+  auto& s = req->as<rma_state>();
+  endpoint_impl* ep = req->ep;
+  req->tl_in_flight = 0;
+  if (s.reads != 0) {
+    module_of<rma_protocol>(*req->owner).reads_in_flight(*ep) -= s.reads;
+    s.reads = 0;
+  }
+  const bool is_get = s.is_get;
+  req->st = comp->result;
+  if (req->issuing) return;
+  ep->complete_in_order();
+  // A get that stopped for max_outstanding_reads goes on now that one is over.
+  if (is_get) ep->resume_pending();
+}
+
+void release_op(request* req) {
+  module_of<rma_protocol>(*req->owner).release(req->as<rma_state>());
+}
+
+const request_ops get_ops{.name = "get", .progress = rma_protocol::progress_op,
+                          .release = release_op};
+const request_ops put_ops{.name = "put", .progress = rma_protocol::progress_op,
+                          .release = release_op};
 
 }  // namespace
 
-/// Software RMA, for lanes without get/put: each fragment is an RmaRequest the owner checks
-/// against its registration and answers with an RmaReply (carrying the data of a get).
-status send_rma_by_messages(request* req) {
+rma_protocol::rma_protocol(worker_impl& owner, unsigned index) : protocol(owner, index) {
+  receive<&rma_protocol::on_request>(rma_msg::request);
+  receive<&rma_protocol::on_reply>(rma_msg::reply);
+}
+
+unsigned& rma_protocol::reads_in_flight(endpoint_impl& ep) {
+  return state_of<rma_ep_state>(ep).reads_in_flight;
+}
+
+void rma_protocol::release(rma_state& s) {
+  if (s.id == 0) return;
+  ops_.erase(s.id);
+  s.id = 0;
+}
+
+status rma_protocol::send_by_messages(request* req, rma_state& s) {
   endpoint_impl& ep = *req->ep;
-  worker_impl& w = ep.owner;
-  const bool is_get = req->type == request::kind::get;
-  if (!req->key->software) return status::unsupported;
+  unsigned& reads = reads_in_flight(ep);
+  if (!s.key->software) return status::unsupported;
   if (!req->has_started) {
-    status st = check_range(*req->key, req->remote_address, req->length);
+    status st = check_range(*s.key, s.remote_address, s.length);
     if (st != status::ok) return st;
-    if (is_get && (((req->params.flags & request_fence) && ep.reads_in_flight > 0) ||
-                   ep.reads_in_flight >= max_software_reads)) {
+    if (s.is_get && (((req->params.flags & request_fence) && reads > 0) ||
+                     reads >= max_software_reads)) {
       return status::no_resource;
     }
-    req->zcopy_done = tl::completion{on_zcopy_done, 1, status::ok};
-    req->rndv_id = w.next_rndv_id++;
-    w.rma_ops[req->rndv_id] = req;
+    req->tl_completion = tl::completion{on_done, 1, status::ok};
+    s.id = next_id_++;
+    ops_[s.id] = req;
+    req->holds = true;
   }
   const size_t room = ep.lane_attr->max_bcopy - 64;
   req->issuing = true;
-  while (req->offset < req->length || !req->has_started) {
-    if (is_get && req->has_started && ep.reads_in_flight >= max_software_reads) {
+  while (s.offset < s.length || !req->has_started) {
+    if (s.is_get && req->has_started && reads >= max_software_reads) {
       req->issuing = false;
-      return status::no_resource;  // resumed as replies arrive (on_rma_reply)
+      return status::no_resource;  // resumed as replies arrive (on_reply)
     }
-    const size_t chunk = std::min(room, req->length - req->offset);
+    const size_t chunk = std::min(room, s.length - s.offset);
     wire::header_writer<wire::schema::RmaRequest> writer;
     auto h = writer.fields();
     h.setDstEp(ep.remote_id);
-    h.setIsGet(is_get);
-    h.setReqId(req->rndv_id);
-    h.setToken(req->key->token);
-    h.setAddress(req->remote_address + req->offset);
+    h.setIsGet(s.is_get);
+    h.setReqId(s.id);
+    h.setToken(s.key->token);
+    h.setAddress(s.remote_address + s.offset);
     h.setLength(chunk);
     struct piece {
       const void* header;
       size_t header_length;
-      request* req;
+      const request* req;
+      size_t offset;
       size_t chunk;
       bool with_data;
-    } p{writer.bytes(), writer.size(), req, chunk, !is_get};
+    } p{writer.bytes(), writer.size(), req, s.offset, chunk, !s.is_get};
     ssize_t n = ep.lane->am_bcopy(
-        static_cast<tl::am_id>(proto_id::rma_request),
+        wire_id(rma_msg::request),
         [](void* dest, void* arg) -> size_t {
           auto* pc = static_cast<piece*>(arg);
           auto* out = static_cast<uint8_t*>(dest);
           std::memcpy(out, pc->header, pc->header_length);
           if (!pc->with_data) return pc->header_length;
-          iov_gather(pc->req->iov, pc->req->offset, out + pc->header_length, pc->chunk);
+          iov_gather(pc->req->iov, pc->offset, out + pc->header_length, pc->chunk);
           return pc->header_length + pc->chunk;
         },
         &p);
@@ -115,87 +164,86 @@ status send_rma_by_messages(request* req) {
       req->issuing = false;
       return static_cast<status>(n);  // no_resource: resumed from the pending queue
     }
-    ++req->zcopy_done.count;
-    if (is_get) {
-      ++req->reads;
-      ++ep.reads_in_flight;
+    ++req->tl_completion.count;
+    if (s.is_get) {
+      ++s.reads;
+      ++reads;
     }
     req->has_started = true;
-    req->offset += chunk;
+    s.offset += chunk;
   }
   ++ep.counters_.messages_sent;
-  ep.counters_.bytes_sent += req->length;
-  tl::complete(&req->zcopy_done, status::ok);  // drops the guard; the replies finish the rest
+  ep.counters_.bytes_sent += s.length;
+  tl::complete(&req->tl_completion, status::ok);  // drops the guard; the replies finish the rest
   req->issuing = false;
   return status::ok;
 }
 
-status send_rma(request* req) {
+status rma_protocol::progress_op(request* req) {
+  auto& s = req->as<rma_state>();
+  rma_protocol& rma = module_of<rma_protocol>(*req->owner);
   endpoint_impl& ep = *req->ep;
   const tl::iface_attr& a = *ep.lane_attr;
-  const bool is_get = req->type == request::kind::get;
-  if (req->key->software || !(a.caps & (is_get ? tl::cap_get_zcopy : tl::cap_put_zcopy))) {
-    return send_rma_by_messages(req);
+  if (s.key->software || !(a.caps & (s.is_get ? tl::cap_get_zcopy : tl::cap_put_zcopy))) {
+    return rma.send_by_messages(req, s);
   }
-  if (is_get) {
-    if ((req->params.flags & request_fence) && ep.reads_in_flight > 0) return status::no_resource;
-    if (a.max_outstanding_reads != 0 && ep.reads_in_flight >= a.max_outstanding_reads) {
+  unsigned& reads = rma.reads_in_flight(ep);
+  if (s.is_get) {
+    if ((req->params.flags & request_fence) && reads > 0) return status::no_resource;
+    if (a.max_outstanding_reads != 0 && reads >= a.max_outstanding_reads) {
       return status::no_resource;
     }
   }
-  status st = check_range(*req->key, req->remote_address, req->length);
+  status st = check_range(*s.key, s.remote_address, s.length);
   if (st != status::ok) return st;
-  const size_t max_chunk = std::max<size_t>(is_get ? a.max_get_zcopy : a.max_put_zcopy, 1);
+  const size_t max_chunk = std::max<size_t>(s.is_get ? a.max_get_zcopy : a.max_put_zcopy, 1);
   const size_t max_entries = std::min<size_t>(16, std::max<size_t>(a.max_iov, 1));
-  req->zcopy_done = tl::completion{on_zcopy_done, 1, status::ok};
+  req->tl_completion = tl::completion{on_done, 1, status::ok};
   req->issuing = true;
   size_t offset = 0;
   st = status::ok;
   do {
-    size_t chunk = std::min(max_chunk, req->length - offset);
+    size_t chunk = std::min(max_chunk, s.length - offset);
     tl::iov entries[16];
     const size_t count = iov_slice(req->iov, offset, &chunk, entries, max_entries);
-    ++req->zcopy_done.count;
-    st = is_get ? ep.lane->get_zcopy(entries, count, req->remote_address + offset, req->key->key,
-                                     &req->zcopy_done)
-                : ep.lane->put_zcopy(entries, count, req->remote_address + offset, req->key->key,
-                                     &req->zcopy_done);
-    if (st != status::in_progress) --req->zcopy_done.count;
-    if (st == status::in_progress && is_get) {
-      ++req->reads;
-      ++ep.reads_in_flight;
+    ++req->tl_completion.count;
+    const uint64_t remote = s.remote_address + offset;
+    st = s.is_get ? ep.lane->get_zcopy(entries, count, remote, s.key->key, &req->tl_completion)
+                  : ep.lane->put_zcopy(entries, count, remote, s.key->key, &req->tl_completion);
+    if (st != status::in_progress) --req->tl_completion.count;
+    if (st == status::in_progress && s.is_get) {
+      ++s.reads;
+      ++reads;
     }
     if (is_error(st)) break;
     offset += chunk;
-  } while (offset < req->length);
+  } while (offset < s.length);
   req->has_started = true;
-  if (is_error(st) && offset == 0 && req->zcopy_done.count == 1) {
+  if (is_error(st) && offset == 0 && req->tl_completion.count == 1) {
     req->issuing = false;
-    req->zcopy_done.count = 0;
+    req->tl_completion.count = 0;
     return st;
   }
   ++ep.counters_.messages_sent;
   ep.counters_.bytes_sent += offset;
-  tl::complete(&req->zcopy_done, is_error(st) ? st : status::ok);
+  tl::complete(&req->tl_completion, is_error(st) ? st : status::ok);
   req->issuing = false;
   return status::ok;
 }
 
-namespace {
-
-/// Starts a put or get request with the DAT completion flags.
-op start_rma(endpoint_impl& ep, request::kind type, const iov_entry* local, size_t count,
-             uint64_t remote_address, rkey* key, const request_params& params) {
-  worker_impl& w = ep.owner;
+op rma_protocol::start(endpoint_impl& ep, bool is_get, const iov_entry* local, size_t count,
+                       uint64_t remote_address, rkey* key, const request_params& params) {
   if ((count > 0 && local == nullptr) || key == nullptr || key->ep != &ep) {
     return op{status::invalid_param, nullptr};
   }
   if (ep.state == endpoint_impl::phase::closing) return op{status::not_connected, nullptr};
-  request* req = w.alloc_request(type, params);
-  req->iov.assign(local, local + count);
-  for (size_t i = 0; i < count; ++i) req->length += local[i].length;
-  req->remote_address = remote_address;
-  req->key = key;
+  request* req = w.alloc_request(is_get ? get_ops : put_ops, params);
+  auto& s = req->init<rma_state>();
+  s.is_get = is_get;
+  req->set_iov(local, count);
+  for (size_t i = 0; i < count; ++i) s.length += local[i].length;
+  s.remote_address = remote_address;
+  s.key = key;
   op result = start_send(ep, req);
   if ((params.flags & request_completion_suppressed) && result.pending()) {
     // Unsignalled: the caller gets no request; it still counts for flush.
@@ -210,7 +258,91 @@ op start_rma(endpoint_impl& ep, request::kind type, const iov_entry* local, size
   return result;
 }
 
-}  // namespace
+void rma_protocol::add_region(memh* handle) {
+  while (handle->token == 0 || regions_.count(handle->token) != 0) {
+    if (getrandom(&handle->token, sizeof(handle->token), 0) != sizeof(handle->token)) {
+      handle->token = reinterpret_cast<uintptr_t>(handle) ^ w.uid_;
+    }
+  }
+  regions_[handle->token] = handle;
+}
+
+bool rma_protocol::remove_region(memh* handle) { return regions_.erase(handle->token) != 0; }
+
+void rma_protocol::on_request(const uint8_t* data, size_t length) {
+  size_t used = 0;
+  auto h = wire::read_header<wire::schema::RmaRequest>(data, length, &used);
+  if (!h) return w.protocol_error(nullptr, "truncated RMA request");
+  endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "RMA request for an unknown endpoint");
+  if (ep == nullptr) return;
+  const bool is_get = h->getIsGet();
+  const uint64_t address = h->getAddress(), count = h->getLength();
+  if (!is_get && count != length - used) {
+    return w.protocol_error(ep, "RMA put with wrong length");
+  }
+  status st = status::ok;
+  auto it = regions_.find(h->getToken());
+  if (it == regions_.end()) {
+    st = status::protection_error;
+  } else {
+    rkey region;
+    region.base = reinterpret_cast<uintptr_t>(it->second->address);
+    region.length = it->second->length;
+    st = check_range(region, address, count);
+  }
+  if (st == status::ok && count > ep->lane_attr->max_bcopy) st = status::length_error;
+  if (st == status::ok && !is_get && count != 0) {
+    std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(address)), data + used, count);
+  }
+  wire::header_writer<wire::schema::RmaReply> writer;
+  writer.fields().setDstEp(ep->remote_id);
+  writer.fields().setReqId(h->getReqId());
+  writer.fields().setAddress(address);
+  writer.fields().setStatus(static_cast<int16_t>(st));
+  auto header = static_cast<const uint8_t*>(writer.bytes());
+  std::vector<uint8_t> reply(header, header + writer.size());
+  if (st == status::ok && is_get && count != 0) {
+    const auto* source = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(address));
+    reply.insert(reply.end(), source, source + count);
+  }
+  w.queue_control(ep, wire_id(rma_msg::reply), std::move(reply));
+}
+
+void rma_protocol::on_reply(const uint8_t* data, size_t length) {
+  size_t used = 0;
+  auto h = wire::read_header<wire::schema::RmaReply>(data, length, &used);
+  if (!h) return w.protocol_error(nullptr, "truncated RMA reply");
+  endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "RMA reply for an unknown endpoint");
+  if (ep == nullptr) return;
+  auto it = ops_.find(h->getReqId());
+  if (it == ops_.end()) return;  // the request failed or was released meanwhile
+  request* req = it->second;
+  auto& s = req->as<rma_state>();
+  const status st = static_cast<status>(h->getStatus());
+  const size_t payload = length - used;
+  const uint64_t offset = h->getAddress() - s.remote_address;
+  if (req->ep != ep || (s.is_get && !is_error(st) &&
+                        (h->getAddress() < s.remote_address || offset > s.length ||
+                         payload > s.length - offset))) {
+    return w.protocol_error(ep, "RMA reply that does not fit its request");
+  }
+  if (s.is_get && !is_error(st) && payload != 0) {
+    iov_scatter(req->iov, offset, data + used, payload);
+  }
+  if (s.reads != 0) {
+    --s.reads;
+    --reads_in_flight(*ep);
+  }
+  tl::complete(&req->tl_completion, is_error(st) ? st : status::ok);
+  // A get that stopped at max_software_reads goes on now that a chunk is back.
+  ep->resume_pending();
+}
+
+void rma_protocol::info(std::ostream& out) const {
+  out << "rma: registered regions " << regions_.size() << ", software operations awaiting "
+      << "replies " << ops_.size() << '\n';
+}
+
 }  // namespace detail
 
 // -- worker: registration ------------------------------------------------------------------------
@@ -233,12 +365,7 @@ status worker::mem_map(void* address, size_t length, memh** out) {
     }
     handle->regs.emplace_back(&li, reg);
   }
-  while (handle->token == 0 || w.sw_regions.count(handle->token) != 0) {
-    if (getrandom(&handle->token, sizeof(handle->token), 0) != sizeof(handle->token)) {
-      handle->token = reinterpret_cast<uintptr_t>(handle.get()) ^ w.uid_;
-    }
-  }
-  w.sw_regions[handle->token] = handle.get();
+  module_of<rma_protocol>(w).add_region(handle.get());
   *out = handle.release();
   return status::ok;
 }
@@ -247,7 +374,7 @@ status worker::mem_unmap(memh* handle) {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   if (handle == nullptr) return status::invalid_param;
-  if (w.sw_regions.erase(handle->token) == 0) return status::invalid_param;
+  if (!module_of<rma_protocol>(w).remove_region(handle)) return status::invalid_param;
   for (auto& [li, reg] : handle->regs) li->iface->memory_domain()->mem_dereg(reg);
   delete handle;
   return status::ok;
@@ -335,88 +462,17 @@ op endpoint::put(const iov_entry* local, size_t count, uint64_t remote_address, 
                  const request_params& params) {
   endpoint_impl& ep = impl(*this);
   worker_impl::guard g(ep.owner);
-  return detail::start_rma(ep, request::kind::put, local, count, remote_address, key, params);
+  return module_of<rma_protocol>(ep.owner).start(ep, false, local, count, remote_address, key,
+                                                 params);
 }
 
 op endpoint::get(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,
                  const request_params& params) {
   endpoint_impl& ep = impl(*this);
   worker_impl::guard g(ep.owner);
-  return detail::start_rma(ep, request::kind::get, local, count, remote_address, key, params);
+  return module_of<rma_protocol>(ep.owner).start(ep, true, local, count, remote_address, key,
+                                                 params);
 }
 
-
-namespace detail {
-
-void worker_impl::on_rma_request(const uint8_t* data, size_t length) {
-  size_t used = 0;
-  auto h = wire::read_header<wire::schema::RmaRequest>(data, length, &used);
-  if (!h) return protocol_error(nullptr, "truncated RMA request");
-  endpoint_impl* ep = receiving_ep(h->getDstEp(), "RMA request for an unknown endpoint");
-  if (ep == nullptr) return;
-  const bool is_get = h->getIsGet();
-  const uint64_t address = h->getAddress(), count = h->getLength();
-  if (!is_get && count != length - used) return protocol_error(ep, "RMA put with wrong length");
-  status st = status::ok;
-  auto it = sw_regions.find(h->getToken());
-  if (it == sw_regions.end()) {
-    st = status::protection_error;
-  } else {
-    rkey region;
-    region.base = reinterpret_cast<uintptr_t>(it->second->address);
-    region.length = it->second->length;
-    st = check_range(region, address, count);
-  }
-  if (st == status::ok && count > ep->lane_attr->max_bcopy) st = status::length_error;
-  if (st == status::ok && !is_get && count != 0) {
-    std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(address)), data + used, count);
-  }
-  wire::header_writer<wire::schema::RmaReply> writer;
-  writer.fields().setDstEp(ep->remote_id);
-  writer.fields().setReqId(h->getReqId());
-  writer.fields().setAddress(address);
-  writer.fields().setStatus(static_cast<int16_t>(st));
-  auto header = static_cast<const uint8_t*>(writer.bytes());
-  std::vector<uint8_t> reply(header, header + writer.size());
-  if (st == status::ok && is_get && count != 0) {
-    const auto* source = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(address));
-    reply.insert(reply.end(), source, source + count);
-  }
-  queue_control(ep, proto_id::rma_reply, std::move(reply));
-}
-
-void worker_impl::on_rma_reply(const uint8_t* data, size_t length) {
-  size_t used = 0;
-  auto h = wire::read_header<wire::schema::RmaReply>(data, length, &used);
-  if (!h) return protocol_error(nullptr, "truncated RMA reply");
-  endpoint_impl* ep = receiving_ep(h->getDstEp(), "RMA reply for an unknown endpoint");
-  if (ep == nullptr) return;
-  auto it = rma_ops.find(h->getReqId());
-  if (it == rma_ops.end()) return;  // the request failed or was released meanwhile
-  request* req = it->second;
-  const status st = static_cast<status>(h->getStatus());
-  const size_t payload = length - used;
-  const uint64_t offset = h->getAddress() - req->remote_address;
-  if (req->ep != ep || (req->type == request::kind::get && !is_error(st) &&
-                        (h->getAddress() < req->remote_address || offset > req->length ||
-                         payload > req->length - offset))) {
-    return protocol_error(ep, "RMA reply that does not fit its request");
-  }
-  if (req->type == request::kind::get && !is_error(st) && payload != 0) {
-    iov_scatter(req->iov, offset, data + used, payload);
-  }
-  if (req->reads != 0) {
-    --req->reads;
-    --ep->reads_in_flight;
-  }
-  tl::complete(&req->zcopy_done, is_error(st) ? st : status::ok);
-  // A get that stopped at max_software_reads goes on now that a chunk is back.
-  if (ep->pending_head != nullptr && ep->state == endpoint_impl::phase::connected &&
-      !ep->tl_pending_queued && !ep->dispatch_pending()) {
-    ep->wait_for_resources();
-  }
-}
-
-}  // namespace detail
 
 }  // namespace comm

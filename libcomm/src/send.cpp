@@ -1,9 +1,10 @@
-// The send engine: eager short, bcopy and zcopy, single or fragmented, for tagged messages and
-// active messages alike, plus control messages, flush and close. progress_send() issues as much of
-// a request as the transport accepts and remembers where it stopped, so the pending queue can
-// resume it.
+// The send engine: eager short, bcopy and zcopy, single or fragmented, for any module's messages,
+// plus control messages, flush and close. send_message() issues as much of a request as the
+// transport accepts and remembers where it stopped, so the pending queue can resume it.
+#include "send.hpp"
+
 #include "iov.hpp"
-#include "worker_impl.hpp"
+#include "wireup.hpp"
 
 #include <comm/log.hpp>
 
@@ -13,10 +14,7 @@
 namespace comm::detail {
 namespace {
 
-/// Largest encoded protocol header of any data message.
-constexpr size_t max_proto_header = 64;
-
-/// Largest AM user header sent eager short (it is joined to the protocol header on the stack).
+/// Largest user header sent eager short (it is joined to the protocol header on the stack).
 constexpr size_t max_short_user_header = 1024;
 
 /// Copies bytes [offset, offset + length) of a send's data into `dest`.
@@ -33,7 +31,6 @@ void gather(const request* req, size_t offset, uint8_t* dest, size_t length) {
   }
   iov_gather(req->iov, offset, dest, length);
 }
-
 
 /// What one bcopy fragment carries: protocol header, user header, then a slice of the data.
 struct fragment {
@@ -59,290 +56,257 @@ size_t pack_fragment(void* dest, void* arg) {
   return f->header_length + f->user_header_length + f->data_length;
 }
 
-size_t pack_control(void* dest, void* arg) {
+size_t pack_wire(void* dest, void* arg) {
   auto* req = static_cast<request*>(arg);
-  std::memcpy(dest, req->control.data(), req->control.size());
-  return req->control.size();
+  std::memcpy(dest, req->wire.data(), req->wire.size());
+  return req->wire.size();
 }
 
 /// Encodes the protocol header of the next fragment of `req` into `out`; returns its length and
-/// the protocol id to send it with.
-size_t encode_header(request* req, bool first, bool whole, uint8_t* out, tl::am_id* id) {
+/// the wire id to send it with.
+size_t encode_header(request* req, const send_progress& s, const message_framing& f, bool first,
+                     bool whole, uint8_t* out, tl::am_id* id) {
+  if (first) return f.encode_first(req, s, whole, out, id);
   worker_impl& w = req->ep->owner;
-  const uint32_t dst = req->ep->remote_id;
-  if (!first) {
-    auto& h = w.hdr_fragment.fields();
-    h.setDstEp(dst);
-    h.setMsgId(req->msg_id);
-    h.setOffset(req->offset);
-    *id = static_cast<tl::am_id>(req->type == request::kind::tag_send ? proto_id::tag_fragment
-                                                                      : proto_id::am_fragment);
-    return w.hdr_fragment.copy_to(out);
-  }
-  if (req->type == request::kind::tag_send) {
-    const bool with_imm = req->params.flags & request_immediate_value;
-    if (!whole) {
-      auto& h = w.hdr_tag_first.fields();
-      h.setDstEp(dst);
-      h.setTag(req->tag);
-      h.setMsgId(req->msg_id);
-      h.setTotalLength(req->length);
-      h.setImm(with_imm ? req->params.imm : 0);
-      *id = static_cast<tl::am_id>(proto_id::tag_eager_first);
-      return w.hdr_tag_first.copy_to(out);
-    }
-    if (with_imm) {
-      auto& h = w.hdr_tag_imm.fields();
-      h.setDstEp(dst);
-      h.setTag(req->tag);
-      h.setImm(req->params.imm);
-      *id = static_cast<tl::am_id>(proto_id::tag_eager_imm);
-      return w.hdr_tag_imm.copy_to(out);
-    }
-    auto& h = w.hdr_tag.fields();
-    h.setDstEp(dst);
-    h.setTag(req->tag);
-    *id = static_cast<tl::am_id>(proto_id::tag_eager);
-    return w.hdr_tag.copy_to(out);
-  }
-  if (!whole) {
-    auto& h = w.hdr_am_first.fields();
-    h.setDstEp(dst);
-    h.setAmId(req->am_id);
-    h.setFlags(req->am_flags);
-    h.setHeaderLength(static_cast<uint32_t>(req->control.size()));
-    h.setMsgId(req->msg_id);
-    h.setTotalLength(req->control.size() + req->length);
-    *id = static_cast<tl::am_id>(proto_id::am_first);
-    return w.hdr_am_first.copy_to(out);
-  }
-  auto& h = w.hdr_am.fields();
-  h.setDstEp(dst);
-  h.setAmId(req->am_id);
-  h.setFlags(req->am_flags);
-  h.setHeaderLength(static_cast<uint32_t>(req->control.size()));
-  *id = static_cast<tl::am_id>(proto_id::am_single);
-  return w.hdr_am.copy_to(out);
+  auto& h = w.hdr_fragment.fields();
+  h.setDstEp(req->ep->remote_id);
+  h.setMsgId(s.msg_id);
+  h.setOffset(s.offset);
+  *id = f.fragment_id;
+  return w.hdr_fragment.copy_to(out);
 }
 
-/// Encoded size of the protocol header of a whole (single-message) send.
-size_t whole_header_size(const request* req) {
-  if (req->type == request::kind::am_send) return wire::header_size<wire::schema::ActiveMessage>();
-  if (req->params.flags & request_immediate_value) {
-    return wire::header_size<wire::schema::TagEagerImm>();
-  }
-  return wire::header_size<wire::schema::TagEager>();
-}
-
-/// Picks short, bcopy or zcopy for a new data request.
-void choose_protocol(request* req) {
+/// Picks short, bcopy, zcopy or rendezvous for a new message.
+void choose_protocol(request* req, send_progress& s, const message_framing& f) {
   const worker_impl& w = req->ep->owner;
   const tl::iface_attr& a = *req->ep->lane_attr;
-  const size_t user = req->control.size();
+  const size_t user = req->header.size();
   const uint32_t flags = req->params.flags;
-  if (!(flags & (request_force_bcopy | request_force_zcopy)) && req->params.pack == nullptr &&
-      req->iov.size() == 1 &&
-      ((flags & request_force_rndv) || req->length >= req->ep->rndv_thresh)) {
-    req->proto = request::protocol::rndv;
+  if (f.send_rndv != nullptr && !(flags & (request_force_bcopy | request_force_zcopy)) &&
+      req->params.pack == nullptr && req->iov.size() == 1 &&
+      ((flags & request_force_rndv) || s.length >= req->ep->rndv_thresh)) {
+    s.proto = send_protocol::rndv;
     return;
   }
   const bool can_zcopy = (a.caps & tl::cap_am_zcopy) && req->params.pack == nullptr &&
                          user + max_proto_header <= a.max_hdr;
   if (can_zcopy && ((flags & request_force_zcopy) ||
-                    (!(flags & request_force_bcopy) && req->length >= w.zcopy_thresh))) {
-    req->proto = request::protocol::zcopy;
+                    (!(flags & request_force_bcopy) && s.length >= w.zcopy_thresh))) {
+    s.proto = send_protocol::zcopy;
     return;
   }
   const size_t short_limit = req->ep->short_limit;
   if (!(flags & (request_force_bcopy | request_force_zcopy)) &&
       req->params.pack == nullptr && req->iov.size() <= 1 && user <= max_short_user_header &&
-      whole_header_size(req) + user + req->length <= short_limit) {
-    req->proto = request::protocol::short_;
+      f.whole_header_size(req) + user + s.length <= short_limit) {
+    s.proto = send_protocol::short_;
     return;
   }
-  req->proto = request::protocol::bcopy;
+  s.proto = send_protocol::bcopy;
 }
 
-/// Sends the next fragment of a data request. Returns ok (it went), no_resource, or an error.
-status send_fragment(request* req) {
+/// Sends the next zcopy fragment of a message. Returns ok (it went), no_resource, or an error.
+status send_zcopy_fragment(request* req, send_progress& s, const message_framing& f) {
   endpoint_impl& ep = *req->ep;
   const tl::iface_attr& a = *ep.lane_attr;
   const bool first = !req->has_started;
-  const size_t user = first ? req->control.size() : 0;
-  const size_t remaining = req->length - req->offset;
+  const size_t user = first ? req->header.size() : 0;
+  const size_t remaining = s.length - s.offset;
   alignas(8) uint8_t header[max_proto_header + 8];
   tl::am_id id;
-
-  if (req->proto == request::protocol::zcopy) {
-    tl::iov entries[16];
-    size_t chunk = std::min(remaining, a.max_zcopy);
-    const size_t count = iov_slice(req->iov, req->offset, &chunk, entries, std::min<size_t>(16, a.max_iov));
-    // What one zcopy cannot take (too long, or more entries than max_iov) goes in fragments.
-    const bool whole = first && chunk == remaining;
-    if (first && !whole && req->msg_id == 0) req->msg_id = ep.next_msg_id++;
-    size_t header_length = encode_header(req, first, whole, header, &id);
-    std::vector<uint8_t> joined;
-    const void* header_bytes = header;
-    if (user != 0) {
-      joined.assign(header, header + header_length);
-      joined.insert(joined.end(), req->control.begin(), req->control.end());
-      header_bytes = joined.data();
-      header_length = joined.size();
-    }
-    if (req->zcopy_done.count == 0) {
-      req->zcopy_done = tl::completion{on_zcopy_done, 1, status::ok};
-    }
-    ++req->zcopy_done.count;
-    status st = ep.lane->am_zcopy(id, header_bytes, header_length, entries, count, &req->zcopy_done);
-    if (st != status::in_progress) --req->zcopy_done.count;
-    if (st == status::in_progress) ++req->zcopy_outstanding;
-    if (st != status::ok && st != status::in_progress) return st;
-    req->offset += chunk;
-    return status::ok;
+  tl::iov entries[16];
+  size_t chunk = std::min(remaining, a.max_zcopy);
+  const size_t count =
+      iov_slice(req->iov, s.offset, &chunk, entries, std::min<size_t>(16, a.max_iov));
+  // What one zcopy cannot take (too long, or more entries than max_iov) goes in fragments.
+  const bool whole = first && chunk == remaining;
+  if (first && !whole && s.msg_id == 0) s.msg_id = ep.next_msg_id++;
+  size_t header_length = encode_header(req, s, f, first, whole, header, &id);
+  std::vector<uint8_t> joined;
+  const void* header_bytes = header;
+  if (user != 0) {
+    joined.assign(header, header + header_length);
+    joined.insert(joined.end(), req->header.begin(), req->header.end());
+    header_bytes = joined.data();
+    header_length = joined.size();
   }
+  if (req->tl_completion.count == 0) {
+    req->tl_completion = tl::completion{on_send_done, 1, status::ok};
+  }
+  ++req->tl_completion.count;
+  status st =
+      ep.lane->am_zcopy(id, header_bytes, header_length, entries, count, &req->tl_completion);
+  if (st != status::in_progress) --req->tl_completion.count;
+  if (st == status::in_progress) ++req->tl_in_flight;
+  if (st != status::ok && st != status::in_progress) return st;
+  s.offset += chunk;
+  return status::ok;
+}
 
+/// Sends the next short or bcopy fragment of a message. Returns ok (it went), no_resource, or an
+/// error.
+status send_copy_fragment(request* req, send_progress& s, const message_framing& f) {
+  endpoint_impl& ep = *req->ep;
+  const tl::iface_attr& a = *ep.lane_attr;
+  const bool first = !req->has_started;
+  const size_t user = first ? req->header.size() : 0;
+  const size_t remaining = s.length - s.offset;
+  alignas(8) uint8_t header[max_proto_header + 8];
+  tl::am_id id;
   const size_t room = a.max_bcopy - max_proto_header - user;
   const bool whole = first && remaining <= room;
-  if (first && !whole && req->msg_id == 0) req->msg_id = ep.next_msg_id++;
-  const size_t header_length = encode_header(req, first, whole, header, &id);
+  if (first && !whole && s.msg_id == 0) s.msg_id = ep.next_msg_id++;
+  const size_t header_length = encode_header(req, s, f, first, whole, header, &id);
   const size_t chunk = std::min(remaining, room);
-  if (req->proto == request::protocol::short_) {
+  if (s.proto == send_protocol::short_) {
+    const void* data = req->iov.empty() ? nullptr : req->iov[0].buffer;
     if (user == 0) {
-      const void* data = req->iov.empty() ? nullptr : req->iov[0].buffer;
       status st = ep.lane->am_short(id, header, header_length, data, chunk);
       if (st != status::ok) return st;
     } else {
       alignas(8) uint8_t joined[max_proto_header + max_short_user_header];
       if (header_length + user > sizeof(joined)) return status::invalid_param;
       std::memcpy(joined, header, header_length);
-      std::memcpy(joined + header_length, req->control.data(), user);
-      const void* data = req->iov.empty() ? nullptr : req->iov[0].buffer;
+      std::memcpy(joined + header_length, req->header.data(), user);
       status st = ep.lane->am_short(id, joined, header_length + user, data, chunk);
       if (st != status::ok) return st;
     }
-    req->offset += chunk;
+    s.offset += chunk;
     return status::ok;
   }
-  fragment f{req, header, header_length, req->control.data(), user, req->offset, chunk};
-  ssize_t n = ep.lane->am_bcopy(id, pack_fragment, &f);
+  fragment frag{req, header, header_length, req->header.data(), user, s.offset, chunk};
+  ssize_t n = ep.lane->am_bcopy(id, pack_fragment, &frag);
   if (n < 0) return static_cast<status>(n);
-  req->offset += chunk;
+  s.offset += chunk;
   return status::ok;
 }
 
-/// Issues a data request until it is all out or the transport says no.
-status send_data(request* req) {
-  if (!req->has_started && req->offset == 0 && req->zcopy_done.count == 0) choose_protocol(req);
-  if (req->proto == request::protocol::rndv) return send_rndv(req);
+/// Asks the transport to flush the endpoint; the request completes when it has.
+status send_flush(request* req) {
+  req->tl_completion = tl::completion{on_send_done, 1, status::ok};
+  req->issuing = true;
+  status st = req->ep->lane->flush(&req->tl_completion);
+  req->issuing = false;
+  if (st == status::ok) {
+    req->tl_completion.count = 0;
+    req->st = status::ok;
+    return status::ok;
+  }
+  if (st == status::in_progress) {
+    req->tl_in_flight = 1;
+    return status::ok;
+  }
+  return st;
+}
+
+/// Sends the close notice, then flushes.
+status send_close(request* req) {
+  if (!req->has_started) {
+    status st = send_close_notice(req->ep);
+    if (st != status::ok) return st;
+    req->has_started = true;
+  }
+  return send_flush(req);
+}
+
+status send_control(request* req) {
+  ssize_t n = req->ep->lane->am_bcopy(req->as<control_state>().id, pack_wire, req);
+  return n < 0 ? static_cast<status>(n) : status::ok;
+}
+
+}  // namespace
+
+const request_ops flush_ops{.name = "flush", .progress = send_flush};
+const request_ops close_ops{.name = "close", .progress = send_close};
+const request_ops control_ops{.name = "control", .progress = send_control};
+
+status send_message(request* req, send_progress& s, const message_framing& f) {
+  if (!req->has_started && s.offset == 0 && req->tl_completion.count == 0) {
+    choose_protocol(req, s, f);
+  }
+  if (s.proto == send_protocol::rndv) return f.send_rndv(req);
   req->issuing = true;
   status st = status::ok;
-  while (!req->has_started || req->offset < req->length) {
-    st = send_fragment(req);
+  while (!req->has_started || s.offset < s.length) {
+    st = s.proto == send_protocol::zcopy ? send_zcopy_fragment(req, s, f)
+                                         : send_copy_fragment(req, s, f);
     if (st != status::ok) break;
     req->has_started = true;
   }
   if (st == status::ok) {
     endpoint_counters& c = req->ep->counters_;
     ++c.messages_sent;
-    c.bytes_sent += req->length;
-    if (req->zcopy_done.count > 0) {
-      tl::complete(&req->zcopy_done, status::ok);  // drops the guard taken by the first fragment
+    c.bytes_sent += s.length;
+    if (req->tl_completion.count > 0) {
+      tl::complete(&req->tl_completion, status::ok);  // drops the first fragment's guard
     } else {
       req->st = status::ok;
     }
-  } else if (is_error(st) && st != status::no_resource && req->zcopy_done.count > 0) {
-    tl::complete(&req->zcopy_done, st);
+  } else if (is_error(st) && st != status::no_resource && req->tl_completion.count > 0) {
+    tl::complete(&req->tl_completion, st);
   }
   req->issuing = false;
   return st;
 }
 
-/// Asks the transport to flush the endpoint; the request completes when it has.
-status send_flush(request* req) {
-  req->zcopy_done = tl::completion{on_zcopy_done, 1, status::ok};
-  req->issuing = true;
-  status st = req->ep->lane->flush(&req->zcopy_done);
-  req->issuing = false;
-  if (st == status::ok) {
-    req->zcopy_done.count = 0;
-    req->st = status::ok;
-    return status::ok;
+endpoint_impl* accept_fragment(worker_impl& w, const protocol& owner, const uint8_t* data,
+                               size_t length, const uint8_t** payload, size_t* payload_length) {
+  size_t used = 0;
+  auto h = wire::read_header<wire::schema::FragmentMiddle>(data, length, &used);
+  if (!h) {
+    w.protocol_error(nullptr, "truncated fragment header");
+    return nullptr;
   }
-  if (st == status::in_progress) {
-    req->zcopy_outstanding = 1;
-    return status::ok;
+  endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "fragment for an unknown endpoint");
+  if (ep == nullptr) return nullptr;
+  const rx_message& rx = ep->rx;
+  const size_t bytes = length - used;
+  if (rx.owner != &owner || rx.msg_id != h->getMsgId() || h->getOffset() != rx.received ||
+      bytes > rx.total - rx.received) {
+    w.protocol_error(ep, "fragment out of sequence or beyond the message");
+    return nullptr;
   }
-  return st;
+  ep->counters_.bytes_received += bytes;
+  *payload = data + used;
+  *payload_length = bytes;
+  return ep;
 }
 
-status send_control(request* req) {
-  ssize_t n = req->ep->lane->am_bcopy(req->control_id, pack_control, req);
-  return n < 0 ? static_cast<status>(n) : status::ok;
-}
-
-}  // namespace
-
-void on_zcopy_done(tl::completion* comp) {
+void on_send_done(tl::completion* comp) {
   auto* req = request::of_completion(comp);
-  endpoint_impl* ep = req->ep;
-  req->zcopy_outstanding = 0;
-  if (req->reads != 0) {
-    ep->reads_in_flight -= req->reads;
-    req->reads = 0;
-  }
-  if (req->type == request::kind::tag_recv) {
-    // A rendezvous fetch: the receive completes once the sender has its acknowledgement.
-    if (is_error(comp->result) && req->st == status::in_progress) req->st = comp->result;
-    if (!req->issuing) ep->owner.finish_fetch(req);
-    return;
-  }
+  req->tl_in_flight = 0;
   req->st = comp->result;
   if (req->issuing) return;
-  ep->complete_in_order();
-  if (req->type == request::kind::get && ep->pending_head != nullptr &&
-      ep->state == endpoint_impl::phase::connected && !ep->tl_pending_queued) {
-    if (!ep->dispatch_pending()) ep->wait_for_resources();
-  }
+  req->ep->complete_in_order();
 }
 
 status send_close_notice(endpoint_impl* ep) {
   auto& writer = ep->owner.hdr_close;
   writer.fields().setDstEp(ep->remote_id);
-  status st = ep->lane->am_short(static_cast<tl::am_id>(proto_id::ep_close), writer.bytes(),
-                                 writer.size(), nullptr, 0);
+  const tl::am_id id = wire_id(wireup_msg::close);
+  status st = ep->lane->am_short(id, writer.bytes(), writer.size(), nullptr, 0);
   if (st == status::unsupported) {
     alignas(8) uint8_t bytes[max_proto_header];
     writer.copy_to(bytes);
-    fragment f{nullptr, bytes, writer.size(), nullptr, 0, 0, 0};
-    ssize_t n = ep->lane->am_bcopy(static_cast<tl::am_id>(proto_id::ep_close), pack_fragment, &f);
+    fragment frag{nullptr, bytes, writer.size(), nullptr, 0, 0, 0};
+    ssize_t n = ep->lane->am_bcopy(id, pack_fragment, &frag);
     st = n < 0 ? static_cast<status>(n) : status::ok;
   }
   return st;
 }
 
-status progress_send(request* req) {
-  switch (req->type) {
-    case request::kind::tag_send:
-    case request::kind::am_send:
-      return send_data(req);
-    case request::kind::control:
-      return send_control(req);
-    case request::kind::flush:
-      return send_flush(req);
-    case request::kind::close:
-      if (!req->has_started) {
-        status st = send_close_notice(req->ep);
-        if (st != status::ok) return st;
-        req->has_started = true;
-      }
-      return send_flush(req);
-    case request::kind::get:
-    case request::kind::put:
-      return send_rma(req);
-    case request::kind::tag_recv:
-      break;
+void worker_impl::queue_control(endpoint_impl* ep, tl::am_id id, std::vector<uint8_t> bytes) {
+  if (ep->state == endpoint_impl::phase::failed) return;
+  if (!reply_fits(ep, sizeof(request) + bytes.size())) return;
+  request* req = alloc_request(control_ops, request_params{}, request::role::control);
+  req->ep = ep;
+  req->init<control_state>().id = id;
+  req->wire = std::move(bytes);
+  const bool idle = ep->pending_head == nullptr;
+  ep->push_pending(req);
+  if (idle && ep->state == endpoint_impl::phase::connected && !ep->dispatch_pending()) {
+    ep->wait_for_resources();
   }
-  return status::invalid_param;
 }
 
 }  // namespace comm::detail

@@ -1,4 +1,6 @@
-// The worker: interfaces, progress, event fd, requests, tagged receives and blocking helpers.
+// The worker: interfaces, progress, event fd, the request pool, completion, cancel, flush, info and
+// the blocking helpers.
+#include "send.hpp"
 #include "worker_impl.hpp"
 
 #include <comm/log.hpp>
@@ -82,16 +84,9 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
     const bool costly = (iface->attr().caps & tl::cap_costly_progress) != 0;
     ifaces.push_back({component, std::move(iface), costly});
   }
-  // The user header of an AM travels in one bcopy fragment of the smallest interface.
-  size_t smallest = 0;
-  for (const auto& li : ifaces) {
-    const size_t room = li.iface->attr().max_bcopy;
-    if (smallest == 0 || room < smallest) smallest = room;
-  }
-  const size_t header = wire::header_size<wire::schema::ActiveMessageFirst>();
-  max_am_header_ = smallest > header + 64 ? smallest - header - 64 : 0;
   short_thresh = ctx.cfg().short_thresh;
   zcopy_thresh = ctx.cfg().zcopy_thresh;
+  make_protocols();
   install_handlers();
   COMM_LOG(debug, "worker", "created %s uid %016llx with %zu interfaces", params.name.c_str(),
            static_cast<unsigned long long>(uid_), ifaces.size());
@@ -107,34 +102,19 @@ worker_impl::~worker_impl() noexcept {
     if (peer_knows_us) (void)send_close_notice(ep);
     ep->fail(status::canceled);
   }
-  std::vector<tag_expected*> posted;
-  matcher.for_each_expected([&](tag_expected* e) { posted.push_back(e); });
-  for (tag_expected* e : posted) {
-    matcher.remove_expected(e);
-    request* req = request::of_expected(e);
-    complete(req, status::canceled);
-  }
-  std::vector<tag_unexpected*> arrived;
-  matcher.for_each_unexpected([&](tag_unexpected* u) { arrived.push_back(u); });
-  for (tag_unexpected* u : arrived) {
-    matcher.remove_unexpected(u);
-    free_unexpected(static_cast<unexpected_msg*>(u));
-  }
+  for (size_t i = 0; i < protocol_count; ++i) protocols[i]->teardown();
   close_cm();
   for (endpoint_impl* ep : ep_table) delete ep;
   for (endpoint_impl* ep : doomed) delete ep;
-  for (auto& [data, block] : persistent_data) mem_free(block);  // either allocator
-  for (auto& tier : unexpected_pool) {
-    for (void* block : tier) std::free(block);
-  }
-  for (const large_block& b : large_free) mem_free(b.block);
+  for (size_t i = protocol_count; i-- > 0;) protocols[i].reset();
   ifaces.clear();
   if (epoll_fd >= 0) close(epoll_fd);
 }
 
 // -- requests ------------------------------------------------------------------------------------
 
-request* worker_impl::alloc_request(request::kind type, const request_params& p) {
+request* worker_impl::alloc_request(const request_ops& ops, const request_params& p,
+                                    request::role type) {
   if (free_requests.empty()) {
     constexpr size_t chunk = 64;
     request_chunks.emplace_back(new request[chunk]);
@@ -144,6 +124,7 @@ request* worker_impl::alloc_request(request::kind type, const request_params& p)
   free_requests.pop_back();
   req->reset();
   req->type = type;
+  req->ops = &ops;
   req->owner = this;
   req->params = p;
   return req;
@@ -155,20 +136,7 @@ void worker_impl::free_request(request* req) {
 }
 
 void worker_impl::complete(request* req, status st) {
-  if (req->type == request::kind::tag_send || req->type == request::kind::am_send) {
-    release_rndv_send(req);
-  } else if (req->type == request::kind::tag_recv && req->rndv_id != 0) {
-    rndv_recvs.erase(req->rndv_id);
-    req->rndv_id = 0;
-  } else if ((req->type == request::kind::get || req->type == request::kind::put) &&
-             req->rndv_id != 0) {
-    rma_ops.erase(req->rndv_id);
-    req->rndv_id = 0;
-  }
-  if (req->remote_valid) {
-    req->rndv_ep->lane_iface->memory_domain()->rkey_release(&req->remote);
-    req->remote_valid = false;
-  }
+  if (req->holds) req->ops->release(req);
   if (is_error(st) && (req->params.flags & request_completion_suppressed) && req->ep != nullptr) {
     ++req->ep->counters_.errors;
     COMM_LOG(warn, "rma", "%s: unsignalled operation failed: %s", params.name.c_str(),
@@ -176,39 +144,12 @@ void worker_impl::complete(request* req, status st) {
   }
   req->st = st;
   req->finished = true;
-  if (req->type == request::kind::tag_recv) {
-    if (req->params.recv_cb != nullptr) req->params.recv_cb(req, st, req->info, req->params.user_data);
+  if (req->ops->notify != nullptr) {
+    req->ops->notify(req, st);
   } else if (req->params.send_cb != nullptr) {
     req->params.send_cb(req, st, req->params.user_data);
   }
   if (!req->user_visible || req->released) free_request(req);
-}
-
-op worker_impl::in_progress(request* req) {
-  req->user_visible = true;
-  return op{status::in_progress, req};
-}
-
-endpoint_impl* worker_impl::find_ep(uint32_t id) const {
-  const uint32_t index = id & 0xFFFFFu;
-  if (index >= ep_table.size()) return nullptr;
-  endpoint_impl* ep = ep_table[index];
-  return (ep != nullptr && ep->id == id) ? ep : nullptr;
-}
-
-endpoint_impl* worker_impl::receiving_ep(uint32_t id, const char* what) {
-  endpoint_impl* ep = find_ep(id);
-  if (ep == nullptr) {
-    if (id != 0 && std::find(closed_ids.begin(), closed_ids.end(), id) != closed_ids.end()) {
-      ++late_messages;
-      COMM_LOG(debug, "worker", "%s: %s (endpoint %u, closed): dropped", params.name.c_str(),
-               what, id);
-      return nullptr;
-    }
-    protocol_error(nullptr, what);
-    return nullptr;
-  }
-  return ep->state == endpoint_impl::phase::failed ? nullptr : ep;
 }
 
 void worker_impl::protocol_error(endpoint_impl* ep, const char* what) {
@@ -231,66 +172,10 @@ void worker_impl::protocol_error(endpoint_impl* ep, const char* what) {
 
 op worker_impl::immediate(const request_params& p, status st) {
   if (!(p.flags & request_no_immediate_completion)) return op{st, nullptr};
-  request* req = alloc_request(request::kind::flush, p);
+  request* req = alloc_request(flush_ops, p, request::role::flush);
   req->user_visible = true;
   complete(req, st);
   return op{status::in_progress, req};
-}
-
-op worker_impl::receive_unexpected(request* req, unexpected_msg* found) {
-  req->matched = true;
-  req->info.sender_tag = found->tag;
-  req->info.imm = found->imm;
-  if (found->rndv) {
-    // The data is still at the sender: fetch it now. A fetch that ends at once is an immediate
-    // completion (no callback), like any other.
-    const bool report_now = !(req->params.flags & request_no_immediate_completion);
-    const tag_recv_callback callback = req->params.recv_cb;
-    if (report_now) req->params.recv_cb = nullptr;
-    req->user_visible = true;
-    start_fetch(req, found->ep, found->sreq, found->address, found->length, found->rkey.data(),
-                found->rkey.size());
-    free_unexpected(found);
-    if (report_now && req->finished) {
-      if (req->params.recv_info != nullptr) *req->params.recv_info = req->info;
-      const status st = req->st;
-      free_request(req);
-      return op{st, nullptr};
-    }
-    req->params.recv_cb = callback;
-    return op{status::in_progress, req};
-  }
-  copy_to_recv(req, 0, found->data, found->length);
-  const status st = req->info.length < found->length ? status::message_truncated : status::ok;
-  free_unexpected(found);
-  if (!(req->params.flags & request_no_immediate_completion)) {
-    if (req->params.recv_info != nullptr) *req->params.recv_info = req->info;
-    free_request(req);
-    return op{st, nullptr};
-  }
-  req->user_visible = true;
-  complete(req, st);
-  return op{status::in_progress, req};
-}
-
-status worker_impl::cancel_rndv_send(request* req, cancel_mode mode) {
-  endpoint_impl* ep = req->ep;
-  const uint64_t sreq = req->rndv_id;
-  // Deregistering first makes a fetch that races with the cancel fail instead of reading memory
-  // the caller is about to reuse.
-  release_rndv_send(req);
-  wire::header_writer<wire::schema::RndvCancel> writer;
-  writer.fields().setDstEp(ep->remote_id);
-  writer.fields().setSreqId(sreq);
-  auto bytes = static_cast<const uint8_t*>(writer.bytes());
-  queue_control(ep, proto_id::rndv_cancel, std::vector<uint8_t>(bytes, bytes + writer.size()));
-  if (mode == cancel_mode::force) {
-    req->params.send_cb = nullptr;
-    req->released = true;
-  }
-  req->st = status::canceled;
-  ep->complete_in_order();
-  return status::ok;
 }
 
 }  // namespace detail
@@ -305,8 +190,6 @@ thread_mode worker::mode() const noexcept { return impl(*this).params.mode; }
 const std::string& worker::name() const noexcept { return impl(*this).params.name; }
 uint64_t worker::uid() const noexcept { return impl(*this).uid_; }
 uint64_t worker::client_id() const noexcept { return impl(*this).params.client_id; }
-
-size_t worker::max_am_header() const noexcept { return impl(*this).max_am_header_; }
 
 std::vector<uint8_t> worker::address() const {
   worker_impl& w = const_cast<worker_impl&>(impl(*this));
@@ -336,7 +219,7 @@ unsigned worker::progress() {
     events += n;
   }
   events += w.progress_cm();
-  if (w.deferred_ams != 0) w.start_deferred_ams();
+  if (w.progress_wanted != 0) w.progress_modules();
   // Closed endpoints are deleted by the outermost call only: a callback that progresses again
   // returns into code still using the endpoint it was called for.
   if (--w.progress_depth == 0 && !w.doomed.empty()) {
@@ -437,7 +320,7 @@ op worker::flush(const request_params& params) {
     parts.push_back(o.req);
   }
   if (parts.empty()) return w.immediate(params, first_error);
-  request* req = w.alloc_request(request::kind::flush, params);
+  request* req = w.alloc_request(detail::flush_ops, params, request::role::flush);
   auto* state =
       new worker_flush_state{&w, req, static_cast<int>(parts.size()), first_error};
   for (request* part : parts) {
@@ -463,14 +346,14 @@ std::string worker::info() const {
   }
   out << "thresholds: short " << (w.short_thresh ? std::to_string(w.short_thresh) : "transport max")
       << " zcopy " << w.zcopy_thresh << '\n';
-  out << "tag queues: expected " << w.matcher.expected_count() << " unexpected "
-      << w.matcher.unexpected_count() << "; protocol errors " << w.protocol_errors
-      << "; late messages for closed endpoints " << w.late_messages << '\n';
+  out << "protocol errors " << w.protocol_errors << "; late messages for closed endpoints "
+      << w.late_messages << '\n';
   const peer_limits& c = w.ctx.cfg().limits;
   out << "held for peers: unexpected " << w.unexpected_bytes << " of " << c.unexpected_max_bytes
       << " B, AMs before delivery " << w.am_rx_bytes << " of " << c.am_rx_max_bytes
-      << " B (deferred " << w.deferred_ams << "), peer endpoints " << w.peer_eps << " of "
-      << c.peer_ep_max << "; limit errors " << w.limit_errors << '\n';
+      << " B, peer endpoints " << w.peer_eps << " of " << c.peer_ep_max << "; limit errors "
+      << w.limit_errors << '\n';
+  for (size_t i = 0; i < w.protocol_count; ++i) w.protocols[i]->info(out);
   for (const listener* l : w.listeners) {
     out << "listener " << l->address() << ": " << l->requests() << " requests\n";
   }
@@ -481,115 +364,6 @@ std::string worker::info() const {
 }
 
 void worker::print_info(std::FILE* stream) const { std::fputs(info().c_str(), stream); }
-
-// -- active messages -----------------------------------------------------------------------------
-
-status worker::set_am_handler(uint16_t id, am_callback cb, void* arg, unsigned flags) {
-  worker_impl& w = impl(*this);
-  worker_impl::guard g(w);
-  if (flags & ~static_cast<unsigned>(am_flag_whole_msg | am_flag_persistent_data)) {
-    return status::invalid_param;
-  }
-  if (cb == nullptr) {
-    if (id < worker_impl::am_table_size) {
-      w.am_table[id] = worker_impl::am_handler{};
-    } else {
-      w.am_handlers.erase(id);
-    }
-  } else {
-    const worker_impl::am_handler h{cb, arg, flags};
-    if (id < worker_impl::am_table_size) {
-      w.am_table[id] = h;
-    } else {
-      w.am_handlers[id] = h;
-    }
-  }
-  return status::ok;
-}
-
-void worker::am_data_release(void* data) {
-  worker_impl& w = impl(*this);
-  worker_impl::guard g(w);
-  auto it = w.persistent_data.find(data);
-  if (it == w.persistent_data.end()) {
-    COMM_LOG(error, "worker", "am_data_release(%p): not data held by a handler", data);
-    return;
-  }
-  w.release_large(it->second);
-  w.persistent_data.erase(it);
-}
-
-bool worker::am_data_detach(void* data) {
-  worker_impl& w = impl(*this);
-  worker_impl::guard g(w);
-  auto it = w.persistent_data.find(data);
-  if (it == w.persistent_data.end()) return false;
-  w.large_out.erase(it->second);
-  w.persistent_data.erase(it);
-  return true;
-}
-
-// -- tag matching --------------------------------------------------------------------------------
-
-op worker::tag_recv(void* buffer, size_t length, tag_t tag, tag_t mask,
-                    const request_params& params) {
-  iov_entry entry{buffer, length};
-  return tag_recv_iov(&entry, 1, tag, mask, params);
-}
-
-op worker::tag_recv_iov(const iov_entry* entries, size_t count, tag_t tag, tag_t mask,
-                        const request_params& params) {
-  worker_impl& w = impl(*this);
-  worker_impl::guard g(w);
-  if (count > 0 && entries == nullptr) return op{status::invalid_param, nullptr};
-  auto* found = static_cast<detail::unexpected_msg*>(w.matcher.match_unexpected(tag, mask, true));
-  if (found != nullptr && count == 1 && !found->rndv &&
-      !(params.flags & request_no_immediate_completion)) {
-    // The common case under load: the message is already here. Copy it out without a request.
-    const size_t taken = std::min(found->length, entries[0].length);
-    if (taken != 0) std::memcpy(entries[0].buffer, found->data, taken);
-    if (params.recv_info != nullptr) *params.recv_info = tag_recv_info{found->tag, taken, found->imm};
-    const status st = taken < found->length ? status::message_truncated : status::ok;
-    w.free_unexpected(found);
-    return op{st, nullptr};
-  }
-  request* req = w.alloc_request(request::kind::tag_recv, params);
-  req->iov.assign(entries, entries + count);
-  for (size_t i = 0; i < count; ++i) req->length += entries[i].length;
-  req->expected.tag = tag;
-  req->expected.mask = mask;
-  if (found == nullptr) {
-    w.matcher.post_expected(&req->expected);
-    return w.in_progress(req);
-  }
-  return w.receive_unexpected(req, found);
-}
-
-bool worker::tag_probe(tag_t tag, tag_t mask, tag_recv_info* info, message** out) {
-  worker_impl& w = impl(*this);
-  worker_impl::guard g(w);
-  auto* found =
-      static_cast<detail::unexpected_msg*>(w.matcher.match_unexpected(tag, mask, out != nullptr));
-  if (found == nullptr) return false;
-  if (info != nullptr) *info = tag_recv_info{found->tag, found->length, found->imm};
-  if (out != nullptr) {
-    worker_impl::detach_unexpected(found);  // the user holds it now, not the peer
-    *out = reinterpret_cast<message*>(found);
-  }
-  return true;
-}
-
-op worker::tag_recv_message(message* msg, void* buffer, size_t length,
-                            const request_params& params) {
-  worker_impl& w = impl(*this);
-  worker_impl::guard g(w);
-  if (msg == nullptr) return op{status::invalid_param, nullptr};
-  auto* found = reinterpret_cast<detail::unexpected_msg*>(msg);
-  request* req = w.alloc_request(request::kind::tag_recv, params);
-  req->iov.assign(1, iov_entry{buffer, length});
-  req->length = length;
-  return w.receive_unexpected(req, found);
-}
 
 // -- requests ------------------------------------------------------------------------------------
 
@@ -614,46 +388,8 @@ status worker::cancel(request* req, cancel_mode mode) {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   if (req == nullptr || req->finished) return status::invalid_param;
-  if (req->type == request::kind::tag_recv) {
-    if (req->matched || !w.matcher.remove_expected(&req->expected)) return status::busy;
-  } else if ((req->type == request::kind::tag_send || req->type == request::kind::am_send) &&
-             req->phase == request::rndv_phase::announced) {
-    return w.cancel_rndv_send(req, mode);
-  } else if (req->type == request::kind::tag_send || req->type == request::kind::am_send) {
-    if (req->has_started || req->ep == nullptr) return status::busy;
-    detail::endpoint_impl* ep = req->ep;
-    request** link = &ep->pending_head;
-    request* prev = nullptr;
-    while (*link != nullptr && *link != req) {
-      prev = *link;
-      link = &(*link)->next_pending;
-    }
-    if (*link == nullptr) return status::busy;
-    *link = req->next_pending;
-    if (ep->pending_tail == req) ep->pending_tail = prev;
-    // The send also sits in the endpoint's ordered completion queue: forced, it leaves it;
-    // reported, it completes from there, after the sends issued before it.
-    if (mode == cancel_mode::force) {
-      ep->remove_outstanding(req);
-      req->finished = true;
-      req->st = status::canceled;
-      w.free_request(req);
-    } else {
-      req->st = status::canceled;
-    }
-    ep->complete_in_order();
-    return status::ok;
-  } else {
-    return status::unsupported;
-  }
-  if (mode == cancel_mode::force) {
-    req->finished = true;
-    req->st = status::canceled;
-    w.free_request(req);
-    return status::ok;
-  }
-  w.complete(req, status::canceled);
-  return status::ok;
+  if (req->ops->cancel == nullptr) return status::unsupported;
+  return req->ops->cancel(req, mode);
 }
 
 status worker::wait(op o, int timeout_ms) {

@@ -3,6 +3,7 @@
 #include <comm/log.hpp>
 
 #include <cstring>
+#include <thread>
 
 namespace comm::tl::self {
 
@@ -15,6 +16,12 @@ self_ep::self_ep(self_iface& owner, std::shared_ptr<mailbox> target, uint64_t ta
 }
 
 self_ep::~self_ep() {
+  // Rendezvous still outstanding are canceled (their buffers released, receivers skip them).
+  while (!state_->rndv_ops.empty()) {
+    std::shared_ptr<rndv_op> op = state_->rndv_ops.back();
+    cancel_rndv(*op);
+    owner_.release_rndv(*state_, *op);
+  }
   // Zcopy operations still in flight are dropped without calling their completions.
   state_->alive = false;
   state_->flushes.clear();
@@ -42,9 +49,33 @@ void self_ep::commit(size_t index, am_id id, size_t length, completion* comp,
     if (mb.closed) return;
     mailbox::slot& s = mb.slots[index];
     s.id = id;
+    s.kind = slot_kind::am;
     s.length = static_cast<uint32_t>(length);
     s.comp = comp;
     s.origin = std::move(origin);
+    s.ready = true;
+    wake = mb.take_armed();
+  }
+  if (wake) mb.wake();
+}
+
+void self_ep::commit_tag(size_t index, tag_fields fields, size_t length, completion* comp,
+                         std::shared_ptr<ep_state> origin) {
+  mailbox& mb = *target_;
+  bool wake = false;
+  {
+    std::lock_guard lock(mb.mutex);
+    if (mb.closed) return;
+    mailbox::slot& s = mb.slots[index];
+    s.id = 0;
+    s.kind = fields.kind;
+    s.length = static_cast<uint32_t>(length);
+    s.comp = comp;
+    s.origin = std::move(origin);
+    s.tag = fields.tag;
+    s.imm = fields.imm;
+    s.aux = fields.aux;
+    s.rndv = std::move(fields.rndv);
     s.ready = true;
     wake = mb.take_armed();
   }
@@ -138,6 +169,153 @@ status self_ep::rma(const iov* entries, size_t count, uint64_t remote_address,
   owner_.count_rma(write, total, st);
   return st;
 }
+
+// -- tag matching ---------------------------------------------------------------------------------
+
+namespace {
+
+/// False when an entry has a length but no buffer (the receiver reads the entries themselves).
+bool buffers_present(const iov* entries, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    if (entries[i].buffer == nullptr && entries[i].length != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+status self_ep::tag_eager_short(tag_t tag, const void* data, size_t length) {
+  if (length > owner_.attr().tag.eager.max_short || (data == nullptr && length != 0)) {
+    return status::invalid_param;
+  }
+  size_t index;
+  const status st = reserve(&index);
+  if (st != status::ok) return st;
+  if (length != 0) std::memcpy(target_->slot_data(index), data, length);
+  commit_tag(index, {slot_kind::tag_eager, tag, 0, 0, nullptr}, length, nullptr, nullptr);
+  return status::ok;
+}
+
+ssize_t self_ep::tag_eager_bcopy(tag_t tag, uint64_t imm, pack_fn pack, void* arg) {
+  size_t index;
+  const status st = reserve(&index);
+  if (st != status::ok) return static_cast<ssize_t>(st);
+  const size_t length = pack(target_->slot_data(index), arg);
+  if (length > owner_.attr().tag.eager.max_bcopy) {
+    COMM_LOG(error, "self", "tag_eager_bcopy: pack wrote %zu bytes, more than max_bcopy %zu",
+             length, owner_.attr().tag.eager.max_bcopy);
+    commit(index, am_id_count, 0, nullptr, nullptr);  // an empty slot the target skips
+    return static_cast<ssize_t>(status::invalid_param);
+  }
+  commit_tag(index, {slot_kind::tag_eager, tag, imm, 0, nullptr}, length, nullptr, nullptr);
+  return static_cast<ssize_t>(length);
+}
+
+status self_ep::tag_eager_zcopy(tag_t tag, uint64_t imm, const iov* entries, size_t count,
+                                completion* comp) {
+  const tag_limits& limits = owner_.attr().tag;
+  size_t total = 0;
+  if (count > limits.eager.max_iov || !sum_iov(entries, count, &total) ||
+      total > limits.eager.max_zcopy || !buffers_present(entries, count)) {
+    return status::invalid_param;
+  }
+  size_t index;
+  const status st = reserve(&index);
+  if (st != status::ok) return st;
+  // The receiver copies straight from these entries, which stay valid until the completion.
+  if (count != 0) std::memcpy(target_->slot_data(index), entries, count * sizeof(iov));
+  ++state_->zcopy_issued;
+  commit_tag(index, {slot_kind::tag_zcopy, tag, imm, static_cast<uint32_t>(count), nullptr}, total,
+             comp, state_);
+  return status::in_progress;
+}
+
+status self_ep::tag_rndv_zcopy(tag_t tag, const void* header, size_t header_length,
+                               const iov* entries, size_t count, completion* comp,
+                               uint64_t* handle) {
+  const tag_limits& limits = owner_.attr().tag;
+  size_t total = 0;
+  if (handle == nullptr || header_length > limits.rndv.max_hdr || count > limits.rndv.max_iov ||
+      (header == nullptr && header_length != 0) || !sum_iov(entries, count, &total) ||
+      total > limits.rndv.max_zcopy || !buffers_present(entries, count)) {
+    return status::invalid_param;
+  }
+  if (pending_.blocks_sends()) return status::no_resource;
+  auto op = std::make_shared<rndv_op>();
+  if (total != 0) {
+    md& domain = *owner_.memory_domain();
+    void* buffer = const_cast<void*>(entries[0].buffer);
+    if (const status st = domain.mem_reg(buffer, total, &op->memh); st != status::ok) return st;
+    op->address = reinterpret_cast<uintptr_t>(buffer);
+    op->length = total;
+    if (const status st = domain.rkey_pack(op->memh, op->rkey); st != status::ok) {
+      domain.mem_dereg(op->memh);
+      return st;
+    }
+  }
+  size_t index;
+  if (const status st = reserve(&index); st != status::ok) {
+    if (op->memh != nullptr) owner_.memory_domain()->mem_dereg(op->memh);
+    return st;
+  }
+  if (header_length != 0) std::memcpy(target_->slot_data(index), header, header_length);
+  op->handle = next_rndv_handle_++;
+  state_->rndv_ops.push_back(op);
+  ++state_->zcopy_issued;
+  *handle = op->handle;
+  commit_tag(index, {slot_kind::tag_rndv, tag, 0, 0, std::move(op)}, header_length, comp, state_);
+  return status::in_progress;
+}
+
+bool self_ep::cancel_rndv(rndv_op& op) {
+  int seen = op.state.load(std::memory_order_acquire);
+  for (;;) {
+    if (seen == rndv_op::taken) {
+      // The receiver is copying from the buffer right now (no user code runs meanwhile): wait.
+      std::this_thread::yield();
+      seen = op.state.load(std::memory_order_acquire);
+      continue;
+    }
+    if (seen == rndv_op::done || seen == rndv_op::canceled) break;
+    if (op.state.compare_exchange_weak(seen, rndv_op::canceled, std::memory_order_acq_rel)) {
+      seen = rndv_op::canceled;
+      op.canceled_by_sender = true;
+      return false;  // nobody will hand it back
+    }
+  }
+  op.canceled_by_sender = true;
+  return seen == rndv_op::done;
+}
+
+status self_ep::tag_rndv_cancel(uint64_t handle) {
+  std::shared_ptr<rndv_op> op;
+  for (const std::shared_ptr<rndv_op>& candidate : state_->rndv_ops) {
+    if (candidate->handle == handle) op = candidate;
+  }
+  if (!op) return status::no_elem;
+  const bool handed_back = cancel_rndv(*op);
+  owner_.release_rndv(*state_, *op);
+  if (!handed_back) {
+    // Counts it done (and completes waiting flushes) on our own progress, without its completion.
+    state_->home->hand_back({state_, nullptr, status::ok, op});
+  }
+  return status::ok;
+}
+
+status self_ep::tag_rndv_request(tag_t tag, const void* header, size_t header_length) {
+  if (header_length > owner_.attr().tag.rndv.max_hdr || (header == nullptr && header_length != 0)) {
+    return status::invalid_param;
+  }
+  size_t index;
+  const status st = reserve(&index);
+  if (st != status::ok) return st;
+  if (header_length != 0) std::memcpy(target_->slot_data(index), header, header_length);
+  commit_tag(index, {slot_kind::tag_request, tag, 0, 0, nullptr}, header_length, nullptr,
+             nullptr);
+  return status::ok;
+}
+
+// -- pending and flush ----------------------------------------------------------------------------
 
 status self_ep::pending_add(pending_req* req) {
   if (pending_.empty() && !pending_.dispatching()) {

@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -185,7 +186,7 @@ self_iface::self_iface(const iface_params& params) {
   mailbox_ = std::make_shared<mailbox>(fifo, segment + zcopy_max_hdr, event_fd_);
 
   attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
-               cap_connect_to_iface | cap_get_zcopy | cap_put_zcopy;
+               cap_connect_to_iface | cap_get_zcopy | cap_put_zcopy | cap_tag_any;
   attr_.max_short = segment;
   attr_.max_bcopy = segment;
   attr_.max_zcopy = segment;
@@ -195,6 +196,9 @@ self_iface::self_iface(const iface_params& params) {
   attr_.max_put_zcopy = max_rma_bytes;
   attr_.max_outstanding_reads = max_outstanding_reads;
   attr_.max_am_descs = max_am_descs;
+  attr_.tag.eager = {segment, segment, tag_eager_max_zcopy, zcopy_max_iov};
+  attr_.tag.rndv = {max_rma_bytes, zcopy_max_hdr, 1};
+  attr_.tag.recv = {max_rma_bytes, tag_recv_max_iov, tag_max_outstanding};
   attr_.latency_ns = 50;
   attr_.bandwidth_bytes_per_s = 10e9;
   attr_.priority = 20;
@@ -223,7 +227,10 @@ self_iface::~self_iface() {
     std::lock_guard lock(mailbox_->mutex);
     mailbox_->closed = true;
     for (mailbox::slot& s : mailbox_->slots) {
-      if (s.origin) undelivered.push_back({std::move(s.origin), s.comp, status::connection_reset});
+      if (s.origin) {
+        undelivered.push_back(
+            {std::move(s.origin), s.comp, status::connection_reset, std::move(s.rndv)});
+      }
     }
     returned.swap(mailbox_->returned);
   }
@@ -238,23 +245,31 @@ unsigned self_iface::deliver() {
   mailbox& mb = *mailbox_;
   unsigned delivered = 0;
   while (delivered < progress_batch) {
-    size_t index;
-    am_id id;
-    uint32_t length;
-    completion* comp;
-    std::shared_ptr<ep_state> origin;
+    taken_slot taken;
     {
       std::lock_guard lock(mb.mutex);
       if (mb.count == 0 || !mb.slots[mb.tail].ready) break;
-      index = mb.tail;
-      mailbox::slot& s = mb.slots[index];
-      id = s.id;
-      length = s.length;
-      comp = s.comp;
-      origin = std::move(s.origin);
+      taken.index = mb.tail;
+      mailbox::slot& s = mb.slots[taken.index];
+      taken.id = s.id;
+      taken.kind = s.kind;
+      taken.length = s.length;
+      taken.comp = s.comp;
+      taken.origin = std::move(s.origin);
+      if (taken.kind != slot_kind::am) [[unlikely]] {
+        taken.tag = s.tag;
+        taken.imm = s.imm;
+        taken.aux = s.aux;
+        taken.rndv = std::move(s.rndv);
+      }
     }
+    const size_t index = taken.index;
+    const am_id id = taken.id;
+    const uint32_t length = taken.length;
     const handler* h = id < am_id_count ? &handlers_[id] : nullptr;
-    if (h == nullptr) {
+    if (taken.kind != slot_kind::am) [[unlikely]] {
+      deliver_tag(taken);
+    } else if (h == nullptr) {
       // A bcopy whose pack overran max_bcopy: the sender logged it; nothing to deliver.
     } else if (h->fn != nullptr) {
       const unsigned flags = descs_.can_lend() ? am_flag_desc : 0;
@@ -275,14 +290,151 @@ unsigned self_iface::deliver() {
       --mb.count;
       mb.note_activity();
     }
-    if (origin) {
+    if (taken.origin) {
       // A zcopy: the sender completes it on its own progress.
-      mailbox& home = *origin->home;
-      home.hand_back({std::move(origin), comp, status::ok});
+      mailbox& home = *taken.origin->home;
+      home.hand_back({std::move(taken.origin), taken.comp, status::ok, nullptr});
     }
     ++delivered;
   }
   return delivered;
+}
+
+// -- tag matching ---------------------------------------------------------------------------------
+
+namespace {
+
+/// Copies `length` bytes from byte `offset` of the iov `from` (`count` entries) to `dest`.
+void gather(const iov* from, size_t count, size_t offset, uint8_t* dest, size_t length) {
+  for (size_t i = 0; i < count && length > 0; ++i) {
+    if (offset >= from[i].length) {
+      offset -= from[i].length;
+      continue;
+    }
+    const size_t n = std::min(from[i].length - offset, length);
+    std::memcpy(dest, static_cast<const uint8_t*>(from[i].buffer) + offset, n);
+    dest += n;
+    length -= n;
+    offset = 0;
+  }
+}
+
+}  // namespace
+
+void self_iface::deliver_tag(taken_slot& slot) {
+  mailbox& mb = *mailbox_;
+  uint8_t* data = mb.slot_data(slot.index);
+  tag_match match;
+  switch (slot.kind) {
+    case slot_kind::tag_eager:
+      if (tags_.take(slot.tag, &match)) {
+        tags_.deliver(match, slot.tag, slot.imm, data, slot.length);
+      } else {
+        void* context = nullptr;
+        unexpected_in_slot(slot.index, slot.length, tag_flag_first, slot.tag, slot.imm, &context);
+      }
+      return;
+    case slot_kind::tag_zcopy:
+      return deliver_tag_zcopy(slot);
+    case slot_kind::tag_rndv:
+      return deliver_rndv(slot);
+    case slot_kind::tag_request:
+      if (tags_.take(slot.tag, &match)) {
+        tags_.deliver_request(match, slot.tag, data, slot.length);
+      } else {
+        tags_.unexpected_rndv(slot.tag, data, slot.length, 0, 0, nullptr, 0);
+      }
+      return;
+    case slot_kind::am:
+      return;
+  }
+}
+
+void self_iface::unexpected_in_slot(size_t index, size_t length, unsigned flags, tag_t tag,
+                                    uint64_t imm, void** context) {
+  mailbox& mb = *mailbox_;
+  if (descs_.can_lend()) flags |= am_flag_desc;
+  const status kept = tags_.unexpected_eager(mb.slot_data(index), length, flags, tag, imm, context);
+  if (kept == status::in_progress && (flags & am_flag_desc) != 0) {
+    desc_pool::block fresh = descs_.replacement(mb.slot_words * 8);
+    descs_.lend(std::move(mb.buffers[index]), mb.slot_words * 8);
+    mb.buffers[index] = std::move(fresh);
+  }
+}
+
+void self_iface::deliver_tag_zcopy(taken_slot& slot) {
+  // The sender's iov, copied out of the slot: its buffer may be lent to a handler below.
+  iov from[zcopy_max_iov];
+  const size_t count = std::min<size_t>(slot.aux, zcopy_max_iov);
+  std::memcpy(from, mailbox_->slot_data(slot.index), count * sizeof(iov));
+  const size_t total = slot.length;
+  tag_match match;
+  if (tags_.take(slot.tag, &match)) {
+    // Straight from the sender's memory into the posted receive.
+    size_t offset = 0;
+    for (size_t i = 0; i < count; ++i) {
+      match.scatter(offset, from[i].buffer, from[i].length);
+      offset += from[i].length;
+    }
+    tags_.finish(match, slot.tag, slot.imm, total, status::ok);
+  } else {
+    // Fragments of a slot's size, each copied into the slot's buffer.
+    const size_t fragment = attr_.max_bcopy;
+    void* context = nullptr;
+    size_t offset = 0;
+    do {
+      const size_t n = std::min(fragment, total - offset);
+      gather(from, count, offset, mailbox_->slot_data(slot.index), n);
+      const unsigned flags =
+          (offset == 0 ? tag_flag_first : 0) | (offset + n < total ? tag_flag_more : 0);
+      unexpected_in_slot(slot.index, n, flags, slot.tag, slot.imm, &context);
+      offset += n;
+    } while (offset < total);
+  }
+  // Hand the completion back (deliver() does it for the slot's origin).
+}
+
+void self_iface::deliver_rndv(taken_slot& slot) {
+  rndv_op& op = *slot.rndv;
+  int expected = rndv_op::posted;
+  if (!op.state.compare_exchange_strong(expected, rndv_op::taken, std::memory_order_acq_rel)) {
+    ++rndv_skipped_;  // canceled by its sender before we got to it
+    slot.origin.reset();
+    return;
+  }
+  const uint8_t* header = mailbox_->slot_data(slot.index);
+  tag_match match;
+  if (!tags_.peek(slot.tag, &match)) {
+    op.state.store(rndv_op::unexpected, std::memory_order_release);
+    slot.origin.reset();  // the sender's operation waits for its cancel
+    tags_.unexpected_rndv(slot.tag, header, slot.length, op.address, op.length, op.rkey.data(),
+                          op.rkey.size());
+    return;
+  }
+  // The md's get path: the key must still grant the range, then a copy.
+  const size_t length = std::min<size_t>(op.length, match.capacity);
+  status result = status::ok;
+  if (length != 0) {
+    packed_rkey key;
+    result = parse_rkey(op.rkey.data(), op.rkey.size(), rkey_magic_self, max_self_regions, &key);
+    if (result == status::ok) result = check_self_access(key, key.iface_id, op.address, length);
+    iov into[tag_recv_max_iov];
+    const size_t used = match.clipped(length, into);
+    if (result == status::ok) copy_local(into, used, reinterpret_cast<uint8_t*>(op.address), false);
+    count_rma(false, length, result);
+  }
+  op.state.store(rndv_op::done, std::memory_order_release);
+  const uint64_t total = op.length;
+  mailbox& home = *slot.origin->home;
+  home.hand_back({std::move(slot.origin), slot.comp, result, std::move(slot.rndv)});
+  if (result != status::ok) {
+    // Nothing is delivered: the receive stays posted, the sender's operation fails.
+    COMM_LOG(warn, log_name, "rendezvous of %llu bytes: fetch refused: %s",
+             static_cast<unsigned long long>(total), to_string(result));
+    return;
+  }
+  tags_.consume(match);
+  tags_.finish(match, slot.tag, 0, total, status::ok);
 }
 
 unsigned self_iface::complete_returned() {
@@ -296,6 +448,10 @@ unsigned self_iface::complete_returned() {
   for (returned_completion& r : returned_scratch_) {
     ep_state& state = *r.origin;
     if (!state.alive) continue;  // the endpoint was destroyed: its completions are dropped
+    if (r.rndv) {
+      release_rndv(state, *r.rndv);
+      if (r.rndv->canceled_by_sender) r.comp = nullptr;  // canceled meanwhile: never completed
+    }
     ++state.zcopy_done;
     ++done;
     if (r.comp != nullptr) complete(r.comp, r.result);
@@ -410,7 +566,38 @@ std::string self_iface::info() const {
           " of " + std::to_string(descs_.limit()) + " descriptors kept by handlers\n";
   if (md_) text += md_->info();
   text += "self: rma: " + rma_.text() + "\n";
+  text += tags_.info("self");
+  text += "self: tag: " + std::to_string(rndv_skipped_) +
+          " rendezvous canceled before delivery\n";
   return text;
+}
+
+void self_iface::release_rndv(ep_state& state, rndv_op& op) {
+  if (op.released) return;
+  op.released = true;
+  if (op.memh != nullptr) md_->mem_dereg(op.memh);
+  op.memh = nullptr;
+  auto& ops = state.rndv_ops;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].get() != &op) continue;
+    ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(i));
+    break;
+  }
+}
+
+status self_iface::set_tag_handlers(tag_unexp_eager_fn eager, void* eager_arg,
+                                    tag_unexp_rndv_fn rndv, void* rndv_arg) {
+  tags_.set_handlers(eager, eager_arg, rndv, rndv_arg);
+  return status::ok;
+}
+
+status self_iface::tag_recv_zcopy(tag_t tag, tag_t tag_mask, const iov* entries, size_t count,
+                                  tag_context* ctx) {
+  return tags_.post(tag, tag_mask, entries, count, ctx);
+}
+
+status self_iface::tag_recv_cancel(tag_context* ctx, bool force) {
+  return tags_.cancel(ctx, force);
 }
 
 void self_iface::release_am_desc(void* data) {

@@ -13,11 +13,23 @@
 // interface. An interface is used by one thread; endpoints of different interfaces may send to the
 // same interface from different threads.
 // Memory domain and RMA (get_zcopy/put_zcopy by memmove after checks): self_md.hpp.
+//
+// Tag matching (cap_tag_*) happens in the receiving interface (base/tag_offload.hpp): a slot
+// carries its kind and, for tagged messages, the tag and immediate value. Eager short and bcopy
+// messages sit in the slot; an eager zcopy carries the sender's iov, which the receiver copies
+// straight into a matching posted receive, or in slot-sized fragments (tag_flag_first/more) into
+// the slot's buffer for the unexpected handler; the sender's completion comes back as for
+// am_zcopy. A rendezvous carries its header in the slot and a rndv_op shared with the sender:
+// the receiver claims it (posted -> taken, so a canceled one is skipped), fetches the registered
+// buffer into a matching posted receive through the md's checks and completes the sender, or
+// hands address, length and key to the unexpected handler and leaves the operation to the
+// sender's cancel.
 #pragma once
 
 #include "base/desc_pool.hpp"
 #include "base/iface_base.hpp"
 #include "base/pending_queue.hpp"
+#include "base/tag_offload.hpp"
 #include "self/self_md.hpp"
 
 #include <comm/transport/transport.hpp>
@@ -36,13 +48,46 @@ component& self_component();
 /// (COMM_SELF_SEG_SIZE + 512 bytes).
 inline constexpr size_t max_am_descs = 64;
 
+/// Receives a tagged interface may have posted at once.
+inline constexpr size_t tag_max_outstanding = 256;
+
+/// Largest tag_eager_zcopy (delivered unexpected in fragments of a slot's size).
+inline constexpr size_t tag_eager_max_zcopy = 256 * 1024;
+
 struct ep_state;
+
+/// A rendezvous announced by a self endpoint, shared by the sender and the slot carrying it.
+struct rndv_op {
+  /// Where the operation is: the receiver moves posted to taken (fetching) to done, or posted to
+  /// unexpected; the sender's cancel moves posted or unexpected to canceled, and waits out taken.
+  enum state_value : int { posted, taken, unexpected, done, canceled };
+  std::atomic<int> state{posted};
+  uint64_t address = 0;       ///< the sender's buffer
+  uint64_t length = 0;        ///< its length
+  std::vector<uint8_t> rkey;  ///< its packed key (empty when length is 0)
+
+  // -- the sender's, touched on its interface's thread only --
+  uint64_t handle = 0;         ///< what tag_rndv_zcopy returned
+  mem_handle* memh = nullptr;  ///< the buffer's registration, null once released
+  bool released = false;       ///< off the endpoint's list, registration released
+  bool canceled_by_sender = false;  ///< its completion is never called
+};
 
 /// A zcopy whose data the target delivered, handed back to the sending interface.
 struct returned_completion {
   std::shared_ptr<ep_state> origin;  ///< the sending endpoint (it may be gone: then dropped)
   completion* comp = nullptr;        ///< the caller's completion, may be null
   status result = status::ok;        ///< ok, or connection_reset when the target closed first
+  std::shared_ptr<rndv_op> rndv;     ///< the rendezvous this completes, or null
+};
+
+/// What a mailbox slot carries.
+enum class slot_kind : uint8_t {
+  am,           ///< an active message (id, length)
+  tag_eager,    ///< a tagged eager message of `length` bytes in the slot
+  tag_zcopy,    ///< a tagged eager zcopy: the sender's iov (`aux` entries, `length` bytes)
+  tag_rndv,     ///< a rendezvous: its header (`length` bytes) in the slot, the rest in `rndv`
+  tag_request,  ///< a software rendezvous request: its header (`length` bytes) in the slot
 };
 
 /// The receive side of one self interface; shared with the endpoints that target it, so a send
@@ -54,9 +99,14 @@ struct mailbox {
   struct slot {
     am_id id = 0;
     bool ready = false;
+    slot_kind kind = slot_kind::am;
     uint32_t length = 0;
     completion* comp = nullptr;          ///< zcopy: completion to hand back
     std::shared_ptr<ep_state> origin;    ///< zcopy: the sending endpoint
+    tag_t tag = 0;                       ///< tagged: the sender's tag
+    uint64_t imm = 0;                    ///< tagged eager: the immediate value
+    uint32_t aux = 0;                    ///< tag_zcopy: iov entries in the slot
+    std::shared_ptr<rndv_op> rndv;       ///< tag_rndv: the operation
   };
 
   mailbox(size_t capacity, size_t slot_bytes, int event_fd);
@@ -111,6 +161,8 @@ struct ep_state {
   uint64_t zcopy_done = 0;           ///< zcopy operations completed
   /// Flush requests: completed when zcopy_done reaches the first member.
   std::vector<std::pair<uint64_t, completion*>> flushes;
+  /// Rendezvous issued and not yet completed or canceled (each counts as one zcopy).
+  std::vector<std::shared_ptr<rndv_op>> rndv_ops;
 };
 
 class self_ep;
@@ -141,8 +193,16 @@ public:
   md* memory_domain() override { return md_.get(); }
   std::string info() const override;
   void release_am_desc(void* data) override;
+  status set_tag_handlers(tag_unexp_eager_fn eager, void* eager_arg, tag_unexp_rndv_fn rndv,
+                          void* rndv_arg) override;
+  status tag_recv_zcopy(tag_t tag, tag_t tag_mask, const iov* entries, size_t count,
+                        tag_context* ctx) override;
+  status tag_recv_cancel(tag_context* ctx, bool force) override;
 
   // -- used by self_ep --
+
+  /// Releases the registration of `op` and takes it off its endpoint's list `state` (once).
+  void release_rndv(ep_state& state, rndv_op& op);
 
   /// Counts one RMA operation of `bytes` that ended with `result`.
   void count_rma(bool put, size_t bytes, status result) { rma_.count(put, bytes, result); }
@@ -157,7 +217,29 @@ public:
   void forget(self_ep* ep);
 
 private:
+  /// A slot's fields, copied out under the mailbox's lock.
+  struct taken_slot {
+    size_t index = 0;
+    am_id id = 0;
+    slot_kind kind = slot_kind::am;
+    uint32_t length = 0;
+    completion* comp = nullptr;
+    std::shared_ptr<ep_state> origin;
+    tag_t tag = 0;
+    uint64_t imm = 0;
+    uint32_t aux = 0;
+    std::shared_ptr<rndv_op> rndv;
+  };
+
   unsigned deliver();
+  /// Delivers a tagged slot; hands a zcopy's or a matched rendezvous's completion back.
+  void deliver_tag(taken_slot& slot);
+  void deliver_tag_zcopy(taken_slot& slot);
+  void deliver_rndv(taken_slot& slot);
+  /// Calls the unexpected eager handler with `length` bytes in the buffer of slot `index`, lending
+  /// the buffer when the handler keeps it.
+  void unexpected_in_slot(size_t index, size_t length, unsigned flags, tag_t tag, uint64_t imm,
+                          void** context);
   unsigned complete_returned();
   unsigned dispatch_pending();
 
@@ -173,6 +255,8 @@ private:
   desc_pool descs_{max_am_descs};                 ///< slot buffers kept by handlers
   std::unique_ptr<self_md> md_;
   rma_counters rma_;
+  tag_offload tags_{tag_max_outstanding};         ///< posted receives, unexpected handlers
+  uint64_t rndv_skipped_ = 0;                     ///< rendezvous canceled before delivery
 };
 
 /// An endpoint from a self interface to a self interface of the same process.
@@ -196,6 +280,14 @@ public:
   status pending_add(pending_req* req) override;
   void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
   status flush(completion* comp) override;
+  status tag_eager_short(tag_t tag, const void* data, size_t length) override;
+  ssize_t tag_eager_bcopy(tag_t tag, uint64_t imm, pack_fn pack, void* arg) override;
+  status tag_eager_zcopy(tag_t tag, uint64_t imm, const iov* entries, size_t count,
+                         completion* comp) override;
+  status tag_rndv_zcopy(tag_t tag, const void* header, size_t header_length, const iov* entries,
+                        size_t count, completion* comp, uint64_t* handle) override;
+  status tag_rndv_cancel(uint64_t handle) override;
+  status tag_rndv_request(tag_t tag, const void* header, size_t header_length) override;
 
   /// Retries the parked requests; returns how many finished. Called by the interface.
   unsigned dispatch_pending() { return pending_.dispatch(); }
@@ -212,6 +304,20 @@ private:
   /// Publishes the filled slot `index` and wakes the target if it sleeps.
   void commit(size_t index, am_id id, size_t length, completion* comp,
               std::shared_ptr<ep_state> origin);
+  /// The tagged fields of a slot being committed.
+  struct tag_fields {
+    slot_kind kind = slot_kind::tag_eager;
+    tag_t tag = 0;
+    uint64_t imm = 0;
+    uint32_t aux = 0;
+    std::shared_ptr<rndv_op> rndv;
+  };
+  /// Publishes the filled slot `index` holding a tagged message of `length` bytes.
+  void commit_tag(size_t index, tag_fields fields, size_t length, completion* comp,
+                  std::shared_ptr<ep_state> origin);
+  /// Ends `op` for the sender: waits out a receiver fetching it, marks it canceled unless it
+  /// finished, releases it. True when the receiver will hand a completion back for it.
+  bool cancel_rndv(rndv_op& op);
   /// get (write false) or put (write true): the checks, then the copy.
   status rma(const iov* entries, size_t count, uint64_t remote_address, const remote_key& key,
              bool write);
@@ -223,6 +329,7 @@ private:
   const uint64_t target_id_;
   std::shared_ptr<ep_state> state_;
   pending_queue pending_;
+  uint64_t next_rndv_handle_ = 1;
 };
 
 }  // namespace comm::tl::self

@@ -20,3 +20,34 @@ struct ShmZcopyDescriptor { # an am_zcopy whose payload the receiver pulls with 
   completionSeq  @4 :UInt64;    # value written there
   iov            @5 :List(ShmRemoteIov);
 }
+
+# -- tag matching ---------------------------------------------------------------------------------
+
+struct ShmTagHeader { # tag eager short/bcopy and rendezvous request: at the start of the cell data
+  tag @0 :UInt64;
+  imm @1 :UInt64;     # 0 for eager short and rendezvous requests
+}
+
+struct ShmTagZcopyDescriptor { # a tag_eager_zcopy whose payload the receiver pulls with CMA
+  senderPid     @0 :Int32;
+  completionSeq @1 :UInt64;   # the cell's index + 1, as for ShmZcopyDescriptor
+  tag           @2 :UInt64;
+  imm           @3 :UInt64;
+  iov           @4 :List(ShmRemoteIov);
+}
+
+struct ShmTagRndvDescriptor { # a tag_rndv_zcopy; its protocol header follows in the buffer
+  senderPid       @0 :Int32;    # the sender's interface address (shm iface_addr) ...
+  senderFd        @1 :Int32;
+  senderIfaceId   @2 :UInt64;
+  senderFifoSize  @3 :UInt32;
+  senderCellSize  @4 :UInt32;
+  senderSegSize   @5 :UInt32;
+  opSlot          @6 :UInt32;   # ... and its operation word there (rndv_op_word)
+  opGeneration    @7 :UInt64;
+  tag             @8 :UInt64;
+  headerLength    @9 :UInt32;
+  address         @10 :UInt64;  # the sender's buffer
+  length          @11 :UInt64;
+  rkey            @12 :Data;    # its packed key (empty when length is 0)
+}

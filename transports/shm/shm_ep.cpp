@@ -28,7 +28,9 @@ shm_ep::shm_ep(shm_iface& owner, shm_peer& peer)
 }
 
 shm_ep::~shm_ep() {
-  // Zcopy operations still in flight are dropped without calling their completions.
+  // Zcopy operations still in flight are dropped without calling their completions; rendezvous
+  // are canceled (their receivers skip them) and their buffers released.
+  for (const rndv_entry& op : rndv_ops_) release_rndv(op, false);
   owner_.forget(this);
 }
 
@@ -271,14 +273,20 @@ void shm_ep::pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) {
 
 status shm_ep::flush(completion* comp) {
   if (failed_) return status::connection_reset;
-  if (ztail_ == zhead_) return status::ok;
-  if (comp != nullptr) flushes_.emplace_back(zhead_, comp);
+  if (ztail_ == zhead_ && rndv_ops_.empty()) return status::ok;
+  if (comp != nullptr) {
+    flushes_.push_back({zhead_, rndv_issued_, comp});
+    owner_.schedule(this);
+  }
   return status::in_progress;
 }
 
 void shm_ep::complete_flushes(status result) {
-  while (!flushes_.empty() && flushes_.front().first <= ztail_) {
-    completion* comp = flushes_.front().second;
+  // Rendezvous finish out of order: a flush waits for the oldest one still outstanding.
+  const uint64_t oldest_rndv = rndv_ops_.empty() ? rndv_issued_ : rndv_ops_.front().seq;
+  while (!flushes_.empty() && flushes_.front().zhead <= ztail_ &&
+         flushes_.front().rndv_seq <= oldest_rndv) {
+    completion* comp = flushes_.front().comp;
     flushes_.erase(flushes_.begin());
     complete(comp, result);
   }
@@ -298,6 +306,7 @@ unsigned shm_ep::progress() {
     ++events;
     if (comp != nullptr) complete(comp, result);
   }
+  if (!rndv_ops_.empty()) [[unlikely]] events += progress_rndv();
   if (!flushes_.empty()) complete_flushes(status::ok);
   if (!pending_.empty() && !failed_ && fifo_may_have_room()) events += pending_.dispatch();
   return events;
@@ -305,7 +314,9 @@ unsigned shm_ep::progress() {
 
 status shm_ep::arm() {
   if (!pending_.empty()) return status::busy;  // room in the FIFO comes without a wakeup
-  if (failed_ || ztail_ == zhead_) return status::ok;
+  if (failed_) return status::ok;
+  if (!rndv_ops_.empty() && arm_rndv() != status::ok) return status::busy;
+  if (ztail_ == zhead_) return status::ok;
   const uint64_t index = zring_[ztail_ & zmask_].index;
   auto word = shared_word(*peer_.ack(index));
   uint64_t ack = word.load(std::memory_order_acquire);
@@ -327,7 +338,259 @@ void shm_ep::fail(status reason) {
     ++ztail_;
     if (comp != nullptr) complete(comp, reason);
   }
+  std::vector<rndv_entry> outstanding;
+  outstanding.swap(rndv_ops_);
+  for (const rndv_entry& op : outstanding) {
+    release_rndv(op, false);
+    if (op.comp != nullptr) complete(op.comp, reason);
+  }
   complete_flushes(reason);
+}
+
+// -- tag matching: eager --------------------------------------------------------------------------
+
+status shm_ep::tag_eager_short(tag_t tag, const void* data, size_t length) {
+  if (length > max_short_ - tag_header_size || (data == nullptr && length != 0)) [[unlikely]] {
+    return status::invalid_param;
+  }
+  if (const status st = refusal(); st != status::ok) [[unlikely]] return st;
+  uint64_t index;
+  bool wake;
+  if (claim(&index, &wake) != status::ok) return status::no_resource;
+  cell_header* cell = peer_.cell(index);
+  uint8_t* dest = segment::cell_data(cell);
+  owner_.write_tag_header(dest, tag, 0);
+  if (length != 0) std::memcpy(dest + tag_header_size, data, length);
+  publish(cell, index, {0, cell_tag_inline, 0, static_cast<uint32_t>(tag_header_size + length)},
+          wake);
+  return status::ok;
+}
+
+ssize_t shm_ep::tag_eager_bcopy(tag_t tag, uint64_t imm, pack_fn pack, void* arg) {
+  if (const status st = refusal(); st != status::ok) [[unlikely]] {
+    return static_cast<ssize_t>(st);
+  }
+  uint64_t index;
+  bool wake;
+  if (claim(&index, &wake) != status::ok) return static_cast<ssize_t>(status::no_resource);
+  const size_t length = pack(peer_.buffer(index), arg);
+  cell_header* cell = peer_.cell(index);
+  if (length > peer_.geo().segment_size) [[unlikely]] {
+    COMM_LOG(error, "shm", "tag_eager_bcopy: pack wrote %zu bytes, more than max_bcopy %u", length,
+             peer_.geo().segment_size);
+    publish(cell, index, {0, cell_skip, 0, 0}, wake);
+    return static_cast<ssize_t>(status::invalid_param);
+  }
+  owner_.write_tag_header(segment::cell_data(cell), tag, imm);
+  publish(cell, index, {0, cell_tag_bcopy, 0, static_cast<uint32_t>(length)}, wake);
+  return static_cast<ssize_t>(length);
+}
+
+status shm_ep::tag_eager_zcopy(tag_t tag, uint64_t imm, const iov* entries, size_t count,
+                               completion* comp) {
+  size_t total = 0;
+  if (count > zcopy_max_iov || !sum_iov(entries, count, &total) || total > zcopy_max_payload) {
+    return status::invalid_param;
+  }
+  if (const status st = refusal(); st != status::ok) return st;
+  if (zhead_ - ztail_ > zmask_) return status::no_resource;
+  if (!reserve_zring()) return status::no_memory;
+  return send_tag_zcopy(tag, imm, entries, count, comp);
+}
+
+status shm_ep::send_tag_zcopy(tag_t tag, uint64_t imm, const iov* entries, size_t count,
+                              completion* comp) {
+  capnp::word words[zcopy_max_desc_words];
+  std::memset(words, 0, sizeof(words));
+  capnp::MallocMessageBuilder message(kj::arrayPtr(words, zcopy_max_desc_words));
+  auto descriptor = message.initRoot<wire::schema::ShmTagZcopyDescriptor>();
+  descriptor.setSenderPid(own_pid_);
+  descriptor.setTag(tag);
+  descriptor.setImm(imm);
+  auto list = descriptor.initIov(static_cast<unsigned>(count));
+  for (size_t i = 0; i < count; ++i) {
+    list[i].setAddress(reinterpret_cast<uintptr_t>(entries[i].buffer));
+    list[i].setLength(entries[i].length);
+  }
+  const auto segments = message.getSegmentsForOutput();
+  if (segments.size() != 1 || segments[0].size() > zcopy_max_desc_words) {
+    COMM_LOG(error, "shm", "tag_eager_zcopy: descriptor does not fit in %zu words",
+             zcopy_max_desc_words);
+    return status::invalid_param;
+  }
+  const size_t desc_bytes = segments[0].size() * sizeof(capnp::word);
+  uint64_t index;
+  bool wake;
+  if (claim(&index, &wake) != status::ok) return status::no_resource;
+  descriptor.setCompletionSeq(index + 1);
+  std::memcpy(peer_.buffer(index), segments[0].begin(), desc_bytes);
+  shared_word(*reinterpret_cast<uint64_t*>(segment::cell_data(peer_.cell(index))))
+      .store(owner_.id(), std::memory_order_relaxed);  // where the receiver sends a wakeup
+  zring_[zhead_ & zmask_] = {index, comp};
+  ++zhead_;
+  publish(peer_.cell(index), index,
+          {0, cell_tag_zcopy, static_cast<uint16_t>(segments[0].size()),
+           static_cast<uint32_t>(desc_bytes)},
+          wake);
+  owner_.schedule(this);
+  return status::in_progress;
+}
+
+// -- tag matching: rendezvous ---------------------------------------------------------------------
+
+status shm_ep::tag_rndv_zcopy(tag_t tag, const void* header, size_t header_length,
+                              const iov* entries, size_t count, completion* comp,
+                              uint64_t* handle) {
+  size_t total = 0;
+  if (handle == nullptr || header_length > tag_rndv_max_hdr || count > 1 ||
+      (header == nullptr && header_length != 0) || !sum_iov(entries, count, &total)) {
+    return status::invalid_param;
+  }
+  if (const status st = refusal(); st != status::ok) return st;
+  rndv_entry op;
+  if (!owner_.rndv_alloc(&op.slot, &op.generation)) return status::no_resource;
+  op.handle = op.generation << 16 | op.slot;
+  op.comp = comp;
+  std::vector<uint8_t> rkey;
+  const uint64_t address = total != 0 ? reinterpret_cast<uintptr_t>(entries[0].buffer) : 0;
+  status st = status::ok;
+  if (total != 0) {
+    md& domain = *owner_.memory_domain();
+    st = domain.mem_reg(const_cast<void*>(entries[0].buffer), total, &op.memh);
+    if (st == status::ok) st = domain.rkey_pack(op.memh, rkey);
+  }
+  if (st == status::ok) st = announce_rndv(op, tag, header, header_length, address, total, rkey);
+  if (st != status::ok) {
+    release_rndv(op, true);
+    return st;
+  }
+  op.seq = rndv_issued_++;
+  rndv_ops_.push_back(op);
+  owner_.schedule(this);
+  *handle = op.handle;
+  return status::in_progress;
+}
+
+status shm_ep::announce_rndv(const rndv_entry& op, tag_t tag, const void* header,
+                             size_t header_length, uint64_t address, uint64_t length,
+                             const std::vector<uint8_t>& rkey) {
+  capnp::word words[zcopy_max_desc_words];
+  std::memset(words, 0, sizeof(words));
+  capnp::MallocMessageBuilder message(kj::arrayPtr(words, zcopy_max_desc_words));
+  auto descriptor = message.initRoot<wire::schema::ShmTagRndvDescriptor>();
+  const iface_addr own = owner_.own_address();
+  descriptor.setSenderPid(own.pid);
+  descriptor.setSenderFd(own.fd);
+  descriptor.setSenderIfaceId(own.iface_id);
+  descriptor.setSenderFifoSize(own.fifo_size);
+  descriptor.setSenderCellSize(own.cell_size);
+  descriptor.setSenderSegSize(own.segment_size);
+  descriptor.setOpSlot(op.slot);
+  descriptor.setOpGeneration(op.generation);
+  descriptor.setTag(tag);
+  descriptor.setHeaderLength(static_cast<uint32_t>(header_length));
+  descriptor.setAddress(address);
+  descriptor.setLength(length);
+  descriptor.setRkey(kj::arrayPtr(rkey.data(), rkey.size()));
+  const auto segments = message.getSegmentsForOutput();
+  if (segments.size() != 1 || segments[0].size() > zcopy_max_desc_words) {
+    COMM_LOG(error, "shm", "tag_rndv_zcopy: descriptor does not fit in %zu words",
+             zcopy_max_desc_words);
+    return status::invalid_param;
+  }
+  const size_t desc_bytes = segments[0].size() * sizeof(capnp::word);
+  // Posted before it is announced: the receiver claims it from there.
+  shared_word(owner_.rndv_word(op.slot))
+      .store(rndv_op_word::make(op.generation, rndv_op_word::posted), std::memory_order_release);
+  uint64_t index;
+  bool wake;
+  if (claim(&index, &wake) != status::ok) return status::no_resource;
+  uint8_t* buffer = peer_.buffer(index);
+  std::memcpy(buffer, segments[0].begin(), desc_bytes);
+  if (header_length != 0) std::memcpy(buffer + desc_bytes, header, header_length);
+  publish(peer_.cell(index), index,
+          {0, cell_tag_rndv, static_cast<uint16_t>(segments[0].size()),
+           static_cast<uint32_t>(desc_bytes + header_length)},
+          wake);
+  return status::ok;
+}
+
+void shm_ep::release_rndv(const rndv_entry& op, bool finished) {
+  if (!finished) {
+    // Whatever state it is in: a receiver's later CAS (of this generation) fails.
+    shared_word(owner_.rndv_word(op.slot))
+        .store(rndv_op_word::make(op.generation, rndv_op_word::canceled),
+               std::memory_order_release);
+  }
+  if (op.memh != nullptr) owner_.memory_domain()->mem_dereg(op.memh);
+  owner_.rndv_free(op.slot);
+}
+
+status shm_ep::tag_rndv_cancel(uint64_t handle) {
+  for (size_t i = 0; i < rndv_ops_.size(); ++i) {
+    if (rndv_ops_[i].handle != handle) continue;
+    release_rndv(rndv_ops_[i], false);
+    rndv_ops_.erase(rndv_ops_.begin() + static_cast<std::ptrdiff_t>(i));
+    return status::ok;  // waiting flushes complete on the next progress
+  }
+  return status::no_elem;
+}
+
+unsigned shm_ep::progress_rndv() {
+  unsigned events = 0;
+  for (size_t i = 0; i < rndv_ops_.size();) {
+    const rndv_entry op = rndv_ops_[i];
+    const uint64_t word =
+        shared_word(owner_.rndv_word(op.slot)).load(std::memory_order_acquire);
+    status result;
+    if (rndv_op_word::generation(word) != op.generation) [[unlikely]] {
+      result = status::protocol_error;  // somebody overwrote our word
+    } else if (rndv_op_word::state(word) == rndv_op_word::done) {
+      result = rndv_op_word::result(word);
+    } else {
+      ++i;
+      continue;
+    }
+    rndv_ops_.erase(rndv_ops_.begin() + static_cast<std::ptrdiff_t>(i));
+    release_rndv(op, true);
+    ++events;
+    if (op.comp != nullptr) complete(op.comp, result);
+  }
+  return events;
+}
+
+status shm_ep::arm_rndv() {
+  for (const rndv_entry& op : rndv_ops_) {
+    auto word = shared_word(owner_.rndv_word(op.slot));
+    uint64_t seen = word.load(std::memory_order_acquire);
+    for (;;) {
+      if (rndv_op_word::generation(seen) != op.generation ||
+          rndv_op_word::state(seen) == rndv_op_word::done) {
+        return status::busy;
+      }
+      if ((seen & rndv_op_word::wake) != 0) break;
+      if (word.compare_exchange_weak(seen, seen | rndv_op_word::wake, std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
+        break;
+      }
+    }
+  }
+  return status::ok;
+}
+
+status shm_ep::tag_rndv_request(tag_t tag, const void* header, size_t header_length) {
+  if (header_length > tag_rndv_max_hdr || (header == nullptr && header_length != 0)) {
+    return status::invalid_param;
+  }
+  if (const status st = refusal(); st != status::ok) return st;
+  uint64_t index;
+  bool wake;
+  if (claim(&index, &wake) != status::ok) return status::no_resource;
+  if (header_length != 0) std::memcpy(peer_.buffer(index), header, header_length);
+  cell_header* cell = peer_.cell(index);
+  owner_.write_tag_header(segment::cell_data(cell), tag, 0);
+  publish(cell, index, {0, cell_tag_request, 0, static_cast<uint32_t>(header_length)}, wake);
+  return status::ok;
 }
 
 }  // namespace comm::tl::shm

@@ -48,14 +48,24 @@ public:
   status pending_add(pending_req* req) override;
   void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
   status flush(completion* comp) override;
+  status tag_eager_short(tag_t tag, const void* data, size_t length) override;
+  ssize_t tag_eager_bcopy(tag_t tag, uint64_t imm, pack_fn pack, void* arg) override;
+  status tag_eager_zcopy(tag_t tag, uint64_t imm, const iov* entries, size_t count,
+                         completion* comp) override;
+  status tag_rndv_zcopy(tag_t tag, const void* header, size_t header_length, const iov* entries,
+                        size_t count, completion* comp, uint64_t* handle) override;
+  status tag_rndv_cancel(uint64_t handle) override;
+  status tag_rndv_request(tag_t tag, const void* header, size_t header_length) override;
 
   // -- used by shm_iface --
 
   /// Completes acknowledged zcopy operations and retries parked requests; returns the count.
   unsigned progress();
 
-  /// True while zcopy operations are in flight or requests are parked.
-  bool has_work() const { return ztail_ != zhead_ || !pending_.empty(); }
+  /// True while zcopy operations or rendezvous are in flight, flushes wait or requests are parked.
+  bool has_work() const {
+    return ztail_ != zhead_ || !pending_.empty() || !rndv_ops_.empty() || !flushes_.empty();
+  }
 
   /// Prepares for the interface's sleep: asks the receiver to wake us when the oldest zcopy is
   /// acked. Returns busy when progress() has something to do now (an ack, parked requests).
@@ -70,14 +80,37 @@ public:
   pid_t peer_pid() const { return remote_.address.pid; }
   bool failed() const { return failed_; }
 
+  /// Wakes the peer interface's owner if it sleeps.
+  void wake_peer() const;
+
   /// Set by the interface: on its list of endpoints with work / its failure list.
   bool scheduled = false;
   bool failure_noticed = false;
+  /// Made by the interface for its own use (fetching rendezvous): never given to the error
+  /// handler.
+  bool internal = false;
 
 private:
   struct zcopy_slot {
     uint64_t index = 0;           ///< FIFO position of the cell
     completion* comp = nullptr;   ///< the caller's completion, may be null
+  };
+
+  /// A rendezvous this endpoint announced, not yet completed or canceled.
+  struct rndv_entry {
+    uint64_t handle = 0;          ///< generation << 16 | slot
+    uint32_t slot = 0;            ///< its word in our segment
+    uint64_t generation = 0;
+    completion* comp = nullptr;   ///< the caller's completion, may be null
+    mem_handle* memh = nullptr;   ///< the buffer's registration, or null (empty buffer)
+    uint64_t seq = 0;             ///< issue order, for flush
+  };
+
+  /// A flush waiting for the zcopy operations and rendezvous issued before it.
+  struct flush_entry {
+    uint64_t zhead = 0;           ///< zhead_ at the flush
+    uint64_t rndv_seq = 0;        ///< rndv_issued_ at the flush
+    completion* comp = nullptr;
   };
 
   /// Claims the next cell; no_resource when the FIFO is full. `*wake`: the receiver sleeps.
@@ -88,10 +121,21 @@ private:
   status refusal() const;
   /// True when the FIFO may have room (cheap: cached tail first).
   bool fifo_may_have_room();
-  void wake_peer() const;
   /// Makes room for the zcopy operations in flight (at first use: most endpoints never zcopy).
   bool reserve_zring();
   void complete_flushes(status result);
+  /// The ShmTagZcopyDescriptor/claim/publish of tag_eager_zcopy, after its checks.
+  status send_tag_zcopy(tag_t tag, uint64_t imm, const iov* entries, size_t count,
+                        completion* comp);
+  /// Builds and publishes the announcement of a rendezvous in slot `op` (registered already).
+  status announce_rndv(const rndv_entry& op, tag_t tag, const void* header, size_t header_length,
+                       uint64_t address, uint64_t length, const std::vector<uint8_t>& rkey);
+  /// Completes the rendezvous whose words say they are done; returns how many.
+  unsigned progress_rndv();
+  /// Releases `op`: its registration and its slot (the word says canceled unless `finished`).
+  void release_rndv(const rndv_entry& op, bool finished);
+  /// Sets the wake bit of every outstanding rendezvous; busy when one is done already.
+  status arm_rndv();
   /// get (write false) or put (write true): validates, counts, reports a dead peer.
   status rma(const iov* entries, size_t count, uint64_t remote_address, const remote_key& key,
              bool write);
@@ -120,7 +164,10 @@ private:
   uint64_t zmask_ = 0;
   uint64_t zhead_ = 0;
   uint64_t ztail_ = 0;
-  std::vector<std::pair<uint64_t, completion*>> flushes_;  ///< (zhead_ at flush, completion)
+  std::vector<flush_entry> flushes_;
+
+  std::vector<rndv_entry> rndv_ops_;  ///< rendezvous outstanding, in issue order
+  uint64_t rndv_issued_ = 0;          ///< rendezvous issued so far
 
   const int32_t own_pid_;          ///< written into zcopy descriptors
 };

@@ -50,6 +50,8 @@ uint64_t random_nonzero_id() {
   return id;
 }
 
+static_assert(tag_header_size == wire::header_size<wire::schema::ShmTagHeader>());
+
 uint64_t coarse_now_ns() {
   timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
@@ -57,6 +59,11 @@ uint64_t coarse_now_ns() {
 }
 
 }  // namespace
+
+/// The one ShmTagHeader builder of an interface (its endpoints share it: one thread).
+struct tag_header_writer {
+  wire::header_writer<wire::schema::ShmTagHeader> writer;
+};
 
 // -- open and close -------------------------------------------------------------------------------
 
@@ -110,7 +117,8 @@ shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
   publish_mask_ = std::max<uint64_t>(geo.fifo_size / 4, 1) - 1;
 
   attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
-               cap_connect_to_iface | cap_peer_failure | cap_get_zcopy | cap_put_zcopy;
+               cap_connect_to_iface | cap_peer_failure | cap_get_zcopy | cap_put_zcopy |
+               cap_tag_any;
   attr_.max_short = geo.max_short();
   attr_.max_bcopy = geo.segment_size;
   attr_.max_zcopy = zcopy_max_payload;
@@ -120,12 +128,19 @@ shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
   attr_.max_put_zcopy = max_rma_bytes;
   attr_.max_outstanding_reads = max_outstanding_reads;
   attr_.max_am_descs = max_am_descs;
+  attr_.tag.eager = {geo.max_short() - tag_header_size, geo.segment_size, zcopy_max_payload,
+                     zcopy_max_iov};
+  attr_.tag.rndv = {max_rma_bytes, tag_rndv_max_hdr, 1};
+  attr_.tag.recv = {max_rma_bytes, tag_recv_max_iov, tag_max_outstanding};
+  rndv_generation_.assign(rndv_slots, 0);
+  for (uint32_t i = rndv_slots; i-- > 0;) rndv_free_.push_back(i);
   attr_.latency_ns = 100;
   attr_.bandwidth_bytes_per_s = 10e9;
   attr_.priority = 10;
 }
 
 shm_iface::~shm_iface() {
+  rndv_sources_.clear();  // our own endpoints, before the check for the user's
   if (!eps_.empty()) {
     COMM_LOG(warn, log_name, "interface destroyed with %zu endpoints still open", eps_.size());
   }
@@ -173,7 +188,9 @@ void shm_iface::deliver(uint64_t index, cell_header* cell) {
   // One load of the metadata: a sender changing it meanwhile cannot get past the checks.
   const cell_meta meta = cell_meta::unpack(shared_word(cell->meta).load(std::memory_order_relaxed));
   if (meta.am_id >= am_id_count) [[unlikely]] {
-    if (meta.kind == cell_zcopy) acknowledge(index, cell, status::protocol_error, 0);
+    if (meta.kind == cell_zcopy || meta.kind == cell_tag_zcopy) {
+      acknowledge(index, cell, status::protocol_error, 0);
+    }
     return malformed(index, "am id out of range");
   }
   void* data;
@@ -199,6 +216,10 @@ void shm_iface::deliver(uint64_t index, cell_header* cell) {
     case cell_skip:
       return;
     default:
+      // The tagged kinds: off the AM path, in the branch unknown kinds take anyway.
+      if (meta.kind >= cell_tag_inline && meta.kind <= cell_tag_request) {
+        return receive_tag(index, cell, meta);
+      }
       return malformed(index, "unknown cell kind");
   }
   if (meta.kind == cell_inline) {
@@ -344,7 +365,369 @@ void shm_iface::malformed(uint64_t index, const char* why) {
            static_cast<unsigned long long>(index), why);
 }
 
-// -- endpoints: work, liveness, failure ------------------------------------------------------------
+// -- tag matching: receive ------------------------------------------------------------------------
+
+namespace {
+
+/// Reads the ShmTagHeader at the start of `cell`'s data, copied out of shared memory first.
+bool read_tag_header(cell_header* cell, tag_t* tag, uint64_t* imm) {
+  uint64_t words[tag_header_size / sizeof(uint64_t)];
+  std::memcpy(words, segment::cell_data(cell), tag_header_size);
+  const auto header = wire::read_header<wire::schema::ShmTagHeader>(words, tag_header_size);
+  if (!header) return false;
+  *tag = header->getTag();
+  *imm = header->getImm();
+  return true;
+}
+
+/// Reads `total` bytes of process `pid` at `remote` into `local`; ok, connection_reset (the
+/// process is gone) or io_error, with `*error` the errno.
+status cma_pull(int32_t pid, const iovec* local, size_t local_count, const iovec* remote,
+                size_t remote_count, size_t total, int* error) {
+  if (total == 0) return status::ok;
+  const ssize_t got = ::process_vm_readv(pid, local, local_count, remote, remote_count, 0);
+  if (got == static_cast<ssize_t>(total)) return status::ok;
+  *error = got < 0 ? errno : EFAULT;
+  return *error == ESRCH ? status::connection_reset : status::io_error;
+}
+
+}  // namespace
+
+void shm_iface::receive_tag(uint64_t index, cell_header* cell, cell_meta meta) {
+  switch (meta.kind) {
+    case cell_tag_inline:
+      return receive_tag_inline(index, cell, meta);
+    case cell_tag_bcopy:
+    case cell_tag_request:
+      return receive_tag_buffered(index, cell, meta);
+    case cell_tag_zcopy: {
+      int32_t sender = 0;
+      const status result = receive_tag_zcopy(index, meta, &sender);
+      return acknowledge(index, cell, result, sender);
+    }
+    case cell_tag_rndv:
+      return receive_tag_rndv(index, meta);
+    default:
+      return malformed(index, "unknown cell kind");
+  }
+}
+
+void shm_iface::receive_tag_inline(uint64_t index, cell_header* cell, cell_meta meta) {
+  tag_t tag = 0;
+  uint64_t imm = 0;
+  if (meta.length < tag_header_size || meta.length > segment_.geo().max_short()) {
+    return malformed(index, "tagged inline length out of bounds");
+  }
+  if (!read_tag_header(cell, &tag, &imm)) return malformed(index, "bad tag header");
+  uint8_t* data = segment::cell_data(cell) + tag_header_size;
+  const size_t length = meta.length - tag_header_size;
+  tag_match match;
+  if (tags_.take(tag, &match)) return tags_.deliver(match, tag, imm, data, length);
+  void* context = nullptr;
+  tags_.unexpected_eager(data, length, tag_flag_first, tag, imm, &context);  // lives in the cell
+}
+
+void shm_iface::receive_tag_buffered(uint64_t index, cell_header* cell, cell_meta meta) {
+  tag_t tag = 0;
+  uint64_t imm = 0;
+  const bool request = meta.kind == cell_tag_request;
+  const size_t limit = request ? tag_rndv_max_hdr : segment_.geo().segment_size;
+  if (meta.length > limit) return malformed(index, "tagged length exceeds the receive buffer");
+  if (!read_tag_header(cell, &tag, &imm)) return malformed(index, "bad tag header");
+  uint8_t* data = segment_.buffer_at(buffer_of_[index & (buffer_of_.size() - 1)]);
+  tag_match match;
+  if (request) {
+    if (tags_.take(tag, &match)) return tags_.deliver_request(match, tag, data, meta.length);
+    return tags_.unexpected_rndv(tag, data, meta.length, 0, 0, nullptr, 0);
+  }
+  if (tags_.take(tag, &match)) return tags_.deliver(match, tag, imm, data, meta.length);
+  const unsigned flags = tag_flag_first | (can_lend() ? am_flag_desc : 0);
+  void* context = nullptr;
+  const status kept = tags_.unexpected_eager(data, meta.length, flags, tag, imm, &context);
+  if (kept == status::in_progress && (flags & am_flag_desc) != 0) lend_buffer(index);
+}
+
+status shm_iface::receive_tag_zcopy(uint64_t index, cell_meta meta, int32_t* sender_pid) {
+  const size_t desc_bytes = size_t{meta.desc_words} * sizeof(capnp::word);
+  if (meta.desc_words == 0 || meta.desc_words > zcopy_max_desc_words || desc_bytes != meta.length) {
+    malformed(index, "tagged zcopy descriptor size out of bounds");
+    return status::protocol_error;
+  }
+  capnp::word words[zcopy_max_desc_words];
+  std::memcpy(words, segment_.buffer_at(buffer_of_[index & (buffer_of_.size() - 1)]), desc_bytes);
+  iovec remote[zcopy_max_iov];
+  size_t remote_count = 0;
+  size_t total = 0;
+  int32_t sender = 0;
+  tag_t tag = 0;
+  uint64_t imm = 0;
+  const char* problem = nullptr;
+  try {
+    const kj::ArrayPtr<const capnp::word> only_segment(words, meta.desc_words);
+    capnp::SegmentArrayMessageReader reader(kj::arrayPtr(&only_segment, 1),
+                                            wire::checked_reader_options());
+    const auto descriptor = reader.getRoot<wire::schema::ShmTagZcopyDescriptor>();
+    const auto list = descriptor.getIov();
+    sender = descriptor.getSenderPid();
+    tag = descriptor.getTag();
+    imm = descriptor.getImm();
+    if (descriptor.getCompletionSeq() != index + 1 || sender <= 0) {
+      problem = "tagged zcopy descriptor does not match its cell";
+    } else if (list.size() > zcopy_max_iov) {
+      problem = "tagged zcopy iov count out of bounds";
+    } else {
+      for (auto entry : list) {
+        const uint64_t length = entry.getLength();
+        if (length > zcopy_max_payload - total) {
+          problem = "tagged zcopy payload exceeds max_zcopy";
+          break;
+        }
+        total += length;
+        remote[remote_count++] = {reinterpret_cast<void*>(entry.getAddress()), length};
+      }
+    }
+  } catch (const kj::Exception& e) {
+    problem = "tagged zcopy descriptor is not a valid message";
+  }
+  if (problem != nullptr) {
+    malformed(index, problem);
+    return status::protocol_error;
+  }
+  *sender_pid = sender;
+
+  tag_match match;
+  const bool matched = tags_.peek(tag, &match);
+  // Into the posted receive (what fits), or whole into the zcopy buffer.
+  iovec local[tag_recv_max_iov];
+  size_t local_count = 1;
+  size_t pulled = total;
+  if (matched) {
+    iov into[tag_recv_max_iov];
+    pulled = std::min(total, match.capacity);
+    local_count = match.clipped(pulled, into);
+    for (size_t i = 0; i < local_count; ++i) {
+      local[i] = {const_cast<void*>(into[i].buffer), into[i].length};
+    }
+  } else {
+    local[0] = {zcopy_buffer_.get(), total};
+  }
+  int error = 0;
+  const status result = cma_pull(sender, local, local_count, remote, remote_count, pulled, &error);
+  if (result != status::ok) {
+    // Nothing is delivered: a matched receive stays posted, the sender's operation fails.
+    ++zcopy_errors_;
+    COMM_LOG(warn, log_name, "tagged zcopy from pid %d: %zu bytes: %s", sender, pulled,
+             std::strerror(error));
+    return result;
+  }
+  if (matched) {
+    tags_.consume(match);
+    tags_.finish(match, tag, imm, total, status::ok);
+  } else {
+    unexpected_fragments(total, tag, imm);
+  }
+  return status::ok;
+}
+
+void shm_iface::unexpected_fragments(size_t total, tag_t tag, uint64_t imm) {
+  const size_t fragment = segment_.geo().segment_size;
+  auto* data = reinterpret_cast<uint8_t*>(zcopy_buffer_.get());
+  if (total <= fragment) {
+    // One fragment: the handler may keep the whole buffer, as for am_zcopy.
+    const unsigned flags = tag_flag_first | (can_lend() ? am_flag_desc : 0);
+    void* context = nullptr;
+    if (tags_.unexpected_eager(data, total, flags, tag, imm, &context) == status::in_progress &&
+        (flags & am_flag_desc) != 0) {
+      desc_pool::block fresh = zcopy_descs_.replacement(zcopy_buffer_bytes);
+      zcopy_descs_.lend(std::move(zcopy_buffer_), zcopy_buffer_bytes);
+      zcopy_buffer_ = std::move(fresh);
+    }
+    return;
+  }
+  // Fragments of a receive buffer's size, in order; they cannot be kept (one buffer holds all).
+  void* context = nullptr;
+  for (size_t offset = 0; offset < total; offset += fragment) {
+    const size_t n = std::min(fragment, total - offset);
+    const unsigned flags =
+        (offset == 0 ? tag_flag_first : 0) | (offset + n < total ? tag_flag_more : 0);
+    tags_.unexpected_eager(data + offset, n, flags, tag, imm, &context);
+  }
+}
+
+void shm_iface::receive_tag_rndv(uint64_t index, cell_meta meta) {
+  const size_t desc_bytes = size_t{meta.desc_words} * sizeof(capnp::word);
+  if (meta.desc_words == 0 || meta.desc_words > zcopy_max_desc_words ||
+      desc_bytes > meta.length || meta.length > segment_.geo().segment_size ||
+      meta.length - desc_bytes > tag_rndv_max_hdr) {
+    return malformed(index, "rendezvous descriptor size out of bounds");
+  }
+  const uint8_t* buffer = segment_.buffer_at(buffer_of_[index & (buffer_of_.size() - 1)]);
+  capnp::word words[zcopy_max_desc_words];
+  std::memcpy(words, buffer, desc_bytes);
+  const size_t header_length = meta.length - desc_bytes;
+  uint8_t header[tag_rndv_max_hdr];
+  std::memcpy(header, buffer + desc_bytes, header_length);
+  uint8_t rkey[tag_rndv_max_rkey];
+  size_t rkey_length = 0;
+  iface_addr sender;
+  uint32_t slot = 0;
+  uint64_t generation = 0;
+  tag_t tag = 0;
+  uint64_t address = 0;
+  uint64_t length = 0;
+  const char* problem = nullptr;
+  try {
+    const kj::ArrayPtr<const capnp::word> only_segment(words, meta.desc_words);
+    capnp::SegmentArrayMessageReader reader(kj::arrayPtr(&only_segment, 1),
+                                            wire::checked_reader_options());
+    const auto d = reader.getRoot<wire::schema::ShmTagRndvDescriptor>();
+    sender.pid = d.getSenderPid();
+    sender.fd = d.getSenderFd();
+    sender.iface_id = d.getSenderIfaceId();
+    sender.fifo_size = d.getSenderFifoSize();
+    sender.cell_size = d.getSenderCellSize();
+    sender.segment_size = d.getSenderSegSize();
+    slot = d.getOpSlot();
+    generation = d.getOpGeneration();
+    tag = d.getTag();
+    address = d.getAddress();
+    length = d.getLength();
+    const auto key = d.getRkey();
+    if (d.getHeaderLength() != header_length) {
+      problem = "rendezvous header length mismatch";
+    } else if (slot >= rndv_slots || generation == 0 || generation > max_rndv_generation) {
+      problem = "rendezvous operation out of bounds";
+    } else if (key.size() > tag_rndv_max_rkey || (key.size() == 0) != (length == 0)) {
+      problem = "rendezvous key size out of bounds";
+    } else if (!iface_addr::unpack(sender.pack())) {
+      problem = "rendezvous sender address invalid";
+    } else {
+      rkey_length = key.size();
+      if (rkey_length != 0) std::memcpy(rkey, key.begin(), rkey_length);  // empty: no pointer
+    }
+  } catch (const kj::Exception& e) {
+    problem = "rendezvous descriptor is not a valid message";
+  }
+  if (problem != nullptr) return malformed(index, problem);
+  shm_ep* source = rndv_source(sender);
+  if (source == nullptr) {
+    ++rndv_unreachable_;
+    COMM_LOG(warn, log_name, "rendezvous from pid %d: its sender cannot be reached, dropped",
+             static_cast<int>(sender.pid));
+    return;
+  }
+  take_rndv(*source, slot, generation, tag, header, header_length, address, length, rkey,
+            rkey_length);
+}
+
+void shm_iface::take_rndv(shm_ep& source, uint32_t slot, uint64_t generation, tag_t tag,
+                          const uint8_t* header, size_t header_length, uint64_t address,
+                          uint64_t length, const uint8_t* rkey, size_t rkey_length) {
+  auto word = shared_word(source.peer().seg.rndv_op(slot));
+  uint64_t seen = word.load(std::memory_order_acquire);
+  // Claim it: posted -> taken (a canceled or stale one is skipped).
+  do {
+    if (rndv_op_word::generation(seen) != generation ||
+        rndv_op_word::state(seen) != rndv_op_word::posted) {
+      ++rndv_skipped_;
+      return;
+    }
+  } while (!word.compare_exchange_weak(seen, rndv_op_word::with_state(seen, rndv_op_word::taken),
+                                       std::memory_order_acq_rel, std::memory_order_acquire));
+  tag_match match;
+  const bool matched = tags_.peek(tag, &match);
+  status result = status::ok;
+  if (matched && length != 0 && match.capacity != 0) {
+    iov into[tag_recv_max_iov];
+    const size_t used = match.clipped(std::min<uint64_t>(length, match.capacity), into);
+    remote_key key;
+    result = md_->rkey_unpack(rkey, rkey_length, &key);
+    if (result == status::ok) {
+      result = source.get_zcopy(into, used, address, key, nullptr);
+      md_->rkey_release(&key);
+    }
+  }
+  // End it: taken -> done (with the fetch's outcome) or unexpected, unless the sender canceled.
+  const uint64_t state = matched ? rndv_op_word::done : rndv_op_word::unexpected;
+  uint64_t taken = word.load(std::memory_order_acquire);
+  while (rndv_op_word::generation(taken) == generation &&
+         rndv_op_word::state(taken) == rndv_op_word::taken) {
+    if (word.compare_exchange_weak(taken, rndv_op_word::with_state(taken, state, result),
+                                   std::memory_order_acq_rel, std::memory_order_acquire)) {
+      if ((taken & rndv_op_word::wake) != 0) source.wake_peer();
+      break;
+    }
+  }
+  if (!matched) {
+    return tags_.unexpected_rndv(tag, header, header_length, address, length, rkey, rkey_length);
+  }
+  if (result != status::ok) {
+    // Nothing is delivered: the receive stays posted, the sender's operation fails.
+    ++rndv_fetch_errors_;
+    COMM_LOG(warn, log_name, "rendezvous from pid %d: fetching %llu bytes: %s",
+             static_cast<int>(source.peer_pid()), static_cast<unsigned long long>(length),
+             to_string(result));
+    return;
+  }
+  tags_.consume(match);
+  tags_.finish(match, tag, 0, length, status::ok);
+}
+
+shm_ep* shm_iface::rndv_source(const iface_addr& address) {
+  const auto key = std::make_pair(address.pid, address.iface_id);
+  const auto found = rndv_sources_.find(key);
+  if (found != rndv_sources_.end()) {
+    if (!found->second->failed() && !found->second->failure_noticed) return found->second.get();
+    return nullptr;
+  }
+  if (rndv_sources_.size() >= max_rndv_sources) return nullptr;
+  shm_peer* peer = nullptr;
+  if (find_or_attach(address, &peer) != status::ok) return nullptr;
+  auto ep = std::make_unique<shm_ep>(*this, *peer);
+  ep->internal = true;
+  eps_.push_back(ep.get());
+  ++peer->endpoints;
+  shm_ep* source = ep.get();
+  rndv_sources_.emplace(key, std::move(ep));
+  return source;
+}
+
+// -- tag matching: the interface's side -----------------------------------------------------------
+
+status shm_iface::set_tag_handlers(tag_unexp_eager_fn eager, void* eager_arg,
+                                   tag_unexp_rndv_fn rndv, void* rndv_arg) {
+  tags_.set_handlers(eager, eager_arg, rndv, rndv_arg);
+  return status::ok;
+}
+
+status shm_iface::tag_recv_zcopy(tag_t tag, tag_t tag_mask, const iov* entries, size_t count,
+                                 tag_context* ctx) {
+  return tags_.post(tag, tag_mask, entries, count, ctx);
+}
+
+status shm_iface::tag_recv_cancel(tag_context* ctx, bool force) {
+  return tags_.cancel(ctx, force);
+}
+
+void shm_iface::write_tag_header(void* dest, tag_t tag, uint64_t imm) {
+  if (!tag_header_) tag_header_ = std::make_unique<tag_header_writer>();
+  auto& fields = tag_header_->writer.fields();
+  fields.setTag(tag);
+  fields.setImm(imm);
+  tag_header_->writer.copy_to(dest);
+}
+
+bool shm_iface::rndv_alloc(uint32_t* slot, uint64_t* generation) {
+  if (rndv_free_.empty()) return false;
+  *slot = rndv_free_.back();
+  rndv_free_.pop_back();
+  uint64_t& last = rndv_generation_[*slot];
+  last = last >= max_rndv_generation ? 1 : last + 1;
+  *generation = last;
+  return true;
+}
+
+// -- endpoints: work, liveness, failure -----------------------------------------------------------
 
 void shm_iface::schedule(shm_ep* ep) {
   if (ep->scheduled) return;
@@ -440,6 +823,11 @@ unsigned shm_iface::report_failures() {
     failed_.erase(failed_.begin());
     ep->fail(status::connection_reset);
     ++events;
+    if (ep->internal) {
+      // Ours (a rendezvous source): nobody else is told; it goes, and the peer with it.
+      rndv_sources_.erase({ep->peer_pid(), ep->peer().address.iface_id});
+      continue;
+    }
     if (error_fn_ != nullptr) {
       error_fn_(error_arg_, ep, status::connection_reset);  // may destroy ep: not touched after
     } else {
@@ -472,7 +860,7 @@ status shm_iface::event_arm() {
 
 std::vector<uint8_t> shm_iface::device_address() const { return pack_device_address(); }
 
-std::vector<uint8_t> shm_iface::iface_address() const {
+iface_addr shm_iface::own_address() const {
   iface_addr address;
   address.pid = static_cast<int32_t>(::getpid());
   address.fd = memfd_;
@@ -480,8 +868,10 @@ std::vector<uint8_t> shm_iface::iface_address() const {
   address.cell_size = segment_.geo().cell_size;
   address.segment_size = segment_.geo().segment_size;
   address.iface_id = iface_id_;
-  return address.pack();
+  return address;
 }
+
+std::vector<uint8_t> shm_iface::iface_address() const { return own_address().pack(); }
 
 bool shm_iface::is_reachable(const std::vector<uint8_t>& device_address,
                              const std::vector<uint8_t>& iface_address) const {
@@ -569,6 +959,13 @@ std::string shm_iface::info() const {
   text += "shm: malformed cells " + std::to_string(malformed_) + "\n";
   text += "shm: dropped without handler " + std::to_string(unhandled_) + "\n";
   text += "shm: zcopy read errors " + std::to_string(zcopy_errors_) + "\n";
+  text += tags_.info("shm");
+  text += "shm: tag: " + std::to_string(rndv_skipped_) + " rendezvous canceled before delivery, " +
+          std::to_string(rndv_unreachable_) + " from unreachable senders, " +
+          std::to_string(rndv_fetch_errors_) + " failed fetches, " +
+          std::to_string(rndv_sources_.size()) + " senders mapped, " +
+          std::to_string(rndv_slots - rndv_free_.size()) + " of " + std::to_string(rndv_slots) +
+          " own rendezvous outstanding\n";
   if (md_) text += md_->info();
   text += "shm: rma: " + rma_.text() + "\n";
   text += "shm: rma mapped: " + std::to_string(mapped_gets_) + " gets, " +

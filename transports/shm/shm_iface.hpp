@@ -21,10 +21,31 @@
 // failed peer fails every endpoint to it.
 // Memory domain and RMA: shm_md.hpp (a region table in the segment, CMA get/put, or memcpy through
 // peers' shared-heap segments mapped here: shm_mapped.hpp).
+// Tag matching (cap_tag_*) happens here, in the receiving interface (base/tag_offload.hpp), on cell
+// kinds of their own that the AM path only meets in its switch's default branch:
+//   tag_eager_short  a ShmTagHeader (tag, imm) and the message in the cell;
+//   tag_eager_bcopy  the header in the cell, the message packed into the cell's receive buffer;
+//   tag_eager_zcopy  a ShmTagZcopyDescriptor in the buffer, acked as am_zcopy: the receiver pulls
+//                    the payload with CMA straight into a matching posted receive, or into its
+//                    zcopy buffer and hands it to the unexpected handler in fragments of a receive
+//                    buffer's size (tag_flag_first/more), nothing of it when the pull fails;
+//   tag_rndv_zcopy   a ShmTagRndvDescriptor (the sender's interface address, its operation word,
+//                    the buffer's address, length and key) and the header in the buffer. The
+//                    receiver maps the sender's segment through an endpoint of its own (kept per
+//                    sender, never reported to the error handler), claims the operation word,
+//                    and either fetches the data into the posted receive with that endpoint's
+//                    get_zcopy and marks the word done (the sender's progress completes it), or
+//                    marks it unexpected and hands address, length and key to the handler;
+//   tag_rndv_request a ShmTagHeader in the cell, the header in the buffer.
+// Everything a tagged cell holds is copied out of shared memory before it is checked; a cell that
+// fails a check is logged, counted and skipped before anything is matched (a zcopy one is acked
+// with protocol_error), so a peer's bad bytes never consume a posted receive or disturb another
+// peer's messages.
 #pragma once
 
 #include "base/desc_pool.hpp"
 #include "base/iface_base.hpp"
+#include "base/tag_offload.hpp"
 #include "shm/shm_mapped.hpp"
 #include "shm/shm_md.hpp"
 #include "shm/shm_peer.hpp"
@@ -46,7 +67,17 @@ component& shm_component();
 /// spare_buffers) and zcopy (a private zcopy buffer each) together.
 inline constexpr size_t max_am_descs = spare_buffers;
 
+/// Receives an interface may have posted at once.
+inline constexpr size_t tag_max_outstanding = 256;
+/// Largest header of tag_rndv_zcopy and tag_rndv_request.
+inline constexpr size_t tag_rndv_max_hdr = 256;
+/// Largest packed key a rendezvous announcement may carry (an shm key with its heap extension).
+inline constexpr size_t tag_rndv_max_rkey = 128;
+/// Senders whose segments an interface keeps mapped to fetch their rendezvous from.
+inline constexpr size_t max_rndv_sources = 256;
+
 class shm_ep;
+struct tag_header_writer;
 
 /// An shm interface: a receive segment (FIFO + region table) and the endpoints to peers.
 class shm_iface final : public iface_base {
@@ -74,6 +105,11 @@ public:
   md* memory_domain() override { return md_.get(); }
   std::string info() const override;
   void release_am_desc(void* data) override;
+  status set_tag_handlers(tag_unexp_eager_fn eager, void* eager_arg, tag_unexp_rndv_fn rndv,
+                          void* rndv_arg) override;
+  status tag_recv_zcopy(tag_t tag, tag_t tag_mask, const iov* entries, size_t count,
+                        tag_context* ctx) override;
+  status tag_recv_cancel(tag_context* ctx, bool force) override;
 
   // -- used by shm_ep --
 
@@ -103,6 +139,19 @@ public:
   /// Forgets `ep` (destroyed), and its peer with the peer's last endpoint.
   void forget(shm_ep* ep);
 
+  /// This interface's address.
+  iface_addr own_address() const;
+
+  /// Writes the ShmTagHeader of `tag` and `imm` to `dest` (tag_header_size bytes, aligned).
+  void write_tag_header(void* dest, tag_t tag, uint64_t imm);
+
+  /// Takes a free rendezvous slot of our segment with its next generation; false when none.
+  bool rndv_alloc(uint32_t* slot, uint64_t* generation);
+  /// Returns a slot taken with rndv_alloc.
+  void rndv_free(uint32_t slot) { rndv_free_.push_back(slot); }
+  /// The word of our rendezvous slot `slot`.
+  uint64_t& rndv_word(uint32_t slot) const { return segment_.rndv_op(slot); }
+
 private:
   unsigned receive();
   void deliver(uint64_t index, cell_header* cell);
@@ -118,6 +167,21 @@ private:
   /// Lends the buffer of FIFO position `index` (a handler kept it) and gives the cell a spare.
   void lend_buffer(uint64_t index);
   void malformed(uint64_t index, const char* why);
+  // -- tag matching --
+  void receive_tag(uint64_t index, cell_header* cell, cell_meta meta);
+  void receive_tag_inline(uint64_t index, cell_header* cell, cell_meta meta);
+  void receive_tag_buffered(uint64_t index, cell_header* cell, cell_meta meta);
+  status receive_tag_zcopy(uint64_t index, cell_meta meta, int32_t* sender);
+  /// Delivers `total` bytes in the zcopy buffer as unexpected fragments.
+  void unexpected_fragments(size_t total, tag_t tag, uint64_t imm);
+  void receive_tag_rndv(uint64_t index, cell_meta meta);
+  /// Claims, fetches or hands over, and ends the announced rendezvous.
+  void take_rndv(shm_ep& source, uint32_t slot, uint64_t generation, tag_t tag,
+                 const uint8_t* header, size_t header_length, uint64_t address, uint64_t length,
+                 const uint8_t* rkey, size_t rkey_length);
+  /// The endpoint of our own to the sender at `address`, made on first use; null when it cannot
+  /// be reached.
+  shm_ep* rndv_source(const iface_addr& address);
   void publish_tail();
   unsigned progress_eps();
   /// The peer interface at `address`: the one endpoints already share, or newly attached.
@@ -168,6 +232,17 @@ private:
   mapped_segments mapped_;         ///< peers' heap segments, for the mapped RMA path
   uint64_t mapped_gets_ = 0;
   uint64_t mapped_puts_ = 0;
+
+  // -- tag matching --
+  tag_offload tags_{tag_max_outstanding};  ///< posted receives, unexpected handlers
+  std::unique_ptr<tag_header_writer> tag_header_;  ///< made at the first tagged send
+  std::vector<uint32_t> rndv_free_;        ///< free rendezvous slots of our segment
+  std::vector<uint64_t> rndv_generation_;  ///< last generation of each slot
+  /// Our endpoints to senders of rendezvous, by (pid, interface id).
+  std::map<std::pair<int32_t, uint64_t>, std::unique_ptr<shm_ep>> rndv_sources_;
+  uint64_t rndv_skipped_ = 0;       ///< announced rendezvous canceled before we took them
+  uint64_t rndv_unreachable_ = 0;   ///< rendezvous whose sender we could not map
+  uint64_t rndv_fetch_errors_ = 0;  ///< matched rendezvous whose data could not be read
 };
 
 }  // namespace comm::tl::shm

@@ -105,6 +105,7 @@ void segment_view::adopt(uint8_t* base, const geometry& geo) {
   buffer_of_ = reinterpret_cast<uint64_t*>(base + geo.buffer_of_offset());
   buffers_ = base + geo.buffers_offset();
   regions_ = reinterpret_cast<region_entry*>(base + geo.regions_offset());
+  rndv_ops_ = reinterpret_cast<uint64_t*>(base + geo.rndv_offset());
   mask_ = geo.fifo_size - 1;
   cell_shift_ = static_cast<unsigned>(std::countr_zero(geo.cell_size));
 }

@@ -20,6 +20,8 @@
 //                                      itself
 //   regions[region_table_size]         the memory domain's region table (region_entry), written
 //                                      by the owner only, read by peers before every RMA access
+//   rndv_ops[rndv_slots]               one word per rendezvous the owner announced as a sender
+//                                      (see rndv_op_word): receivers claim and complete them
 //
 // Senders claim cell `head` with a CAS on head, fill it, then store seq = index + 1 (release).
 // The receiver consumes cells in order, waiting at `tail` for seq == tail + 1 (acquire), and
@@ -42,7 +44,8 @@ namespace comm::tl::shm {
 
 inline constexpr size_t cache_line = 64;
 inline constexpr uint64_t segment_magic = 0x316d68736d6d6f63ull;  // "commshm1"
-inline constexpr uint32_t segment_version = 3;  // 2: region table, 3: buffer_of and spares
+inline constexpr uint32_t segment_version = 4;  // 2: region table, 3: buffer_of and spares,
+                                                 // 4: rendezvous operation words
 
 /// Receive buffers beyond one per cell: what handlers keeping bcopy messages hold at most.
 inline constexpr uint32_t spare_buffers = 16;
@@ -58,6 +61,14 @@ enum cell_kind : uint8_t {
   cell_zcopy = 3,   ///< am_zcopy: descriptor + protocol header in the buffer, payload in the
                     ///< sender; inline: the sender's iface id (where to send a wakeup)
   cell_skip = 4,    ///< nothing to deliver (a sender's failed bcopy); the receiver skips it
+  // Tag matching (the receiver matches them against its posted receives):
+  cell_tag_inline = 5,   ///< tag_eager_short: a ShmTagHeader, then the message, in the cell
+  cell_tag_bcopy = 6,    ///< tag_eager_bcopy: a ShmTagHeader in the cell, the message in the
+                         ///< cell's receive buffer
+  cell_tag_zcopy = 7,    ///< tag_eager_zcopy: a ShmTagZcopyDescriptor in the buffer, acked as
+                         ///< cell_zcopy; inline: the sender's iface id
+  cell_tag_rndv = 8,     ///< tag_rndv_zcopy: a ShmTagRndvDescriptor + header in the buffer
+  cell_tag_request = 9,  ///< tag_rndv_request: a ShmTagHeader in the cell, the header in the buffer
 };
 
 /// The segment's first bytes. Head and tail each own a cache line.
@@ -76,6 +87,9 @@ struct control_block {
   uint32_t reserved;
 };
 static_assert(sizeof(control_block) == 3 * cache_line);
+
+/// Bytes of the ShmTagHeader (root pointer + tag + imm) that starts a tagged cell's data.
+inline constexpr size_t tag_header_size = 24;
 
 /// The first 16 bytes of a cell; inline data follows, 8-byte aligned.
 struct cell_header {
@@ -153,6 +167,43 @@ struct region_entry {
 static_assert(sizeof(region_entry) == 32);
 inline constexpr uint64_t region_valid = 1;
 
+/// Rendezvous an interface may have announced at once as a sender (its rndv_ops words).
+inline constexpr uint32_t rndv_slots = 1024;
+
+/// The word of a rendezvous in its sender's segment: generation << 24 | code << 8 | rndv_wake |
+/// state, where code is the negated status of a done operation. The sender writes posted with a
+/// fresh generation before announcing the operation; the receiver claims it with a CAS from
+/// posted to taken (so a canceled one is skipped), then ends it with a CAS to done (after fetching
+/// the data into a posted receive) or to unexpected (handed to the unexpected handler: the
+/// operation then waits for the sender's cancel). The sender's cancel moves any state to canceled
+/// and frees the slot, whose next generation makes every late CAS of a receiver fail. A sender
+/// sleeping until its operation is done sets rndv_wake; the receiver that ends it wakes it.
+struct rndv_op_word {
+  /// States of an operation.
+  enum state_value : uint64_t { free = 0, posted = 1, taken = 2, unexpected = 3, done = 4,
+                                canceled = 5 };
+  static constexpr uint64_t state_mask = 0x7f;
+  static constexpr uint64_t wake = 0x80;  ///< rndv_wake: the sender sleeps until it is done
+
+  /// The word of generation `generation` in state `state` (with `result` when done).
+  static uint64_t make(uint64_t generation, uint64_t state, status result = status::ok) {
+    const uint64_t code = static_cast<uint64_t>(-static_cast<int>(result)) & 0xffff;
+    return generation << 24 | code << 8 | state;
+  }
+  static uint64_t generation(uint64_t word) { return word >> 24; }
+  static uint64_t state(uint64_t word) { return word & state_mask; }
+  static status result(uint64_t word) {
+    return static_cast<status>(-static_cast<int>((word >> 8) & 0xffff));
+  }
+  /// `word` moved to state `state` (with `result`), keeping its generation and wake bit.
+  static uint64_t with_state(uint64_t word, uint64_t state, status result = status::ok) {
+    return make(generation(word), state, result) | (word & wake);
+  }
+};
+
+/// Largest generation of a rendezvous word.
+inline constexpr uint64_t max_rndv_generation = (uint64_t{1} << 40) - 1;
+
 /// Sizes of a segment and where its parts start.
 struct geometry {
   uint32_t fifo_size = 0;     ///< cells, a power of two
@@ -168,9 +219,10 @@ struct geometry {
   /// Receive buffers: one per cell plus the spares.
   size_t buffer_count() const { return size_t{fifo_size} + spare_buffers; }
   size_t regions_offset() const { return buffers_offset() + buffer_count() * segment_size; }
-  size_t total_size() const {
+  size_t rndv_offset() const {
     return regions_offset() + size_t{region_table_size} * sizeof(region_entry);
   }
+  size_t total_size() const { return rndv_offset() + size_t{rndv_slots} * sizeof(uint64_t); }
   /// Largest am_short: a cell minus its header.
   size_t max_short() const { return cell_size - cell_header_size; }
 };
@@ -234,6 +286,8 @@ public:
   uint64_t& buffer_of(uint64_t index) const { return buffer_of_[index & mask_]; }
   /// Slot `index` (< region_table_size) of the region table.
   region_entry& region(uint32_t index) const { return regions_[index]; }
+  /// The word of rendezvous slot `slot` (< rndv_slots), see rndv_op_word.
+  uint64_t& rndv_op(uint32_t slot) const { return rndv_ops_[slot]; }
 
 protected:
   /// Shows the mapping at `base` and computes where its parts start.
@@ -246,6 +300,7 @@ protected:
   uint64_t* buffer_of_ = nullptr;
   uint8_t* buffers_ = nullptr;
   region_entry* regions_ = nullptr;
+  uint64_t* rndv_ops_ = nullptr;
   uint64_t mask_ = 0;
   unsigned cell_shift_ = 0;
 };

@@ -11,12 +11,15 @@ struct TcpHello {           # the first bytes of every tcp connection, from the 
   magic      @0 :UInt64;    # "COMMTCP\0", see transports/tcp/tcp_wire.hpp
   version    @1 :UInt16;
   srcPort    @2 :UInt16;    # the connecting interface's listening port (host byte order)
-  srcAddress @3 :UInt32;    # its IPv4 address (network byte order)
+  srcAddress @3 :UInt32;    # its IPv4 address (network byte order), 0 when it listens on IPv6
   srcIfaceId @4 :UInt64;    # its random interface id
   dstIfaceId @5 :UInt64;    # the interface the connection is meant for (from its address)
   window     @6 :UInt32;    # frames the connecting interface accepts undelivered (its fifo_size)
   nonce0     @7 :UInt64;    # the connector's fresh challenge to the acceptor (used with a key)
   nonce1     @8 :UInt64;
+  srcAddress6a @9 :UInt64;  # its IPv6 address (bytes 0-7 and 8-15 as in memory), when srcIpv6
+  srcAddress6b @10 :UInt64;
+  srcIpv6    @11 :Bool;     # it listens on IPv6 (version 3)
 }
 
 struct TcpChallenge {       # the first bytes from the accepting interface, sent right after accept

@@ -1,6 +1,7 @@
 // The tcp connection manager: listeners, the handshake state machine, admission of clients under
 // load, timeouts (see tcp_cm.hpp).
 #include "tcp/tcp_cm.hpp"
+#include "tcp/tcp_address.hpp"
 #include "tcp/tcp_config.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp.capnp.h"
@@ -163,8 +164,12 @@ using clock_type = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr const char* log_name = "cm";
-/// Largest request or reply: the largest private data (64 KiB) and the message around it.
+/// Largest request or reply: the largest private data and the message around it.
 constexpr size_t max_message = 72 * 1024;
+/// Bytes of a request or reply message besides its private data (a proof and the pointers).
+constexpr size_t message_overhead = 256;
+/// Largest private data either side sends (cm_attr::max_conn_priv and max_reply_priv).
+constexpr size_t max_private_data = max_message - message_overhead;
 /// Largest hello, challenge or confirm: a nonce, a proof and the message around them.
 constexpr size_t max_small_message = 256;
 constexpr int accepts_per_event = 64;
@@ -179,6 +184,8 @@ constexpr const char* server_role = "libcomm-cm-server";
 constexpr const char* client_role = "libcomm-cm-client";
 /// Host names being resolved at once, process-wide (each on a thread of its own).
 constexpr int max_lookups = 64;
+/// A deadline that never comes.
+constexpr clock_type::time_point never = clock_type::time_point::max();
 
 // -- limits ---------------------------------------------------------------------------------------
 
@@ -235,11 +242,12 @@ private:
   clock_type::time_point next_{};
 };
 
-// -- addresses and host names ---------------------------------------------------------------------
+// -- stages ---------------------------------------------------------------------------------------
 
 /// Where a connection is in the handshake.
 enum class stage : uint8_t {
-  resolving,        ///< client: the host name is being resolved on a thread
+  resolving,        ///< client: the host name (in a flow, also the route) is being resolved
+  resolved,         ///< flow client: resolved, waiting for cm_conn::connect
   connecting,       ///< client: nonblocking connect under way
   await_challenge,  ///< client: hello sent
   await_reply,      ///< client: request sent
@@ -247,8 +255,9 @@ enum class stage : uint8_t {
   await_request,    ///< server: challenge sent
   handed_over,      ///< server: request given to the protocol layer
   await_confirm,    ///< server: reply sent
+  connected,        ///< flow: established; the socket stays for the disconnect
   closing,          ///< last bytes going out, then closed
-  dead,             ///< closed, to be released
+  dead,             ///< closed (a flow connection stays until its owner closes it)
 };
 
 /// The largest message a connection at stage `at` may receive: only a request or a reply may be
@@ -262,49 +271,7 @@ struct pollable {
   bool is_listener = false;
 };
 
-/// Splits "host:port", ":port", "host" or "" into a host ("0.0.0.0" when empty or "*") and a
-/// port (0 when absent); false when the port is not a number up to 65535.
-bool split_address(const std::string& text, std::string* host, uint16_t* port) {
-  *host = text;
-  std::string digits = "0";
-  const size_t colon = text.rfind(':');
-  if (colon != std::string::npos) {
-    *host = text.substr(0, colon);
-    digits = text.substr(colon + 1);
-  }
-  if (host->empty() || *host == "*") *host = "0.0.0.0";
-  if (digits.empty() || digits.size() > 5 ||
-      digits.find_first_not_of("0123456789") != std::string::npos) {
-    return false;
-  }
-  const unsigned long number = std::stoul(digits);
-  if (number > 65535) return false;
-  *port = static_cast<uint16_t>(number);
-  return true;
-}
-
-/// Resolves `host` to an IPv4 address (blocking: a numeric one at once, a name through the
-/// system's resolver); false when it does not resolve.
-bool resolve(const std::string& host, in_addr* out) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return false;
-  *out = reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr;
-  ::freeaddrinfo(found);
-  return true;
-}
-
-/// Parses and resolves "host:port" (see split_address) into an IPv4 address, blocking on a name.
-bool parse_address(const std::string& text, sockaddr_in* out) {
-  std::string host;
-  uint16_t port = 0;
-  if (!split_address(text, &host, &port) || !resolve(host, &out->sin_addr)) return false;
-  out->sin_family = AF_INET;
-  out->sin_port = htons(port);
-  return true;
-}
+// -- host names -----------------------------------------------------------------------------------
 
 /// Host names resolving right now, process-wide.
 std::atomic<int> lookups_running{0};
@@ -316,8 +283,7 @@ std::atomic<int> lookups_running{0};
 struct name_lookup {
   std::mutex mtx;
   bool done = false;
-  bool resolved = false;
-  in_addr address{};
+  std::vector<ip_address> addresses;  ///< what it resolved to, in the resolver's order
   int ready = -1;
 
   name_lookup() : ready(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
@@ -345,13 +311,11 @@ struct name_lookup {
 
   /// The thread's work: resolve, publish, signal.
   void run(const std::string& host) {
-    in_addr found{};
-    const bool ok = resolve(host, &found);
+    std::vector<ip_address> found = resolve_host(host);
     {
       std::lock_guard<std::mutex> g(mtx);
       done = true;
-      resolved = ok;
-      address = found;
+      addresses = std::move(found);
     }
     const uint64_t one = 1;
     (void)!::write(ready, &one, sizeof(one));
@@ -359,29 +323,61 @@ struct name_lookup {
   }
 };
 
-std::string address_text(const sockaddr_in& address) {
-  char text[INET_ADDRSTRLEN] = {};
-  ::inet_ntop(AF_INET, &address.sin_addr, text, sizeof(text));
-  return std::string(text) + ":" + std::to_string(ntohs(address.sin_port));
-}
-
-bool is_loopback(const sockaddr_in& address) {
-  return (ntohl(address.sin_addr.s_addr) >> 24) == 127;
+/// The address to listen on for `host` (blocking on a name): a numeric one as it is; a name's
+/// first IPv4 address, else its first (a name that resolves both ways listens on IPv4, as it did
+/// before IPv6; clients connecting by that name try every address).
+bool listen_address_of(const std::string& host, ip_address* out) {
+  if (parse_numeric_host(host, out)) return true;
+  const std::vector<ip_address> all = resolve_host(host);
+  if (all.empty()) return false;
+  const auto v4 =
+      std::find_if(all.begin(), all.end(), [](const ip_address& a) { return a.is_v4(); });
+  *out = v4 != all.end() ? *v4 : all.front();
+  return true;
 }
 
 std::vector<uint8_t> copy_of(const auth::nonce& nonce) {
   return std::vector<uint8_t>(nonce.begin(), nonce.end());
 }
 
+/// What unauthenticated handshakes are counted by: an IPv4 address, or an IPv6 /64 (a host
+/// usually holds a whole /64, so counting single IPv6 addresses would let one host flood from
+/// many of them).
+struct source_key {
+  int family = AF_UNSPEC;
+  uint64_t bits = 0;
+  bool operator==(const source_key& other) const = default;
+};
+
+struct source_hash {
+  size_t operator()(const source_key& key) const {
+    return std::hash<uint64_t>()(key.bits ^ static_cast<uint64_t>(key.family));
+  }
+};
+
+source_key source_of(const ip_address& address) {
+  source_key key;
+  key.family = address.family;
+  if (address.is_v6()) {
+    std::memcpy(&key.bits, address.bytes, sizeof(key.bits));  // the /64
+  } else {
+    key.bits = address.ipv4();
+  }
+  return key;
+}
+
 // -- connections ----------------------------------------------------------------------------------
 
+class tcp_cm;
 class tcp_cm_listener;
 
-/// One connection of the connection manager, client or server side.
+/// One connection of the connection manager, client or server side, short handshake or flow.
 class socket_conn final : public cm_conn, public pollable {
 public:
-  socket_conn(int fd, bool server, const sockaddr_in& peer, std::string key)
-      : fd_(fd), server_(server), peer_(peer), key_(std::move(key)) {
+  socket_conn(tcp_cm* owner, int fd, bool server, const ip_address& peer, uint16_t peer_port,
+              std::string key)
+      : fd_(fd), server_(server), peer_(peer), peer_port_(peer_port), key_(std::move(key)),
+        owner_(owner) {
     own_nonce_ = auth::make_nonce();
   }
   ~socket_conn() override {
@@ -389,7 +385,7 @@ public:
     close_socket();
   }
 
-  std::string peer_address() const override { return address_text(peer_); }
+  std::string peer_address() const override { return address_text(peer_, peer_port_); }
 
   void reject(status reason) override {
     if (answered_ || fd_ < 0) return;
@@ -401,8 +397,13 @@ public:
     at = stage::dead;
   }
 
-  /// The peer's IPv4 address (network order): what handshakes are counted by.
-  uint32_t source() const { return peer_.sin_addr.s_addr; }
+  std::string device_name() const override;
+  status connect(const cm_private_data& data) override;
+  status notify() override;
+  status disconnect() override;
+
+  /// What its handshakes are counted by.
+  source_key source() const { return source_of(peer_); }
 
   void close_socket() {
     if (fd_ >= 0) ::close(fd_);
@@ -464,8 +465,10 @@ public:
 
   int fd_;
   bool server_;
-  sockaddr_in peer_;
+  ip_address peer_;
+  uint16_t peer_port_;
   std::string key_;
+  tcp_cm* owner_;                    ///< the connection manager that polls it (set by accept)
   stage at = stage::connecting;
   bool answered_ = false;            ///< server: a reply was sent (or the request is handed over)
   status failure = status::ok;       ///< client: a failure to report at the next progress
@@ -481,6 +484,19 @@ public:
   std::shared_ptr<name_lookup> lookup; ///< client, while resolving: the host name's resolution
   bool in_handshakes = false;          ///< server: counted in the handshake table
   std::list<socket_conn*>::iterator age_slot; ///< its place there, while counted
+  std::vector<ip_address> candidates;  ///< client: the server's addresses, tried in order
+  size_t next_candidate = 0;           ///< client: the next of them to try
+
+  // -- flow --
+  cm_flow_handler* flow = nullptr;   ///< the flow's callbacks; null for a short handshake
+  milliseconds flow_timeout{0};      ///< flow client: for the server's answer after connect()
+  mutable std::string device_;       ///< the local device, once known
+  bool established = false;          ///< flow: reached stage connected
+  bool notified = false;             ///< flow client: notify() sent the confirm
+  bool local_disc = false;           ///< flow: disconnect() was called
+  bool remote_disc = false;          ///< flow: the peer disconnected (or is gone)
+  bool shut_pending = false;         ///< flow: shut the sending side down once tx_ is out
+  bool closed = false;               ///< flow: its owner closed it (released soon)
 
 private:
   /// Appends received bytes, growing the buffer at most to `limit`.
@@ -491,9 +507,20 @@ private:
   }
 };
 
+std::string socket_conn::device_name() const {
+  if (device_.empty() && fd_ >= 0) {
+    sockaddr_storage local{};
+    socklen_t length = sizeof(local);
+    if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      device_ = interface_of(ip_address::of(local));
+    }
+  }
+  return device_;
+}
+
 /// The server handshakes not yet past the client's request (unauthenticated), oldest first, with
-/// a count per source address: what a flood of half-open sockets fills, and where handshakes are
-/// shed from when there are too many.
+/// a count per source (an IPv4 address, an IPv6 /64): what a flood of half-open sockets fills, and
+/// where handshakes are shed from when there are too many.
 class handshake_table {
 public:
   size_t size() const { return by_age_.size(); }
@@ -527,27 +554,25 @@ public:
 
 private:
   std::list<socket_conn*> by_age_;
-  std::unordered_map<uint32_t, size_t> per_source_;
+  std::unordered_map<source_key, size_t, source_hash> per_source_;
 };
-
-class tcp_cm;
 
 /// A listening socket.
 class tcp_cm_listener final : public cm_listener, public pollable {
 public:
-  tcp_cm_listener(tcp_cm* owner, int fd, const sockaddr_in& bound)
+  tcp_cm_listener(tcp_cm* owner, int fd, const sockaddr_storage& bound)
       : owner_(owner), fd_(fd), bound_(bound) {
     is_listener = true;
   }
   ~tcp_cm_listener() override;
 
   std::string address() const override { return address_text(bound_); }
-  uint16_t port() const override { return ntohs(bound_.sin_port); }
+  uint16_t port() const override { return port_of(bound_); }
   uint64_t requests() const override { return requests_; }
 
   tcp_cm* owner_;
   int fd_;
-  sockaddr_in bound_;
+  sockaddr_storage bound_;
   uint64_t requests_ = 0;
   bool paused = false;                  ///< not accepting until resume_at (out of descriptors)
   clock_type::time_point resume_at{};
@@ -557,7 +582,7 @@ public:
 
 /// What became of a connection once its buffered messages were handled.
 enum class outcome : uint8_t {
-  open,         ///< still in the handshake, still ours
+  open,         ///< still in the handshake (or connected), still ours
   handed_over,  ///< given to the handler: not ours to touch any more
   finished,     ///< established, failed or closing
 };
@@ -592,25 +617,42 @@ public:
 
   int event_fd() const override { return epoll_fd_; }
 
-  bool active() const override { return !listeners_.empty() || !conns_.empty(); }
+  bool active() const override {
+    return !listeners_.empty() ||
+           std::any_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<socket_conn>& c) {
+             return c->at != stage::dead || c->flow == nullptr || c->closed;
+           });
+  }
+
+  cm_attr query() const override { return {max_private_data, max_private_data}; }
 
   status listen(const std::string& address, int backlog,
                 std::unique_ptr<cm_listener>& out) override {
-    sockaddr_in where{};
-    if (!parse_address(address, &where)) return status::invalid_addr;
-    narrow_without_key(where);
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    std::string host;
+    uint16_t port = 0;
+    ip_address ip;
+    if (!split_host_port(address, &host, &port) || !listen_address_of(host, &ip)) {
+      return status::invalid_addr;
+    }
+    narrow_without_key(ip);
+    const int fd = ::socket(ip.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return status::io_error;
     const int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, reinterpret_cast<const sockaddr*>(&where), sizeof(where)) != 0) {
+    if (ip.is_v6()) {
+      const int v6_only = ip.unspecified() ? 0 : 1;  // [::] takes IPv4 clients too
+      ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6_only, sizeof(v6_only));
+    }
+    socklen_t length = 0;
+    sockaddr_storage where = ip.with_port(port, &length);
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&where), length) != 0) {
       const int error = errno;
       ::close(fd);
-      COMM_LOG(warn, log_name, "cannot listen on %s: %s", address_text(where).c_str(),
+      COMM_LOG(warn, log_name, "cannot listen on %s: %s", address_text(ip, port).c_str(),
                std::strerror(error));
       return error == EADDRINUSE ? status::busy : status::invalid_addr;
     }
-    socklen_t length = sizeof(where);
+    length = sizeof(where);
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&where), &length);
     if (::listen(fd, backlog > 0 ? backlog : SOMAXCONN) != 0) {
       ::close(fd);
@@ -627,49 +669,61 @@ public:
 
   status connect(const std::string& address, const uint8_t* data, size_t length, int timeout_ms,
                  cm_conn** out) override {
-    std::string host;
-    uint16_t port = 0;
-    if (!split_address(address, &host, &port) || port == 0) return status::invalid_addr;
-    sockaddr_in where{};
-    where.sin_family = AF_INET;
-    where.sin_port = htons(port);
-    auto conn = std::make_unique<socket_conn>(-1, false, where, params_.auth_key);
+    if (length > max_private_data) return status::exceeds_limit;
+    socket_conn* conn = nullptr;
+    const status st = start_client(address, milliseconds(timeout_ms), nullptr, &conn);
+    if (st != status::ok) return st;
     conn->private_data.assign(data, data + length);
-    conn->deadline = clock_type::now() + milliseconds(timeout_ms);
-    if (::inet_pton(AF_INET, host.c_str(), &conn->peer_.sin_addr) == 1) {
-      // A dotted address: nothing to resolve.
-      if (const status st = start_connect(conn.get()); st != status::ok) return st;
-    } else {
-      // A name: resolved on a thread, the connect starts when it is known (on_lookup).
-      conn->lookup = std::make_shared<name_lookup>();
-      if (!name_lookup::start(conn->lookup, host)) return status::busy;
-      conn->at = stage::resolving;
-      watch(conn->lookup->ready, conn.get(), EPOLLIN);
-    }
-    *out = conn.get();
-    conns_.push_back(std::move(conn));
+    *out = conn;
     return status::ok;
   }
 
   status accept(std::unique_ptr<cm_conn> handed, const uint8_t* data, size_t length,
                 int timeout_ms, cm_conn** out) override {
     auto* conn = dynamic_cast<socket_conn*>(handed.get());
-    if (conn == nullptr || !conn->server_ || conn->at != stage::handed_over || conn->fd_ < 0)
-      return status::invalid_param;
+    if (!answerable(conn)) return status::invalid_param;
+    if (length > max_private_data) return status::exceeds_limit;
     handed.release();
-    conn->answered_ = true;
-    conn->queue_reply(status::ok, data, length);
-    conn->at = stage::await_confirm;
-    conn->deadline = clock_type::now() + milliseconds(timeout_ms);
-    watch(conn->fd_, conn, EPOLLIN | EPOLLOUT);
-    conns_.emplace_back(conn);
+    answer(conn, data, length, milliseconds(timeout_ms));
+    *out = conn;
+    return status::ok;
+  }
+
+  status resolve(const cm_client_params& params, cm_conn** out) override {
+    if (params.handler == nullptr || out == nullptr) return status::invalid_param;
+    socket_conn* conn = nullptr;
+    const status st = start_client(params.address, milliseconds(params.timeout_ms),
+                                   params.handler, &conn);
+    if (st != status::ok) return st;
+    conn->flow_timeout = milliseconds(params.timeout_ms);
+    *out = conn;
+    return status::ok;
+  }
+
+  status accept_flow(std::unique_ptr<cm_conn> handed, const cm_server_params& params,
+                     cm_conn** out) override {
+    auto* conn = dynamic_cast<socket_conn*>(handed.get());
+    if (!answerable(conn) || params.handler == nullptr || out == nullptr) {
+      return status::invalid_param;
+    }
+    conn->flow = params.handler;
+    std::vector<uint8_t> reply;
+    const status packed = private_data_of(conn, params.reply, &reply);
+    if (packed != status::ok) {
+      if (params.reply.pack) conn->reject(status::rejected);  // the pack callback said no
+      return packed;
+    }
+    handed.release();
+    answer(conn, reply.data(), reply.size(), milliseconds(params.timeout_ms));
     *out = conn;
     return status::ok;
   }
 
   void close(cm_conn* target) override {
     for (auto& conn : conns_) {
-      if (conn.get() == target) retire(conn.get());
+      if (conn.get() != target) continue;
+      conn->closed = true;
+      retire(conn.get());
     }
   }
 
@@ -680,7 +734,7 @@ public:
     epoll_event events[32];
     const int n = ::epoll_wait(epoll_fd_, events, 32, 0);
     unsigned handled = handle_events(events, n > 0 ? n : 0);
-    handled += expire();
+    handled += sweep();
     resume_listeners();
     --depth_;
     if (depth_ == 0) reap();
@@ -696,6 +750,61 @@ public:
     for (auto& conn : conns_) {
       if (conn->listener == l) retire(conn.get());
     }
+  }
+
+  // -- the flow's steps (cm_conn calls) ----------------------------------------------------------
+
+  /// Client `conn` connects with `data` (cm_conn::connect).
+  status flow_connect(socket_conn* conn, const cm_private_data& data) {
+    if (conn->at == stage::resolving) return status::busy;
+    if (conn->at != stage::resolved) {
+      return conn->at == stage::dead ? status::not_connected : status::invalid_param;
+    }
+    std::vector<uint8_t> bytes;
+    const status packed = private_data_of(conn, data, &bytes);
+    if (packed != status::ok) {
+      if (data.pack) retire(conn);  // the pack callback refused: the connection is over
+      return packed;
+    }
+    conn->private_data = std::move(bytes);
+    conn->deadline = clock_type::now() + conn->flow_timeout;
+    const status st = start_connect(conn);
+    if (st != status::ok) retire(conn);
+    return st;
+  }
+
+  /// Client `conn` tells the server it is connected (cm_conn::notify).
+  status flow_notify(socket_conn* conn) {
+    if (!conn->established) return conn->at == stage::dead ? status::not_connected : status::busy;
+    if (conn->local_disc || conn->remote_disc) return status::not_connected;
+    if (conn->notified) return status::ok;
+    conn->notified = true;
+    cm_message confirm;
+    confirm.type = cm_message::kind::confirm;
+    conn->queue(confirm);
+    (void)conn->flush();  // a failure shows as the socket's error in progress()
+    update_interest(conn);
+    return status::ok;
+  }
+
+  /// `conn` disconnects (cm_conn::disconnect): its sending side is shut down once what it queued
+  /// is out; the peer reads the end and disconnects too, which this side reads in turn.
+  status flow_disconnect(socket_conn* conn) {
+    if (!conn->established) return conn->at == stage::dead ? status::not_connected : status::busy;
+    if (conn->local_disc) return status::not_connected;
+    conn->local_disc = true;
+    if (conn->remote_disc) {
+      retire(conn);  // both sides are done
+      return status::ok;
+    }
+    (void)conn->flush();
+    if (conn->wants_write()) {
+      conn->shut_pending = true;
+    } else {
+      ::shutdown(conn->fd_, SHUT_WR);
+    }
+    update_interest(conn);
+    return status::in_progress;
   }
 
 private:
@@ -746,8 +855,14 @@ private:
   }
 
   void update_interest(socket_conn* conn) {
-    if (conn->fd_ < 0) return;
+    if (conn->fd_ < 0 || conn->remote_disc) return;
     watch(conn->fd_, conn, EPOLLIN | (conn->wants_write() ? EPOLLOUT : 0u));
+  }
+
+  /// Stops watching the socket of `conn` (it stays open).
+  void unwatch(socket_conn* conn) {
+    if (conn->fd_ >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->fd_, nullptr);
+    forget_events(conn);
   }
 
   // -- admission (server) ------------------------------------------------------------------------
@@ -759,7 +874,7 @@ private:
   void accept_clients(tcp_cm_listener* l) {
     const size_t cap = handshake_cap(limits_);
     for (int i = 0; i < accepts_per_event; ++i) {
-      sockaddr_in peer{};
+      sockaddr_storage peer{};
       socklen_t length = sizeof(peer);
       const int fd = ::accept4(l->fd_, reinterpret_cast<sockaddr*>(&peer), &length,
                                SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -777,11 +892,12 @@ private:
   }
 
   /// Starts the handshake of a socket just accepted, shedding one if there are `cap` already.
-  void admit(tcp_cm_listener* l, int fd, const sockaddr_in& peer, size_t cap) {
+  void admit(tcp_cm_listener* l, int fd, const sockaddr_storage& peer, size_t cap) {
     if (handshakes_.size() >= cap) shed_one("too many handshakes at once");
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    auto conn = std::make_unique<socket_conn>(fd, true, peer, params_.auth_key);
+    auto conn = std::make_unique<socket_conn>(this, fd, true, ip_address::of(peer),
+                                              port_of(peer), params_.auth_key);
     conn->at = stage::await_hello;
     conn->listener = l;
     conn->accepted = clock_type::now();
@@ -828,69 +944,204 @@ private:
     }
   }
 
-  void narrow_without_key(sockaddr_in& where) const {
+  /// Without a key, a wildcard address (0.0.0.0, ::) becomes loopback (127.0.0.1, ::1).
+  void narrow_without_key(ip_address& where) const {
     if (!params_.auth_key.empty()) return;
-    if (where.sin_addr.s_addr == htonl(INADDR_ANY)) {
-      where.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (where.unspecified()) {
+      ip_address loopback;
+      if (where.is_v6()) {
+        const uint8_t one[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+        loopback = ip_address::v6(one);
+      } else {
+        loopback = ip_address::v4(htonl(INADDR_LOOPBACK));
+      }
+      where = loopback;
       COMM_LOG(warn, log_name,
-               "no auth key (COMM_AUTH_KEY): listening on loopback only; set a key to accept "
-               "clients from other hosts");
-    } else if (!is_loopback(where)) {
+               "no auth key (COMM_AUTH_KEY): listening on loopback (%s) only; set a key to "
+               "accept clients from other hosts", where.text().c_str());
+    } else if (!where.loopback()) {
       COMM_LOG(warn, log_name, "listening on %s without an auth key: anyone who reaches it may "
-               "connect", address_text(where).c_str());
+               "connect", where.text().c_str());
     }
+  }
+
+  // -- answering a request (server) --------------------------------------------------------------
+
+
+  /// True when `conn` is a handed-over request a cm may answer.
+  static bool answerable(const socket_conn* conn) {
+    return conn != nullptr && conn->server_ && conn->at == stage::handed_over && conn->fd_ >= 0;
+  }
+
+  /// Sends the accepting reply of handed-over `conn` (now ours) and waits for the client's
+  /// confirm (or notify) for `timeout`.
+  void answer(socket_conn* conn, const uint8_t* data, size_t length, milliseconds timeout) {
+    conn->owner_ = this;  // it may have been handed over by another worker's cm
+    conn->answered_ = true;
+    conn->queue_reply(status::ok, data, length);
+    conn->at = stage::await_confirm;
+    conn->deadline = clock_type::now() + timeout;
+    watch(conn->fd_, conn, EPOLLIN | EPOLLOUT);
+    conns_.emplace_back(conn);
+  }
+
+  /// The private data of a flow step into `*out`: `data`'s bytes, or what the handler of `conn`
+  /// packs for its device. exceeds_limit beyond max_private_data; the pack callback's refusal.
+  static status private_data_of(socket_conn* conn, const cm_private_data& data,
+                                std::vector<uint8_t>* out) {
+    if (!data.pack) {
+      if (data.length > max_private_data) return status::exceeds_limit;
+      if (data.length != 0 && data.data == nullptr) return status::invalid_param;
+      out->assign(data.data, data.data + data.length);
+      return status::ok;
+    }
+    out->resize(max_private_data);
+    const std::string device = conn->device_name();
+    const ssize_t written =
+        conn->flow->pack_private_data(conn, device, out->data(), out->size());
+    if (written < 0) {
+      const auto refusal = static_cast<status>(written);
+      return is_error(refusal) ? refusal : status::invalid_param;
+    }
+    if (static_cast<size_t>(written) > max_private_data) return status::exceeds_limit;
+    out->resize(static_cast<size_t>(written));
+    return status::ok;
   }
 
   // -- client connects ---------------------------------------------------------------------------
 
 
-  /// Opens the socket of client `conn` (its peer address known) and starts a nonblocking connect.
-  status start_connect(socket_conn* conn) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return status::io_error;
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    conn->fd_ = fd;
-    conn->at = stage::connecting;
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&conn->peer_), sizeof(conn->peer_)) != 0 &&
-        errno != EINPROGRESS) {
-      // Reported from progress(), like every other outcome.
-      conn->failure = status_of_errno(errno, true);
-      arm_timer_now();
+  /// A client connection to `address` (short handshake when `flow` is null), resolving for
+  /// `timeout`: a dotted or bracketed address at once, a name on a thread.
+  status start_client(const std::string& address, milliseconds timeout, cm_flow_handler* flow,
+                      socket_conn** out) {
+    std::string host;
+    uint16_t port = 0;
+    if (!split_host_port(address, &host, &port) || port == 0) return status::invalid_addr;
+    auto conn =
+        std::make_unique<socket_conn>(this, -1, false, ip_address{}, port, params_.auth_key);
+    conn->flow = flow;
+    conn->deadline = clock_type::now() + timeout;
+    conn->at = stage::resolving;
+    ip_address numeric;
+    if (parse_numeric_host(host, &numeric)) {
+      conn->candidates = {numeric};
+      if (flow == nullptr) {
+        // Nothing to resolve: connect at once (a refusal is reported from progress()).
+        if (const status st = start_connect(conn.get()); st != status::ok) return st;
+      } else {
+        arm_timer_now();  // the route is resolved and reported in progress() (sweep)
+      }
+    } else {
+      // A name: resolved on a thread, the connect starts when it is known (on_lookup).
+      conn->lookup = std::make_shared<name_lookup>();
+      if (!name_lookup::start(conn->lookup, host)) return status::busy;
+      watch(conn->lookup->ready, conn.get(), EPOLLIN);
     }
-    watch(fd, conn, EPOLLIN | EPOLLOUT);
+    *out = conn.get();
+    conns_.push_back(std::move(conn));
     return status::ok;
   }
 
-  /// The host name of client `conn` resolved (or did not): connect, or fail it as unreachable.
+  /// Opens a socket to the next of the addresses of client `conn` and starts a nonblocking
+  /// connect; an address refused at once moves on to the next. With none left, the failure is
+  /// reported from progress(), like every other outcome. io_error when no socket could be made.
+  status start_connect(socket_conn* conn) {
+    while (conn->next_candidate < conn->candidates.size()) {
+      conn->peer_ = conn->candidates[conn->next_candidate++];
+      const int fd = ::socket(conn->peer_.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) return status::io_error;
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      conn->fd_ = fd;
+      conn->at = stage::connecting;
+      socklen_t length = 0;
+      const sockaddr_storage where = conn->peer_.with_port(conn->peer_port_, &length);
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&where), length) == 0 ||
+          errno == EINPROGRESS) {
+        watch(fd, conn, EPOLLIN | EPOLLOUT);
+        return status::ok;
+      }
+      conn->failure = status_of_errno(errno, true);
+      conn->close_socket();
+    }
+    arm_timer_now();
+    return status::ok;
+  }
+
+  /// The host name of client `conn` resolved (or did not).
   void on_lookup(socket_conn* conn) {
-    bool resolved = false;
+    std::vector<ip_address> addresses;
     {
       std::lock_guard<std::mutex> g(conn->lookup->mtx);
       if (!conn->lookup->done) return;  // the eventfd is written only after done is set
-      resolved = conn->lookup->resolved;
-      conn->peer_.sin_addr = conn->lookup->address;
+      addresses = conn->lookup->addresses;
     }
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->lookup->ready, nullptr);
     conn->lookup.reset();
-    if (!resolved) {
+    resolved(conn, std::move(addresses));
+  }
+
+  /// Client `conn`'s server has `addresses` (none: it did not resolve): a short handshake
+  /// connects, a flow resolves the route.
+  void resolved(socket_conn* conn, std::vector<ip_address> addresses) {
+    if (addresses.empty()) {
       COMM_LOG(info, log_name, "cannot resolve the host to connect to: unreachable");
       fail(conn, status::unreachable);
+      return;
+    }
+    conn->candidates = std::move(addresses);
+    if (conn->flow != nullptr) {
+      resolve_route(conn);
       return;
     }
     const status st = start_connect(conn);
     if (st != status::ok) fail(conn, st);
   }
 
+  /// Flow client `conn`: finds the local device its first routable address goes through (the
+  /// addresses reached through another device are dropped) and tells the handler.
+  void resolve_route(socket_conn* conn) {
+    std::vector<ip_address> usable;
+    std::string device;
+    for (const ip_address& address : conn->candidates) {
+      ip_address source;
+      int error = 0;
+      if (!route_source(address, &source, &error)) continue;
+      std::string name = interface_of(source);
+      if (name.empty()) name = source.text();
+      if (usable.empty()) device = name;
+      if (name == device) usable.push_back(address);
+    }
+    if (usable.empty()) {
+      COMM_LOG(info, log_name, "no route to the host to connect to: unreachable");
+      fail(conn, status::unreachable);
+      return;
+    }
+    conn->candidates = std::move(usable);
+    conn->device_ = device;
+    conn->at = stage::resolved;
+    conn->deadline = never;
+    const status st = conn->flow->on_resolved(conn, device, status::ok);
+    if (is_error(st)) retire(conn);  // refused: the connection is over, nothing more is told
+  }
+
   /// The nonblocking connect of `conn` finished (or not yet): sends the hello; false when the
-  /// connection is not (or no longer) ready for it.
+  /// connection is not (or no longer) ready for it. A refused address moves on to the next.
   bool finish_connect(socket_conn* conn, uint32_t events) {
     if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return false;
     int error = 0;
     socklen_t length = sizeof(error);
     ::getsockopt(conn->fd_, SOL_SOCKET, SO_ERROR, &error, &length);
     if (error != 0) {
-      fail(conn, status_of_errno(error, true));
+      unwatch(conn);
+      conn->close_socket();
+      if (conn->next_candidate < conn->candidates.size()) {
+        const status st = start_connect(conn);
+        if (st != status::ok) fail(conn, st);
+      } else {
+        fail(conn, status_of_errno(error, true));
+      }
       return false;
     }
     cm_message hello;
@@ -914,7 +1165,7 @@ private:
     if (conn->at == stage::connecting && !finish_connect(conn, events)) return;
     const bool ended = (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) && !conn->receive();
     if (handle_frames(conn) == outcome::handed_over) return;  // no longer ours to touch
-    if (conn->at == stage::dead) return;
+    if (conn->at == stage::dead || conn->remote_disc) return;
     if (ended) {
       peer_closed(conn);
       return;
@@ -923,6 +1174,10 @@ private:
       fail(conn, status::connection_reset);
       return;
     }
+    if (conn->shut_pending && !conn->wants_write()) {
+      conn->shut_pending = false;
+      ::shutdown(conn->fd_, SHUT_WR);
+    }
     if (conn->at == stage::closing && !conn->wants_write()) {
       retire(conn);
       return;
@@ -930,7 +1185,8 @@ private:
     update_interest(conn);
   }
 
-  /// The peer closed `conn` (or its socket failed) before the handshake was done.
+  /// The peer closed `conn` (or its socket failed): before the handshake was done, a failure;
+  /// on a connected flow, the peer's disconnect.
   void peer_closed(socket_conn* conn) {
     if (conn->at == stage::closing) {
       retire(conn);
@@ -944,7 +1200,7 @@ private:
   /// so whatever a handler does with the connection, nothing here reads it afterwards unless it
   /// is still ours.
   outcome handle_frames(socket_conn* conn) {
-    while (conn->at != stage::dead) {
+    while (conn->at != stage::dead && !conn->remote_disc) {
       const cm_frame frame =
           find_cm_frame(conn->rx_.data(), conn->rx_.size(), max_message_in(conn->at));
       if (frame.at == cm_frame::state::incomplete) return outcome::open;
@@ -976,7 +1232,7 @@ private:
   }
 
   /// Handles one message; a message that does not belong to the connection's stage, or does not
-  /// check out, is garbage.
+  /// check out, is garbage (on a connected flow nothing more belongs).
   outcome dispatch(socket_conn* conn, const cm_message& message) {
     bool valid = false;
     switch (conn->at) {
@@ -994,7 +1250,7 @@ private:
         break;
       case stage::await_confirm:
         valid = message.type == cm_message::kind::confirm;
-        if (valid) establish(conn, nullptr, 0);
+        if (valid) confirmed(conn);
         break;
       default:
         break;
@@ -1040,6 +1296,15 @@ private:
     if (st != status::ok) {
       if (!is_error(st)) return false;
       fail(conn, st);
+      return true;
+    }
+    if (conn->flow != nullptr) {
+      // The flow's client is connected; it notifies the server itself (cm_conn::notify).
+      conn->at = stage::connected;
+      conn->established = true;
+      conn->deadline = never;
+      conn->flow->on_connect(conn, status::ok, reply.private_data.data(),
+                             reply.private_data.size());
       return true;
     }
     cm_message confirm;
@@ -1095,8 +1360,7 @@ private:
   /// it), it is not touched here again.
   outcome hand_over(socket_conn* conn, const std::vector<uint8_t>& data) {
     tcp_cm_listener* from = conn->listener;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->fd_, nullptr);
-    forget_events(conn);
+    unwatch(conn);
     conn->at = stage::handed_over;
     conn->listener = nullptr;
     conn->rx_.shrink_to_fit();
@@ -1109,11 +1373,24 @@ private:
     return outcome::handed_over;
   }
 
+  /// The client confirmed (notified) server connection `conn`.
+  void confirmed(socket_conn* conn) {
+    if (conn->flow == nullptr) {
+      establish(conn, nullptr, 0);
+      return;
+    }
+    conn->at = stage::connected;
+    conn->established = true;
+    conn->deadline = never;
+    conn->flow->on_notify(conn, status::ok);
+  }
+
   // -- endings -----------------------------------------------------------------------------------
 
 
-  /// Fails connections past their deadline, and reports failures found while connecting.
-  unsigned expire() {
+  /// Reports what progress() owes: numeric flow resolutions, failures found while connecting,
+  /// and connections past their deadline.
+  unsigned sweep() {
     if (conns_.empty()) return 0;
     const auto now = clock_type::now();
     unsigned n = 0;
@@ -1121,7 +1398,10 @@ private:
     for (size_t i = 0; i < conns_.size(); ++i) {
       socket_conn* conn = conns_[i].get();
       if (conn->at == stage::dead) continue;
-      if (conn->failure != status::ok) {
+      if (conn->at == stage::resolving && !conn->lookup) {
+        resolved(conn, conn->candidates);
+        ++n;
+      } else if (conn->failure != status::ok) {
         fail(conn, conn->failure);
         ++n;
       } else if (now >= conn->deadline) {
@@ -1141,7 +1421,8 @@ private:
     fail(conn, reaching ? status::unreachable : status::endpoint_timeout);
   }
 
-  /// Marks a connection closed; it is released when the outermost progress() returns.
+  /// Marks a connection closed; a short handshake's is released when the outermost progress()
+  /// returns, a flow's once its owner closed it too.
   void retire(socket_conn* conn) {
     if (conn->at == stage::dead) return;
     handshakes_.remove(conn);
@@ -1150,7 +1431,9 @@ private:
       conn->lookup.reset();
     }
     if (conn->fd_ >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->fd_, nullptr);
+    forget_events(conn);
     conn->answered_ = true;
+    conn->shut_pending = false;
     conn->close_socket();
     conn->at = stage::dead;
   }
@@ -1158,19 +1441,55 @@ private:
   void reap() {
     conns_.erase(std::remove_if(conns_.begin(), conns_.end(),
                                 [](const std::unique_ptr<socket_conn>& c) {
-                                  return c->at == stage::dead;
+                                  return c->at == stage::dead && (c->flow == nullptr || c->closed);
                                 }),
                  conns_.end());
   }
 
-  /// Retires `conn` and tells the handler, if it is one the handler knows (a client, or a server
+  /// Retires `conn` and tells its handler, if it is one the handler knows (a client, or a server
   /// connection it accepted).
   void fail(socket_conn* conn, status reason) {
     if (conn->at == stage::dead) return;
+    if (conn->flow != nullptr) {
+      fail_flow(conn, reason);
+      return;
+    }
     const bool tell = conn->at != stage::closing &&
                       (!conn->server_ || conn->at == stage::await_confirm);
     retire(conn);
     if (tell) params_.handler->on_failed(conn, reason);
+  }
+
+  /// A flow connection failed: before it was established, the callback of its step is told;
+  /// afterwards the peer is gone (peer_gone).
+  void fail_flow(socket_conn* conn, status reason) {
+    if (conn->established) {
+      peer_gone(conn);
+      return;
+    }
+    const stage was = conn->at;
+    retire(conn);
+    if (conn->server_) {
+      conn->flow->on_notify(conn, reason);
+    } else if (was == stage::resolving) {
+      conn->flow->on_resolved(conn, {}, reason);
+    } else {
+      conn->flow->on_connect(conn, reason, nullptr, 0);
+    }
+  }
+
+  /// The peer of connected flow `conn` disconnected (or its socket broke, or it sent what does
+  /// not belong): once both sides are done the socket closes; before, it stays (unwatched: there
+  /// is nothing more to read) until this side disconnects. The handler is told once.
+  void peer_gone(socket_conn* conn) {
+    if (conn->remote_disc) return;
+    conn->remote_disc = true;
+    if (conn->local_disc) {
+      retire(conn);
+    } else {
+      unwatch(conn);
+    }
+    conn->flow->on_disconnect(conn);
   }
 
   /// The handshake of `conn` is done: it closes once its last bytes (a client's confirm) are out.
@@ -1194,16 +1513,26 @@ private:
     ::timerfd_settime(timer_fd_, 0, &spec, nullptr);
   }
 
+  /// When `conn` needs progress() next: now for a numeric flow resolution or a failure to
+  /// report, else its deadline.
+  static clock_type::time_point due_at(const socket_conn& conn) {
+    if (conn.at == stage::dead) return never;
+    if (conn.failure != status::ok || (conn.at == stage::resolving && !conn.lookup)) {
+      return clock_type::time_point::min();
+    }
+    return conn.deadline;
+  }
+
   /// Arms the timer for the earliest deadline or listener resumption, so a sleeping owner wakes
   /// for it.
   void arm_timer() {
-    auto earliest = clock_type::time_point::max();
-    for (const auto& conn : conns_) earliest = std::min(earliest, conn->deadline);
+    auto earliest = never;
+    for (const auto& conn : conns_) earliest = std::min(earliest, due_at(*conn));
     for (const tcp_cm_listener* l : listeners_) {
       if (l->paused) earliest = std::min(earliest, l->resume_at);
     }
     itimerspec spec{};
-    if (earliest != clock_type::time_point::max()) {
+    if (earliest != never) {
       const auto wait = std::max<clock_type::duration>(earliest - clock_type::now(),
                                                        std::chrono::microseconds(1));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
@@ -1239,6 +1568,22 @@ private:
 tcp_cm_listener::~tcp_cm_listener() {
   if (owner_ != nullptr) owner_->drop_listener(this);
   ::close(fd_);
+}
+
+status socket_conn::connect(const cm_private_data& data) {
+  if (server_ || flow == nullptr) return status::invalid_param;
+  return owner_->flow_connect(this, data);
+}
+
+status socket_conn::notify() {
+  if (server_ || flow == nullptr) return status::invalid_param;
+  return owner_->flow_notify(this);
+}
+
+status socket_conn::disconnect() {
+  if (flow == nullptr) return status::invalid_param;
+  if (!established) return at == stage::dead ? status::not_connected : status::busy;
+  return owner_->flow_disconnect(this);
 }
 
 }  // namespace

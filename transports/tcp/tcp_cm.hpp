@@ -19,6 +19,27 @@
 // The socket only carries this handshake: after the confirm both sides close it and the data goes
 // over the lanes the protocol layer picks from the exchanged private data.
 //
+// The client-server flow (cm::resolve, cm::accept_flow; transport.hpp) runs the same messages:
+//   - resolve: the host name is resolved (on a thread) and the route to its first address is
+//     looked up (a datagram socket connected to it: nothing is sent); the interface owning the
+//     route's source address is the device on_resolved is told. Addresses routed through another
+//     device are dropped. Numeric addresses are resolved in the next progress().
+//   - connect (cm_conn::connect): the private data is given or packed for that device, then the
+//     TCP connect, hello, challenge and request go as above; the reply is on_connect.
+//   - notify (cm_conn::notify) sends the confirm: the server's on_notify.
+//   - the socket then stays open. disconnect shuts its sending side down (after anything queued);
+//     the peer reads the end (on_disconnect) and disconnects too, which the first side reads in
+//     turn (its on_disconnect). The end of the socket, a reset, or any byte received once
+//     connected (nothing belongs there) counts as the peer's disconnect. cm::close closes it.
+// A flow connection is released only by cm::close; after a failure it stays, dead, until then.
+//
+// Addresses: "host:port", "[v6]:port", "[fe80::1%eth0]:port" (a link-local address with its
+// interface). A name is tried address by address (IPv4 and IPv6, the resolver's order) until one
+// accepts the TCP connect; listening on a name takes its first IPv4 address, else its first. A
+// wildcard listen address without a key becomes loopback: 0.0.0.0 gives 127.0.0.1, [::] gives
+// ::1; with a key [::] also takes IPv4 clients (IPv4-mapped addresses are shown as IPv4). The
+// listener's address() is the address actually bound ("[::1]:40123").
+//
 // Ownership across callbacks: a request handed to cm_handler::on_request leaves the connection
 // manager before the call, so the handler may accept it (here or on another worker), reject it
 // or drop it at once. Other connections stay owned by the connection manager until the outermost
@@ -38,11 +59,13 @@
 //     take the descriptors that accepted clients and their data connections need. When full, a new
 //     socket is still accepted and the oldest handshake of the source address holding the most is
 //     closed (shed): a flood sheds its own sockets first, and a good client, being newest, gets in.
+//     IPv6 sources are counted by /64 (a host usually holds a whole /64).
 //   - Out of descriptors (EMFILE, ENFILE): the oldest handshake of the busiest source is shed to
 //     make room; with none to shed, accepting pauses for 100 ms (clients wait in the backlog)
 //     instead of spinning on a listening socket that stays readable.
 //   - A hello, challenge or confirm is at most 256 bytes, a request or reply at most 72 KiB
-//     (private data up to 64 KiB): at most COMM_TCP_CM_MAX_HANDSHAKES x 72 KiB is buffered.
+//     (private data up to 72 KiB less 256 bytes, cm_attr; more is refused with exceeds_limit):
+//     at most COMM_TCP_CM_MAX_HANDSHAKES x 72 KiB is buffered.
 //   - Garbage closes only the connection that sent it. A wildcard listen address without a key is
 //     narrowed to loopback. Shedding, pauses, garbage and failed authentication are logged at
 //     warn, each at most once per 10 s with a count.

@@ -7,9 +7,12 @@
 namespace comm::tl::tcp {
 namespace {
 
-/// COMM_TCP_DEVICE as `opts` sets it (a refusal of the other knobs is check_options' to report).
-std::vector<std::string> wanted_devices(const options& opts) {
-  return option_reader("tcp", tcp_knobs, opts).list(device_knob);
+/// The devices COMM_TCP_DEVICE and COMM_TCP_AF_PRIO leave (a refusal of a knob is
+/// check_options' to report; a refused family list counts as the default).
+std::vector<net_device> devices_of(const options& opts, std::string* why = nullptr) {
+  std::vector<int> families;
+  tcp_config::parse_families(opts, &families, nullptr);
+  return usable_devices(option_reader("tcp", tcp_knobs, opts).list(device_knob), families, why);
 }
 
 class tcp_component_impl final : public component {
@@ -18,13 +21,13 @@ public:
 
   std::vector<std::string> devices(const options& opts) const override {
     std::vector<std::string> names;
-    for (const ipv4_device& d : usable_devices(wanted_devices(opts))) names.push_back(d.name);
+    for (const net_device& d : devices_of(opts)) names.push_back(d.name);
     return names;
   }
 
   std::string unavailable_reason(const options& opts) const override {
     std::string why;
-    usable_devices(wanted_devices(opts), &why);
+    devices_of(opts, &why);
     return why;
   }
 
@@ -36,12 +39,12 @@ public:
   }
 
   status open(const iface_params& params, std::unique_ptr<iface>& out) override {
-    const std::vector<ipv4_device> devices = usable_devices(wanted_devices(params.opts));
+    const std::vector<net_device> devices = devices_of(params.opts);
     if (devices.empty()) return status::no_elem;
     auto device = devices.begin();
     if (!params.device.empty()) {
       device = std::find_if(devices.begin(), devices.end(),
-                            [&](const ipv4_device& d) { return d.name == params.device; });
+                            [&](const net_device& d) { return d.name == params.device; });
       if (device == devices.end()) return status::no_elem;
     }
     auto created = std::make_unique<tcp_iface>(params, *device);

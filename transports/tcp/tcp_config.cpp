@@ -19,6 +19,7 @@ status tcp_config::parse(const options& opts, tcp_config* out, std::string* why)
   option_reader reader("tcp", tcp_knobs, opts);
   tcp_config c;
   c.devices = reader.list(device_knob);
+  (void)reader.list(af_prio_knob);  // checked by parse_families
   c.window = static_cast<uint32_t>(reader.number(window_knob, c.window, min_window, max_window));
   c.peer_timeout_s = static_cast<unsigned>(reader.number(peer_timeout_knob, c.peer_timeout_s, 4, 3600));
   c.stall_timeout_s =
@@ -28,8 +29,38 @@ status tcp_config::parse(const options& opts, tcp_config* out, std::string* why)
   c.cm_hello_timeout_ms = reader.number(cm_hello_timeout_knob, c.cm_hello_timeout_ms, 1, an_hour_ms);
   c.cm_handshake_timeout_ms =
       reader.number(cm_handshake_timeout_knob, c.cm_handshake_timeout_ms, 1, an_hour_ms);
+  const status st = reader.result(why);
+  if (st == status::ok && !parse_families(opts, &c.families, why)) return status::invalid_param;
   *out = std::move(c);
-  return reader.result(why);
+  return st;
+}
+
+bool tcp_config::parse_families(const options& opts, std::vector<int>* out, std::string* why) {
+  *out = {AF_INET, AF_INET6};
+  const auto set = opts.find(af_prio_knob.name);
+  if (set == opts.end()) return true;
+  std::vector<int> families;
+  bool valid = true;
+  size_t begin = 0;
+  while (valid && begin <= set->second.size()) {
+    size_t end = set->second.find(',', begin);
+    if (end == std::string::npos) end = set->second.size();
+    const std::string item = set->second.substr(begin, end - begin);
+    const int family = item == "inet" ? AF_INET : item == "inet6" ? AF_INET6 : AF_UNSPEC;
+    valid = family != AF_UNSPEC &&
+            std::find(families.begin(), families.end(), family) == families.end();
+    families.push_back(family);
+    begin = end + 1;
+  }
+  if (!valid) {
+    if (why != nullptr) {
+      *why = std::string(af_prio_knob.name) + "=" + set->second +
+             " refused: a comma-separated list of distinct inet and inet6 (e.g. inet6,inet)";
+    }
+    return false;
+  }
+  *out = std::move(families);
+  return true;
 }
 
 int tcp_config::keepalive_interval_s() const {

@@ -3,7 +3,12 @@
 // connection manager is opened with (iface_params::opts, cm_params::opts).
 //
 //   COMM_TCP_DEVICE         comma-separated interface names to use, in that order (default: every
-//                           IPv4 interface that is up, loopback last)
+//                           interface that is up with an address of COMM_TCP_AF_PRIO's families,
+//                           loopback last)
+//   COMM_TCP_AF_PRIO        the address families an interface may use, in order of preference:
+//                           "inet", "inet6" (default "inet,inet6": a device's IPv4 address when it
+//                           has one, else its IPv6 address; "inet6" alone: IPv6 only). Interfaces
+//                           reach peers of their own family.
 //   COMM_TCP_WINDOW         frames a sender may have undelivered per connection (2..1048576,
 //                           default 256); iface_params::fifo_size wins over it
 //   COMM_TCP_PEER_TIMEOUT   seconds a peer's host may leave our data, window probes and keepalives
@@ -22,6 +27,8 @@
 
 #include <comm/transport/options.hpp>
 
+#include <sys/socket.h>
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -31,8 +38,13 @@ namespace comm::tl::tcp {
 
 /// COMM_TCP_DEVICE.
 inline constexpr knob device_knob{
-    "COMM_TCP_DEVICE", "comma-separated IPv4 interfaces to use, in that order",
+    "COMM_TCP_DEVICE", "comma-separated interfaces to use, in that order",
     "every interface that is up, loopback last"};
+/// COMM_TCP_AF_PRIO.
+inline constexpr knob af_prio_knob{
+    "COMM_TCP_AF_PRIO",
+    "address families an interface may use, preferred first: inet, inet6 (comma-separated)",
+    "inet,inet6"};
 /// COMM_TCP_WINDOW.
 inline constexpr knob window_knob{
     "COMM_TCP_WINDOW", "frames a sender may have undelivered per connection, 2..1048576", "256"};
@@ -57,13 +69,15 @@ inline constexpr knob cm_handshake_timeout_knob{
     "COMM_TCP_CM_HANDSHAKE_TIMEOUT",
     "ms a connection-manager client has to complete its request, 1..3600000", "10000"};
 /// Every knob of tcp.
-inline constexpr std::array<knob, 7> tcp_knobs{
-    device_knob,           window_knob,           peer_timeout_knob,       stall_timeout_knob,
-    cm_max_handshakes_knob, cm_hello_timeout_knob, cm_handshake_timeout_knob};
+inline constexpr std::array<knob, 8> tcp_knobs{
+    device_knob,           af_prio_knob,           window_knob,
+    peer_timeout_knob,     stall_timeout_knob,     cm_max_handshakes_knob,
+    cm_hello_timeout_knob, cm_handshake_timeout_knob};
 
 /// The knobs of one interface or connection manager and the timings derived from them.
 struct tcp_config {
   std::vector<std::string> devices;   ///< COMM_TCP_DEVICE, empty when unset
+  std::vector<int> families{AF_INET, AF_INET6};  ///< COMM_TCP_AF_PRIO (AF_INET, AF_INET6)
   uint32_t window = 256;              ///< COMM_TCP_WINDOW
   unsigned peer_timeout_s = 11;       ///< COMM_TCP_PEER_TIMEOUT
   unsigned stall_timeout_s = 0;       ///< COMM_TCP_STALL_TIMEOUT
@@ -73,6 +87,10 @@ struct tcp_config {
 
   /// The knobs `opts` sets into `*out`: ok, or invalid_param with the refusal in `*why`.
   static status parse(const options& opts, tcp_config* out, std::string* why);
+
+  /// COMM_TCP_AF_PRIO as `opts` sets it (AF_INET, AF_INET6 in order); false with the refusal in
+  /// `*why` for a value that is not a list of distinct "inet" and "inet6".
+  static bool parse_families(const options& opts, std::vector<int>* out, std::string* why);
 
   /// Keepalive of an idle connection: first probe after this many idle seconds, then
   /// keepalive_probes() probes keepalive_interval_s() apart; all of it within the peer timeout.

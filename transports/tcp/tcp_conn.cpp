@@ -36,7 +36,7 @@ bool would_block(int error) { return error == EAGAIN || error == EWOULDBLOCK || 
 
 // -- construction ---------------------------------------------------------------------------------
 
-tcp_conn::tcp_conn(tcp_iface& owner, int fd, bool connected, uint32_t peer_ip,
+tcp_conn::tcp_conn(tcp_iface& owner, int fd, bool connected, const ip_address& peer_ip,
                    const iface_addr& peer, uint64_t now_ns)
     : owner_(owner),
       fd_(fd),
@@ -54,7 +54,7 @@ tcp_conn::tcp_conn(tcp_iface& owner, int fd, bool connected, uint32_t peer_ip,
       tx_(send_buffer_size + control_room),
       in_(receive_buffer_size),
       target_{poll_target::kind::connection, this} {
-  owner_.writer().hello(owner_.port(), owner_.ipv4(), owner_.id(), peer_id_, owner_.window(),
+  owner_.writer().hello(owner_.port(), owner_.address(), owner_.id(), peer_id_, owner_.window(),
                         own_nonce_.data(), hs_out_.reserve(hello_size));
   hs_out_.commit(hello_size);
   out_watched_ = true;  // the connect, or the hello to write
@@ -65,7 +65,7 @@ tcp_conn::tcp_conn(tcp_iface& owner, int fd, bool connected, uint32_t peer_ip,
   if (phase_ == phase::handshake) write_queued();
 }
 
-tcp_conn::tcp_conn(tcp_iface& owner, int fd, uint32_t peer_ip, uint16_t peer_port,
+tcp_conn::tcp_conn(tcp_iface& owner, int fd, const ip_address& peer_ip, uint16_t peer_port,
                    uint64_t now_ns)
     : owner_(owner),
       fd_(fd),
@@ -672,7 +672,7 @@ bool tcp_conn::take_hello() {
   in_.consume(consumed);
   hello_done_ = true;
   peer_id_ = hello.src_iface_id;
-  listen_ip_ = hello.src_ipv4;
+  listen_ip_ = hello.src_address;
   listen_port_ = hello.src_port;
   window_ = hello.window;
   std::memcpy(peer_nonce_, hello.nonce, sizeof(peer_nonce_));
@@ -876,12 +876,11 @@ void tcp_conn::take_socket(tcp_conn& from) {
 std::string tcp_conn::describe() const {
   std::string text;
   if (role_ == role::connector && phase_ != phase::open) {
-    text = "to " + ipv4_text(listen_ip_) + ":" + std::to_string(listen_port_);
+    text = "to " + address_text(listen_ip_, listen_port_);
   } else {
-    text = (role_ == role::connector ? "to " : "from ") + ipv4_text(peer_ip_) + ":" +
-           std::to_string(peer_port_);
+    text = (role_ == role::connector ? "to " : "from ") + address_text(peer_ip_, peer_port_);
     if (role_ == role::acceptor && peer_id_ != 0) {
-      text += " (interface " + ipv4_text(listen_ip_) + ":" + std::to_string(listen_port_) + ")";
+      text += " (interface " + address_text(listen_ip_, listen_port_) + ")";
     }
   }
   return text;

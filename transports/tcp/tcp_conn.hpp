@@ -63,10 +63,12 @@ public:
 
   /// A connection we open to the interface `peer` at `peer_ip` over `fd` (connected, or with its
   /// connect in progress). Check finished() afterwards: registering the socket may fail.
-  tcp_conn(tcp_iface& owner, int fd, bool connected, uint32_t peer_ip, const iface_addr& peer,
+  tcp_conn(tcp_iface& owner, int fd, bool connected, const ip_address& peer_ip,
+           const iface_addr& peer,
            uint64_t now_ns);
   /// A connection accepted from `peer_ip`:`peer_port`; its challenge goes out at once.
-  tcp_conn(tcp_iface& owner, int fd, uint32_t peer_ip, uint16_t peer_port, uint64_t now_ns);
+  tcp_conn(tcp_iface& owner, int fd, const ip_address& peer_ip, uint16_t peer_port,
+           uint64_t now_ns);
   ~tcp_conn();
   tcp_conn(const tcp_conn&) = delete;
   tcp_conn& operator=(const tcp_conn&) = delete;
@@ -262,10 +264,10 @@ private:
   uint64_t deadline_ns_ = 0;     ///< awaiting: give up then
 
   // the peer
-  uint32_t peer_ip_ = 0;         ///< the socket's peer (network byte order)
+  ip_address peer_ip_;           ///< the socket's peer
   uint16_t peer_port_ = 0;
   uint64_t peer_id_ = 0;
-  uint32_t listen_ip_ = 0;       ///< the peer interface's listener (from its address or hello)
+  ip_address listen_ip_;         ///< the peer interface's listener (from its address or hello)
   uint16_t listen_port_ = 0;
   uint32_t window_ = default_window;  ///< messages the peer accepts undelivered
 

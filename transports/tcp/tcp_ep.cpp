@@ -14,7 +14,8 @@ constexpr const char* log_name = "tcp";
 
 }  // namespace
 
-tcp_ep::tcp_ep(tcp_iface& owner, tcp_conn& conn, uint32_t peer_ip, const iface_addr& peer)
+tcp_ep::tcp_ep(tcp_iface& owner, tcp_conn& conn, const ip_address& peer_ip,
+               const iface_addr& peer)
     : owner_(owner),
       conn_(&conn),
       zring_(new zcopy_slot[max_unacked_zcopy]),
@@ -166,7 +167,7 @@ void tcp_ep::fail(status reason) {
 }
 
 std::string tcp_ep::describe() const {
-  std::string text = ipv4_text(peer_ip_) + ":" + std::to_string(peer_.port);
+  std::string text = address_text(peer_ip_, peer_.port);
   if (broken()) return text + " failed (" + to_string(failure_) + ")";
   switch (conn_->state()) {
     case tcp_conn::phase::connecting:

@@ -28,7 +28,7 @@ inline constexpr uint64_t max_unacked_zcopy = 128;
 class tcp_ep final : public ep {
 public:
   /// An endpoint on `conn` to the interface `peer` at `peer_ip`.
-  tcp_ep(tcp_iface& owner, tcp_conn& conn, uint32_t peer_ip, const iface_addr& peer);
+  tcp_ep(tcp_iface& owner, tcp_conn& conn, const ip_address& peer_ip, const iface_addr& peer);
   ~tcp_ep() override;
 
   // -- ep --
@@ -97,7 +97,7 @@ private:
   uint64_t zacked_ = 0;
   pending_queue pending_;
   std::vector<completion*> flushes_;
-  const uint32_t peer_ip_;
+  const ip_address peer_ip_;
   const iface_addr peer_;
 };
 

@@ -75,7 +75,7 @@ uint64_t tcp_iface::now_ns() {
 
 // -- open and close -------------------------------------------------------------------------------
 
-tcp_iface::tcp_iface(const iface_params& params, const ipv4_device& device)
+tcp_iface::tcp_iface(const iface_params& params, const net_device& device)
     : device_(device),
       iface_id_(random_nonzero_id()),
       auth_key_(params.auth_key) {
@@ -117,7 +117,7 @@ tcp_iface::tcp_iface(const iface_params& params, const ipv4_device& device)
 }
 
 status tcp_iface::open_listener() {
-  listen_fd_ = tcp::open_listener(device_.ipv4, &port_);
+  listen_fd_ = tcp::open_listener(device_.address, &port_);
   if (listen_fd_ < 0) return status::io_error;
   listener_target_ = {poll_target::kind::listener, this};
   return watch(listen_fd_, EPOLLIN, &listener_target_) ? status::ok : status::io_error;
@@ -272,7 +272,7 @@ unsigned tcp_iface::drain_backlog() {
 unsigned tcp_iface::accept_connections() {
   unsigned accepted = 0;
   for (int i = 0; i < accepts_per_call; ++i) {
-    sockaddr_in peer{};
+    sockaddr_storage peer{};
     socklen_t length = sizeof(peer);
     const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &length,
                              SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -295,8 +295,8 @@ unsigned tcp_iface::accept_connections() {
     }
     set_nodelay(fd);
     note_probe_cap(set_liveness(fd, config_));
-    auto conn =
-        std::make_unique<tcp_conn>(*this, fd, peer.sin_addr.s_addr, ntohs(peer.sin_port), now_ns());
+    auto conn = std::make_unique<tcp_conn>(*this, fd, ip_address::of(peer), port_of(peer),
+                                           now_ns());
     ++counters_.accepted;
     ++accepted;
     add_connection(std::move(conn));
@@ -599,7 +599,7 @@ status tcp_iface::event_arm() {
 // -- addresses and endpoints ----------------------------------------------------------------------
 
 std::vector<uint8_t> tcp_iface::device_address() const {
-  return device_addr::local(device_.ipv4).pack();
+  return device_addr::local(device_.address).pack();
 }
 
 std::vector<uint8_t> tcp_iface::iface_address() const {
@@ -614,10 +614,19 @@ bool tcp_iface::is_reachable(const std::vector<uint8_t>& device_address,
                              const std::vector<uint8_t>& iface_address) const {
   const auto device = device_addr::unpack(device_address);
   if (!device || !iface_addr::unpack(iface_address)) return false;
+  const ip_address peer = device->address();
+  if (peer.family != device_.address.family) return false;  // an interface reaches its family
+  if (peer.link_local()) return !device_.address.loopback();  // through our device's link
   if (!device->loopback()) return true;  // routed: assume the network connects us
-  const device_addr ours = device_addr::local(device_.ipv4);
+  const device_addr ours = device_addr::local(device_.address);
   return std::memcmp(device->boot_id, ours.boot_id, sizeof(ours.boot_id)) == 0 &&
          device->net_ns == ours.net_ns;
+}
+
+ip_address tcp_iface::reach(const device_addr& device) const {
+  ip_address peer = device.address();
+  if (peer.link_local()) peer.scope = device_.index;  // on our device's link
+  return peer;
 }
 
 status tcp_iface::create_ep(const std::vector<uint8_t>& device_address,
@@ -636,10 +645,11 @@ status tcp_iface::create_ep(const std::vector<uint8_t>& device_address,
       COMM_LOG(warn, log_name, "no new connection: %zu connections open", conns_.size());
       return status::exceeds_limit;
     }
-    const connect_result c = start_connect(device->ipv4, address->port, config_);
+    const ip_address peer_ip = reach(*device);
+    const connect_result c = start_connect(peer_ip, address->port, config_);
     if (c.fd < 0) return c.st;
     note_probe_cap(c.probes_capped);
-    auto made = std::make_unique<tcp_conn>(*this, c.fd, c.connected, device->ipv4, *address,
+    auto made = std::make_unique<tcp_conn>(*this, c.fd, c.connected, peer_ip, *address,
                                            now_ns());
     if (made->finished()) return status::io_error;
     conn = made.get();
@@ -647,7 +657,7 @@ status tcp_iface::create_ep(const std::vector<uint8_t>& device_address,
     add_connection(std::move(made));
     map(conn);
   }
-  auto ep = std::make_unique<tcp_ep>(*this, *conn, device->ipv4, *address);
+  auto ep = std::make_unique<tcp_ep>(*this, *conn, reach(*device), *address);
   eps_.push_back(ep.get());
   out = std::move(ep);
   return status::ok;
@@ -658,7 +668,7 @@ std::string tcp_iface::info() const {
   size_t failed = 0;
   for (const tcp_ep* ep : eps_) failed += ep->failure() != status::ok ? 1 : 0;
   std::string text;
-  text += "tcp: device " + device_.name + " address " + ipv4_text(device_.ipv4) + " port " +
+  text += "tcp: device " + device_.name + " address " + device_.address.text() + " port " +
           std::to_string(port_) + "\n";
   text += "tcp: max_short " + std::to_string(attr_.max_short) + ", max_bcopy " +
           std::to_string(attr_.max_bcopy) + ", max_zcopy " + std::to_string(attr_.max_zcopy) +

@@ -1,6 +1,8 @@
 // The tcp transport (UCX's uct tcp counterpart): active messages over nonblocking TCP sockets.
 //
-// An interface listens on its device's IPv4 address (port 0, the real port is its address). Two
+// An interface listens on its device's address (IPv4 or IPv6, COMM_TCP_AF_PRIO; port 0, the real
+// port is its address) and reaches peer interfaces of the same family; a link-local IPv6 peer is
+// reached through the interface's own device. Two
 // interfaces that talk share ONE connection, both ways: every endpoint from A to B and every
 // endpoint from B to A sends on it, and acknowledgements ride on the messages going the other way
 // (tcp_wire.hpp has the records, tcp_conn.hpp the connection, tcp_ep.hpp the endpoint).
@@ -98,8 +100,10 @@
 //     with ackRequested, answered by the peer's progress) and fails with endpoint_timeout once the
 //     peer's delivered count has not moved for s seconds.
 //
-// Devices: the IPv4 interfaces that are up, non-loopback first; COMM_TCP_DEVICE=<name>[,<name>]
-// restricts and orders them (e.g. COMM_TCP_DEVICE=lo).
+// Devices: the interfaces that are up with an address of the families COMM_TCP_AF_PRIO lists
+// (default inet,inet6: each device's IPv4 address, else its IPv6 one; a global IPv6 address
+// before a link-local one), non-loopback first; COMM_TCP_DEVICE=<name>[,<name>] restricts and
+// orders them (e.g. COMM_TCP_DEVICE=lo, with COMM_TCP_AF_PRIO=inet6 for ::1).
 //
 // Lifetime rules as for every transport: completion and pending callbacks must not destroy the
 // endpoint that runs them; the error handler may. Destroying an endpoint drops its in-flight zcopy
@@ -182,7 +186,7 @@ struct tcp_counters {
 class tcp_iface final : public iface_base {
 public:
   /// Opens an interface on `device`; the constructor leaves `open_status()` set.
-  tcp_iface(const iface_params& params, const ipv4_device& device);
+  tcp_iface(const iface_params& params, const net_device& device);
   ~tcp_iface() noexcept override;
 
   /// ok, or why the interface could not be opened.
@@ -268,9 +272,9 @@ public:
 
   /// The random id of this interface (in its address; hellos must name it).
   uint64_t id() const { return iface_id_; }
-  /// The listening port (host byte order) and address (network byte order).
+  /// The listening port (host byte order) and address.
   uint16_t port() const { return port_; }
-  uint32_t ipv4() const { return device_.ipv4; }
+  const ip_address& address() const { return device_.address; }
   /// Messages a peer may have undelivered on its connection to this interface.
   uint32_t window() const { return window_; }
   /// The cluster secret; empty when connections are not authenticated.
@@ -281,6 +285,9 @@ public:
 
 private:
   status open_listener();
+  /// The address to connect to for the device address `device` (a link-local one through our
+  /// device).
+  ip_address reach(const device_addr& device) const;
   unsigned poll_events();
   unsigned dispatch(poll_target* target, uint32_t events);
   unsigned accept_connections();
@@ -314,7 +321,7 @@ private:
 
   status open_status_ = status::ok;
   iface_attr attr_;
-  ipv4_device device_;
+  net_device device_;
   uint16_t port_ = 0;
   uint64_t iface_id_ = 0;
   uint32_t window_ = default_window;

@@ -23,90 +23,123 @@ constexpr int listen_backlog = 256;
 constexpr int TCP_RTO_MAX_MS = 44;  // Linux 6.15 (Debian 12's headers predate it)
 #endif
 
-/// Every interface that is up with an IPv4 address, first address per name, in getifaddrs order.
-std::vector<ipv4_device> interfaces_up() {
-  std::vector<ipv4_device> out;
+/// An address an interface has, with its name and index.
+struct interface_address {
+  std::string name;
+  unsigned index = 0;
+  ip_address address;
+};
+
+/// Every address of an interface that is up, in getifaddrs order.
+std::vector<interface_address> addresses_up() {
+  std::vector<interface_address> out;
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return out;
   for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
     if ((entry->ifa_flags & IFF_UP) == 0) continue;
-    const std::string name = entry->ifa_name;
-    const bool seen = std::any_of(out.begin(), out.end(),
-                                  [&](const ipv4_device& d) { return d.name == name; });
-    if (seen) continue;
-    const auto* in = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
-    out.push_back({name, in->sin_addr.s_addr});
+    ip_address address = ip_address::of(entry->ifa_addr);
+    if (address.family == AF_UNSPEC || address.unspecified()) continue;
+    const unsigned index = ::if_nametoindex(entry->ifa_name);
+    if (address.link_local()) address.scope = index;
+    out.push_back({entry->ifa_name, index, address});
   }
   ::freeifaddrs(list);
   return out;
 }
 
-bool is_loopback(const ipv4_device& d) { return (ntohl(d.ipv4) >> 24) == 127 || d.name == "lo"; }
-
-sockaddr_in socket_address(uint32_t ipv4, uint16_t port) {
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = ipv4;
-  address.sin_port = htons(port);
-  return address;
+/// How well `address` suits a device for `family`: 0 not at all, then higher is better (an IPv6
+/// global address before a link-local one).
+int suitability(const ip_address& address, int family) {
+  if (address.family != family) return 0;
+  return address.link_local() ? 1 : 2;
 }
+
+/// Every interface that is up with an address of one of `families`, each with its best address
+/// of the first of them it has, in getifaddrs order.
+std::vector<net_device> interfaces_up(const std::vector<int>& families) {
+  const std::vector<interface_address> all = addresses_up();
+  std::vector<net_device> out;
+  for (const interface_address& a : all) {
+    const bool seen = std::any_of(out.begin(), out.end(),
+                                  [&](const net_device& d) { return d.name == a.name; });
+    if (seen) continue;
+    for (int family : families) {
+      const interface_address* best = nullptr;
+      for (const interface_address& b : all) {
+        if (b.name != a.name || suitability(b.address, family) == 0) continue;
+        if (best == nullptr ||
+            suitability(b.address, family) > suitability(best->address, family)) {
+          best = &b;
+        }
+      }
+      if (best != nullptr) {
+        out.push_back({best->name, best->address, best->index});
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+bool is_loopback(const net_device& d) { return d.address.loopback() || d.name == "lo"; }
 
 }  // namespace
 
-std::vector<ipv4_device> usable_devices(const std::vector<std::string>& wanted, std::string* why) {
-  const std::vector<ipv4_device> all = interfaces_up();
-  std::vector<ipv4_device> out;
+std::vector<net_device> usable_devices(const std::vector<std::string>& wanted,
+                                       const std::vector<int>& families, std::string* why) {
+  const std::vector<net_device> all = interfaces_up(families);
+  std::vector<net_device> out;
   if (!wanted.empty()) {
     for (const std::string& name : wanted) {
-      for (const ipv4_device& d : all) {
+      for (const net_device& d : all) {
         if (d.name == name) out.push_back(d);
       }
     }
     if (out.empty() && why != nullptr) {
-      *why = "no IPv4 interface that is up matches COMM_TCP_DEVICE";
+      *why = "no interface that is up with an address of COMM_TCP_AF_PRIO's families matches "
+             "COMM_TCP_DEVICE";
     }
     return out;
   }
-  for (const ipv4_device& d : all) {
-    if (!is_loopback(d)) out.push_back(d);
+  for (int family : families) {
+    for (const bool loopback : {false, true}) {
+      for (const net_device& d : all) {
+        if (d.address.family == family && is_loopback(d) == loopback) out.push_back(d);
+      }
+    }
   }
-  for (const ipv4_device& d : all) {
-    if (is_loopback(d)) out.push_back(d);
+  if (out.empty() && why != nullptr) {
+    *why = "no interface is up with an address of COMM_TCP_AF_PRIO's families";
   }
-  if (out.empty() && why != nullptr) *why = "no IPv4 interface is up";
   return out;
 }
 
-std::string ipv4_text(uint32_t ipv4) {
-  char text[INET_ADDRSTRLEN] = {};
-  in_addr address{ipv4};
-  ::inet_ntop(AF_INET, &address, text, sizeof(text));
-  return text;
-}
-
-int open_listener(uint32_t ipv4, uint16_t* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+int open_listener(const ip_address& ip, uint16_t* port) {
+  const int fd = ::socket(ip.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     COMM_LOG(error, log_name, "socket: %s", std::strerror(errno));
     return -1;
   }
-  sockaddr_in address = socket_address(ipv4, 0);
-  socklen_t length = sizeof(address);
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 ||
+  if (ip.is_v6()) {
+    const int one = 1;  // an IPv6 interface takes IPv6 connections only
+    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+  }
+  socklen_t length = 0;
+  sockaddr_storage address = ip.with_port(0, &length);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 ||
       ::listen(fd, listen_backlog) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    COMM_LOG(error, log_name, "listen on %s: %s", ipv4_text(ipv4).c_str(), std::strerror(errno));
+    COMM_LOG(error, log_name, "listen on %s: %s", ip.text().c_str(), std::strerror(errno));
     ::close(fd);
     return -1;
   }
-  *port = ntohs(address.sin_port);
+  *port = port_of(address);
   return fd;
 }
 
-connect_result start_connect(uint32_t ipv4, uint16_t port, const tcp_config& config) {
+connect_result start_connect(const ip_address& ip, uint16_t port, const tcp_config& config) {
   connect_result out;
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(ip.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     COMM_LOG(error, log_name, "socket: %s", std::strerror(errno));
     out.st = status::io_error;
@@ -114,11 +147,12 @@ connect_result start_connect(uint32_t ipv4, uint16_t port, const tcp_config& con
   }
   set_nodelay(fd);
   out.probes_capped = set_liveness(fd, config);
-  const sockaddr_in address = socket_address(ipv4, port);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0) {
+  socklen_t length = 0;
+  const sockaddr_storage address = ip.with_port(port, &length);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), length) == 0) {
     out.connected = true;
   } else if (errno != EINPROGRESS) {
-    COMM_LOG(info, log_name, "connect to %s:%u: %s", ipv4_text(ipv4).c_str(), unsigned{port},
+    COMM_LOG(info, log_name, "connect to %s: %s", address_text(ip, port).c_str(),
              std::strerror(errno));
     out.st = status_of_errno(errno, true);
     ::close(fd);

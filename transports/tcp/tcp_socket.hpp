@@ -1,8 +1,9 @@
-// Socket plumbing of the tcp transport: the host's IPv4 devices, the data listener, nonblocking
-// connects, the options every connection gets (TCP_NODELAY, keepalive and a cap on the kernel's
+// Socket plumbing of the tcp transport: the host's devices (IPv4 and IPv6), the data listener,
+// nonblocking connects, the options every connection gets (TCP_NODELAY, keepalive and a cap on the kernel's
 // probe interval, see set_liveness) and what the kernel knows about the peer's host (TCP_INFO).
 #pragma once
 
+#include "tcp/tcp_address.hpp"
 #include "tcp/tcp_config.hpp"
 
 #include <comm/status.hpp>
@@ -21,24 +22,25 @@ struct poll_target {
   void* object = nullptr;  ///< the tcp_iface (listener, timer), tcp_conn or lingering_socket
 };
 
-/// An IPv4 interface that is up.
-struct ipv4_device {
-  std::string name;   ///< interface name, e.g. "eth0", "lo"
-  uint32_t ipv4 = 0;  ///< its (first) IPv4 address, network byte order
+/// An interface that is up, with the address the tcp transport uses on it.
+struct net_device {
+  std::string name;      ///< interface name, e.g. "eth0", "lo"
+  ip_address address;    ///< its address of the preferred family (scope set when link-local)
+  unsigned index = 0;    ///< interface index
 };
 
 /// The devices the tcp transport offers, in preference order: interfaces that are up with an
-/// IPv4 address, non-loopback ones first, then loopback. A non-empty `wanted` (the names
-/// COMM_TCP_DEVICE lists) restricts and orders them. Sets `*why` when the result is empty.
-std::vector<ipv4_device> usable_devices(const std::vector<std::string>& wanted,
-                                        std::string* why = nullptr);
+/// address of one of `families` (AF_INET, AF_INET6; COMM_TCP_AF_PRIO), each with its address of
+/// the first family it has (for IPv6 a global one before a link-local one); family by family,
+/// non-loopback ones first, then loopback. A non-empty `wanted` (the names COMM_TCP_DEVICE
+/// lists) restricts and orders them. Sets `*why` when the result is empty.
+std::vector<net_device> usable_devices(const std::vector<std::string>& wanted,
+                                       const std::vector<int>& families,
+                                       std::string* why = nullptr);
 
-/// Dotted text of an IPv4 address in network byte order.
-std::string ipv4_text(uint32_t ipv4);
-
-/// Opens a nonblocking listener on ipv4:0 and reports the port the kernel chose; -1 on failure
+/// Opens a nonblocking listener on address:0 and reports the port the kernel chose; -1 on failure
 /// (logged).
-int open_listener(uint32_t ipv4, uint16_t* port);
+int open_listener(const ip_address& address, uint16_t* port);
 
 /// Outcome of start_connect.
 struct connect_result {
@@ -48,9 +50,9 @@ struct connect_result {
   bool probes_capped = true;  ///< set_liveness could cap the probe interval
 };
 
-/// Starts a nonblocking connect to ipv4:port (network / host byte order) with TCP_NODELAY and the
+/// Starts a nonblocking connect to address:port (port in host byte order) with TCP_NODELAY and the
 /// liveness options of `config` set.
-connect_result start_connect(uint32_t ipv4, uint16_t port, const tcp_config& config);
+connect_result start_connect(const ip_address& address, uint16_t port, const tcp_config& config);
 
 /// The pending error of a socket whose connect finished (SO_ERROR), 0 when it connected.
 int socket_error(int fd);

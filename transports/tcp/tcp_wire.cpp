@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <initializer_list>
 
 namespace comm::tl::tcp {
@@ -50,9 +51,10 @@ parse_result check_extent(const uint8_t* data, size_t available, size_t* bytes) 
 
 // -- addresses ------------------------------------------------------------------------------------
 
-device_addr device_addr::local(uint32_t ipv4) {
+device_addr device_addr::local(const ip_address& address) {
   device_addr addr;
-  addr.ipv4 = ipv4;
+  addr.family = address.is_v6() ? device_family_ipv6 : device_family_ipv4;
+  std::memcpy(addr.ip, address.bytes, address.is_v6() ? 16 : 4);
   const host_identity& me = local_host_identity();
   std::memcpy(addr.boot_id, me.boot_id, sizeof(addr.boot_id));
   addr.net_ns = me.net_ns;
@@ -61,13 +63,45 @@ device_addr device_addr::local(uint32_t ipv4) {
 
 std::vector<uint8_t> device_addr::pack() const { return to_bytes(*this); }
 
+namespace {
+
+/// True when the address bytes of `addr` are a unicast address of its family that a device may
+/// have: not unspecified, multicast or broadcast, IPv4 with its unused bytes zero, IPv6 not an
+/// IPv4-mapped one (those travel as IPv4).
+bool usable_unicast(const device_addr& addr) {
+  const uint8_t* ip = addr.ip;
+  const auto zero = [](const uint8_t* from, const uint8_t* to) {
+    return std::all_of(from, to, [](uint8_t b) { return b == 0; });
+  };
+  if (addr.family == device_family_ipv4) {
+    const bool broadcast = ip[0] == 255 && ip[1] == 255 && ip[2] == 255 && ip[3] == 255;
+    return zero(ip + 4, ip + 16) && !zero(ip, ip + 4) && ip[0] < 224 && !broadcast;
+  }
+  if (addr.family != device_family_ipv6) return false;
+  const ip_address v6 = ip_address::v6(ip);
+  return v6.is_v6() && !zero(ip, ip + 16) && ip[0] != 0xff;
+}
+
+}  // namespace
+
 std::optional<device_addr> device_addr::unpack(const std::vector<uint8_t>& bytes) {
   auto addr = from_bytes<device_addr>(bytes);
-  if (addr && addr->ipv4 == 0) return std::nullopt;
+  if (!addr) return std::nullopt;
+  const device_addr& a = *addr;
+  if (a.reserved[0] != 0 || a.reserved[1] != 0 || a.reserved[2] != 0 || !usable_unicast(a)) {
+    return std::nullopt;
+  }
   return addr;
 }
 
-bool device_addr::loopback() const { return (ntohl(ipv4) >> 24) == 127; }
+ip_address device_addr::address() const {
+  if (family == device_family_ipv6) return ip_address::v6(ip);
+  uint32_t ipv4 = 0;
+  std::memcpy(&ipv4, ip, sizeof(ipv4));
+  return ip_address::v4(ipv4);
+}
+
+bool device_addr::loopback() const { return address().loopback(); }
 
 std::vector<uint8_t> iface_addr::pack() const { return to_bytes(*this); }
 
@@ -199,7 +233,13 @@ parse_result parse_hello(const uint8_t* data, size_t available, uint64_t own_id,
     return parse_result::garbage;
   }
   out->src_iface_id = hello.getSrcIfaceId();
-  out->src_ipv4 = hello.getSrcAddress();
+  if (hello.getSrcIpv6()) {
+    uint8_t ip[16];
+    words_to_bytes({hello.getSrcAddress6a(), hello.getSrcAddress6b()}, ip);
+    out->src_address = ip_address::v6(ip);
+  } else {
+    out->src_address = ip_address::v4(hello.getSrcAddress());
+  }
   out->src_port = hello.getSrcPort();
   out->window = window;
   words_to_bytes({hello.getNonce0(), hello.getNonce1()}, out->nonce);
@@ -283,13 +323,16 @@ uint64_t word_at(const uint8_t* bytes, size_t index) {
 
 }  // namespace
 
-void record_writer::hello(uint16_t src_port, uint32_t src_ipv4, uint64_t src_id, uint64_t dst_id,
-                          uint32_t window, const uint8_t nonce[16], void* dest) {
+void record_writer::hello(uint16_t src_port, const ip_address& src_address, uint64_t src_id,
+                          uint64_t dst_id, uint32_t window, const uint8_t nonce[16], void* dest) {
   auto& h = hello_.fields();
   h.setMagic(hello_magic);
   h.setVersion(hello_version);
   h.setSrcPort(src_port);
-  h.setSrcAddress(src_ipv4);
+  h.setSrcAddress(src_address.ipv4());
+  h.setSrcIpv6(src_address.is_v6());
+  h.setSrcAddress6a(src_address.is_v6() ? word_at(src_address.bytes, 0) : 0);
+  h.setSrcAddress6b(src_address.is_v6() ? word_at(src_address.bytes, 1) : 0);
   h.setSrcIfaceId(src_id);
   h.setDstIfaceId(dst_id);
   h.setWindow(window);

@@ -28,8 +28,10 @@
 // with wire::read_header after the checks below. Padding keeps every frame, and so every payload
 // handed to an am handler, 8-byte aligned in the receive buffer.
 //
-// Device address: the device's IPv4 address plus this host's boot and network namespace identity
-// (a loopback address only reaches the same host and namespace). Interface address: the port of the
+// Device address: the device's address (IPv4 or IPv6, family first) plus this host's boot and
+// network namespace identity (a loopback address only reaches the same host and namespace). A
+// link-local IPv6 address travels without its scope (an interface index means nothing to the
+// peer): the connecting side reaches it through its own device. Interface address: the port of the
 // interface's data listener, a random interface id that the hello must name (so a connection to a
 // reused port of a closed interface is refused instead of delivering to a stranger), and the
 // interface's window.
@@ -40,6 +42,7 @@
 #include <comm/wire/codec.hpp>
 
 #include "tcp/tcp.capnp.h"
+#include "tcp/tcp_address.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -77,8 +80,9 @@ inline constexpr uint64_t hello_magic = 0x434f4d4d54435000ull;      ///< "COMMTC
 inline constexpr uint64_t challenge_magic = 0x434f4d4d54435043ull;  ///< "COMMTCPC"
 inline constexpr uint64_t proof_magic = 0x434f4d4d54435050ull;      ///< "COMMTCPP"
 inline constexpr uint64_t welcome_magic = 0x434f4d4d54435057ull;    ///< "COMMTCPW"
-/// Version 2: one connection both ways, the challenge and welcome, piggybacked acks.
-inline constexpr uint16_t hello_version = 2;
+/// Version 2: one connection both ways, the challenge and welcome, piggybacked acks. Version 3:
+/// the connector's IPv6 listening address.
+inline constexpr uint16_t hello_version = 3;
 
 /// `length` rounded up to a multiple of 8.
 constexpr size_t pad8(size_t length) { return (length + 7) & ~size_t{7}; }
@@ -88,18 +92,28 @@ constexpr size_t frame_size(size_t length) { return frame_header_size + pad8(len
 
 // -- addresses ------------------------------------------------------------------------------------
 
+/// Family byte of an IPv4 device address.
+inline constexpr uint8_t device_family_ipv4 = 4;
+/// Family byte of an IPv6 device address.
+inline constexpr uint8_t device_family_ipv6 = 6;
+
 /// Device address: where the interface listens and who can reach a loopback address.
 struct [[gnu::packed]] device_addr {
-  uint32_t ipv4 = 0;         ///< network byte order
+  uint8_t family = 0;        ///< device_family_ipv4 or device_family_ipv6
+  uint8_t reserved[3] = {};  ///< zero
+  uint8_t ip[16] = {};       ///< IPv4: the first 4 bytes (network order), the rest zero; IPv6
   uint8_t boot_id[16] = {};  ///< host boot (host_identity)
   uint64_t net_ns = 0;       ///< network namespace (host_identity)
 
-  /// This process on `ipv4`.
-  static device_addr local(uint32_t ipv4);
+  /// This process on `address` (IPv4 or IPv6).
+  static device_addr local(const ip_address& address);
   std::vector<uint8_t> pack() const;
-  /// Nothing when `bytes` is not a device address.
+  /// Nothing when `bytes` is not a device address: not its size, an unknown family, reserved or
+  /// unused bytes not zero, an unspecified, multicast, broadcast or IPv4-mapped address.
   static std::optional<device_addr> unpack(const std::vector<uint8_t>& bytes);
-  /// True for 127.0.0.0/8.
+  /// The address (without a scope: a link-local one is reached through a device of ours).
+  ip_address address() const;
+  /// True for 127.0.0.0/8 and ::1.
   bool loopback() const;
 };
 
@@ -157,7 +171,7 @@ parse_result parse_frame_header(const uint8_t* data, size_t available, parsed_fr
 /// The fields of a hello that matter once it was checked.
 struct parsed_hello {
   uint64_t src_iface_id = 0;
-  uint32_t src_ipv4 = 0;     ///< the connector's listening address (network byte order)
+  ip_address src_address;    ///< the connector's listening address (IPv4 or IPv6, no scope)
   uint16_t src_port = 0;     ///< and port (host byte order)
   uint32_t window = 0;       ///< messages the connector accepts undelivered
   uint8_t nonce[16] = {};    ///< the connector's challenge
@@ -203,7 +217,7 @@ public:
   }
 
   /// Writes a hello (hello_size bytes) at `dest`.
-  void hello(uint16_t src_port, uint32_t src_ipv4, uint64_t src_id, uint64_t dst_id,
+  void hello(uint16_t src_port, const ip_address& src_address, uint64_t src_id, uint64_t dst_id,
              uint32_t window, const uint8_t nonce[16], void* dest);
   /// Writes a challenge (challenge_size bytes) at `dest`.
   void challenge(uint64_t own_id, bool keyed, const uint8_t nonce[16], void* dest);

@@ -38,6 +38,11 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   return ibv_post_recv(qp, wr, bad_wr);
 }
 
+int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input,
+                    ibv_device_attr_ex* attr) {
+  return ibv_query_device_ex(context, input, attr);
+}
+
 uint16_t get_src_port(rdma_cm_id* id) { return rdma_get_src_port(id); }
 
 uint16_t get_dst_port(rdma_cm_id* id) { return rdma_get_dst_port(id); }
@@ -102,6 +107,7 @@ const api rdma_core_table{
     .disconnect = rdma_disconnect,
     .get_cm_event = rdma_get_cm_event,
     .ack_cm_event = rdma_ack_cm_event,
+    .query_device_ex = query_device_ex,
 };
 
 std::string list_failure(int error) {

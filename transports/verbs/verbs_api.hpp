@@ -170,6 +170,13 @@ struct api {
   int (*get_cm_event)(rdma_event_channel* channel, rdma_cm_event** event);
   /// rdma_ack_cm_event: 0, or -1 and errno.
   int (*ack_cm_event)(rdma_cm_event* event);
+
+  // -- added after the first version: check provides() --
+
+  /// ibv_query_device_ex: the extended attributes, among them tm_caps (the tag matching a device
+  /// offers through IBV_SRQT_TM shared receive queues); 0 or an errno value.
+  int (*query_device_ex)(ibv_context* context, const ibv_query_device_ex_input* input,
+                         ibv_device_attr_ex* attr);
 };
 
 /// True when `table` was filled by code that knew `member` (its size reaches past it).

@@ -2,8 +2,22 @@
 // with private data, accept or reject, and the outcome on both sides, with tcp_cm's semantics.
 // rdmacm pads private data with zeros to its field size (56 bytes in a connect, 196 in an
 // accept), so the data travels behind a small header that carries its own length. The
-// connections exchange private data only (no QP rides on them); once a side is told
-// on_established, its connection is disconnected and released.
+// connections exchange private data only (no QP rides on them); once a side of a short handshake
+// is told on_established, its connection is disconnected and released.
+//
+// The client-server flow (cm::resolve, cm::accept_flow) maps onto rdmacm's own steps:
+//   resolve         rdma_resolve_addr, then rdma_resolve_route; on_resolved names the device and
+//                   port the id was bound to ("<device>:<port>", as the component's devices());
+//                   ADDR_ERROR, ROUTE_ERROR or the timeout: on_resolved(unreachable)
+//   connect         rdma_connect with the private data (given, or packed for that device)
+//   on_connect      CONNECT_RESPONSE with the server's data; REJECTED (rejected, or unreachable
+//                   when nobody listens), DISCONNECTED (connection_reset), the timeout
+//   notify          rdma_establish: the server's ESTABLISHED is its on_notify(ok)
+//   disconnect      rdma_disconnect; DISCONNECTED on either side is its on_disconnect. rdmacm
+//                   completes the disconnect when the peer's CM answers it, so the side that
+//                   disconnects first is told without waiting for the peer's owner.
+// cm_attr: max_conn_priv 52, max_reply_priv 192. Addresses are numeric, "ip:port" or
+// "[v6]:port" (rdma_resolve_addr takes socket addresses; names are invalid_addr here).
 #pragma once
 
 #include "verbs/verbs_api.hpp"

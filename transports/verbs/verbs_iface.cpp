@@ -135,6 +135,12 @@ bool verbs_iface::open_device() {
   }
   max_rd_atom_ = static_cast<uint8_t>(std::clamp(device_attr_.max_qp_rd_atom, 1, 255));
   max_init_rd_atom_ = static_cast<uint8_t>(std::clamp(device_attr_.max_qp_init_rd_atom, 1, 255));
+  // What tag matching the device offers (tag-matching SRQs), for info(): the transport does not
+  // drive it yet, so it reports no cap_tag_* flags whatever the device says.
+  ibv_device_attr_ex extended{};
+  if (provides(t_, &api::query_device_ex) && t_.query_device_ex(ctx_, nullptr, &extended) == 0) {
+    tm_caps_ = extended.tm_caps;
+  }
   return true;
 }
 
@@ -884,6 +890,13 @@ std::string verbs_iface::info() const {
       << "registrations " << md_->user_regions() << " user, " << md_->cached() << " cached, "
       << dropped_ << " messages without a handler, " << rx_lent_count_ << " of " << max_am_descs()
       << " receive buffers kept by handlers\n";
+  if (tm_caps_.max_num_tags == 0) {
+    out << "tag matching: the device offers none (tm_caps.max_num_tags 0); no cap_tag_* flags\n";
+  } else {
+    out << "tag matching: the device offers " << tm_caps_.max_num_tags << " tags (max_ops "
+        << tm_caps_.max_ops << ", max_sge " << tm_caps_.max_sge << ", rendezvous header "
+        << tm_caps_.max_rndv_hdr_size << " B), not used by this transport: no cap_tag_* flags\n";
+  }
   return out.str();
 }
 

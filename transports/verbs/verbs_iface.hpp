@@ -145,6 +145,7 @@ private:
 
   ibv_context* ctx_ = nullptr;
   ibv_device_attr device_attr_{};
+  ibv_tm_caps tm_caps_{};  ///< the device's tag matching (not used: no cap_tag_* flags)
   ibv_port_attr port_attr_{};
   gid_choice gid_;
   ibv_pd* pd_ = nullptr;

@@ -211,6 +211,15 @@ int query_device(ibv_context* handle, ibv_device_attr* attr) {
   return 0;
 }
 
+/// The extended attributes: the basic ones, and no tag matching (tm_caps all zero): the test
+/// device has no IBV_SRQT_TM shared receive queues.
+int query_device_ex(ibv_context* handle, const ibv_query_device_ex_input* input,
+                    ibv_device_attr_ex* attr) {
+  if (attr == nullptr || (input != nullptr && input->comp_mask != 0)) return EINVAL;
+  *attr = ibv_device_attr_ex{};
+  return query_device(handle, &attr->orig_attr);
+}
+
 int query_port(ibv_context* handle, uint8_t port_num, ibv_port_attr* attr) {
   locked_fabric f;
   context_obj* ctx = f ? find(f->contexts, handle) : nullptr;
@@ -585,6 +594,7 @@ void fill_resources(api& t) {
   t.open_device = open_device;
   t.close_device = close_device;
   t.query_device = query_device;
+  t.query_device_ex = query_device_ex;
   t.query_port = query_port;
   t.query_gid = query_gid;
   t.query_gid_ex = query_gid_ex;

@@ -21,8 +21,12 @@
 // request still waiting for that node fails with sec::request_receiver_down.
 //
 // Message types other than CAF's builtins must be registered on every node with the same name
-// (caf::actor_system_config::add_message_type). A message the receiving node cannot read is
-// answered with an error (sec::unknown_type for a request), never a crash.
+// (caf::actor_system_config::add_message_type). A message the receiving node cannot read is never
+// a crash and never silent: a request is answered with the error (sec::unknown_type naming the
+// type), a response fails its request at once, anything else is counted (stats) and logged.
+//
+// Typed actors: publish(caf::typed_actor<...>) records the interface, lookup<Handle>(...) checks
+// it and returns a Handle.
 #pragma once
 
 #include <comm/actors/blob.hpp>
@@ -30,17 +34,20 @@
 #include <comm/status.hpp>
 
 #include <caf/actor.hpp>
+#include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
 #include <caf/node_id.hpp>
+#include <caf/typed_actor.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -136,6 +143,10 @@ struct node_stats {
   uint64_t bytes_received = 0;   ///< payload bytes of those received
   uint64_t frames_held = 0;      ///< frames that arrived before an earlier one (kept for order)
   uint64_t peak_bytes_held = 0;  ///< most bytes one connection held for order at once
+  /// Messages from other nodes this node could not read (a type it has not registered, or bytes
+  /// that do not parse): a request is answered with the error, a response fails its request at
+  /// once with it, any other message is dropped with a warning (at most one a second).
+  uint64_t unreadable_messages = 0;
 };
 
 /// The CAF error category of libcomm statuses (errors made by make_error(comm::status)).
@@ -144,7 +155,12 @@ inline constexpr caf::atom_value error_category = caf::atom("comm");
 /// A CAF error carrying a libcomm status (category error_category, code -status).
 caf::error make_error(comm::status st);
 
-/// The libcomm status carried by `err`, or status::ok when it is not of error_category.
+/// What status_of returns for an error that does not carry a libcomm status (one of CAF's own,
+/// or of an application's category): an error value no libcomm call returns ("UNKNOWN_STATUS").
+inline constexpr comm::status foreign_error = static_cast<comm::status>(-127);
+
+/// The libcomm status carried by `err`: status::ok for an empty error, foreign_error for an
+/// error of another category than error_category (never mistaken for success).
 comm::status status_of(const caf::error& err);
 
 /// A node: this process's endpoint in a cluster of actor systems. Owns a libcomm context and
@@ -187,6 +203,13 @@ public:
   ///          status::already_exists when another actor holds the name
   caf::error publish(const caf::actor& whom, const std::string& name);
 
+  /// Makes the typed actor `whom` reachable under `name` together with its messaging interface,
+  /// which lookup<Handle> checks on the looking node. Otherwise as publish(caf::actor, name).
+  template <class... Sigs>
+  caf::error publish(const caf::typed_actor<Sigs...>& whom, const std::string& name) {
+    return publish_typed(caf::actor_cast<caf::actor>(whom), name, system().message_types(whom));
+  }
+
   /// Withdraws `name`. @returns an empty error, or status::no_elem when it is not published.
   caf::error unpublish(const std::string& name);
 
@@ -201,6 +224,25 @@ public:
   /// As lookup(address, name), waiting at most `timeout`.
   caf::expected<caf::actor> lookup(const std::string& address, const std::string& name,
                                    std::chrono::milliseconds timeout);
+
+  /// As lookup(address, name), giving a handle of type `Handle`: a caf::typed_actor<...> or
+  /// caf::actor. A typed handle is given only for an actor published with publish(typed_actor)
+  /// whose interface a `Handle` may be assigned from (as CAF's remote_actor checks it);
+  /// otherwise the error is sec::unexpected_actor_messaging_interface, naming the interface
+  /// published and the one expected.
+  template <class Handle>
+  caf::expected<Handle> lookup(const std::string& address, const std::string& name) {
+    return lookup<Handle>(address, name, default_timeout());
+  }
+
+  /// As lookup<Handle>(address, name), waiting at most `timeout`.
+  template <class Handle>
+  caf::expected<Handle> lookup(const std::string& address, const std::string& name,
+                               std::chrono::milliseconds timeout) {
+    auto found = lookup_as(address, name, timeout, system().message_types<Handle>());
+    if (!found) return std::move(found.error());
+    return caf::actor_cast<Handle>(std::move(*found));
+  }
 
   // -- connections -------------------------------------------------------------------------------
 
@@ -240,6 +282,21 @@ public:
   caf::expected<caf::actor> lookup(int rank, const std::string& name,
                                    std::chrono::milliseconds timeout);
 
+  /// As lookup<Handle>(address, name), for the node of rank `rank` of the joined job.
+  template <class Handle>
+  caf::expected<Handle> lookup(int rank, const std::string& name) {
+    return lookup<Handle>(rank, name, default_timeout());
+  }
+
+  /// As lookup<Handle>(rank, name), waiting at most `timeout`.
+  template <class Handle>
+  caf::expected<Handle> lookup(int rank, const std::string& name,
+                               std::chrono::milliseconds timeout) {
+    auto where = address_of(rank);
+    if (!where) return std::move(where.error());
+    return lookup<Handle>(*where, name, timeout);
+  }
+
 private:
   friend class caf::net::middleman;  // the actor-system module that load() installs owns the node
 
@@ -247,6 +304,19 @@ private:
 
   /// The address of rank `rank`'s node in the joined job, or the error lookup(rank) returns.
   caf::expected<std::string> address_of(int rank) const;
+
+  /// node_params::connect_timeout, the default limit of a lookup.
+  std::chrono::milliseconds default_timeout() const noexcept;
+
+  /// publish(whom, name), recording the interface `ifs` for lookups to check.
+  caf::error publish_typed(const caf::actor& whom, const std::string& name,
+                           std::set<std::string> ifs);
+
+  /// lookup(address, name, timeout), refusing an actor whose published interface `expected`
+  /// may not be assigned from (no check when `expected` is empty: a caf::actor).
+  caf::expected<caf::actor> lookup_as(const std::string& address, const std::string& name,
+                                      std::chrono::milliseconds timeout,
+                                      const std::set<std::string>& expected);
 
   std::unique_ptr<detail::node_state> state_;
   mutable std::mutex job_mtx_;                   ///< guards job_

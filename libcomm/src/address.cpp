@@ -1,0 +1,193 @@
+// Worker addresses and the endpoint table: packing and decoding addresses, picking a lane to a
+// peer, creating and destroying endpoints. The handshake that follows is the wireup module's
+// (wireup.cpp); client-server connections pick their lane here too (listener.cpp).
+#include "worker_impl.hpp"
+
+#include <comm/log.hpp>
+
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace comm {
+
+using detail::worker_impl;
+
+namespace detail {
+namespace {
+
+/// A decoded worker address.
+struct peer_address {
+  uint64_t uid = 0;
+  std::string name;
+  uint64_t client_id = 0;
+  struct transport {
+    std::string name;
+    std::vector<uint8_t> device;
+    std::vector<uint8_t> iface;
+  };
+  std::vector<transport> transports;
+};
+
+std::vector<uint8_t> to_vector(capnp::Data::Reader data) {
+  return std::vector<uint8_t>(data.begin(), data.end());
+}
+
+/// Decodes a packed WorkerAddress; invalid_addr for anything malformed.
+status decode_address(const void* data, size_t length, peer_address* out) {
+  if (data == nullptr || length < 16 || length % 8 != 0 || length > (1u << 20)) {
+    return status::invalid_addr;
+  }
+  auto words = kj::heapArray<capnp::word>(length / 8);
+  std::memcpy(words.begin(), data, length);
+  status result = status::ok;
+  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
+    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
+    auto address = reader.getRoot<wire::schema::WorkerAddress>();
+    out->uid = address.getUid();
+    out->name = address.getName();
+    out->client_id = address.getClientId();
+    for (auto t : address.getTransports()) {
+      out->transports.push_back({t.getName(), to_vector(t.getDevice()), to_vector(t.getIface())});
+    }
+  });
+  if (failure != nullptr || out->uid == 0) result = status::invalid_addr;
+  return result;
+}
+
+}  // namespace
+
+std::vector<uint8_t> worker_impl::packed_address() const {
+  capnp::MallocMessageBuilder message;
+  auto address = message.initRoot<wire::schema::WorkerAddress>();
+  address.setUid(uid_);
+  address.setName(params.name);
+  address.setClientId(params.client_id);
+  auto list = address.initTransports(static_cast<unsigned>(ifaces.size()));
+  for (size_t i = 0; i < ifaces.size(); ++i) {
+    auto entry = list[static_cast<unsigned>(i)];
+    entry.setName(std::string(ifaces[i].component->name()));
+    auto device = ifaces[i].iface->device_address();
+    auto iface = ifaces[i].iface->iface_address();
+    entry.setDevice(kj::arrayPtr(device.data(), device.size()));
+    entry.setIface(kj::arrayPtr(iface.data(), iface.size()));
+  }
+  auto words = capnp::messageToFlatArray(message);
+  auto bytes = words.asBytes();
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+status worker_impl::new_ep(bool by_peer, endpoint_impl** out) {
+  uint32_t index;
+  if (!free_ep_slots.empty()) {
+    index = free_ep_slots.back();
+    free_ep_slots.pop_back();
+  } else {
+    if (ep_table.size() >= (1u << 20)) return status::exceeds_limit;
+    index = static_cast<uint32_t>(ep_table.size());
+    ep_table.push_back(nullptr);
+  }
+  ep_generation = (ep_generation + 1) & 0xFFFu;
+  if (ep_generation == 0) ep_generation = 1;
+  const uint32_t id = index | (ep_generation << 20);
+  auto* ep = new endpoint_impl(*this, id, by_peer);
+  ep_table[index] = ep;
+  if (by_peer) ++peer_eps;
+  *out = ep;
+  return status::ok;
+}
+
+status worker_impl::connect_lane(endpoint_impl* ep, const void* data, size_t length) {
+  peer_address peer;
+  status st = decode_address(data, length, &peer);
+  if (st != status::ok) return st;
+  for (auto& li : ifaces) {
+    for (const auto& t : peer.transports) {
+      if (t.name != li.component->name() || !li.iface->is_reachable(t.device, t.iface)) continue;
+      std::unique_ptr<tl::ep> lane;
+      st = li.iface->create_ep(t.device, t.iface, lane);
+      if (st != status::ok) {
+        COMM_LOG(warn, "wireup", "%s: cannot create %s endpoint to %s: %s", params.name.c_str(),
+                 t.name.c_str(), peer.name.c_str(), to_string(st));
+        continue;
+      }
+      ep->peer_uid_ = peer.uid;
+      ep->peer_name_ = peer.name;
+      ep->attach_lane(std::move(lane), li.iface.get());
+      COMM_LOG(debug, "wireup", "%s: endpoint %u to %s via %s", params.name.c_str(), ep->id,
+               peer.name.c_str(), t.name.c_str());
+      return status::ok;
+    }
+  }
+  COMM_LOG(info, "wireup", "%s: no transport reaches %s", params.name.c_str(), peer.name.c_str());
+  return status::unreachable;
+}
+
+status worker_impl::create_ep(const void* data, size_t length, bool by_peer, endpoint_impl** out) {
+  endpoint_impl* ep = nullptr;
+  status st = new_ep(by_peer, &ep);
+  if (st != status::ok) return st;
+  st = connect_lane(ep, data, length);
+  if (st != status::ok) {
+    const uint32_t index = ep->id & 0xFFFFFu;
+    ep_table[index] = nullptr;
+    free_ep_slots.push_back(index);
+    if (by_peer) --peer_eps;
+    delete ep;
+    return st;
+  }
+  *out = ep;
+  return status::ok;
+}
+
+void worker_impl::destroy_ep(endpoint_impl* ep) {
+  const uint32_t index = ep->id & 0xFFFFFu;
+  if (index < ep_table.size() && ep_table[index] == ep) {
+    forget_peer(*ep, held_fate::detach);
+    if (ep->created_by_peer) --peer_eps;
+    ep_table[index] = nullptr;
+    free_ep_slots.push_back(index);
+    closed_ids[closed_next++ % closed_ids.size()] = ep->id;
+    doomed.push_back(ep);
+  }
+}
+
+endpoint_impl* worker_impl::find_ep(uint32_t id) const {
+  const uint32_t index = id & 0xFFFFFu;
+  if (index >= ep_table.size()) return nullptr;
+  endpoint_impl* ep = ep_table[index];
+  return (ep != nullptr && ep->id == id) ? ep : nullptr;
+}
+
+endpoint_impl* worker_impl::receiving_ep(uint32_t id, const char* what) {
+  endpoint_impl* ep = find_ep(id);
+  if (ep == nullptr) {
+    if (id != 0 && std::find(closed_ids.begin(), closed_ids.end(), id) != closed_ids.end()) {
+      ++late_messages;
+      COMM_LOG(debug, "worker", "%s: %s (endpoint %u, closed): dropped", params.name.c_str(),
+               what, id);
+      return nullptr;
+    }
+    protocol_error(nullptr, what);
+    return nullptr;
+  }
+  return ep->state == endpoint_impl::phase::failed ? nullptr : ep;
+}
+
+}  // namespace detail
+
+status worker::query_address(const void* address, size_t length, worker_address_attr* out) {
+  detail::peer_address peer;
+  status st = detail::decode_address(address, length, &peer);
+  if (st != status::ok) return st;
+  out->uid = peer.uid;
+  out->name = peer.name;
+  out->client_id = peer.client_id;
+  out->transports.clear();
+  for (const auto& t : peer.transports) out->transports.push_back(t.name);
+  return status::ok;
+}
+
+}  // namespace comm

@@ -1,0 +1,68 @@
+// The RMA module: memory registration, remote keys, and put/get with DAT's RDMA-read semantics.
+// Lanes with get/put zcopy move the data directly; on the others each fragment is an RmaRequest
+// that the owner checks against its registration and answers with an RmaReply (carrying the data
+// of a get): software RMA.
+#pragma once
+
+#include "worker_impl.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+
+namespace comm::detail {
+
+/// Wire ids of the RMA module.
+enum class rma_msg : tl::am_id {
+  request = 16,  ///< RmaRequest: a software put or get of one fragment
+  reply = 17,    ///< RmaReply: its outcome (and a get's data)
+};
+
+/// State of a put or get.
+struct rma_state {
+  bool is_get = false;           ///< a get, else a put
+  unsigned reads = 0;            ///< gets this request has in flight
+  size_t length = 0;             ///< bytes to move
+  size_t offset = 0;             ///< software RMA: bytes requested so far
+  uint64_t remote_address = 0;   ///< where, at the peer
+  rkey* key = nullptr;           ///< the peer's key
+  uint64_t id = 0;               ///< software RMA: our id in the table of operations (0: none)
+};
+
+/// The RMA module (see the top of this file).
+class rma_protocol final : public protocol {
+public:
+  rma_protocol(worker_impl& w, unsigned index);
+  std::string_view name() const noexcept override { return "rma"; }
+
+  /// Starts a put or get (endpoint::put, endpoint::get) with DAT's completion flags.
+  op start(endpoint_impl& ep, bool is_get, const iov_entry* local, size_t count,
+           uint64_t remote_address, rkey* key, const request_params& params);
+  /// Gives `handle` a token no other registration of the worker has, and records it.
+  void add_region(memh* handle);
+  /// Forgets the registration of `handle`; false if it is not one of ours.
+  bool remove_region(memh* handle);
+  /// Our registrations by software-RMA token.
+  const std::unordered_map<uint64_t, memh*>& regions() const noexcept { return regions_; }
+  /// Reads (gets) outstanding on the lane of `ep`.
+  unsigned& reads_in_flight(endpoint_impl& ep);
+
+  /// Issues what the transport takes of `req` (its request_ops progress).
+  static status progress_op(request* req);
+  /// Forgets the software operation `req`, if it is one.
+  void release(rma_state& s);
+
+  void info(std::ostream& out) const override;
+
+private:
+  void on_request(const uint8_t* data, size_t length);
+  void on_reply(const uint8_t* data, size_t length);
+  /// Software RMA of `req`.
+  status send_by_messages(request* req, rma_state& s);
+
+  std::unordered_map<uint64_t, request*> ops_;  ///< software RMA awaiting the owner's reply
+  std::unordered_map<uint64_t, memh*> regions_; ///< our registrations by software-RMA token
+  uint64_t next_id_ = 1;                        ///< next id in ops_
+};
+
+}  // namespace comm::detail

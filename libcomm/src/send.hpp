@@ -1,0 +1,73 @@
+// The send engine, a worker-level service for the protocol modules: a module's message goes out
+// eager short, bcopy or zcopy, whole or in fragments (or by the module's rendezvous), framed by
+// the module's own headers; later fragments carry a FragmentMiddle header with the module's
+// fragment id, and accept_fragment checks them on arrival. Also the worker's own requests:
+// control messages, flush and close.
+#pragma once
+
+#include "worker_impl.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace comm::detail {
+
+/// How a message send moves its data.
+enum class send_protocol : uint8_t { short_, bcopy, zcopy, rndv };
+
+/// The send engine's part of a message send (inside the module's request state).
+struct send_progress {
+  send_protocol proto = send_protocol::bcopy; ///< chosen at the first attempt
+  size_t length = 0;                        ///< data bytes of the message
+  size_t offset = 0;                        ///< data bytes handed to the transport so far
+  uint64_t msg_id = 0;                      ///< identifies its fragments (0 while sent whole)
+};
+
+/// How a module frames its messages for the send engine (a static table in the module's file).
+struct message_framing {
+  /// Encodes into `out` the protocol header of the message sent whole (`whole`) or of its first
+  /// fragment; returns its length and sets `*id` to the wire id to send it with.
+  size_t (*encode_first)(request* req, const send_progress& s, bool whole, uint8_t* out,
+                         tl::am_id* id);
+  /// Encoded size of the protocol header of the message sent whole.
+  size_t (*whole_header_size)(const request* req);
+  /// Sends the message by rendezvous; null when the module has none.
+  status (*send_rndv)(request* req);
+  /// Wire id of the later fragments.
+  tl::am_id fragment_id;
+};
+
+/// Largest encoded protocol header of any data message.
+inline constexpr size_t max_proto_header = 64;
+
+/// Sends as much of the message `req` as the transport takes, in order: its protocol header, its
+/// user header (request::header) and its data (request::iov, or params.pack). The first call
+/// picks short, bcopy, zcopy or rendezvous. Returns ok when all of it went out (zcopy and
+/// rendezvous sends complete later), no_resource when the rest must wait, or an error.
+status send_message(request* req, send_progress& s, const message_framing& f);
+
+/// Checks a later fragment (FragmentMiddle) of the message `owner` is receiving: the endpoint
+/// must be receiving one from `owner` with that id, at that offset, with room for the payload.
+/// Returns the endpoint with the payload in `*payload`, `*payload_length` (counted as received),
+/// or null: dropped (a failed endpoint), or a protocol error (counted, the endpoint failed).
+endpoint_impl* accept_fragment(worker_impl& w, const protocol& owner, const uint8_t* data,
+                               size_t length, const uint8_t** payload, size_t* payload_length);
+
+/// The transport completion of a send's zcopy fragments or of a flush.
+void on_send_done(tl::completion* comp);
+
+/// Tells the peer of `ep` that it is closing; ok, no_resource or an error.
+status send_close_notice(endpoint_impl* ep);
+
+/// State of a control request (role control): the message's wire id; its bytes are in
+/// request::wire.
+struct control_state {
+  tl::am_id id = 0;  ///< wire id to send it with
+};
+
+/// The worker's own kinds of request.
+extern const request_ops flush_ops;    ///< endpoint flush (and immediate completions)
+extern const request_ops close_ops;    ///< endpoint close
+extern const request_ops control_ops;  ///< control message (queue_control)
+
+}  // namespace comm::detail

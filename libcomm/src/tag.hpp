@@ -1,0 +1,139 @@
+// The tag module: tagged sends and receives. A send goes eager (the send engine, send.hpp, with
+// TagEager / TagEagerImm / TagEagerFirst headers and tag fragments) or by rendezvous (rndv.hpp).
+// A message that arrives is matched against the posted receives (the worker's tag matcher) or kept
+// as an unexpected message, pooled, counted against the limits of its endpoint, until a receive
+// or a probe takes it; a rendezvous announcement waits there the same way.
+#pragma once
+
+#include "rndv.hpp"
+#include "send.hpp"
+#include "worker_impl.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace comm::detail {
+
+/// Wire ids of the tag module.
+enum class tag_msg : tl::am_id {
+  eager = 4,        ///< TagEager: a whole message
+  eager_imm = 5,    ///< TagEagerImm: a whole message with an immediate value
+  eager_first = 6,  ///< TagEagerFirst: the first fragment of a message
+  fragment = 7,     ///< FragmentMiddle: a later fragment
+};
+
+/// An unexpected (arrived, not yet matched) tagged message, with its data.
+struct unexpected_msg : tag_unexpected {
+  bool rndv = false;         ///< a rendezvous announcement: data still at the sender
+  endpoint_impl* ep = nullptr; ///< rendezvous: endpoint back to the sender
+  /// The endpoint whose limits it counts against (it always counts for the worker's); null once
+  /// that endpoint is gone or the user took the message with tag_probe.
+  endpoint_impl* from = nullptr;
+  uint64_t sreq = 0;         ///< rendezvous: the sender's request id
+  uint64_t address = 0;      ///< rendezvous: where the data is
+  std::vector<uint8_t> rkey; ///< rendezvous: the sender's packed key
+  uint64_t imm = 0;          ///< the sender's immediate value
+  size_t length = 0;         ///< total data bytes
+  size_t received = 0;       ///< data bytes arrived so far
+  uint8_t* data = nullptr;   ///< the data: inline after the descriptor, or `grown`
+  uint8_t* grown = nullptr;  ///< a fragmented message's own buffer, grown as fragments arrive
+  size_t capacity = 0;       ///< bytes `grown` holds
+  int8_t pool_tier = -1;     ///< the module's pool tier the descriptor came from, or -1
+  size_t charged = 0;        ///< bytes counted against the unexpected limits (all of its memory)
+};
+
+/// State of a tagged send.
+struct tag_send_state {
+  send_progress send;        ///< the send engine's part
+  rndv_send rndv;            ///< its rendezvous, when it goes that way
+  tag_t tag = 0;             ///< its tag
+};
+
+/// State of a tagged receive.
+struct tag_recv_state {
+  tag_expected expected;     ///< the posted receive in the matcher
+  tag_recv_info info;        ///< what was received (info.length: bytes delivered)
+  size_t length = 0;         ///< bytes its buffers hold
+  size_t received = 0;       ///< bytes the sender sent (more than `length`: truncated)
+  bool matched = false;      ///< matched to a message (no longer cancellable)
+  rndv_fetch fetch;          ///< a rendezvous message being fetched into it
+};
+
+/// The tag module (see the top of this file).
+class tag_protocol final : public protocol {
+public:
+  tag_protocol(worker_impl& w, unsigned index);
+  ~tag_protocol() noexcept override;
+  std::string_view name() const noexcept override { return "tag"; }
+
+  /// The receive whose posted-receive entry is `e`.
+  static request* recv_of(tag_expected* e) {
+    return request::of_state(e, offsetof(tag_recv_state, expected));
+  }
+
+  // -- for the public API (tag.cpp) --
+  /// Receives the message `found` (matched by a receive or a probe) into `req`.
+  op receive_unexpected(request* req, unexpected_msg* found);
+  /// Stops counting `msg` against its endpoint's limits (the user took it with tag_probe); it
+  /// still counts for the worker's.
+  void detach(unexpected_msg* msg);
+  /// Marks `req` matched by a message tagged `tag` with immediate value `imm`.
+  static tag_recv_state& match(request* req, tag_t tag, uint64_t imm);
+  /// A descriptor for an unexpected message from `ep` with room for `length` data bytes, counted
+  /// with `extra` bytes more against the unexpected limits. Null when a limit fails `ep`, or
+  /// (logged) without memory.
+  unexpected_msg* new_unexpected(endpoint_impl* ep, tag_t tag, uint64_t imm, size_t length,
+                                 size_t extra = 0);
+  /// Frees an unexpected message (received, or dropped).
+  void free_unexpected(unexpected_msg* msg);
+
+  /// The unexpected message whose fragments `ep` is receiving, or null.
+  const unexpected_msg* arriving(const endpoint_impl& ep) const;
+
+  // -- from the rendezvous module --
+  /// A rendezvous announcement of a tagged message from `ep`: fetched into a matching receive,
+  /// or kept as an unexpected message.
+  void on_announcement(endpoint_impl& ep, tag_t tag, uint64_t imm, rndv_announcement&& a);
+  /// Drops the announcement `sreq` of `ep` if it waits unmatched (its sender cancelled it).
+  void drop_announcement(endpoint_impl& ep, uint64_t sreq);
+
+  void forget_peer(endpoint_impl& ep, held_fate fate) override;
+  void endpoint_failed(endpoint_impl& ep, status reason) override;
+  void endpoint_deleted(endpoint_impl& ep) override;
+  void teardown() override;
+  void info(std::ostream& out) const override;
+
+  // Long-lived header builders (one per header type, see comm/wire/codec.hpp).
+  wire::header_writer<wire::schema::TagEager> hdr_tag;
+  wire::header_writer<wire::schema::TagEagerImm> hdr_tag_imm;
+  wire::header_writer<wire::schema::TagEagerFirst> hdr_tag_first;
+
+private:
+  void on_eager(const uint8_t* data, size_t length);
+  void on_eager_imm(const uint8_t* data, size_t length);
+  void on_eager_first(const uint8_t* data, size_t length);
+  void on_fragment(const uint8_t* data, size_t length);
+  /// A TagEager or TagEagerImm message.
+  void receive_eager(const uint8_t* data, size_t length, bool with_imm);
+  /// The last fragment of the message of `ep` arrived.
+  void finish_fragments(endpoint_impl& ep);
+  /// Frees what the fragmented message of `ep` holds and ends it; returns its matched receive,
+  /// which is not completed.
+  request* drop_fragments(endpoint_impl& ep);
+  /// Starts fetching the rendezvous message of `length` bytes announced by `sreq` into `req`.
+  void fetch(request* req, endpoint_impl* ep, uint64_t sreq, uint64_t address, size_t length,
+             const uint8_t* rkey, size_t rkey_length);
+
+  /// Makes room for `needed` bytes in a fragmented unexpected message (doubling, so a header
+  /// that announces a huge message costs nothing until its data arrives); false when a limit
+  /// failed its endpoint, or without memory.
+  bool reserve_unexpected(unexpected_msg* msg, size_t needed);
+  /// After new_unexpected or reserve_unexpected said no for a fragmented message of `ep`: fails
+  /// `ep` for lack of memory unless a limit failed it already.
+  void out_of_room(endpoint_impl* ep);
+
+  std::vector<void*> unexpected_pool_[2];   ///< free unexpected-message blocks, per size tier
+};
+
+}  // namespace comm::detail
