@@ -95,6 +95,20 @@ BOOST_AUTO_TEST_CASE(devices_ordered_nearest_first_keeping_the_order_of_equals) 
   BOOST_TEST(topo->by_locality(all, cpus{}) == all, boost::test_tools::per_element());
 }
 
+// one_package_two_numa_roce.xml: one package, NUMA node 0 (cores 0-1) with eth0, node 1 (cores
+// 2-3) with a ConnectX card: its Ethernet port eth2 and its verbs device mlx5_0.
+BOOST_AUTO_TEST_CASE(a_verbs_port_is_placed_as_its_device) {
+  auto topo = load("one_package_two_numa_roce.xml");
+  BOOST_TEST(topo->summary().find("packages=1 numa_nodes=2 cores=4") != std::string::npos,
+             topo->summary());
+  BOOST_TEST(topo->numa_nodes_of_device("mlx5_0") == nodes{1});
+  BOOST_TEST(topo->numa_nodes_of_device("mlx5_0:1") == nodes{1});
+  BOOST_TEST(topo->numa_nodes_of_device("mlx5_9:1").empty());
+  BOOST_TEST(topo->distance("mlx5_0:1", cpus{2}) == device_distance::local);
+  BOOST_TEST(topo->distance("mlx5_0:1", cpus{0}) == device_distance::same_package);
+  BOOST_TEST(topo->distance("eth0", cpus{0}) == device_distance::local);
+}
+
 BOOST_AUTO_TEST_CASE(a_missing_or_broken_file_is_an_error_not_a_machine) {
   std::string why;
   BOOST_TEST(topology::from_xml("/nonexistent/topology.xml", &why) == nullptr);

@@ -81,12 +81,14 @@ struct topology::state {
     hwloc_bitmap_and(out, out, hwloc_topology_get_topology_cpuset(topo));
   }
 
-  /// The OS device (network or otherwise) called `name`, or null.
+  /// The OS device (network or otherwise) called `name`, or null. A verbs port ("mlx5_0:1") is
+  /// found as its device ("mlx5_0", an OpenFabrics object for hwloc).
   hwloc_obj_t osdev(const std::string& name) const {
     for (hwloc_obj_t o = hwloc_get_next_osdev(topo, nullptr); o != nullptr;
          o = hwloc_get_next_osdev(topo, o))
       if (o->name != nullptr && name == o->name) return o;
-    return nullptr;
+    const size_t colon = name.rfind(':');
+    return colon != std::string::npos && colon > 0 ? osdev(name.substr(0, colon)) : nullptr;
   }
 
   /// The package holding `obj`, or null (a machine without packages, or an object above them).

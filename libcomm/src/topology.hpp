@@ -44,8 +44,8 @@ public:
   /// OS indices of the NUMA nodes whose memory is local to `cpus`, ascending; empty when `cpus`
   /// is empty or names no core here.
   std::vector<unsigned> numa_nodes_of(std::span<const int> cpus) const;
-  /// OS indices of the NUMA nodes nearest network device `name` (e.g. "eth0", "ib0"); empty when
-  /// hwloc does not know it.
+  /// OS indices of the NUMA nodes nearest network device `name` (e.g. "eth0", "ib0", or a verbs
+  /// port "mlx5_0:1"); empty when hwloc does not know it.
   std::vector<unsigned> numa_nodes_of_device(const std::string& name) const;
   /// How far network device `name` is from `cpus`.
   device_distance distance(const std::string& name, std::span<const int> cpus) const;
