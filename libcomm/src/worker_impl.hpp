@@ -8,6 +8,7 @@
 #include <comm/wire/codec.hpp>
 #include <comm/worker.hpp>
 
+#include "placement.hpp"
 #include "protocol.hpp"
 #include "request_impl.hpp"
 #include "tag_matcher.hpp"
@@ -31,6 +32,7 @@ struct rx_message {
 };
 
 class worker_impl;
+struct peer_address;
 
 /// An endpoint's state. `id` indexes the worker's endpoint table (with a generation in the high
 /// bits), `remote_id` is the peer's endpoint for the same connection.
@@ -55,6 +57,9 @@ public:
   tl::iface* lane_iface = nullptr;          ///< its interface
   const tl::iface_attr* lane_attr = nullptr; ///< its capabilities
   tl::cm_conn* cm_conn = nullptr;           ///< client-server handshake under way
+  std::string lane_choice;                  ///< which lane was chosen and why (info)
+  uint32_t peer_iface = 0;                  ///< the peer's interface the lane reaches (its
+                                            ///< position in the peer's address)
   connect_callback on_connect = nullptr;    ///< told once the handshake completes
   void* connect_arg = nullptr;              ///< passed to on_connect
   uint64_t peer_uid_ = 0;                   ///< peer worker uid
@@ -125,11 +130,15 @@ public:
   struct lane_iface {
     tl::component* component;               ///< the transport
     std::unique_ptr<tl::iface> iface;       ///< its interface
+    std::string device;                     ///< the device it is open on
     bool costly = false;                    ///< progress() makes a system call
     uint8_t skip = 0;                       ///< progress calls to skip while idle
     uint8_t backoff = 0;                    ///< current idle backoff
   };
-  std::vector<lane_iface> ifaces;           ///< one per enabled transport, in preference order
+  /// One per device of each enabled transport: transports in registration order, each one's
+  /// devices nearest to params.cpus first.
+  std::vector<lane_iface> ifaces;
+  worker_placement placement;               ///< where params.cpus puts the worker's resources
   int epoll_fd = -1;                        ///< event fd: every interface's event fd
 
   std::vector<endpoint_impl*> ep_table;     ///< endpoints by id (low bits), or null
@@ -240,8 +249,12 @@ public:
   status create_ep(const void* address, size_t length, bool by_peer, endpoint_impl** out);
   /// A new endpoint with an id but no lane yet (client-server connections pick it later).
   status new_ep(bool by_peer, endpoint_impl** out);
-  /// Picks and creates the lane to the worker whose packed address is given, in preference
-  /// order; unreachable when no transport reaches it, invalid_addr for bad bytes.
+  /// Our interfaces that reach the peer, paired with its address entries, best first
+  /// (placement.hpp: better_lane).
+  std::vector<lane_candidate> lane_candidates(const peer_address& peer) const;
+  /// Creates the lane to the worker whose packed address is given: the best candidate that can be
+  /// created (ep->lane_choice says which and why); unreachable when no transport reaches it,
+  /// invalid_addr for bad bytes.
   status connect_lane(endpoint_impl* ep, const void* address, size_t length);
   void destroy_ep(endpoint_impl* ep);
   std::vector<uint8_t> packed_address() const;

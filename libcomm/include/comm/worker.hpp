@@ -26,7 +26,11 @@ enum class thread_mode {
 /// Parameters of worker::create (ucp_worker_params_t).
 struct worker_params {
   thread_mode mode = thread_mode::single;  ///< thread safety
-  std::vector<int> cpus;                   ///< cores the worker's thread runs on (pinned if set)
+  /// Cores (OS indices) the worker is used from, as UCX's cpu_mask: its resources are placed
+  /// for them (shared-memory segments on their NUMA nodes, network devices nearest them tried
+  /// first; info() shows the outcome). No thread is pinned: a caller that wants pinning pins its
+  /// own threads. Empty: no placement.
+  std::vector<int> cpus;
   std::string name;                        ///< name shown in logs and info; default "<host>:<pid>"
   size_t am_alignment = 1;                 ///< alignment of AM data passed to handlers
   uint64_t client_id = 0;                  ///< sent to servers on connection
