@@ -84,7 +84,7 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
       epoll_ctl(epoll_fd, EPOLL_CTL_ADD, iface->event_fd(), &ev);
     }
     const bool costly = (iface->attr().caps & tl::cap_costly_progress) != 0;
-    ifaces.push_back({component, std::move(iface), std::move(device), costly});
+    ifaces.push_back({component, std::move(iface), costly, 0, 0, std::move(device)});
   }
   short_thresh = ctx.cfg().short_thresh;
   zcopy_thresh = ctx.cfg().zcopy_thresh;

@@ -57,9 +57,6 @@ public:
   tl::iface* lane_iface = nullptr;          ///< its interface
   const tl::iface_attr* lane_attr = nullptr; ///< its capabilities
   tl::cm_conn* cm_conn = nullptr;           ///< client-server handshake under way
-  std::string lane_choice;                  ///< which lane was chosen and why (info)
-  uint32_t peer_iface = 0;                  ///< the peer's interface the lane reaches (its
-                                            ///< position in the peer's address)
   connect_callback on_connect = nullptr;    ///< told once the handshake completes
   void* connect_arg = nullptr;              ///< passed to on_connect
   uint64_t peer_uid_ = 0;                   ///< peer worker uid
@@ -90,6 +87,10 @@ public:
   size_t unexpected_msgs = 0;               ///< their number (deferred AMs included)
   size_t am_rx_bytes = 0;                   ///< bytes held for its AMs before delivery
   size_t control_bytes = 0;                 ///< bytes of control messages queued to it
+
+  std::string lane_choice;                  ///< which lane was chosen and why (info)
+  uint32_t peer_iface = 0;                  ///< the peer's interface the lane reaches (its
+                                            ///< position in the peer's address)
 
   /// Appends `req` to the pending queue (a control message counts in control_bytes).
   void push_pending(request* req);
@@ -130,15 +131,14 @@ public:
   struct lane_iface {
     tl::component* component;               ///< the transport
     std::unique_ptr<tl::iface> iface;       ///< its interface
-    std::string device;                     ///< the device it is open on
     bool costly = false;                    ///< progress() makes a system call
     uint8_t skip = 0;                       ///< progress calls to skip while idle
     uint8_t backoff = 0;                    ///< current idle backoff
+    std::string device;                     ///< the device it is open on
   };
   /// One per device of each enabled transport: transports in registration order, each one's
   /// devices nearest to params.cpus first.
   std::vector<lane_iface> ifaces;
-  worker_placement placement;               ///< where params.cpus puts the worker's resources
   int epoll_fd = -1;                        ///< event fd: every interface's event fd
 
   std::vector<endpoint_impl*> ep_table;     ///< endpoints by id (low bits), or null
@@ -214,6 +214,7 @@ public:
   size_t am_rx_bytes = 0;                   ///< bytes held for AMs before delivery
   size_t peer_eps = 0;                      ///< live endpoints created by peers' wireup requests
   uint64_t limit_errors = 0;                ///< endpoints failed or requests refused for a limit
+  worker_placement placement;               ///< where params.cpus puts the worker's resources
   /// Counts `bytes` and `msgs` unexpected messages from `ep` (COMM_UNEXPECTED_*); false, with
   /// `ep` failed, when that would pass a limit.
   bool charge_unexpected(endpoint_impl* ep, size_t bytes, size_t msgs);
