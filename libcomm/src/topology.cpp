@@ -62,6 +62,9 @@ struct topology::state {
     }
     // Network devices (and the PCI objects that place them) are what placement needs.
     hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    // PCI devices come from sysfs (linuxio) as well as from the libpciaccess plugin, which
+    // leaks its state at every load (LeakSanitizer reports it): leave that plugin out.
+    hwloc_topology_set_components(topo, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "pci");
     if (xml != nullptr && hwloc_topology_set_xml(topo, xml) != 0) {
       if (why) *why = std::string("hwloc cannot read ") + xml;
       return false;
