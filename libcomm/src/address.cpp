@@ -205,7 +205,10 @@ status worker::query_address(const void* address, size_t length, worker_address_
   out->name = peer.name;
   out->client_id = peer.client_id;
   out->transports.clear();
-  for (const auto& t : peer.transports) out->transports.push_back(t.name);
+  for (const auto& t : peer.transports) {  // one entry per device: each transport named once
+    if (std::find(out->transports.begin(), out->transports.end(), t.name) == out->transports.end())
+      out->transports.push_back(t.name);
+  }
   return status::ok;
 }
 

@@ -42,7 +42,7 @@ struct worker_address_attr {
   uint64_t uid = 0;                     ///< unique id of the worker
   std::string name;                     ///< its name
   uint64_t client_id = 0;               ///< its client id
-  std::vector<std::string> transports;  ///< transports it can be reached on
+  std::vector<std::string> transports;  ///< transports it can be reached on, each named once
 };
 
 /// A message found by tag_probe with remove, received later with tag_recv_message.
