@@ -265,13 +265,12 @@ printf '%s\n' "${table[@]}"
 echo
 echo "load average: $load_start at start, $load_end at end; $((SECONDS - started)) s"
 echo "numbers: $dat"
-if [[ $tl != shm ]]; then
-  echo "plot:    only for shm (plot_compare.gnuplot's titles say shared memory)"
-elif [[ -n $filter ]]; then
+if [[ -n $filter ]]; then
   echo "plot:    only for a run of every test (-f picked some)"
 elif command -v gnuplot >/dev/null; then
-  if gnuplot -e "datafile='$dat'; outfile='$out/compare_ucx.png'" "$here/plot_compare.gnuplot" \
-       2>"$out/gnuplot.log"; then
+  case $tl in shm) what="shared memory" ;; tcp) what="tcp over loopback" ;; esac
+  if gnuplot -e "datafile='$dat'; outfile='$out/compare_ucx.png'; transport='$what'" \
+       "$here/plot_compare.gnuplot" 2>"$out/gnuplot.log"; then
     echo "plot:    $out/compare_ucx.png"
   else
     echo "plot:    gnuplot failed (see $out/gnuplot.log)"

@@ -1,14 +1,16 @@
 # Plots bench/compare_ucx.sh's .dat file against message size, UCX and libcomm side by side:
 # tag_lat latency, tag_bw bandwidth, and RMA bandwidth (put_bw, get).
-#   gnuplot -e "datafile='compare_ucx.dat'; outfile='compare_ucx.png'" plot_compare.gnuplot
+#   gnuplot -e "datafile='compare_ucx.dat'; outfile='compare_ucx.png'; transport='tcp'" \
+#     plot_compare.gnuplot
 # Columns of the data file: test size unit ucx ours ratio.
 
 if (!exists("datafile")) datafile = 'compare_ucx.dat'
 if (!exists("outfile")) outfile = 'compare_ucx.png'
+if (!exists("transport")) transport = 'shared memory'
 
 set terminal pngcairo size 1800,500 noenhanced
 set output outfile
-set multiplot layout 1,3 title "libcomm vs UCX on shared memory (median over rounds)"
+set multiplot layout 1,3 title sprintf("libcomm vs UCX on %s (median over rounds)", transport)
 set logscale x 2
 set key top left
 set grid

@@ -217,8 +217,9 @@ struct worker_pair {
     if (wb.name.empty()) wb.name = "b";
     a = worker::create(*ctx, wa);
     b = worker::create(*ctx, wb);
-    BOOST_REQUIRE_EQUAL(detail::impl(*a).ifaces.size(), 1u);
-    BOOST_REQUIRE_EQUAL(detail::impl(*b).ifaces.size(), 1u);
+    // One interface per device of the transport (tcp: every interface that is up).
+    BOOST_REQUIRE(!detail::impl(*a).ifaces.empty());
+    BOOST_REQUIRE(!detail::impl(*b).ifaces.empty());
     BOOST_REQUIRE(a->connect(b->address(), &ab) == status::ok);
     BOOST_REQUIRE(b->connect(a->address(), &ba) == status::ok);
     BOOST_REQUIRE_MESSAGE(until([&] { return wired(ab) && wired(ba); }), "wireup did not finish");

@@ -63,6 +63,7 @@ void node_state::start() {
   context_ = std::make_unique<comm::context>(params_.transport);
   comm::worker_params wp;
   wp.name = "caf-node:" + std::to_string(::getpid());
+  wp.cpus = params_.cpus;  // the worker's memory near the progress thread run() pins
   worker_ = comm::worker::create(*context_, wp);
   worker_->set_am_handler(frame_am_id, &node_state::on_frame, this,
                           comm::am_flag_whole_msg | comm::am_flag_fetch_rndv);

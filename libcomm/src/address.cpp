@@ -17,7 +17,6 @@ namespace comm {
 using detail::worker_impl;
 
 namespace detail {
-namespace {
 
 /// A decoded worker address.
 struct peer_address {
@@ -32,6 +31,8 @@ struct peer_address {
   };
   std::vector<transport> transports;
 };
+
+namespace {
 
 std::vector<uint8_t> to_vector(capnp::Data::Reader data) {
   return std::vector<uint8_t>(data.begin(), data.end());
@@ -111,28 +112,46 @@ status worker_impl::new_ep(bool by_peer, endpoint_impl** out) {
   return status::ok;
 }
 
+std::vector<lane_candidate> worker_impl::lane_candidates(const peer_address& peer) const {
+  std::vector<lane_candidate> out;
+  for (size_t i = 0; i < ifaces.size(); ++i) {
+    const lane_iface& li = ifaces[i];
+    for (size_t j = 0; j < peer.transports.size(); ++j) {
+      const auto& t = peer.transports[j];
+      if (t.name != li.component->name() || !li.iface->is_reachable(t.device, t.iface)) continue;
+      const tl::iface_attr& a = li.iface->attr();
+      out.push_back({t.name, li.device, a.latency_ns, a.bandwidth_bytes_per_s, a.priority,
+                     placement.distance(li.device), i, j});
+    }
+  }
+  rank_lanes(out);
+  return out;
+}
+
 status worker_impl::connect_lane(endpoint_impl* ep, const void* data, size_t length) {
   peer_address peer;
   status st = decode_address(data, length, &peer);
   if (st != status::ok) return st;
-  for (auto& li : ifaces) {
-    for (const auto& t : peer.transports) {
-      if (t.name != li.component->name() || !li.iface->is_reachable(t.device, t.iface)) continue;
-      std::unique_ptr<tl::ep> lane;
-      st = li.iface->create_ep(t.device, t.iface, lane);
-      if (st != status::ok) {
-        COMM_LOG(warn, "wireup", "%s: cannot create %s endpoint to %s: %s", params.name.c_str(),
-                 t.name.c_str(), peer.name.c_str(), to_string(st));
-        continue;
-      }
-      ep->peer_uid_ = peer.uid;
-      ep->peer_name_ = peer.name;
-      ep->attach_lane(std::move(lane), li.iface.get());
-      module_of<rma_protocol>(*this).bind_read_limit(*ep, t.reads_in);
-      COMM_LOG(debug, "wireup", "%s: endpoint %u to %s via %s", params.name.c_str(), ep->id,
-               peer.name.c_str(), t.name.c_str());
-      return status::ok;
+  const std::vector<lane_candidate> ranked = lane_candidates(peer);
+  for (size_t k = 0; k < ranked.size(); ++k) {
+    const lane_candidate& c = ranked[k];
+    const auto& t = peer.transports[c.peer_index];
+    std::unique_ptr<tl::ep> lane;
+    st = ifaces[c.iface_index].iface->create_ep(t.device, t.iface, lane);
+    if (st != status::ok) {
+      COMM_LOG(warn, "wireup", "%s: cannot create %s endpoint to %s: %s", params.name.c_str(),
+               t.name.c_str(), peer.name.c_str(), to_string(st));
+      continue;
     }
+    ep->peer_uid_ = peer.uid;
+    ep->peer_name_ = peer.name;
+    ep->lane_choice = lane_reason(ranked, k);
+    ep->peer_iface = static_cast<uint32_t>(c.peer_index);
+    ep->attach_lane(std::move(lane), ifaces[c.iface_index].iface.get());
+    module_of<rma_protocol>(*this).bind_read_limit(*ep, t.reads_in);
+    COMM_LOG(debug, "wireup", "%s: endpoint %u to %s: %s", params.name.c_str(), ep->id,
+             peer.name.c_str(), ep->lane_choice.c_str());
+    return status::ok;
   }
   COMM_LOG(info, "wireup", "%s: no transport reaches %s", params.name.c_str(), peer.name.c_str());
   return status::unreachable;
@@ -199,7 +218,10 @@ status worker::query_address(const void* address, size_t length, worker_address_
   out->name = peer.name;
   out->client_id = peer.client_id;
   out->transports.clear();
-  for (const auto& t : peer.transports) out->transports.push_back(t.name);
+  for (const auto& t : peer.transports) {  // one entry per device: each transport named once
+    if (std::find(out->transports.begin(), out->transports.end(), t.name) == out->transports.end())
+      out->transports.push_back(t.name);
+  }
   return status::ok;
 }
 

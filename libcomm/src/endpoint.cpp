@@ -410,6 +410,7 @@ std::string endpoint::info() const {
     out << "; holds unexpected " << ep.unexpected_bytes << " B in " << ep.unexpected_msgs
         << " msgs, AMs " << ep.am_rx_bytes << " B, replies " << ep.control_bytes << " B";
   }
+  if (!ep.lane_choice.empty()) out << "; " << ep.lane_choice;
   return out.str();
 }
 

@@ -540,6 +540,7 @@ status worker::rkey_pack(const memh* handle, std::vector<uint8_t>& out) const {
     if (st != status::ok) return st;
     auto entry = entries[static_cast<unsigned>(i)];
     entry.setTransport(std::string(li->component->name()));
+    entry.setIface(static_cast<uint32_t>(li - impl(*this).ifaces.data()));
     entry.setKey(kj::arrayPtr(packed.data(), packed.size()));
   }
   auto words = capnp::messageToFlatArray(message);
@@ -573,7 +574,7 @@ status endpoint::rkey_unpack(const void* data, size_t length, rkey** out) {
     key->token = bundle.getToken();
     key->access = bundle.getAccess() != 0 ? bundle.getAccess() : mem_access_all;
     for (auto entry : bundle.getEntries()) {
-      if (entry.getTransport() != lane.c_str()) continue;
+      if (entry.getTransport() != lane.c_str() || entry.getIface() != ep.peer_iface) continue;
       auto bytes = entry.getKey();
       packed.assign(bytes.begin(), bytes.end());
       found = true;

@@ -6,7 +6,6 @@
 #include <comm/log.hpp>
 #include <comm/memory.hpp>
 
-#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
@@ -60,16 +59,17 @@ std::atomic<uint64_t> leak_warnings{0};
 /// power of two, so that a program leaking in a loop does not flood stderr.
 bool leak_warning_shown(uint64_t n) { return n <= 8 || (n & (n - 1)) == 0; }
 
-void pin_to_cpus(const std::vector<int>& cpus) {
-  if (cpus.empty()) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int cpu : cpus) {
-    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+/// The interfaces a worker opens: every device of every transport, each transport's devices
+/// nearest to the worker's cpus first.
+std::vector<std::pair<tl::component*, std::string>> interfaces_to_open(
+    const std::vector<tl::component*>& components, const tl::options& opts,
+    const worker_placement& placement) {
+  std::vector<std::pair<tl::component*, std::string>> out;
+  for (tl::component* component : components) {
+    for (std::string& device : placement.order_devices(component->devices(opts)))
+      out.emplace_back(component, std::move(device));
   }
-  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-    COMM_LOG(warn, "worker", "cannot pin to the requested cpus: %s", std::strerror(errno));
-  }
+  return out;
 }
 
 }  // namespace
@@ -80,15 +80,17 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
     COMM_LOG(warn, "worker", "am_alignment %zu is not a power of two; using 1", params.am_alignment);
     params.am_alignment = 1;
   }
-  pin_to_cpus(params.cpus);
+  // cpus place resources (UCX's cpu_mask); the caller's threads stay where the caller put them.
+  placement = place_worker(params.cpus.empty() ? nullptr : topology::machine(), params.cpus);
   init_status = open_wakeup();
   if (init_status != status::ok) return;
   tl::iface_params ip;
   ip.opts = ctx.cfg().transport_options;
   ip.cpus = params.cpus;
+  ip.numa_nodes = placement.numa_nodes;
   ip.auth_key = ctx.cfg().auth_key;
-  for (tl::component* component : ctx.components()) {
-    ip.device = component->devices(ip.opts).front();
+  for (auto& [component, device] : interfaces_to_open(ctx.components(), ip.opts, placement)) {
+    ip.device = device;
     std::unique_ptr<tl::iface> iface;
     status st = component->open(ip, iface);
     if (st != status::ok) {
@@ -98,7 +100,7 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
     }
     if (iface->event_fd() >= 0) watch(iface->event_fd(), ifaces.size());
     const bool costly = (iface->attr().caps & tl::cap_costly_progress) != 0;
-    ifaces.push_back({component, std::move(iface), costly});
+    ifaces.push_back({component, std::move(iface), costly, 0, 0, std::move(device)});
   }
   short_thresh = ctx.cfg().short_thresh;
   zcopy_thresh = ctx.cfg().zcopy_thresh;
@@ -600,10 +602,14 @@ std::string worker::info() const {
   out << "# worker " << w.params.name << " uid " << std::hex << w.uid_ << std::dec
       << " thread_mode " << detail::mode_name(w.params.mode)
       << " client_id " << w.params.client_id << '\n';
+  out << w.placement.describe() << '\n';
   for (const auto& li : w.ifaces) {
     const auto& a = li.iface->attr();
-    out << "iface " << li.component->name() << ": max_short " << a.max_short << " max_bcopy "
-        << a.max_bcopy << " max_zcopy " << a.max_zcopy << " max_iov " << a.max_iov << '\n';
+    out << "iface " << li.component->name() << '/' << li.device << " (device "
+        << to_string(w.placement.distance(li.device)) << "): max_short " << a.max_short
+        << " max_bcopy " << a.max_bcopy << " max_zcopy " << a.max_zcopy << " max_iov " << a.max_iov
+        << " latency " << a.latency_ns << " ns bandwidth " << a.bandwidth_bytes_per_s / 1e9
+        << " GB/s priority " << a.priority << '\n';
     std::istringstream lines(li.iface->info());
     for (std::string line; std::getline(lines, line);) out << "  " << line << '\n';
   }

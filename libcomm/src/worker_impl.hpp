@@ -8,6 +8,7 @@
 #include <comm/wire/codec.hpp>
 #include <comm/worker.hpp>
 
+#include "placement.hpp"
 #include "protocol.hpp"
 #include "request_impl.hpp"
 #include "tag_matcher.hpp"
@@ -31,6 +32,7 @@ struct rx_message {
 };
 
 class worker_impl;
+struct peer_address;
 
 /// An endpoint's state. `id` indexes the worker's endpoint table (with a generation in the high
 /// bits), `remote_id` is the peer's endpoint for the same connection.
@@ -90,6 +92,10 @@ public:
   size_t unexpected_msgs = 0;               ///< their number (deferred AMs included)
   size_t am_rx_bytes = 0;                   ///< bytes held for its AMs before delivery
   size_t control_bytes = 0;                 ///< bytes of control messages queued to it
+
+  std::string lane_choice;                  ///< which lane was chosen and why (info)
+  uint32_t peer_iface = 0;                  ///< the peer's interface the lane reaches (its
+                                            ///< position in the peer's address)
 
   /// Appends `req` to the pending queue (a control message counts in control_bytes).
   void push_pending(request* req);
@@ -159,8 +165,11 @@ public:
     bool costly = false;                    ///< progress() makes a system call
     uint8_t skip = 0;                       ///< progress calls to skip while idle
     uint8_t backoff = 0;                    ///< current idle backoff
+    std::string device;                     ///< the device it is open on
   };
-  std::vector<lane_iface> ifaces;           ///< one per enabled transport, in preference order
+  /// One per device of each enabled transport: transports in registration order, each one's
+  /// devices nearest to params.cpus first.
+  std::vector<lane_iface> ifaces;
 
   // -- wakeup (worker.cpp) ----------------------------------------------------------------------
   int epoll_fd = -1;                        ///< the event set: ours, or the user's (external)
@@ -264,6 +273,7 @@ public:
   size_t am_rx_bytes = 0;                   ///< bytes held for AMs before delivery
   size_t peer_eps = 0;                      ///< live endpoints created by peers' wireup requests
   uint64_t limit_errors = 0;                ///< endpoints failed or requests refused for a limit
+  worker_placement placement;               ///< where params.cpus puts the worker's resources
   /// Counts `bytes` and `msgs` unexpected messages from `ep` (COMM_UNEXPECTED_*); false, with
   /// `ep` failed, when that would pass a limit.
   bool charge_unexpected(endpoint_impl* ep, size_t bytes, size_t msgs);
@@ -299,8 +309,12 @@ public:
   status create_ep(const void* address, size_t length, bool by_peer, endpoint_impl** out);
   /// A new endpoint with an id but no lane yet (client-server connections pick it later).
   status new_ep(bool by_peer, endpoint_impl** out);
-  /// Picks and creates the lane to the worker whose packed address is given, in preference
-  /// order; unreachable when no transport reaches it, invalid_addr for bad bytes.
+  /// Our interfaces that reach the peer, paired with its address entries, best first
+  /// (placement.hpp: better_lane).
+  std::vector<lane_candidate> lane_candidates(const peer_address& peer) const;
+  /// Creates the lane to the worker whose packed address is given: the best candidate that can be
+  /// created (ep->lane_choice says which and why); unreachable when no transport reaches it,
+  /// invalid_addr for bad bytes.
   status connect_lane(endpoint_impl* ep, const void* address, size_t length);
   void destroy_ep(endpoint_impl* ep);
   std::vector<uint8_t> packed_address() const;

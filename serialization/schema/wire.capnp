@@ -142,6 +142,8 @@ struct RndvCancel {         # the sender cancelled a rendezvous send
 struct RemoteKeyEntry {
   transport @0 :Text;
   key       @1 :Data;
+  iface     @2 :UInt32;     # the owner's interface the key is for: its position in the owner's
+                            # WorkerAddress.transports (a transport may have one per device)
 }
 
 struct RemoteKeyBundle {    # a worker's packed key for one registration, one entry per transport

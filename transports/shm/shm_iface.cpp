@@ -89,6 +89,7 @@ shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
   }
   iface_id_ = random_nonzero_id();
   if ((open_status_ = segment::create(geo, iface_id_, &segment_, &memfd_)) != status::ok) return;
+  place_segment(params.numa_nodes);
   md_ = std::make_unique<shm_md>(segment_, iface_id_);
 
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -137,6 +138,15 @@ shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
   attr_.latency_ns = 100;
   attr_.bandwidth_bytes_per_s = 10e9;
   attr_.priority = 10;
+}
+
+void shm_iface::place_segment(std::span<const unsigned> nodes) {
+  placement_ = bind_to_numa_nodes(segment_.base(), segment_.geo().total_size(), nodes);
+  if (placement_.st != status::ok) {
+    COMM_LOG(warn, log_name, "receive segment: %s", placement_.text.c_str());
+  } else if (placement_.bound) {
+    COMM_LOG(debug, log_name, "receive segment %s", placement_.text.c_str());
+  }
 }
 
 shm_iface::~shm_iface() {
@@ -944,7 +954,8 @@ std::string shm_iface::info() const {
   text += "shm: fifo size " + std::to_string(geo.fifo_size) + " cells\n";
   text += "shm: cell size " + std::to_string(geo.cell_size) + " bytes\n";
   text += "shm: receive buffers " + std::to_string(geo.segment_size) + " bytes per cell\n";
-  text += "shm: segment " + std::to_string(geo.total_size()) + " bytes (memfd)\n";
+  text += "shm: segment " + std::to_string(geo.total_size()) + " bytes (memfd), " +
+          placement_.text + "\n";
   text += "shm: max_short " + std::to_string(attr_.max_short) + "\n";
   text += "shm: max_bcopy " + std::to_string(attr_.max_bcopy) + "\n";
   text += "shm: max_zcopy " + std::to_string(attr_.max_zcopy) + " (max_hdr " +

@@ -45,6 +45,7 @@
 
 #include "base/desc_pool.hpp"
 #include "base/iface_base.hpp"
+#include "base/membind.hpp"
 #include "base/tag_offload.hpp"
 #include "shm/shm_mapped.hpp"
 #include "shm/shm_md.hpp"
@@ -183,6 +184,9 @@ private:
   /// be reached.
   shm_ep* rndv_source(const iface_addr& address);
   void publish_tail();
+  /// Binds the receive segment to `nodes` (iface_params::numa_nodes); a failure is logged and
+  /// shown by info(), and the interface works with the memory where the kernel put it.
+  void place_segment(std::span<const unsigned> nodes);
   unsigned progress_eps();
   /// The peer interface at `address`: the one endpoints already share, or newly attached.
   status find_or_attach(const iface_addr& address, shm_peer** out);
@@ -196,6 +200,7 @@ private:
 
   status open_status_ = status::ok;
   iface_attr attr_;
+  placement_outcome placement_;    ///< where the segment's memory went (iface_params::numa_nodes)
 
   // -- receive side, hot --
   segment segment_;

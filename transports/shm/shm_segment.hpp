@@ -260,6 +260,8 @@ inline std::atomic_ref<uint64_t> shared_word(uint64_t& word) { return std::atomi
 class segment_view {
 public:
   bool mapped() const { return base_ != nullptr; }
+  /// Start of the mapping (geo().total_size() bytes, page aligned).
+  uint8_t* base() const { return base_; }
   const geometry& geo() const { return geo_; }
   control_block& control() const { return *reinterpret_cast<control_block*>(base_); }
 

@@ -161,7 +161,8 @@ public:
   /// Counters of this endpoint.
   const endpoint_counters& counters() const noexcept;
 
-  /// One line describing the endpoint: peer, lane, state, counters.
+  /// One line describing the endpoint: peer, lane, state, counters, and which lane was chosen
+  /// over the other candidates and why.
   std::string info() const;
 
 protected:

@@ -62,7 +62,11 @@ enum worker_flags : uint64_t {
 /// Parameters of worker::create (ucp_worker_params_t).
 struct worker_params {
   thread_mode mode = thread_mode::single;  ///< thread safety
-  std::vector<int> cpus;                   ///< cores the worker's thread runs on (pinned if set)
+  /// Cores (OS indices) the worker is used from, as UCX's cpu_mask: its resources are placed
+  /// for them (shared-memory segments on their NUMA nodes, network devices nearest them tried
+  /// first; info() shows the outcome). No thread is pinned: a caller that wants pinning pins its
+  /// own threads. Empty: no placement.
+  std::vector<int> cpus;
   /// Name shown in logs, info() and the worker's address. Default: "<host>:<pid>:<n>", n
   /// counting the workers this process made, so that no two workers of a process share one.
   std::string name;
@@ -89,7 +93,7 @@ struct worker_address_attr {
   uint64_t uid = 0;                     ///< unique id of the worker
   std::string name;                     ///< its name
   uint64_t client_id = 0;               ///< its client id
-  std::vector<std::string> transports;  ///< transports it can be reached on
+  std::vector<std::string> transports;  ///< transports it can be reached on, each named once
 };
 
 /// An endpoint whose byte stream has data ready (worker::stream_poll).

@@ -148,8 +148,9 @@ conn_reply reject_connection();
 struct worker_config {
   /// libcomm configuration: transports (COMM_TLS), thresholds, the cluster secret.
   comm::config transport = comm::config::from_environment();
-  /// The libcomm worker's parameters (name, client id, cpus). Its thread mode is ignored: only
-  /// the worker actor's progress thread uses the worker.
+  /// The libcomm worker's parameters (name, client id, cpus: where its resources go; the
+  /// progress thread is not pinned). Its thread mode is ignored: only the worker actor's progress
+  /// thread uses the worker.
   comm::worker_params worker;
   /// How long the progress thread keeps polling after its last event before it sleeps on the
   /// worker's event fd.

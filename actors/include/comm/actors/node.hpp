@@ -110,7 +110,8 @@ struct node_params {
   std::chrono::microseconds spin_time = default_spin_time();
   /// Limit on establishing a connection and on the answer to a lookup.
   std::chrono::milliseconds connect_timeout{5000};
-  /// Cores the progress thread is pinned to; empty: not pinned.
+  /// Cores the progress thread is pinned to, and the worker's resources placed for
+  /// (worker_params::cpus); empty: not pinned, not placed.
   std::vector<int> cpus;
   /// Bytes of frames one connection may have waiting for an earlier frame of it (a large one
   /// still being fetched), counted with their attachments and a bookkeeping overhead per frame

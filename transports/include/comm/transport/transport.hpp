@@ -358,7 +358,13 @@ struct iface_params {
   options opts = environment_options();
   size_t fifo_size = 0;         ///< receive queue entries, 0 for the transport's knob
   size_t segment_size = 0;      ///< bytes of one receive buffer, 0 for the transport's knob
-  std::vector<int> cpus;        ///< cores the owner runs on (placement hints), may be empty
+  /// Cores the interface's user works from (OS indices; UCX's cpu_mask): a placement hint, never
+  /// a pinning. May be empty.
+  std::vector<int> cpus;
+  /// NUMA nodes (OS indices) local to `cpus`, where the interface places the memory it allocates
+  /// (shm: its receive segment); empty: where the kernel puts it. A placement that fails is
+  /// logged and shown by info(); the interface still opens.
+  std::vector<unsigned> numa_nodes;
   /// Cluster secret: when set, a transport that accepts connections admits only peers that prove
   /// they know it (see base/auth.hpp); empty admits everyone.
   std::string auth_key;
