@@ -350,14 +350,14 @@ BOOST_DATA_TEST_CASE(fenced_get_waits_for_earlier_puts, each_transport(), transp
 
 BOOST_DATA_TEST_CASE(reads_never_exceed_what_the_peer_accepts, each_transport(), transport) {
   worker_pair p(transport, [](config& c) { c.limits.rma_reads_in = 2; });
-  // The limit travels in the worker's address, per transport.
+  // The limit travels in the worker's address, in the entry of every device of the transport.
   auto address = p.b->address();
   auto words = kj::heapArray<capnp::word>(address.size() / 8);
   std::memcpy(words.begin(), address.data(), address.size());
   capnp::FlatArrayMessageReader reader(words);
   auto transports = reader.getRoot<wire::schema::WorkerAddress>().getTransports();
-  BOOST_REQUIRE_EQUAL(transports.size(), 1u);
-  BOOST_CHECK_EQUAL(transports[0].getReadsIn(), 2u);
+  BOOST_REQUIRE_GE(transports.size(), 1u);
+  for (auto t : transports) BOOST_CHECK_EQUAL(t.getReadsIn(), 2u);
   auto& rma = module_of<detail::rma_protocol>(detail::impl(*p.a));
   BOOST_CHECK_EQUAL(rma.read_limit(detail::impl(*p.ab)), 2u);
   remote_region region(p, 1 << 16, 23);
