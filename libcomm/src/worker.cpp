@@ -242,7 +242,7 @@ void endpoint_impl::push_fence() {
   req->ep = this;
   push_outstanding(req);
   if (fence_req != nullptr) {
-    hold_behind_fence(req);  // passes after the first, and what it holds
+    static_cast<void>(hold_behind_fence(req));  // passes after the first, and what it holds
     return;
   }
   fence_req = req;
