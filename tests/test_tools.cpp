@@ -37,6 +37,47 @@ BOOST_AUTO_TEST_CASE(comm_info_help_prints_the_usage_and_succeeds) {
   }
 }
 
+/// Runs `comm_info -l` and a `comm_info -c` to it with the client's transports `client_tls` (the
+/// server has shm, tcp and self); the output of both ends with "client <rc> server <rc>".
+launch_result run_comm_info_pair(const std::string& client_tls) {
+  const std::string script =
+      "COMM_TLS=shm,tcp,self \"$0\" -l 127.0.0.1:0 >\"$1\" 2>&1 & server=$!\n"
+      "for i in $(seq 200); do grep -q 'listening on port' \"$1\" && break; sleep 0.05; done\n"
+      "port=$(sed -n 's/^# listening on port //p' \"$1\")\n"
+      "COMM_TLS=$2 \"$0\" -c 127.0.0.1:$port; client=$?\n"
+      "wait $server; server_rc=$?; cat \"$1\"; rm -f \"$1\"\n"
+      "echo \"client $client server $server_rc\"\n";
+  char scratch[] = "/tmp/comm-info-server.XXXXXX";
+  const int fd = ::mkstemp(scratch);
+  BOOST_REQUIRE(fd >= 0);
+  ::close(fd);
+  const launch_result r =
+      run_command({"bash", "-c", script, comm_info, scratch, client_tls}, limited());
+  ::unlink(scratch);
+  return r;
+}
+
+BOOST_AUTO_TEST_CASE(comm_info_shows_the_lane_chosen_to_a_peer_and_why) {
+  // Both sides on this host with shm: shm wins over tcp on cost, and both sides say so.
+  launch_result r = run_comm_info_pair("shm,tcp,self");
+  BOOST_TEST_CONTEXT(r.output) {
+    BOOST_TEST(r.exit_code == 0);
+    BOOST_TEST(r.count("client 0 server 0") == 1u);
+    BOOST_TEST(r.count("# client: lane to the peer") == 1u);
+    BOOST_TEST(r.count("# server: lane to the peer") == 1u);
+    BOOST_TEST(r.count("; lane shm/") == 2u);
+    BOOST_TEST(r.count("): lower cost, of ") == 2u);
+  }
+  // A client without shm: only tcp reaches the server, on both sides.
+  r = run_comm_info_pair("tcp,self");
+  BOOST_TEST_CONTEXT(r.output) {
+    BOOST_TEST(r.exit_code == 0);
+    BOOST_TEST(r.count("client 0 server 0") == 1u);
+    BOOST_TEST(r.count("; lane tcp/") == 2u);
+    BOOST_TEST(r.count("; lane shm/") == 0u);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(comm_info_refuses_unknown_transports_and_options) {
   launch_result r = run_command({comm_info, "-t", "bogus"}, limited());
   BOOST_TEST_CONTEXT(r.output) {
