@@ -1331,6 +1331,18 @@ BOOST_AUTO_TEST_CASE(a_handshake_that_is_not_one_is_rejected) {
     peer.connect(*s.b, bytes.bytes, sizeof(bytes.bytes));
     BOOST_TEST(peer.next_event(*s.b) == RDMA_CM_EVENT_REJECTED);
   }
+  // A good handshake behind a root pointer that claims a pointer, or a data section one word short.
+  for (const uint64_t forged : {uint64_t{1} << 48, uint64_t{4} << 32}) {
+    raw_peer peer("testdev2");
+    verbs::encoded_handshake bytes = verbs::encode_handshake(peer.good_handshake());
+    uint64_t root;
+    std::memcpy(&root, bytes.bytes, sizeof(root));
+    BOOST_REQUIRE(root == uint64_t{5} << 32);  // a struct pointer: 5 data words, no pointers
+    root = forged == (uint64_t{1} << 48) ? root | forged : forged;
+    std::memcpy(bytes.bytes, &root, sizeof(root));
+    peer.connect(*s.b, bytes.bytes, sizeof(bytes.bytes));
+    BOOST_TEST(peer.next_event(*s.b) == RDMA_CM_EVENT_REJECTED);
+  }
   BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.b).connections() == 1u);
   BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "still", 5) == status::ok);
   BOOST_REQUIRE(s.deliver_to_b(1));

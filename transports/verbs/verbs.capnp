@@ -9,8 +9,8 @@ $Cxx.namespace("comm::wire::schema");
 
 struct VerbsMessageHeader { # in front of every SEND; the AM payload follows (8-byte aligned)
   amId    @0 :UInt8;        # active-message id (< am_id_count), kind am only
-  kind    @1 :UInt8;        # verbs::message_kind: 1 am, 2 grant, 3 release; anything else is refused
-  credits @2 :UInt16;       # receive buffers the sender reposted for the receiver since its last one
+  kind    @1 :UInt8;        # verbs::message_kind: 1 am, 2 grant, 3 release; others are refused
+  credits @2 :UInt16;       # receive buffers the sender reposted for the receiver since its last
 }
 
 struct VerbsHandshake {     # one side's half of a connection, in rdmacm private data (client: in
