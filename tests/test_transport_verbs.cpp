@@ -244,9 +244,10 @@ BOOST_AUTO_TEST_CASE(test_device_ports_are_listed_and_attributes_are_honest) {
     params.device = "testdev0:1";
     BOOST_REQUIRE(component->open(params, iface) == status::ok);
     const tl::iface_attr& attr = iface->attr();
-    BOOST_TEST(attr.max_short == 64u - 8u);       // inline asked for, less the header
-    BOOST_TEST(attr.max_bcopy == 1024u - 8u);     // one receive buffer, less the header
-    BOOST_TEST(attr.max_zcopy + attr.max_hdr + 8u == 1024u);
+    // Inline asked for, and one receive buffer, less the header.
+    BOOST_TEST(attr.max_short == 64u - verbs::message_header_size);
+    BOOST_TEST(attr.max_bcopy == 1024u - verbs::message_header_size);
+    BOOST_TEST(attr.max_zcopy + attr.max_hdr + verbs::message_header_size == 1024u);
     BOOST_TEST(attr.max_outstanding_reads == 5u);  // the device's max_qp_init_rd_atom
     BOOST_TEST(attr.max_iov == verbs::max_zcopy_iov);
     BOOST_TEST((attr.caps & tl::cap_get_zcopy) != 0u);
@@ -305,7 +306,7 @@ BOOST_AUTO_TEST_CASE(a_test_device_with_its_port_down_is_not_listed) {
 BOOST_AUTO_TEST_CASE(am_short_bcopy_and_zcopy_arrive_intact_over_the_test_device) {
   two_sides s;
   const auto header = pattern(16, 1);
-  const auto payload = pattern(40, 2);
+  const auto payload = pattern(s.a->attr().max_short - header.size(), 2);  // inline, all of it
   BOOST_REQUIRE(s.ab->am_short(3, header.data(), header.size(), payload.data(), payload.size()) ==
                 status::ok);
   bcopy_source source{pattern(s.a->attr().max_bcopy, 3)};
@@ -1304,9 +1305,6 @@ struct raw_peer {
   verbs::handshake good_handshake() {
     const auto address = comm::test::verbs::port_address(t, ctx, 1);
     verbs::handshake h;
-    h.magic = verbs::handshake_magic;
-    h.version = verbs::handshake_version;
-    h.length = sizeof(h);
     h.qp_num = e.qp->qp_num;
     h.psn = 0;
     h.rd_atom = 4;
@@ -1329,7 +1327,20 @@ BOOST_AUTO_TEST_CASE(a_handshake_that_is_not_one_is_rejected) {
     raw_peer peer("testdev2");
     verbs::handshake h = peer.good_handshake();
     h.qp_num = 0x1000000;  // beyond 24 bits
-    peer.connect(*s.b, &h, sizeof(h));
+    const verbs::encoded_handshake bytes = verbs::encode_handshake(h);
+    peer.connect(*s.b, bytes.bytes, sizeof(bytes.bytes));
+    BOOST_TEST(peer.next_event(*s.b) == RDMA_CM_EVENT_REJECTED);
+  }
+  // A good handshake behind a root pointer that claims a pointer, or a data section one word short.
+  for (const uint64_t forged : {uint64_t{1} << 48, uint64_t{4} << 32}) {
+    raw_peer peer("testdev2");
+    verbs::encoded_handshake bytes = verbs::encode_handshake(peer.good_handshake());
+    uint64_t root;
+    std::memcpy(&root, bytes.bytes, sizeof(root));
+    BOOST_REQUIRE(root == uint64_t{5} << 32);  // a struct pointer: 5 data words, no pointers
+    root = forged == (uint64_t{1} << 48) ? root | forged : forged;
+    std::memcpy(bytes.bytes, &root, sizeof(root));
+    peer.connect(*s.b, bytes.bytes, sizeof(bytes.bytes));
     BOOST_TEST(peer.next_event(*s.b) == RDMA_CM_EVENT_REJECTED);
   }
   BOOST_TEST(static_cast<verbs::verbs_iface&>(*s.b).connections() == 1u);
@@ -1344,8 +1355,8 @@ BOOST_AUTO_TEST_CASE(a_peer_sending_garbage_loses_its_connection_and_nobody_else
   auto& b = static_cast<verbs::verbs_iface&>(*s.b);
   {
     raw_peer peer("testdev2");
-    const verbs::handshake h = peer.good_handshake();
-    peer.connect(*s.b, &h, sizeof(h));
+    const verbs::encoded_handshake h = verbs::encode_handshake(peer.good_handshake());
+    peer.connect(*s.b, h.bytes, sizeof(h.bytes));
     std::vector<uint8_t> data;
     BOOST_REQUIRE(peer.next_event(*s.b, &data) == RDMA_CM_EVENT_CONNECT_RESPONSE);
     verbs::handshake reply;
@@ -1373,14 +1384,13 @@ BOOST_AUTO_TEST_CASE(a_peer_sending_garbage_loses_its_connection_and_nobody_else
     BOOST_REQUIRE(peer.t.establish(peer.id) == 0);
     BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == 2; }));
     // A valid message first: delivered.
-    verbs::message_header good;
-    good.am_id = 3;
-    good.kind = static_cast<uint8_t>(verbs::message_kind::am);
-    uint8_t bytes[16] = {};
-    std::memcpy(bytes, &good, sizeof(good));
+    alignas(8) uint8_t bytes[verbs::message_header_size + 8] = {};
+    verbs::message_header_writer writer;
+    writer.write(bytes, verbs::message_kind::am, 3, 0);
     BOOST_REQUIRE(comm::test::verbs::post(peer.t, peer.e.qp, IBV_WR_SEND,
-                                          {ibv_sge{reinterpret_cast<uintptr_t>(bytes), 16, 0}}, 1,
-                                          IBV_SEND_INLINE) == 0);
+                                          {ibv_sge{reinterpret_cast<uintptr_t>(bytes),
+                                                   sizeof(bytes), 0}},
+                                          1, IBV_SEND_INLINE) == 0);
     BOOST_REQUIRE(s.deliver_to_b(1));
     // Then 4 bytes, shorter than any header: the connection is closed, b keeps running.
     BOOST_REQUIRE(comm::test::verbs::post(peer.t, peer.e.qp, IBV_WR_SEND,

@@ -275,7 +275,8 @@ public:
   std::vector<std::string> inputs() const override {
     return {"an empty SEND", "a SEND of 4 bytes, shorter than a header",
             "a header of unknown kind 9", "an active message with am id 200",
-            "a header with its reserved bits set"};
+            "a header whose root pointer claims a pointer section",
+            "a header whose root pointer has a data section short of the struct"};
   }
 
   void inject(size_t index) override {
@@ -290,16 +291,20 @@ public:
     if (conn->state() != verbs::conn_state::ready) {
       throw std::runtime_error("verbs injector: the connection never came up");
     }
-    verbs::message_header h;
-    h.kind = static_cast<uint8_t>(verbs::message_kind::am);
-    h.am_id = 1;
+    alignas(8) uint8_t h[verbs::message_header_size];
+    verbs::message_header_writer writer;
     uint32_t length = sizeof(h);
+    const uint8_t am_id = index == 3 ? 200 : 1;
+    writer.write(h, verbs::message_kind::am, am_id, 0);
     if (index == 0) length = 0;
     if (index == 1) length = 4;
-    if (index == 2) h.kind = 9;
-    if (index == 3) h.am_id = 200;
-    if (index == 4) h.reserved = 1;
-    ibv_sge sge{reinterpret_cast<uintptr_t>(&h), length, 0};
+    if (index == 2) h[8 + 1] = 9;  // VerbsMessageHeader.kind: byte 1 of the data section
+    uint64_t root;
+    std::memcpy(&root, h, sizeof(root));
+    if (index == 4) root |= uint64_t{1} << 48;  // one pointer word
+    if (index == 5) root &= ~(uint64_t{0xffff} << 32);  // no data words
+    std::memcpy(h, &root, sizeof(root));
+    ibv_sge sge{reinterpret_cast<uintptr_t>(h), length, 0};
     ibv_send_wr wr{};
     wr.opcode = IBV_WR_SEND;
     wr.send_flags = IBV_SEND_INLINE;

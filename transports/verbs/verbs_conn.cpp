@@ -210,23 +210,19 @@ status verbs_conn::send_grant() {
 status verbs_conn::send_credit_free(message_kind kind) {
   const status st = can_post(false);
   if (st != status::ok) return st;
-  message_header header;
-  header.kind = static_cast<uint8_t>(kind);
-  header.credits = take_credits_to_return();
   tx_request req;
-  ibv_sge sge{reinterpret_cast<uintptr_t>(&header), sizeof(header), 0};
-  if (owner_.max_inline() >= sizeof(header)) {
+  alignas(8) uint8_t header[message_header_size];
+  ibv_sge sge{reinterpret_cast<uintptr_t>(header), message_header_size, 0};
+  uint8_t* dst = header;
+  if (owner_.max_inline() >= message_header_size) {
     req.wr.send_flags = IBV_SEND_INLINE;
   } else {
     req.buffer = owner_.take_tx_buffer();
-    if (req.buffer < 0) {
-      rx_to_return_ += header.credits;
-      return status::no_resource;
-    }
-    std::memcpy(owner_.tx_buffer(req.buffer), &header, sizeof(header));
-    sge = ibv_sge{reinterpret_cast<uintptr_t>(owner_.tx_buffer(req.buffer)), sizeof(header),
-                  owner_.tx_lkey()};
+    if (req.buffer < 0) return status::no_resource;
+    dst = owner_.tx_buffer(req.buffer);
+    sge = ibv_sge{reinterpret_cast<uintptr_t>(dst), message_header_size, owner_.tx_lkey()};
   }
+  owner_.write_header(dst, kind, 0, take_credits_to_return());
   req.wr.opcode = IBV_WR_SEND;
   req.wr.sg_list = &sge;
   req.wr.num_sge = 1;

@@ -11,12 +11,10 @@ namespace {
 /// Largest inline SEND an endpoint builds on its stack.
 constexpr size_t inline_limit = 1024;
 
-message_header am_header(tl::am_id id, verbs_conn& c) {
-  message_header h;
-  h.am_id = id;
-  h.kind = static_cast<uint8_t>(message_kind::am);
-  h.credits = c.take_credits_to_return();
-  return h;
+/// Writes the header of an active message for `id` on `c` to `dst`; returns its size.
+size_t write_am_header(void* dst, tl::am_id id, verbs_iface& owner, verbs_conn& c) {
+  return owner.write_header(dst, message_kind::am, static_cast<uint8_t>(id),
+                            c.take_credits_to_return());
 }
 
 }  // namespace
@@ -52,17 +50,16 @@ status verbs_ep::post_am(ibv_sge* sges, int count, int32_t buffer, unsigned flag
 
 status verbs_ep::am_short(tl::am_id id, const void* header, size_t header_length,
                           const void* payload, size_t payload_length) {
-  const size_t total = sizeof(message_header) + header_length + payload_length;
+  const size_t total = message_header_size + header_length + payload_length;
   if (id >= tl::am_id_count || total > owner_.max_inline() || total > inline_limit) {
     return status::invalid_param;
   }
   const status st = ready_to_send(true);
   if (st != status::ok) return st;
   alignas(8) uint8_t bytes[inline_limit];
-  const message_header h = am_header(id, *conn_);
-  std::memcpy(bytes, &h, sizeof(h));
-  if (header_length != 0) std::memcpy(bytes + sizeof(h), header, header_length);
-  if (payload_length != 0) std::memcpy(bytes + sizeof(h) + header_length, payload, payload_length);
+  const size_t h = write_am_header(bytes, id, owner_, *conn_);
+  if (header_length != 0) std::memcpy(bytes + h, header, header_length);
+  if (payload_length != 0) std::memcpy(bytes + h + header_length, payload, payload_length);
   ibv_sge sge{reinterpret_cast<uintptr_t>(bytes), static_cast<uint32_t>(total), 0};
   return post_am(&sge, 1, -1, IBV_SEND_INLINE, nullptr, nullptr);
 }
@@ -74,14 +71,13 @@ ssize_t verbs_ep::am_bcopy(tl::am_id id, tl::pack_fn pack, void* arg) {
   const int32_t buffer = owner_.take_tx_buffer();
   if (buffer < 0) return static_cast<ssize_t>(status::no_resource);
   uint8_t* bytes = owner_.tx_buffer(buffer);
-  const size_t length = pack(bytes + sizeof(message_header), arg);
+  const size_t length = pack(bytes + message_header_size, arg);
   if (length > owner_.attr().max_bcopy) {
     owner_.return_tx_buffer(buffer);
     return static_cast<ssize_t>(status::exceeds_limit);
   }
-  const message_header h = am_header(id, *conn_);
-  std::memcpy(bytes, &h, sizeof(h));
-  ibv_sge sge{reinterpret_cast<uintptr_t>(bytes), static_cast<uint32_t>(sizeof(h) + length),
+  const size_t h = write_am_header(bytes, id, owner_, *conn_);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(bytes), static_cast<uint32_t>(h + length),
               owner_.tx_lkey()};
   const status posted = post_am(&sge, 1, buffer, 0, nullptr, nullptr);
   return posted == status::ok ? static_cast<ssize_t>(length) : static_cast<ssize_t>(posted);
@@ -106,11 +102,10 @@ status verbs_ep::am_zcopy(tl::am_id id, const void* header, size_t header_length
     return status::io_error;
   }
   uint8_t* bytes = owner_.tx_buffer(buffer);
-  const message_header h = am_header(id, *conn_);
-  std::memcpy(bytes, &h, sizeof(h));
-  if (header_length != 0) std::memcpy(bytes + sizeof(h), header, header_length);
-  sges[0] = ibv_sge{reinterpret_cast<uintptr_t>(bytes),
-                    static_cast<uint32_t>(sizeof(h) + header_length), owner_.tx_lkey()};
+  const size_t h = write_am_header(bytes, id, owner_, *conn_);
+  if (header_length != 0) std::memcpy(bytes + h, header, header_length);
+  sges[0] = ibv_sge{reinterpret_cast<uintptr_t>(bytes), static_cast<uint32_t>(h + header_length),
+                    owner_.tx_lkey()};
   const status posted = post_am(sges, static_cast<int>(count + 1), buffer, 0, comp, &pins);
   return posted == status::ok ? status::in_progress : posted;
 }

@@ -239,13 +239,13 @@ void verbs_iface::fill_attr() {
   tl::iface_attr& a = attr_;
   a.caps = tl::cap_am_bcopy | tl::cap_am_zcopy | tl::cap_put_zcopy | tl::cap_get_zcopy |
            tl::cap_pending | tl::cap_event_fd | tl::cap_connect_to_iface | tl::cap_peer_failure;
-  if (max_inline_ > sizeof(message_header)) {
+  if (max_inline_ > message_header_size) {
     a.caps |= tl::cap_am_short;
-    a.max_short = std::min<size_t>(max_inline_, 1024) - sizeof(message_header);
+    a.max_short = std::min<size_t>(max_inline_, 1024) - message_header_size;
   }
-  a.max_bcopy = seg_ - sizeof(message_header);
+  a.max_bcopy = seg_ - message_header_size;
   a.max_hdr = 128;
-  a.max_zcopy = seg_ - sizeof(message_header) - a.max_hdr;
+  a.max_zcopy = seg_ - message_header_size - a.max_hdr;
   const int sges = std::min(device_attr_.max_sge, static_cast<int>(max_zcopy_iov) + 1);
   a.max_iov = static_cast<size_t>(std::max(1, sges - 1));
   a.max_get_zcopy = port_attr_.max_msg_sz;
@@ -318,9 +318,6 @@ ibv_qp* verbs_iface::create_qp() {
 
 handshake verbs_iface::local_handshake(const ibv_qp* qp, uint32_t psn) const {
   handshake h;
-  h.magic = handshake_magic;
-  h.version = handshake_version;
-  h.length = sizeof(handshake);
   h.qp_num = qp->qp_num;
   h.psn = psn;
   h.lid = port_attr_.lid;
@@ -444,15 +441,11 @@ std::vector<uint8_t> verbs_iface::device_address() const {
 
 std::vector<uint8_t> verbs_iface::iface_address() const {
   iface_address_record rec;
-  rec.magic = iface_address_magic;
-  rec.version = iface_address_version;
   rec.link_layer = port_.link_layer;
   rec.iface_id = iface_id_;
   std::memcpy(&rec.listener, &listen_address_,
               listen_address_.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-  std::vector<uint8_t> out(sizeof(rec));
-  std::memcpy(out.data(), &rec, sizeof(rec));
-  return out;
+  return encode_iface_address(rec);
 }
 
 bool verbs_iface::is_reachable(const std::vector<uint8_t>& device_address,
@@ -563,10 +556,10 @@ void verbs_iface::handle_cm_event(cm_event_copy& copy) {
 }
 
 void verbs_iface::send_connect(verbs_conn& c) {
-  const handshake h = local_handshake(c.qp(), c.psn());
+  const encoded_handshake h = encode_handshake(local_handshake(c.qp(), c.psn()));
   rdma_conn_param param{};
-  param.private_data = &h;
-  param.private_data_len = sizeof(h);
+  param.private_data = h.bytes;
+  param.private_data_len = sizeof(h.bytes);
   param.responder_resources = max_rd_atom_;
   param.initiator_depth = max_init_rd_atom_;
   param.retry_count = config_.retry_count;
@@ -622,10 +615,10 @@ void verbs_iface::handle_connect_request(const cm_event_copy& copy) {
   verbs_conn& c = add_conn(std::make_unique<verbs_conn>(*this, next_serial_++, qp, id, true, psn));
   COMM_LOG(debug, log_name, "connection %llu (qp %u): accepted from qp %u",
            static_cast<unsigned long long>(c.serial()), qp->qp_num, peer.qp_num);
-  const handshake h = local_handshake(qp, psn);
+  const encoded_handshake h = encode_handshake(local_handshake(qp, psn));
   rdma_conn_param param{};
-  param.private_data = &h;
-  param.private_data_len = sizeof(h);
+  param.private_data = h.bytes;
+  param.private_data_len = sizeof(h.bytes);
   param.responder_resources = std::min(max_rd_atom_, copy.event.param.conn.responder_resources);
   param.initiator_depth = std::min(max_init_rd_atom_, copy.event.param.conn.initiator_depth);
   param.qp_num = qp->qp_num;
@@ -735,33 +728,29 @@ void verbs_iface::handle_receive(const ibv_wc& wc) {
   const auto buffer = static_cast<uint32_t>(wc.wr_id & ~rx_flag);
   --rx_posted_;
   verbs_conn* c = conn_of_qp(wc.qp_num);
-  message_header h;
   const uint8_t* bytes = rx_pool_ + static_cast<size_t>(buffer) * seg_;
-  if (wc.status == IBV_WC_SUCCESS && wc.byte_len >= sizeof(h)) std::memcpy(&h, bytes, sizeof(h));
-  const bool valid = wc.status == IBV_WC_SUCCESS && wc.byte_len >= sizeof(h) &&
-                     h.reserved == 0 &&
-                     (h.kind == static_cast<uint8_t>(message_kind::grant) ||
-                      h.kind == static_cast<uint8_t>(message_kind::release) ||
-                      (h.kind == static_cast<uint8_t>(message_kind::am) &&
-                       h.am_id < tl::am_id_count));
-  if (c == nullptr || !valid) {
+  std::optional<message_header> header;
+  if (wc.status == IBV_WC_SUCCESS) {
+    header = parse_message_header(bytes, wc.byte_len, tl::am_id_count);
+  }
+  if (c == nullptr || !header) {
     repost(buffer);
     if (c != nullptr && wc.status != IBV_WC_WR_FLUSH_ERR) {
       c->fail(wc.status == IBV_WC_SUCCESS ? status::protocol_error : status_of(wc.status));
     }
     return;
   }
-  c->add_credits(h.credits);
-  if (h.kind == static_cast<uint8_t>(message_kind::grant)) {
+  c->add_credits(header->credits);
+  if (header->kind == message_kind::grant) {
     repost(buffer);
     return;
   }
-  if (h.kind == static_cast<uint8_t>(message_kind::release)) {
+  if (header->kind == message_kind::release) {
     repost(buffer);
     handle_release(*c);
     return;
   }
-  deliver(*c, h.am_id, buffer, wc.byte_len - sizeof(h));
+  deliver(*c, header->am_id, buffer, wc.byte_len - message_header_size);
 }
 
 void verbs_iface::handle_release(verbs_conn& c) {
@@ -773,7 +762,7 @@ void verbs_iface::handle_release(verbs_conn& c) {
 }
 
 void verbs_iface::deliver(verbs_conn& c, tl::am_id id, uint32_t buffer, size_t length) {
-  uint8_t* data = rx_pool_ + static_cast<size_t>(buffer) * seg_ + sizeof(message_header);
+  uint8_t* data = rx_pool_ + static_cast<size_t>(buffer) * seg_ + message_header_size;
   const handler& h = handlers_[id];
   status st = status::ok;
   if (h.fn == nullptr) {
@@ -795,7 +784,7 @@ void verbs_iface::deliver(verbs_conn& c, tl::am_id id, uint32_t buffer, size_t l
 size_t verbs_iface::max_am_descs() const { return std::max<size_t>(1, config_.credits / 2); }
 
 void verbs_iface::release_am_desc(void* data) {
-  const auto* p = static_cast<uint8_t*>(data) - sizeof(message_header);
+  const auto* p = static_cast<uint8_t*>(data) - message_header_size;
   const bool in_pool = p >= rx_pool_ && p < rx_pool_ + config_.rx_buffers * seg_ &&
                        static_cast<size_t>(p - rx_pool_) % seg_ == 0;
   const auto buffer = in_pool ? static_cast<uint32_t>(static_cast<size_t>(p - rx_pool_) / seg_) : 0;

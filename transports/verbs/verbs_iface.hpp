@@ -74,6 +74,10 @@ public:
   uint32_t tx_lkey() const { return tx_mr_->lkey; }
   /// Largest inline send the QPs take.
   uint32_t max_inline() const { return max_inline_; }
+  /// Writes the header of a SEND to `dst` (message_header_size bytes) and returns that size.
+  size_t write_header(void* dst, message_kind kind, uint8_t am_id, uint16_t credits) {
+    return header_writer_->write(dst, kind, am_id, credits);
+  }
   /// Schedules the error handler for `c`'s endpoint (called from progress, never re-entrantly).
   void report_failure(verbs_conn& c);
   /// Has progress() look at `c` for a grant and parked operations until it needs neither.
@@ -201,6 +205,9 @@ private:
   uint32_t next_psn_ = 0;
   uint64_t dropped_ = 0;
   tl::iface_attr attr_;
+  /// Encodes every SEND header of this interface (held by pointer: a capnp builder's destructor
+  /// may throw, an iface's may not).
+  std::unique_ptr<message_header_writer> header_writer_ = std::make_unique<message_header_writer>();
 };
 
 }  // namespace comm::verbs
