@@ -188,6 +188,28 @@ void reset_on_close(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof(now));
 }
 
+/// Waits for a connect that a signal interrupted (it goes on in the kernel: a new connect would
+/// fail with EALREADY) until it completes; true when it connected, else errno says why.
+bool finish_interrupted_connect(int fd) {
+  pollfd p{fd, POLLOUT, 0};
+  const int bound_ms = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(handshake_bound).count());
+  int ready = -1;
+  for (int attempt = 0; attempt < 100; ++attempt) {  // libFuzzer's timer interrupts us too
+    ready = ::poll(&p, 1, bound_ms);
+    if (ready >= 0 || errno != EINTR) break;
+  }
+  if (ready <= 0) {
+    errno = ready == 0 ? ETIMEDOUT : errno;
+    return false;
+  }
+  int error = 0;
+  socklen_t size = sizeof(error);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) return false;
+  errno = error;
+  return error == 0;
+}
+
 /// A connected socket to `port` on loopback (`v6`: ::1). Local ports run short while the machine's
 /// other connections (ours and anyone's) sit in TIME_WAIT: that is retried for a while, anything
 /// else is a failure of the listener.
@@ -198,7 +220,8 @@ int raw_connect(bool v6, uint16_t port) {
   for (;;) {
     const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     require(fd >= 0, "cannot make a socket");
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), length) == 0) {
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), length) == 0 ||
+        (errno == EINTR && finish_interrupted_connect(fd))) {
       reset_on_close(fd);
       return fd;
     }
