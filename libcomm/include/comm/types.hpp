@@ -64,9 +64,10 @@ enum request_flags : uint32_t {
   request_immediate_value = 1u << 2,
   /// The sender wants the receiver's AM handler to get a reply endpoint.
   request_reply_endpoint = 1u << 3,
-  /// Use the eager zero-copy protocol whatever the thresholds say (tagged sends).
+  /// Use the eager zero-copy protocol whatever the thresholds say (tagged sends and active
+  /// messages).
   request_force_zcopy = 1u << 4,
-  /// Use the eager bcopy protocol whatever the thresholds say (tagged sends).
+  /// Use the eager bcopy protocol whatever the thresholds say (tagged sends and active messages).
   request_force_bcopy = 1u << 5,
   /// Use rendezvous whatever the thresholds say (tagged sends and active messages).
   request_force_rndv = 1u << 6,
