@@ -91,6 +91,12 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
   ip.numa_nodes = placement.numa_nodes;
   ip.auth_key = ctx.cfg().auth_key;
   for (auto& [component, device] : interfaces_to_open(ctx.components(), ip.opts, placement)) {
+    if (ifaces.size() == max_address_entries) {
+      COMM_LOG(warn, "worker", "%s: %zu interfaces open, the most an address holds; %s on %s "
+               "and the devices after it are not used", params.name.c_str(), ifaces.size(),
+               std::string(component->name()).c_str(), device.c_str());
+      break;
+    }
     ip.device = device;
     std::unique_ptr<tl::iface> iface;
     status st = component->open(ip, iface);

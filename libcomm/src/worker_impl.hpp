@@ -148,6 +148,11 @@ public:
   void send_close_notice_of(request* close);
 };
 
+/// Transport entries a worker address may hold: the interfaces a worker opens, and what a peer's
+/// address may list. It bounds the lanes tried per connection (ours times its entries), so a
+/// forged address cannot make a worker try thousands of connections.
+inline constexpr size_t max_address_entries = 128;
+
 /// The worker's state.
 class worker_impl final : public worker {
 public:
