@@ -14,11 +14,15 @@
 #include <comm/transport/transport.hpp>
 #include <comm/worker.hpp>
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
 #include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -339,3 +343,41 @@ BOOST_AUTO_TEST_CASE(every_device_of_a_transport_is_a_candidate_and_info_shows_t
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+/// `address` (a packed WorkerAddress) with its first transport entry repeated `copies` times.
+std::vector<uint8_t> with_entries(const std::vector<uint8_t>& address, size_t copies) {
+  auto words = kj::heapArray<capnp::word>(address.size() / 8);
+  std::memcpy(words.begin(), address.data(), address.size());
+  capnp::FlatArrayMessageReader reader(words);
+  auto in = reader.getRoot<wire::schema::WorkerAddress>();
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<wire::schema::WorkerAddress>();
+  out.setUid(in.getUid());
+  out.setName(in.getName());
+  out.setClientId(in.getClientId());
+  auto list = out.initTransports(static_cast<unsigned>(copies));
+  for (unsigned i = 0; i < copies; ++i) list.setWithCaveats(i, in.getTransports()[0]);
+  const auto packed = capnp::messageToFlatArray(message);
+  const auto bytes = packed.asBytes();
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+BOOST_AUTO_TEST_CASE(an_address_with_more_entries_than_an_address_holds_is_refused) {
+  config cfg = config::from_environment();
+  cfg.transports = {"shm"};
+  context ctx(cfg);
+  auto a = worker::create(ctx);
+  auto b = worker::create(ctx);
+  const std::vector<uint8_t> most = with_entries(b->address(), detail::max_address_entries);
+  const std::vector<uint8_t> too_many = with_entries(b->address(), detail::max_address_entries + 1);
+  worker_address_attr attr;
+  BOOST_TEST(worker::query_address(most.data(), most.size(), &attr) == status::ok);
+  BOOST_TEST(attr.transports == names{"shm"});
+  BOOST_TEST(worker::query_address(too_many.data(), too_many.size(), &attr) == status::invalid_addr);
+  endpoint* ep = nullptr;
+  BOOST_TEST(a->connect(too_many, &ep) == status::invalid_addr);
+  BOOST_TEST_REQUIRE(a->connect(most, &ep) == status::ok);
+  BOOST_TEST(contains(ep->info(), "of " + std::to_string(detail::max_address_entries) +
+                                      " candidates"),
+             ep->info());
+}

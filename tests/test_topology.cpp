@@ -10,8 +10,10 @@
 
 #include "topology.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdlib>
 #include <ostream>
 #include <string>
@@ -58,6 +60,22 @@ BOOST_AUTO_TEST_CASE(no_cores_or_unknown_cores_ask_for_no_placement) {
   BOOST_TEST(topo->numa_nodes_of(cpus{}).empty());
   BOOST_TEST(topo->numa_nodes_of(cpus{64, -1}).empty());
   BOOST_TEST(topo->numa_nodes_of(cpus{64, 6}) == nodes{3});  // the known core counts
+}
+
+/// Peak resident memory of this process so far, in KiB.
+long peak_rss_kib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
+BOOST_AUTO_TEST_CASE(a_huge_core_index_is_answered_without_a_huge_cpuset) {
+  auto topo = load("two_packages_four_numa.xml");
+  const long before = peak_rss_kib();
+  // A bitmap holding bit INT_MAX would take 256 MiB (and be zeroed, so resident).
+  BOOST_TEST(topo->numa_nodes_of(cpus{INT_MAX}).empty());
+  BOOST_TEST(topo->distance("eth0", cpus{INT_MAX, 0}) == device_distance::local);
+  BOOST_TEST(peak_rss_kib() - before < 64 * 1024);
 }
 
 BOOST_AUTO_TEST_CASE(network_devices_are_placed_at_their_numa_node) {

@@ -282,6 +282,34 @@ BOOST_DATA_TEST_CASE(worker_reports_on_the_users_epoll_set, each_transport(), tr
   close(epfd);
 }
 
+BOOST_AUTO_TEST_CASE(wait_leaves_the_events_of_the_users_sources_to_the_user) {
+  const int epfd = epoll_create1(EPOLL_CLOEXEC);
+  BOOST_REQUIRE(epfd >= 0);
+  const int mine = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLET;  // reported once per write: an event taken by wait() is lost
+  ev.data.u64 = 7;
+  BOOST_REQUIRE(epoll_ctl(epfd, EPOLL_CTL_ADD, mine, &ev) == 0);
+  context ctx(config_for(transports_under_test().front()));
+  worker_params wp;
+  wp.event_fd = epfd;
+  auto w = worker::create(ctx, wp);
+  BOOST_REQUIRE(w);
+  BOOST_REQUIRE(arm_when_idle(*w));
+  // The user's source is ready: the set is readable, so wait() wakes (and must leave the event).
+  const uint64_t one = 1;
+  BOOST_REQUIRE(write(mine, &one, sizeof(one)) == sizeof(one));
+  BOOST_CHECK(w->wait(20000) == status::ok);
+  epoll_event got[8];
+  const int n = epoll_wait(epfd, got, 8, 1000);
+  bool saw_mine = false;
+  for (int i = 0; i < n; ++i) saw_mine = saw_mine || got[i].data.u64 == 7;
+  BOOST_CHECK(saw_mine);
+  w.reset();
+  close(mine);
+  close(epfd);
+}
+
 BOOST_AUTO_TEST_CASE(an_event_fd_that_is_not_an_epoll_set_is_refused) {
   context ctx(config_for(transports_under_test().front()));
   int pipe_fds[2];

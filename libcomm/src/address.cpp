@@ -38,7 +38,8 @@ std::vector<uint8_t> to_vector(capnp::Data::Reader data) {
   return std::vector<uint8_t>(data.begin(), data.end());
 }
 
-/// Decodes a packed WorkerAddress; invalid_addr for anything malformed.
+/// Decodes a packed WorkerAddress; invalid_addr for anything malformed or with more than
+/// max_address_entries transport entries.
 status decode_address(const void* data, size_t length, peer_address* out) {
   if (data == nullptr || length < 16 || length % 8 != 0 || length > (1u << 20)) {
     return status::invalid_addr;
@@ -52,6 +53,10 @@ status decode_address(const void* data, size_t length, peer_address* out) {
     out->uid = address.getUid();
     out->name = address.getName();
     out->client_id = address.getClientId();
+    if (address.getTransports().size() > max_address_entries) {
+      result = status::invalid_addr;
+      return;
+    }
     for (auto t : address.getTransports()) {
       out->transports.push_back({t.getName(), to_vector(t.getDevice()), to_vector(t.getIface()),
                                  t.getReadsIn()});

@@ -76,12 +76,14 @@ struct topology::state {
     return true;
   }
 
-  /// The cores of `cpus` that this topology has, as a cpuset (empty when none).
+  /// The cores of `cpus` that this topology has, as a cpuset (empty when none). An index beyond
+  /// the machine is skipped before it reaches the bitmap, which would grow to hold it.
   void cpuset_of(std::span<const int> cpus, hwloc_bitmap_t out) const {
+    hwloc_const_bitmap_t machine = hwloc_topology_get_topology_cpuset(topo);
     hwloc_bitmap_zero(out);
     for (int cpu : cpus)
-      if (cpu >= 0) hwloc_bitmap_set(out, static_cast<unsigned>(cpu));
-    hwloc_bitmap_and(out, out, hwloc_topology_get_topology_cpuset(topo));
+      if (cpu >= 0 && hwloc_bitmap_isset(machine, static_cast<unsigned>(cpu)))
+        hwloc_bitmap_set(out, static_cast<unsigned>(cpu));
   }
 
   /// The OS device (network or otherwise) called `name`, or null. A verbs port ("mlx5_0:1") is

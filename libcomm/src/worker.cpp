@@ -6,6 +6,7 @@
 #include <comm/log.hpp>
 #include <comm/memory.hpp>
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
@@ -90,6 +91,12 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
   ip.numa_nodes = placement.numa_nodes;
   ip.auth_key = ctx.cfg().auth_key;
   for (auto& [component, device] : interfaces_to_open(ctx.components(), ip.opts, placement)) {
+    if (ifaces.size() == max_address_entries) {
+      COMM_LOG(warn, "worker", "%s: %zu interfaces open, the most an address holds; %s on %s "
+               "and the devices after it are not used", params.name.c_str(), ifaces.size(),
+               std::string(component->name()).c_str(), device.c_str());
+      break;
+    }
     ip.device = device;
     std::unique_ptr<tl::iface> iface;
     status st = component->open(ip, iface);
@@ -199,6 +206,27 @@ status worker_impl::arm_ifaces() {
   }
   // The interfaces' fds sit in the epoll set level-triggered: nothing to drain here.
   return status::ok;
+}
+
+int worker_impl::sleep_on_events(int timeout_ms) {
+  if (external_set) {
+    // The user's set is only asked whether it is readable: epoll_wait would take the events of
+    // the user's own sources, and an edge-triggered or one-shot one would never reach the user.
+    pollfd set{epoll_fd, POLLIN, 0};
+    const int n = poll(&set, 1, timeout_ms);
+    if (n > 0) {
+      guard g(*this);
+      wake_source(0);  // every source of ours has the user's data: all are polled
+    }
+    return n;
+  }
+  epoll_event ev[8];
+  const int n = epoll_wait(epoll_fd, ev, 8, timeout_ms);
+  if (n > 0) {
+    guard g(*this);
+    for (int i = 0; i < n; ++i) wake_source(ev[i].data.u64);
+  }
+  return n;
 }
 
 void worker_impl::wake_source(uint64_t tag) {
@@ -499,12 +527,10 @@ status worker::wait(int timeout_ms) {
       if (!signalled) st = w.arm_ifaces();
     }
     if (!signalled && st == status::ok) {
-      epoll_event ev[8];
-      const int n = epoll_wait(w.epoll_fd, ev, 8, remaining_ms(bounded, deadline));
+      const int n = w.sleep_on_events(remaining_ms(bounded, deadline));
       if (n == 0) return status::timed_out;
       if (n < 0 && errno != EINTR) return status::io_error;
       worker_impl::guard g(w);
-      for (int i = 0; i < n; ++i) w.wake_source(ev[i].data.u64);
       signalled = w.take_signal();
     } else if (!signalled && st != status::busy) {
       return st;

@@ -148,6 +148,11 @@ public:
   void send_close_notice_of(request* close);
 };
 
+/// Transport entries a worker address may hold: the interfaces a worker opens, and what a peer's
+/// address may list. It bounds the lanes tried per connection (ours times its entries), so a
+/// forged address cannot make a worker try thousands of connections.
+inline constexpr size_t max_address_entries = 128;
+
 /// The worker's state.
 class worker_impl final : public worker {
 public:
@@ -190,6 +195,9 @@ public:
   bool take_signal();
   /// Arms every interface's event fd: ok, busy (events pending) or an error.
   status arm_ifaces();
+  /// Sleeps on the event set up to `timeout_ms` (negative: no limit) and marks the sources that
+  /// woke it (wake_source); returns what epoll_wait or poll returned.
+  int sleep_on_events(int timeout_ms);
   /// The source with epoll data `tag` woke the worker: it is polled at the next progress.
   void wake_source(uint64_t tag);
   /// True when what happened since wait() began ends it (worker_params::events).

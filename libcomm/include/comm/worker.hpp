@@ -80,7 +80,8 @@ struct worker_params {
   /// An epoll set of the user's (epoll_create1) that the worker adds its event sources to instead
   /// of making its own (its interfaces, its signal, its connection manager), each with
   /// `user_data` as the event's data.ptr, and removes them from at destruction. event_fd() is
-  /// then -1; arm(), wait() and signal() work as usual. -1: the worker's own set.
+  /// then -1; arm(), wait() and signal() work as usual (wait() only polls the set for
+  /// readability: the events of the user's own sources stay the user's). -1: the worker's own set.
   int event_fd = -1;
   /// The user's pointer: worker::user_data(), and the epoll data of the worker's sources in an
   /// external event_fd.
@@ -113,11 +114,12 @@ class message;
 /// messages before delivery, replies a peer does not take, endpoints peers create); a peer that passes one fails the endpoint it came through with exceeds_limit.
 class worker {
 public:
-  /// Creates a worker on `ctx`, which must outlive it. Null when `params` are invalid (the other
-  /// form says why).
+  /// Creates a worker on `ctx`, which must outlive it. Null when `params` are invalid or its
+  /// event fds cannot be made (the other form says which).
   static std::unique_ptr<worker> create(context& ctx, const worker_params& params = {});
   /// Creates a worker on `ctx`, which must outlive it, into `out`. invalid_param: event_fd is
-  /// neither -1 nor an epoll set that takes the worker's sources.
+  /// neither -1 nor an epoll set that takes the worker's sources; no_resource: with wakeup, its
+  /// event set or signal fd cannot be made (out of file descriptors).
   static status create(context& ctx, const worker_params& params, std::unique_ptr<worker>* out);
   /// Destroys the worker. Requests the user was given and never released are freed, with one
   /// warning on stderr naming how many of each kind (the first few workers of a process, then
