@@ -310,6 +310,30 @@ BOOST_AUTO_TEST_CASE(wait_leaves_the_events_of_the_users_sources_to_the_user) {
   close(epfd);
 }
 
+BOOST_AUTO_TEST_CASE(wait_returns_when_the_users_own_source_makes_the_set_readable) {
+  // A level-triggered source of the user's stays readable, and with a narrowed mask nothing of
+  // the worker's ends the wait: wait() must hand the readable set back, not poll it until its
+  // deadline (timed_out).
+  const int epfd = epoll_create1(EPOLL_CLOEXEC);
+  BOOST_REQUIRE(epfd >= 0);
+  const int mine = eventfd(1, EFD_NONBLOCK | EFD_CLOEXEC);  // readable from the start
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 7;
+  BOOST_REQUIRE(epoll_ctl(epfd, EPOLL_CTL_ADD, mine, &ev) == 0);
+  context ctx(config_for(transports_under_test().front()));
+  worker_params wp;
+  wp.event_fd = epfd;
+  wp.events = wakeup_tag_recv;
+  auto w = worker::create(ctx, wp);
+  BOOST_REQUIRE(w);
+  BOOST_REQUIRE(arm_when_idle(*w));
+  BOOST_CHECK(w->wait(20000) == status::ok);
+  w.reset();
+  close(mine);
+  close(epfd);
+}
+
 BOOST_AUTO_TEST_CASE(an_event_fd_that_is_not_an_epoll_set_is_refused) {
   context ctx(config_for(transports_under_test().front()));
   int pipe_fds[2];

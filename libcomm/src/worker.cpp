@@ -535,8 +535,11 @@ status worker::wait(int timeout_ms) {
     } else if (!signalled && st != status::busy) {
       return st;
     }
-    progress();
+    const int handled = progress();
     if (signalled || w.wait_is_over()) return status::ok;
+    // The user's set was readable and nothing of ours was: the events are the user's sources'.
+    // Returning lets the user take them; polling the set again would spin until the deadline.
+    if (w.external_set && handled == 0 && st == status::ok) return status::ok;
     if (bounded && std::chrono::steady_clock::now() >= deadline) return status::timed_out;
   }
 }

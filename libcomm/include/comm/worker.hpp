@@ -80,8 +80,9 @@ struct worker_params {
   /// An epoll set of the user's (epoll_create1) that the worker adds its event sources to instead
   /// of making its own (its interfaces, its signal, its connection manager), each with
   /// `user_data` as the event's data.ptr, and removes them from at destruction. event_fd() is
-  /// then -1; arm(), wait() and signal() work as usual (wait() only polls the set for
-  /// readability: the events of the user's own sources stay the user's). -1: the worker's own set.
+  /// then -1; arm(), wait() and signal() work as usual, except that wait() only polls the set
+  /// for readability (the events of the user's own sources stay the user's) and returns ok when
+  /// the set is readable for a source of the user's. -1: the worker's own set.
   int event_fd = -1;
   /// The user's pointer: worker::user_data(), and the epoll data of the worker's sources in an
   /// external event_fd.
