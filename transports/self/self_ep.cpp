@@ -40,7 +40,7 @@ status self_ep::reserve(size_t* index) {
   return status::ok;
 }
 
-void self_ep::commit(size_t index, am_id id, size_t length, completion* comp,
+void self_ep::commit(size_t index, slot_fields fields, size_t length, completion* comp,
                      std::shared_ptr<ep_state> origin) {
   mailbox& mb = *target_;
   bool wake = false;
@@ -48,26 +48,7 @@ void self_ep::commit(size_t index, am_id id, size_t length, completion* comp,
     std::lock_guard lock(mb.mutex);
     if (mb.closed) return;
     mailbox::slot& s = mb.slots[index];
-    s.id = id;
-    s.kind = slot_kind::am;
-    s.length = static_cast<uint32_t>(length);
-    s.comp = comp;
-    s.origin = std::move(origin);
-    s.ready = true;
-    wake = mb.take_armed();
-  }
-  if (wake) mb.wake();
-}
-
-void self_ep::commit_tag(size_t index, tag_fields fields, size_t length, completion* comp,
-                         std::shared_ptr<ep_state> origin) {
-  mailbox& mb = *target_;
-  bool wake = false;
-  {
-    std::lock_guard lock(mb.mutex);
-    if (mb.closed) return;
-    mailbox::slot& s = mb.slots[index];
-    s.id = 0;
+    s.id = fields.id;
     s.kind = fields.kind;
     s.length = static_cast<uint32_t>(length);
     s.comp = comp;
@@ -93,7 +74,7 @@ status self_ep::am_short(am_id id, const void* header, size_t header_length, con
   uint8_t* dest = target_->slot_data(index);
   if (header_length != 0) std::memcpy(dest, header, header_length);
   if (payload_length != 0) std::memcpy(dest + header_length, payload, payload_length);
-  commit(index, id, header_length + payload_length, nullptr, nullptr);
+  commit(index, {.id = id}, header_length + payload_length, nullptr, nullptr);
   return status::ok;
 }
 
@@ -106,10 +87,10 @@ ssize_t self_ep::am_bcopy(am_id id, pack_fn pack, void* arg) {
   if (length > owner_.attr().max_bcopy) {
     COMM_LOG(error, "self", "am_bcopy: pack wrote %zu bytes, more than max_bcopy %zu", length,
              owner_.attr().max_bcopy);
-    commit(index, am_id_count, 0, nullptr, nullptr);  // an empty slot the target skips
+    commit(index, {.id = am_id_count}, 0, nullptr, nullptr);  // an empty slot the target skips
     return static_cast<ssize_t>(status::invalid_param);
   }
-  commit(index, id, length, nullptr, nullptr);
+  commit(index, {.id = id}, length, nullptr, nullptr);
   return static_cast<ssize_t>(length);
 }
 
@@ -133,7 +114,7 @@ status self_ep::am_zcopy(am_id id, const void* header, size_t header_length, con
     offset += entries[i].length;
   }
   ++state_->zcopy_issued;
-  commit(index, id, offset, comp, state_);
+  commit(index, {.id = id}, offset, comp, state_);
   return status::in_progress;
 }
 
@@ -192,7 +173,7 @@ status self_ep::tag_eager_short(tag_t tag, const void* data, size_t length) {
   const status st = reserve(&index);
   if (st != status::ok) return st;
   if (length != 0) std::memcpy(target_->slot_data(index), data, length);
-  commit_tag(index, {slot_kind::tag_eager, tag, 0, 0, nullptr}, length, nullptr, nullptr);
+  commit(index, {.kind = slot_kind::tag_eager, .tag = tag}, length, nullptr, nullptr);
   return status::ok;
 }
 
@@ -204,10 +185,11 @@ ssize_t self_ep::tag_eager_bcopy(tag_t tag, uint64_t imm, pack_fn pack, void* ar
   if (length > owner_.attr().tag.eager.max_bcopy) {
     COMM_LOG(error, "self", "tag_eager_bcopy: pack wrote %zu bytes, more than max_bcopy %zu",
              length, owner_.attr().tag.eager.max_bcopy);
-    commit(index, am_id_count, 0, nullptr, nullptr);  // an empty slot the target skips
+    commit(index, {.id = am_id_count}, 0, nullptr, nullptr);  // an empty slot the target skips
     return static_cast<ssize_t>(status::invalid_param);
   }
-  commit_tag(index, {slot_kind::tag_eager, tag, imm, 0, nullptr}, length, nullptr, nullptr);
+  commit(index, {.kind = slot_kind::tag_eager, .tag = tag, .imm = imm}, length, nullptr,
+         nullptr);
   return static_cast<ssize_t>(length);
 }
 
@@ -225,8 +207,9 @@ status self_ep::tag_eager_zcopy(tag_t tag, uint64_t imm, const iov* entries, siz
   // The receiver copies straight from these entries, which stay valid until the completion.
   if (count != 0) std::memcpy(target_->slot_data(index), entries, count * sizeof(iov));
   ++state_->zcopy_issued;
-  commit_tag(index, {slot_kind::tag_zcopy, tag, imm, static_cast<uint32_t>(count), nullptr}, total,
-             comp, state_);
+  const slot_fields fields{
+      .kind = slot_kind::tag_zcopy, .tag = tag, .imm = imm, .aux = static_cast<uint32_t>(count)};
+  commit(index, fields, total, comp, state_);
   return status::in_progress;
 }
 
@@ -263,7 +246,8 @@ status self_ep::tag_rndv_zcopy(tag_t tag, const void* header, size_t header_leng
   state_->rndv_ops.push_back(op);
   ++state_->zcopy_issued;
   *handle = op->handle;
-  commit_tag(index, {slot_kind::tag_rndv, tag, 0, 0, std::move(op)}, header_length, comp, state_);
+  commit(index, {.kind = slot_kind::tag_rndv, .tag = tag, .rndv = std::move(op)}, header_length,
+         comp, state_);
   return status::in_progress;
 }
 
@@ -310,8 +294,7 @@ status self_ep::tag_rndv_request(tag_t tag, const void* header, size_t header_le
   const status st = reserve(&index);
   if (st != status::ok) return st;
   if (header_length != 0) std::memcpy(target_->slot_data(index), header, header_length);
-  commit_tag(index, {slot_kind::tag_request, tag, 0, 0, nullptr}, header_length, nullptr,
-             nullptr);
+  commit(index, {.kind = slot_kind::tag_request, .tag = tag}, header_length, nullptr, nullptr);
   return status::ok;
 }
 

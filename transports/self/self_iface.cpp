@@ -274,9 +274,7 @@ unsigned self_iface::deliver() {
     } else if (h->fn != nullptr) {
       const unsigned flags = descs_.can_lend() ? am_flag_desc : 0;
       if (h->fn(h->arg, mb.slot_data(index), length, flags) == status::in_progress && flags != 0) {
-        desc_pool::block fresh = descs_.replacement(mb.slot_words * 8);
-        descs_.lend(std::move(mb.buffers[index]), mb.slot_words * 8);
-        mb.buffers[index] = std::move(fresh);
+        lend_slot(index);
       }
       ++delivered_;
     } else {
@@ -355,11 +353,14 @@ void self_iface::unexpected_in_slot(size_t index, size_t length, unsigned flags,
   mailbox& mb = *mailbox_;
   if (descs_.can_lend()) flags |= am_flag_desc;
   const status kept = tags_.unexpected_eager(mb.slot_data(index), length, flags, tag, imm, context);
-  if (kept == status::in_progress && (flags & am_flag_desc) != 0) {
-    desc_pool::block fresh = descs_.replacement(mb.slot_words * 8);
-    descs_.lend(std::move(mb.buffers[index]), mb.slot_words * 8);
-    mb.buffers[index] = std::move(fresh);
-  }
+  if (kept == status::in_progress && (flags & am_flag_desc) != 0) lend_slot(index);
+}
+
+void self_iface::lend_slot(size_t index) {
+  mailbox& mb = *mailbox_;
+  desc_pool::block fresh = descs_.replacement(mb.slot_words * 8);
+  descs_.lend(std::move(mb.buffers[index]), mb.slot_words * 8);
+  mb.buffers[index] = std::move(fresh);
 }
 
 void self_iface::deliver_tag_zcopy(taken_slot& slot) {

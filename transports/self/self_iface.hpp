@@ -236,6 +236,8 @@ private:
   void deliver_tag(taken_slot& slot);
   void deliver_tag_zcopy(taken_slot& slot);
   void deliver_rndv(taken_slot& slot);
+  /// Lends the buffer of slot `index` to a handler that kept it and gives the slot a fresh one.
+  void lend_slot(size_t index);
   /// Calls the unexpected eager handler with `length` bytes in the buffer of slot `index`, lending
   /// the buffer when the handler keeps it.
   void unexpected_in_slot(size_t index, size_t length, unsigned flags, tag_t tag, uint64_t imm,
@@ -301,20 +303,19 @@ public:
 private:
   /// Reserves a slot of the target ring, or returns no_resource / connection_reset.
   status reserve(size_t* index);
-  /// Publishes the filled slot `index` and wakes the target if it sleeps.
-  void commit(size_t index, am_id id, size_t length, completion* comp,
-              std::shared_ptr<ep_state> origin);
-  /// The tagged fields of a slot being committed.
-  struct tag_fields {
-    slot_kind kind = slot_kind::tag_eager;
-    tag_t tag = 0;
-    uint64_t imm = 0;
-    uint32_t aux = 0;
-    std::shared_ptr<rndv_op> rndv;
+  /// What a slot being committed carries besides its bytes.
+  struct slot_fields {
+    slot_kind kind = slot_kind::am;           ///< what the slot carries
+    tag_t tag = 0;                            ///< tagged: the sender's tag
+    uint64_t imm = 0;                         ///< tagged eager: the immediate value
+    uint32_t aux = 0;                         ///< tag_zcopy: iov entries in the slot
+    std::shared_ptr<rndv_op> rndv = nullptr;  ///< tag_rndv: the operation
+    am_id id = 0;                             ///< am: the active message id
   };
-  /// Publishes the filled slot `index` holding a tagged message of `length` bytes.
-  void commit_tag(size_t index, tag_fields fields, size_t length, completion* comp,
-                  std::shared_ptr<ep_state> origin);
+  /// Publishes the filled slot `index` holding `fields` and `length` bytes (`comp` and `origin`
+  /// for a zcopy) and wakes the target if it sleeps.
+  void commit(size_t index, slot_fields fields, size_t length, completion* comp,
+              std::shared_ptr<ep_state> origin);
   /// Ends `op` for the sender: waits out a receiver fetching it, marks it canceled unless it
   /// finished, releases it. True when the receiver will hand a completion back for it.
   bool cancel_rndv(rndv_op& op);

@@ -15,6 +15,35 @@
 #include <new>
 
 namespace comm::tl::shm {
+namespace {
+
+/// A descriptor built in zcopy_max_desc_words words on the stack (no allocation).
+struct descriptor_message {
+  capnp::word words[zcopy_max_desc_words] = {};
+  capnp::MallocMessageBuilder message{kj::arrayPtr(words, zcopy_max_desc_words)};
+
+  /// The words of the descriptor, or none (logged for `what`) when it outgrew them.
+  kj::ArrayPtr<const capnp::word> built(const char* what) {
+    const auto segments = message.getSegmentsForOutput();
+    if (segments.size() != 1 || segments[0].size() > zcopy_max_desc_words) {
+      COMM_LOG(error, "shm", "%s: descriptor does not fit in %zu words", what,
+               zcopy_max_desc_words);
+      return {};
+    }
+    return segments[0];
+  }
+};
+
+/// Writes `entries` into a descriptor's iov list `list` (of `count` entries).
+void write_iov(capnp::List<wire::schema::ShmRemoteIov>::Builder list, const iov* entries,
+               size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    list[i].setAddress(reinterpret_cast<uintptr_t>(entries[i].buffer));
+    list[i].setLength(entries[i].length);
+  }
+}
+
+}  // namespace
 
 shm_ep::shm_ep(shm_iface& owner, shm_peer& peer)
     : owner_(owner),
@@ -143,44 +172,46 @@ status shm_ep::am_zcopy(am_id id, const void* header, size_t header_length, cons
     total += entries[i].length;
   }
   if (total > zcopy_max_payload) return status::invalid_param;
-  if (const status st = refusal(); st != status::ok) return st;
-  if (zhead_ - ztail_ > zmask_) return status::no_resource;
-  if (!reserve_zring()) return status::no_memory;
-
+  if (const status st = zcopy_refusal(); st != status::ok) return st;
   // The descriptor is built before the cell is claimed, so the receiver never waits on it.
-  capnp::word words[zcopy_max_desc_words];
-  std::memset(words, 0, sizeof(words));
-  capnp::MallocMessageBuilder message(kj::arrayPtr(words, zcopy_max_desc_words));
-  auto descriptor = message.initRoot<wire::schema::ShmZcopyDescriptor>();
+  descriptor_message built;
+  auto descriptor = built.message.initRoot<wire::schema::ShmZcopyDescriptor>();
   descriptor.setSenderPid(own_pid_);
   descriptor.setAmId(id);
   descriptor.setHeaderLength(static_cast<uint32_t>(header_length));
   descriptor.setCompletionAddr(0);  // unused: the receiver acks in its own segment (ack words)
-  auto list = descriptor.initIov(static_cast<unsigned>(count));
-  for (size_t i = 0; i < count; ++i) {
-    list[i].setAddress(reinterpret_cast<uintptr_t>(entries[i].buffer));
-    list[i].setLength(entries[i].length);
-  }
-  const auto segments = message.getSegmentsForOutput();
-  if (segments.size() != 1 || segments[0].size() > zcopy_max_desc_words) {
-    COMM_LOG(error, "shm", "am_zcopy: descriptor does not fit in %zu words", zcopy_max_desc_words);
-    return status::invalid_param;
-  }
-  const size_t desc_bytes = segments[0].size() * sizeof(capnp::word);
+  write_iov(descriptor.initIov(static_cast<unsigned>(count)), entries, count);
+  const auto words = built.built("am_zcopy");
+  if (words.size() == 0) return status::invalid_param;
+  return publish_zcopy(descriptor, words, id, cell_zcopy, header, header_length, comp);
+}
 
+status shm_ep::zcopy_refusal() {
+  if (const status st = refusal(); st != status::ok) return st;
+  if (zhead_ - ztail_ > zmask_) return status::no_resource;
+  if (!reserve_zring()) return status::no_memory;
+  return status::ok;
+}
+
+template <class Descriptor>
+status shm_ep::publish_zcopy(Descriptor descriptor, kj::ArrayPtr<const capnp::word> words,
+                             am_id id, cell_kind kind, const void* header, size_t header_length,
+                             completion* comp) {
   uint64_t index;
   bool wake;
   if (claim(&index, &wake) != status::ok) return status::no_resource;
-  descriptor.setCompletionSeq(index + 1);
+  descriptor.setCompletionSeq(index + 1);  // in place: `words` are the descriptor's
+  const size_t desc_bytes = words.size() * sizeof(capnp::word);
   uint8_t* buffer = peer_.buffer(index);
-  std::memcpy(buffer, segments[0].begin(), desc_bytes);
+  std::memcpy(buffer, words.begin(), desc_bytes);
   if (header_length != 0) std::memcpy(buffer + desc_bytes, header, header_length);
-  shared_word(*reinterpret_cast<uint64_t*>(segment::cell_data(peer_.cell(index))))
+  cell_header* cell = peer_.cell(index);
+  shared_word(*reinterpret_cast<uint64_t*>(segment::cell_data(cell)))
       .store(owner_.id(), std::memory_order_relaxed);  // where the receiver sends a wakeup
   zring_[zhead_ & zmask_] = {index, comp};
   ++zhead_;
-  publish(peer_.cell(index), index,
-          {id, cell_zcopy, static_cast<uint16_t>(segments[0].size()),
+  publish(cell, index,
+          {id, kind, static_cast<uint16_t>(words.size()),
            static_cast<uint32_t>(desc_bytes + header_length)},
           wake);
   owner_.schedule(this);
@@ -392,48 +423,16 @@ status shm_ep::tag_eager_zcopy(tag_t tag, uint64_t imm, const iov* entries, size
   if (count > zcopy_max_iov || !sum_iov(entries, count, &total) || total > zcopy_max_payload) {
     return status::invalid_param;
   }
-  if (const status st = refusal(); st != status::ok) return st;
-  if (zhead_ - ztail_ > zmask_) return status::no_resource;
-  if (!reserve_zring()) return status::no_memory;
-  return send_tag_zcopy(tag, imm, entries, count, comp);
-}
-
-status shm_ep::send_tag_zcopy(tag_t tag, uint64_t imm, const iov* entries, size_t count,
-                              completion* comp) {
-  capnp::word words[zcopy_max_desc_words];
-  std::memset(words, 0, sizeof(words));
-  capnp::MallocMessageBuilder message(kj::arrayPtr(words, zcopy_max_desc_words));
-  auto descriptor = message.initRoot<wire::schema::ShmTagZcopyDescriptor>();
+  if (const status st = zcopy_refusal(); st != status::ok) return st;
+  descriptor_message built;
+  auto descriptor = built.message.initRoot<wire::schema::ShmTagZcopyDescriptor>();
   descriptor.setSenderPid(own_pid_);
   descriptor.setTag(tag);
   descriptor.setImm(imm);
-  auto list = descriptor.initIov(static_cast<unsigned>(count));
-  for (size_t i = 0; i < count; ++i) {
-    list[i].setAddress(reinterpret_cast<uintptr_t>(entries[i].buffer));
-    list[i].setLength(entries[i].length);
-  }
-  const auto segments = message.getSegmentsForOutput();
-  if (segments.size() != 1 || segments[0].size() > zcopy_max_desc_words) {
-    COMM_LOG(error, "shm", "tag_eager_zcopy: descriptor does not fit in %zu words",
-             zcopy_max_desc_words);
-    return status::invalid_param;
-  }
-  const size_t desc_bytes = segments[0].size() * sizeof(capnp::word);
-  uint64_t index;
-  bool wake;
-  if (claim(&index, &wake) != status::ok) return status::no_resource;
-  descriptor.setCompletionSeq(index + 1);
-  std::memcpy(peer_.buffer(index), segments[0].begin(), desc_bytes);
-  shared_word(*reinterpret_cast<uint64_t*>(segment::cell_data(peer_.cell(index))))
-      .store(owner_.id(), std::memory_order_relaxed);  // where the receiver sends a wakeup
-  zring_[zhead_ & zmask_] = {index, comp};
-  ++zhead_;
-  publish(peer_.cell(index), index,
-          {0, cell_tag_zcopy, static_cast<uint16_t>(segments[0].size()),
-           static_cast<uint32_t>(desc_bytes)},
-          wake);
-  owner_.schedule(this);
-  return status::in_progress;
+  write_iov(descriptor.initIov(static_cast<unsigned>(count)), entries, count);
+  const auto words = built.built("tag_eager_zcopy");
+  if (words.size() == 0) return status::invalid_param;
+  return publish_zcopy(descriptor, words, 0, cell_tag_zcopy, nullptr, 0, comp);
 }
 
 // -- tag matching: rendezvous ---------------------------------------------------------------------
@@ -474,10 +473,8 @@ status shm_ep::tag_rndv_zcopy(tag_t tag, const void* header, size_t header_lengt
 status shm_ep::announce_rndv(const rndv_entry& op, tag_t tag, const void* header,
                              size_t header_length, uint64_t address, uint64_t length,
                              const std::vector<uint8_t>& rkey) {
-  capnp::word words[zcopy_max_desc_words];
-  std::memset(words, 0, sizeof(words));
-  capnp::MallocMessageBuilder message(kj::arrayPtr(words, zcopy_max_desc_words));
-  auto descriptor = message.initRoot<wire::schema::ShmTagRndvDescriptor>();
+  descriptor_message built;
+  auto descriptor = built.message.initRoot<wire::schema::ShmTagRndvDescriptor>();
   const iface_addr own = owner_.own_address();
   descriptor.setSenderPid(own.pid);
   descriptor.setSenderFd(own.fd);
@@ -492,13 +489,9 @@ status shm_ep::announce_rndv(const rndv_entry& op, tag_t tag, const void* header
   descriptor.setAddress(address);
   descriptor.setLength(length);
   descriptor.setRkey(kj::arrayPtr(rkey.data(), rkey.size()));
-  const auto segments = message.getSegmentsForOutput();
-  if (segments.size() != 1 || segments[0].size() > zcopy_max_desc_words) {
-    COMM_LOG(error, "shm", "tag_rndv_zcopy: descriptor does not fit in %zu words",
-             zcopy_max_desc_words);
-    return status::invalid_param;
-  }
-  const size_t desc_bytes = segments[0].size() * sizeof(capnp::word);
+  const auto words = built.built("tag_rndv_zcopy");
+  if (words.size() == 0) return status::invalid_param;
+  const size_t desc_bytes = words.size() * sizeof(capnp::word);
   // Posted before it is announced: the receiver claims it from there.
   shared_word(owner_.rndv_word(op.slot))
       .store(rndv_op_word::make(op.generation, rndv_op_word::posted), std::memory_order_release);
@@ -506,10 +499,10 @@ status shm_ep::announce_rndv(const rndv_entry& op, tag_t tag, const void* header
   bool wake;
   if (claim(&index, &wake) != status::ok) return status::no_resource;
   uint8_t* buffer = peer_.buffer(index);
-  std::memcpy(buffer, segments[0].begin(), desc_bytes);
+  std::memcpy(buffer, words.begin(), desc_bytes);
   if (header_length != 0) std::memcpy(buffer + desc_bytes, header, header_length);
   publish(peer_.cell(index), index,
-          {0, cell_tag_rndv, static_cast<uint16_t>(segments[0].size()),
+          {0, cell_tag_rndv, static_cast<uint16_t>(words.size()),
            static_cast<uint32_t>(desc_bytes + header_length)},
           wake);
   return status::ok;

@@ -17,6 +17,9 @@
 
 #include <comm/transport/transport.hpp>
 
+#include <capnp/common.h>
+#include <kj/common.h>
+
 #include <memory>
 #include <utility>
 #include <vector>
@@ -124,9 +127,16 @@ private:
   /// Makes room for the zcopy operations in flight (at first use: most endpoints never zcopy).
   bool reserve_zring();
   void complete_flushes(status result);
-  /// The ShmTagZcopyDescriptor/claim/publish of tag_eager_zcopy, after its checks.
-  status send_tag_zcopy(tag_t tag, uint64_t imm, const iov* entries, size_t count,
-                        completion* comp);
+  /// refusal(), or no_resource when the ring of zcopy operations in flight is full, or no_memory
+  /// when it cannot be made.
+  status zcopy_refusal();
+  /// Claims a cell and publishes a zcopy of `kind` in it: the descriptor (whose completionSeq it
+  /// sets to the cell's index + 1 in `words`) and `header` in the cell's buffer; `comp` completes
+  /// with the receiver's ack.
+  template <class Descriptor>
+  status publish_zcopy(Descriptor descriptor, kj::ArrayPtr<const capnp::word> words, am_id id,
+                       cell_kind kind, const void* header, size_t header_length,
+                       completion* comp);
   /// Builds and publishes the announcement of a rendezvous in slot `op` (registered already).
   status announce_rndv(const rndv_entry& op, tag_t tag, const void* header, size_t header_length,
                        uint64_t address, uint64_t length, const std::vector<uint8_t>& rkey);

@@ -58,6 +58,57 @@ uint64_t coarse_now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+/// Reads `total` bytes of process `pid` at `remote` into `local`; ok, connection_reset (the
+/// process is gone) or io_error, with `*error` the errno.
+status cma_pull(int32_t pid, const iovec* local, size_t local_count, const iovec* remote,
+                size_t remote_count, size_t total, int* error) {
+  if (total == 0) return status::ok;
+  const ssize_t got = ::process_vm_readv(pid, local, local_count, remote, remote_count, 0);
+  if (got == static_cast<ssize_t>(total)) return status::ok;
+  *error = got < 0 ? errno : EFAULT;
+  return *error == ESRCH ? status::connection_reset : status::io_error;
+}
+
+/// The sender's memory a zcopy descriptor names: at most zcopy_max_iov entries, zcopy_max_payload
+/// bytes in all.
+struct remote_iov {
+  iovec entries[zcopy_max_iov];
+  size_t count = 0;
+  size_t total = 0;
+};
+
+/// Reads a descriptor's iov list into `*out`; the problem, or null.
+const char* read_remote_iov(capnp::List<wire::schema::ShmRemoteIov>::Reader list,
+                            remote_iov* out) {
+  if (list.size() > zcopy_max_iov) return "zcopy iov count out of bounds";
+  for (auto entry : list) {
+    const uint64_t length = entry.getLength();
+    if (length > zcopy_max_payload - out->total) return "zcopy payload exceeds max_zcopy";
+    out->total += length;
+    out->entries[out->count++] = {reinterpret_cast<void*>(entry.getAddress()), length};
+  }
+  return nullptr;
+}
+
+/// Copies the descriptor of `words` (1..zcopy_max_desc_words) words at `buffer` out of shared
+/// memory, so the sender cannot change it under the checks, and hands its root, a T, to `read`,
+/// which returns the problem it found or null. Returns that, or `invalid` when the words are not
+/// a valid message.
+template <class T, class Read>
+const char* read_descriptor(const uint8_t* buffer, size_t words, const char* invalid,
+                            Read&& read) {
+  capnp::word copy[zcopy_max_desc_words];
+  std::memcpy(copy, buffer, words * sizeof(capnp::word));
+  try {
+    const kj::ArrayPtr<const capnp::word> only_segment(copy, words);
+    capnp::SegmentArrayMessageReader reader(kj::arrayPtr(&only_segment, 1),
+                                            wire::checked_reader_options());
+    return read(reader.getRoot<T>());
+  } catch (const kj::Exception&) {
+    return invalid;
+  }
+}
+
 }  // namespace
 
 /// The one ShmTagHeader builder of an interface (its endpoints share it: one thread).
@@ -303,45 +354,21 @@ status shm_iface::receive_zcopy(uint64_t index, cell_meta meta, int32_t* sender_
     return status::protocol_error;
   }
   const uint8_t* buffer = segment_.buffer_at(buffer_of_[index & (buffer_of_.size() - 1)]);
-  // Copied out of shared memory first, so the sender cannot change it under the checks.
-  capnp::word words[zcopy_max_desc_words];
-  std::memcpy(words, buffer, desc_bytes);
   const size_t header_length = meta.length - desc_bytes;
-  iovec remote[zcopy_max_iov];
-  size_t remote_count = 0;
-  size_t total = 0;
+  remote_iov remote;
   int32_t sender = 0;
-  const char* problem = nullptr;
-  try {
-    const kj::ArrayPtr<const capnp::word> only_segment(words, meta.desc_words);
-    capnp::SegmentArrayMessageReader reader(kj::arrayPtr(&only_segment, 1),
-                                            wire::checked_reader_options());
-    const auto descriptor = reader.getRoot<wire::schema::ShmZcopyDescriptor>();
-    const auto list = descriptor.getIov();
-    sender = descriptor.getSenderPid();
-    if (descriptor.getHeaderLength() != header_length || header_length > zcopy_max_hdr) {
-      problem = "zcopy header length mismatch";
-    } else if (descriptor.getAmId() != meta.am_id ||
-               descriptor.getCompletionSeq() != index + 1 || sender <= 0) {
-      problem = "zcopy descriptor does not match its cell";
-    } else if (list.size() > zcopy_max_iov) {
-      problem = "zcopy iov count out of bounds";
-    } else {
-      for (auto entry : list) {
-        const uint64_t length = entry.getLength();
-        if (length > zcopy_max_payload - total) {
-          problem = "zcopy payload exceeds max_zcopy";
-          break;
+  const char* problem = read_descriptor<wire::schema::ShmZcopyDescriptor>(
+      buffer, meta.desc_words, "zcopy descriptor is not a valid message", [&](auto descriptor) {
+        sender = descriptor.getSenderPid();
+        if (descriptor.getHeaderLength() != header_length || header_length > zcopy_max_hdr) {
+          return "zcopy header length mismatch";
         }
-        total += length;
-        remote[remote_count].iov_base = reinterpret_cast<void*>(entry.getAddress());
-        remote[remote_count].iov_len = length;
-        ++remote_count;
-      }
-    }
-  } catch (const kj::Exception& e) {
-    problem = "zcopy descriptor is not a valid message";
-  }
+        if (descriptor.getAmId() != meta.am_id || descriptor.getCompletionSeq() != index + 1 ||
+            sender <= 0) {
+          return "zcopy descriptor does not match its cell";
+        }
+        return read_remote_iov(descriptor.getIov(), &remote);
+      });
   if (problem != nullptr) {
     malformed(index, problem);
     return status::protocol_error;
@@ -350,23 +377,24 @@ status shm_iface::receive_zcopy(uint64_t index, cell_meta meta, int32_t* sender_
 
   auto* target = reinterpret_cast<uint8_t*>(zcopy_buffer_.get());
   std::memcpy(target, buffer + desc_bytes, header_length);
-  if (total != 0) {
-    const iovec local{target + header_length, total};
-    const ssize_t got = ::process_vm_readv(sender, &local, 1, remote, remote_count, 0);
-    if (got != static_cast<ssize_t>(total)) {
-      const int error = got < 0 ? errno : EFAULT;
-      ++zcopy_errors_;
-      COMM_LOG(warn, log_name, "zcopy from pid %d: read %zd of %zu bytes: %s", sender, got, total,
-               std::strerror(error));
-      return error == ESRCH ? status::connection_reset : status::io_error;
-    }
+  const iovec local{target + header_length, remote.total};
+  int error = 0;
+  const status result =
+      cma_pull(sender, &local, 1, remote.entries, remote.count, remote.total, &error);
+  if (result != status::ok) {
+    ++zcopy_errors_;
+    COMM_LOG(warn, log_name, "zcopy from pid %d: %zu bytes: %s", sender, remote.total,
+             std::strerror(error));
+    return result;
   }
-  if (call_handler(meta.am_id, target, header_length + total)) {
-    desc_pool::block fresh = zcopy_descs_.replacement(zcopy_buffer_bytes);
-    zcopy_descs_.lend(std::move(zcopy_buffer_), zcopy_buffer_bytes);
-    zcopy_buffer_ = std::move(fresh);
-  }
+  if (call_handler(meta.am_id, target, header_length + remote.total)) lend_zcopy_buffer();
   return status::ok;
+}
+
+void shm_iface::lend_zcopy_buffer() {
+  desc_pool::block fresh = zcopy_descs_.replacement(zcopy_buffer_bytes);
+  zcopy_descs_.lend(std::move(zcopy_buffer_), zcopy_buffer_bytes);
+  zcopy_buffer_ = std::move(fresh);
 }
 
 void shm_iface::malformed(uint64_t index, const char* why) {
@@ -388,17 +416,6 @@ bool read_tag_header(cell_header* cell, tag_t* tag, uint64_t* imm) {
   *tag = header->getTag();
   *imm = header->getImm();
   return true;
-}
-
-/// Reads `total` bytes of process `pid` at `remote` into `local`; ok, connection_reset (the
-/// process is gone) or io_error, with `*error` the errno.
-status cma_pull(int32_t pid, const iovec* local, size_t local_count, const iovec* remote,
-                size_t remote_count, size_t total, int* error) {
-  if (total == 0) return status::ok;
-  const ssize_t got = ::process_vm_readv(pid, local, local_count, remote, remote_count, 0);
-  if (got == static_cast<ssize_t>(total)) return status::ok;
-  *error = got < 0 ? errno : EFAULT;
-  return *error == ESRCH ? status::connection_reset : status::io_error;
 }
 
 }  // namespace
@@ -463,47 +480,27 @@ status shm_iface::receive_tag_zcopy(uint64_t index, cell_meta meta, int32_t* sen
     malformed(index, "tagged zcopy descriptor size out of bounds");
     return status::protocol_error;
   }
-  capnp::word words[zcopy_max_desc_words];
-  std::memcpy(words, segment_.buffer_at(buffer_of_[index & (buffer_of_.size() - 1)]), desc_bytes);
-  iovec remote[zcopy_max_iov];
-  size_t remote_count = 0;
-  size_t total = 0;
+  remote_iov remote;
   int32_t sender = 0;
   tag_t tag = 0;
   uint64_t imm = 0;
-  const char* problem = nullptr;
-  try {
-    const kj::ArrayPtr<const capnp::word> only_segment(words, meta.desc_words);
-    capnp::SegmentArrayMessageReader reader(kj::arrayPtr(&only_segment, 1),
-                                            wire::checked_reader_options());
-    const auto descriptor = reader.getRoot<wire::schema::ShmTagZcopyDescriptor>();
-    const auto list = descriptor.getIov();
-    sender = descriptor.getSenderPid();
-    tag = descriptor.getTag();
-    imm = descriptor.getImm();
-    if (descriptor.getCompletionSeq() != index + 1 || sender <= 0) {
-      problem = "tagged zcopy descriptor does not match its cell";
-    } else if (list.size() > zcopy_max_iov) {
-      problem = "tagged zcopy iov count out of bounds";
-    } else {
-      for (auto entry : list) {
-        const uint64_t length = entry.getLength();
-        if (length > zcopy_max_payload - total) {
-          problem = "tagged zcopy payload exceeds max_zcopy";
-          break;
+  const char* problem = read_descriptor<wire::schema::ShmTagZcopyDescriptor>(
+      segment_.buffer_at(buffer_of_[index & (buffer_of_.size() - 1)]), meta.desc_words,
+      "tagged zcopy descriptor is not a valid message", [&](auto descriptor) {
+        sender = descriptor.getSenderPid();
+        tag = descriptor.getTag();
+        imm = descriptor.getImm();
+        if (descriptor.getCompletionSeq() != index + 1 || sender <= 0) {
+          return "tagged zcopy descriptor does not match its cell";
         }
-        total += length;
-        remote[remote_count++] = {reinterpret_cast<void*>(entry.getAddress()), length};
-      }
-    }
-  } catch (const kj::Exception& e) {
-    problem = "tagged zcopy descriptor is not a valid message";
-  }
+        return read_remote_iov(descriptor.getIov(), &remote);
+      });
   if (problem != nullptr) {
     malformed(index, problem);
     return status::protocol_error;
   }
   *sender_pid = sender;
+  const size_t total = remote.total;
 
   tag_match match;
   const bool matched = tags_.peek(tag, &match);
@@ -522,7 +519,8 @@ status shm_iface::receive_tag_zcopy(uint64_t index, cell_meta meta, int32_t* sen
     local[0] = {zcopy_buffer_.get(), total};
   }
   int error = 0;
-  const status result = cma_pull(sender, local, local_count, remote, remote_count, pulled, &error);
+  const status result =
+      cma_pull(sender, local, local_count, remote.entries, remote.count, pulled, &error);
   if (result != status::ok) {
     // Nothing is delivered: a matched receive stays posted, the sender's operation fails.
     ++zcopy_errors_;
@@ -548,9 +546,7 @@ void shm_iface::unexpected_fragments(size_t total, tag_t tag, uint64_t imm) {
     void* context = nullptr;
     if (tags_.unexpected_eager(data, total, flags, tag, imm, &context) == status::in_progress &&
         (flags & am_flag_desc) != 0) {
-      desc_pool::block fresh = zcopy_descs_.replacement(zcopy_buffer_bytes);
-      zcopy_descs_.lend(std::move(zcopy_buffer_), zcopy_buffer_bytes);
-      zcopy_buffer_ = std::move(fresh);
+      lend_zcopy_buffer();
     }
     return;
   }
@@ -572,8 +568,6 @@ void shm_iface::receive_tag_rndv(uint64_t index, cell_meta meta) {
     return malformed(index, "rendezvous descriptor size out of bounds");
   }
   const uint8_t* buffer = segment_.buffer_at(buffer_of_[index & (buffer_of_.size() - 1)]);
-  capnp::word words[zcopy_max_desc_words];
-  std::memcpy(words, buffer, desc_bytes);
   const size_t header_length = meta.length - desc_bytes;
   uint8_t header[tag_rndv_max_hdr];
   std::memcpy(header, buffer + desc_bytes, header_length);
@@ -585,39 +579,33 @@ void shm_iface::receive_tag_rndv(uint64_t index, cell_meta meta) {
   tag_t tag = 0;
   uint64_t address = 0;
   uint64_t length = 0;
-  const char* problem = nullptr;
-  try {
-    const kj::ArrayPtr<const capnp::word> only_segment(words, meta.desc_words);
-    capnp::SegmentArrayMessageReader reader(kj::arrayPtr(&only_segment, 1),
-                                            wire::checked_reader_options());
-    const auto d = reader.getRoot<wire::schema::ShmTagRndvDescriptor>();
-    sender.pid = d.getSenderPid();
-    sender.fd = d.getSenderFd();
-    sender.iface_id = d.getSenderIfaceId();
-    sender.fifo_size = d.getSenderFifoSize();
-    sender.cell_size = d.getSenderCellSize();
-    sender.segment_size = d.getSenderSegSize();
-    slot = d.getOpSlot();
-    generation = d.getOpGeneration();
-    tag = d.getTag();
-    address = d.getAddress();
-    length = d.getLength();
-    const auto key = d.getRkey();
-    if (d.getHeaderLength() != header_length) {
-      problem = "rendezvous header length mismatch";
-    } else if (slot >= rndv_slots || generation == 0 || generation > max_rndv_generation) {
-      problem = "rendezvous operation out of bounds";
-    } else if (key.size() > tag_rndv_max_rkey || (key.size() == 0) != (length == 0)) {
-      problem = "rendezvous key size out of bounds";
-    } else if (!iface_addr::unpack(sender.pack())) {
-      problem = "rendezvous sender address invalid";
-    } else {
-      rkey_length = key.size();
-      if (rkey_length != 0) std::memcpy(rkey, key.begin(), rkey_length);  // empty: no pointer
-    }
-  } catch (const kj::Exception& e) {
-    problem = "rendezvous descriptor is not a valid message";
-  }
+  const char* problem = read_descriptor<wire::schema::ShmTagRndvDescriptor>(
+      buffer, meta.desc_words, "rendezvous descriptor is not a valid message",
+      [&](auto d) -> const char* {
+        sender.pid = d.getSenderPid();
+        sender.fd = d.getSenderFd();
+        sender.iface_id = d.getSenderIfaceId();
+        sender.fifo_size = d.getSenderFifoSize();
+        sender.cell_size = d.getSenderCellSize();
+        sender.segment_size = d.getSenderSegSize();
+        slot = d.getOpSlot();
+        generation = d.getOpGeneration();
+        tag = d.getTag();
+        address = d.getAddress();
+        length = d.getLength();
+        const auto key = d.getRkey();
+        if (d.getHeaderLength() != header_length) return "rendezvous header length mismatch";
+        if (slot >= rndv_slots || generation == 0 || generation > max_rndv_generation) {
+          return "rendezvous operation out of bounds";
+        }
+        if (key.size() > tag_rndv_max_rkey || (key.size() == 0) != (length == 0)) {
+          return "rendezvous key size out of bounds";
+        }
+        if (!iface_addr::unpack(sender.pack())) return "rendezvous sender address invalid";
+        rkey_length = key.size();
+        if (rkey_length != 0) std::memcpy(rkey, key.begin(), rkey_length);  // empty: no pointer
+        return nullptr;
+      });
   if (problem != nullptr) return malformed(index, problem);
   shm_ep* source = rndv_source(sender);
   if (source == nullptr) {

@@ -167,6 +167,8 @@ private:
   bool can_lend() const { return lent_buffers_.size() + zcopy_descs_.lent() < max_am_descs; }
   /// Lends the buffer of FIFO position `index` (a handler kept it) and gives the cell a spare.
   void lend_buffer(uint64_t index);
+  /// Lends the zcopy buffer (a handler kept the message in it) and takes a fresh one.
+  void lend_zcopy_buffer();
   void malformed(uint64_t index, const char* why);
   // -- tag matching --
   void receive_tag(uint64_t index, cell_header* cell, cell_meta meta);

@@ -35,6 +35,22 @@ bool would_block(int error) { return error == EAGAIN || error == EWOULDBLOCK || 
 /// Bytes one read into the receive buffer asks for when no known frame needs more.
 constexpr size_t read_batch = 64 * 1024;
 
+/// Moves `*first` past `bytes` of the entries `vec[*first..count)`, cutting the front off an
+/// entry done in part.
+void advance_iov(iovec* vec, size_t count, size_t* first, size_t bytes) {
+  while (bytes != 0 && *first < count) {
+    iovec& entry = vec[*first];
+    if (bytes >= entry.iov_len) {
+      bytes -= entry.iov_len;
+      ++*first;
+    } else {
+      entry.iov_base = static_cast<uint8_t*>(entry.iov_base) + bytes;
+      entry.iov_len -= bytes;
+      bytes = 0;
+    }
+  }
+}
+
 }  // namespace
 
 // -- construction ---------------------------------------------------------------------------------
@@ -168,23 +184,29 @@ uint64_t tcp_conn::queue_zcopy(tcp_ep* by, am_id id, const void* header, size_t 
   const size_t length = header_length + total;
   const size_t offset = put_header(id, length, true, zop_.head);
   if (header_length != 0) std::memcpy(zop_.head + offset, header, header_length);
-  zop_.count = 0;
-  zop_.first = 0;
-  zop_.vec[zop_.count++] = {zop_.head, offset + header_length};
-  for (size_t i = 0; i < count; ++i) {
-    if (entries[i].length == 0) continue;
-    zop_.vec[zop_.count++] = {const_cast<void*>(entries[i].buffer), entries[i].length};
-  }
-  if (const size_t pad = pad8(length) - length; pad != 0) {
-    zop_.vec[zop_.count++] = {const_cast<uint64_t*>(&zero_padding), pad};
-  }
-  zcopy_queued_ = true;
+  queue_zcopy_frame(offset + header_length, entries, count);
   zop_owner_ = by;
   ++frames_sent_;
   ++owner_.counters().messages_sent;
   const uint64_t number = frames_sent_;
   if (!out_watched_ && phase_ == phase::open) write_queued();
   return number;
+}
+
+void tcp_conn::queue_zcopy_frame(size_t head, const iov* entries, size_t count) {
+  zop_.count = 0;
+  zop_.first = 0;
+  zop_.vec[zop_.count++] = {zop_.head, head};
+  size_t length = head;
+  for (size_t i = 0; i < count; ++i) {
+    if (entries[i].length == 0) continue;
+    zop_.vec[zop_.count++] = {const_cast<void*>(entries[i].buffer), entries[i].length};
+    length += entries[i].length;
+  }
+  if (const size_t pad = pad8(length) - length; pad != 0) {
+    zop_.vec[zop_.count++] = {const_cast<uint64_t*>(&zero_padding), pad};
+  }
+  zcopy_queued_ = true;
 }
 
 void tcp_conn::write_queued() {
@@ -232,17 +254,7 @@ void tcp_conn::consume_written(size_t sent) {
   tx_.consume(from_buffer);
   sent -= from_buffer;
   if (!zcopy_queued_ || sent == 0) return;
-  while (sent != 0 && zop_.first < zop_.count) {
-    iovec& entry = zop_.vec[zop_.first];
-    if (sent >= entry.iov_len) {
-      sent -= entry.iov_len;
-      ++zop_.first;
-    } else {
-      entry.iov_base = static_cast<uint8_t*>(entry.iov_base) + sent;
-      entry.iov_len -= sent;
-      sent = 0;
-    }
-  }
+  advance_iov(zop_.vec, zop_.count, &zop_.first, sent);
   if (zop_.first == zop_.count) {  // now it waits for its ack (a message) or the answer (rma)
     zcopy_queued_ = false;
     zop_owner_ = nullptr;
@@ -733,16 +745,7 @@ void tcp_conn::send_rma_requests() {
     if (op.write) {
       const size_t head = owner_.writer().rma(frame_kind::rma_put, delivered_, record, op.length,
                                               zop_.head);
-      zop_.count = 0;
-      zop_.first = 0;
-      zop_.vec[zop_.count++] = {zop_.head, head};
-      for (size_t i = 0; i < op.count; ++i) {
-        zop_.vec[zop_.count++] = {const_cast<void*>(op.entries[i].buffer), op.entries[i].length};
-      }
-      if (const size_t pad = pad8(op.length) - op.length; pad != 0) {
-        zop_.vec[zop_.count++] = {const_cast<uint64_t*>(&zero_padding), pad};
-      }
-      zcopy_queued_ = true;
+      queue_zcopy_frame(head, op.entries, op.count);
       zop_owner_ = op.ep;
     } else {
       uint8_t* dest = reserve_rma_record();
@@ -772,14 +775,8 @@ void tcp_conn::send_rma_answers() {
     if (a.data != nullptr) {
       const size_t head = owner_.writer().rma(frame_kind::rma_reply, delivered_, record, a.length,
                                               zop_.head);
-      zop_.count = 0;
-      zop_.first = 0;
-      zop_.vec[zop_.count++] = {zop_.head, head};
-      zop_.vec[zop_.count++] = {const_cast<uint8_t*>(a.data), a.length};
-      if (const size_t pad = pad8(a.length) - a.length; pad != 0) {
-        zop_.vec[zop_.count++] = {const_cast<uint64_t*>(&zero_padding), pad};
-      }
-      zcopy_queued_ = true;
+      const iov data{a.data, a.length};
+      queue_zcopy_frame(head, &data, 1);
       zop_owner_ = nullptr;
       zop_answer_ = !a.copy;
       zop_slot_ = a.slot;
@@ -954,18 +951,7 @@ bool tcp_conn::read_sink() {
 
 void tcp_conn::advance_sink(size_t bytes) {
   sink_.left -= bytes;
-  if (!sink_.keep) return;
-  while (bytes != 0 && sink_.first < sink_.count) {
-    iovec& entry = sink_.vec[sink_.first];
-    if (bytes >= entry.iov_len) {
-      bytes -= entry.iov_len;
-      ++sink_.first;
-    } else {
-      entry.iov_base = static_cast<uint8_t*>(entry.iov_base) + bytes;
-      entry.iov_len -= bytes;
-      bytes = 0;
-    }
-  }
+  if (sink_.keep) advance_iov(sink_.vec, sink_.count, &sink_.first, bytes);
 }
 
 void tcp_conn::finish_sink() {

@@ -264,6 +264,9 @@ private:
   };
 
   bool window_open() const { return frames_sent_ - peer_delivered_ < window_; }
+  /// Fills zop_ with `head` bytes at zop_.head, then `entries` (empty ones left out), then the
+  /// padding of the frame, and marks it queued.
+  void queue_zcopy_frame(size_t head, const iov* entries, size_t count);
 
   // put and get
   /// Puts waiting operations on the wire while the in-flight bound, the send buffer and the zcopy
