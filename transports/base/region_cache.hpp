@@ -9,6 +9,8 @@
 
 #include <comm/transport/transport.hpp>
 
+#include "base/rkey.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -24,6 +26,22 @@ struct region {
   uint64_t generation = 0;  ///< generation of that slot for this registration
   uint32_t refs = 0;        ///< registrations not yet deregistered
 };
+
+/// The key a peer presents to reach `r`, a region of the memory domain with `magic` on interface
+/// `iface_id` of process `pid`; `index` is the slot the key names (r.index, or the device's own
+/// key where the device checks accesses).
+inline packed_rkey packed_key_of(const region& r, uint32_t magic, int32_t pid, uint64_t iface_id,
+                                 uint32_t index) {
+  packed_rkey key;
+  key.magic = magic;
+  key.pid = pid;
+  key.index = index;
+  key.iface_id = iface_id;
+  key.generation = r.generation;
+  key.base = reinterpret_cast<uintptr_t>(r.handle.address);
+  key.length = r.handle.length;
+  return key;
+}
 
 /// Registrations of one memory domain by exact range, with reference counts.
 class region_cache {

@@ -142,15 +142,9 @@ status self_md::rkey_pack(const mem_handle* handle, std::vector<uint8_t>& out) {
   std::lock_guard lock(mutex_);
   const region* r = cache_.find(handle);
   if (r == nullptr) return status::invalid_param;
-  packed_rkey key;
-  key.magic = rkey_magic_self;
-  key.pid = static_cast<int32_t>(::getpid());
-  key.index = r->index;
-  key.iface_id = iface_id_;
-  key.generation = r->generation;
-  key.base = reinterpret_cast<uintptr_t>(r->handle.address);
-  key.length = r->handle.length;
-  append_rkey(key, out);
+  append_rkey(packed_key_of(*r, rkey_magic_self, static_cast<int32_t>(::getpid()), iface_id_,
+                            r->index),
+              out);
   return status::ok;
 }
 

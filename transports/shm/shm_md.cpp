@@ -141,15 +141,7 @@ status shm_md::rkey_pack(const mem_handle* handle, std::vector<uint8_t>& out) {
   std::lock_guard lock(mutex_);
   const region* r = cache_.find(handle);
   if (r == nullptr) return status::invalid_param;
-  packed_rkey key;
-  key.magic = rkey_magic_shm;
-  key.pid = pid_;
-  key.index = r->index;
-  key.iface_id = iface_id_;
-  key.generation = r->generation;
-  key.base = reinterpret_cast<uintptr_t>(r->handle.address);
-  key.length = r->handle.length;
-  append_rkey(key, out);
+  append_rkey(packed_key_of(*r, rkey_magic_shm, pid_, iface_id_, r->index), out);
   segment_ref segment;
   if (heap_find(r->handle.address, r->handle.length, &segment)) {
     const auto* p = reinterpret_cast<const uint8_t*>(&segment);

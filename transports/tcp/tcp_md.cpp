@@ -64,15 +64,7 @@ status tcp_md::mem_dereg(mem_handle* handle) {
 status tcp_md::rkey_pack(const mem_handle* handle, std::vector<uint8_t>& out) {
   const region* r = cache_.find(handle);
   if (r == nullptr) return status::invalid_param;
-  packed_rkey key;
-  key.magic = rkey_magic_tcp;
-  key.pid = pid_;
-  key.index = r->index;
-  key.iface_id = iface_id_;
-  key.generation = r->generation;
-  key.base = reinterpret_cast<uintptr_t>(r->handle.address);
-  key.length = r->handle.length;
-  append_rkey(key, out);
+  append_rkey(packed_key_of(*r, rkey_magic_tcp, pid_, iface_id_, r->index), out);
   return status::ok;
 }
 

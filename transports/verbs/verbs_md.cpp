@@ -70,15 +70,9 @@ status verbs_md::mem_dereg(tl::mem_handle* handle) {
 status verbs_md::rkey_pack(const tl::mem_handle* handle, std::vector<uint8_t>& out) {
   const tl::region* r = user_.find(handle);
   if (r == nullptr) return status::invalid_param;
-  tl::packed_rkey key;
-  key.magic = rkey_magic_verbs;
-  key.pid = static_cast<int32_t>(::getpid());
-  key.index = slots_[r->index]->rkey;
-  key.iface_id = id_;
-  key.generation = r->generation;
-  key.base = reinterpret_cast<uint64_t>(r->handle.address);
-  key.length = r->handle.length;
-  tl::append_rkey(key, out);
+  tl::append_rkey(tl::packed_key_of(*r, rkey_magic_verbs, static_cast<int32_t>(::getpid()), id_,
+                                    slots_[r->index]->rkey),
+                  out);
   return status::ok;
 }
 
