@@ -370,11 +370,14 @@ void print_modes(const std::string& where,
               "mode", "rtt 8 B us", "rtt 1 MiB us", "blob 1 MiB us", "one-way msg/s");
   for (const auto& [mode, list] : all) {
     std::vector<double> a, b, d, c;
+    auto measured = [](std::vector<double>& v, double x) {
+      if (x > 0) v.push_back(x);  // 0: not measured (a failed round, a test not asked for)
+    };
     for (const auto& x : list) {
-      a.push_back(x.rtt_us);
-      b.push_back(x.rtt_large_us);
-      d.push_back(x.rtt_blob_us);
-      c.push_back(x.oneway_per_s);
+      measured(a, x.rtt_us);
+      measured(b, x.rtt_large_us);
+      measured(d, x.rtt_blob_us);
+      measured(c, x.oneway_per_s);
     }
     const spread rtt = spread_of(a, false), large = spread_of(b, false),
                  blob = spread_of(d, false), rate = spread_of(c, true);
@@ -520,7 +523,9 @@ int main(int argc, char** argv) {
             },
             &res);
         if (!ok) {
+          // Nothing measured (zeros) keeps the rounds of every mode aligned for the ratios.
           std::fprintf(stderr, "round %d: %s %s failed\n", r, name_of(where), mode.c_str());
+          all[name_of(where)][mode].push_back(results{});
           continue;
         }
         std::printf("round %d %-8s %-6s rtt 8 B %8.2f us   rtt 1 MiB %8.1f us   blob %8.1f us   "

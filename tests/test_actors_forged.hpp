@@ -80,11 +80,15 @@ inline void on_forged_error(void* arg, comm::endpoint*, comm::status reason) {
   static_cast<forged_state*>(arg)->failure = reason;
 }
 
-/// A hello (connection private data) claiming to be a node of pid 4242.
-inline std::vector<uint8_t> forged_hello() {
+/// A node id of pid 4242 on a made-up host.
+inline caf::node_id forged_node_id() {
   caf::node_id::default_data::host_id_type host{};
   host.fill(0x5a);
-  caf::node_id id = caf::make_node_id(4242, host);
+  return caf::make_node_id(4242, host);
+}
+
+/// A hello (connection private data) claiming to be the node `id`.
+inline std::vector<uint8_t> forged_hello(caf::node_id id = forged_node_id()) {
   std::vector<char> bytes;
   caf::binary_serializer sink{static_cast<caf::execution_unit*>(nullptr), bytes};
   if (sink(id)) throw std::runtime_error("cannot serialise a node id");

@@ -1,13 +1,18 @@
 // Bad input from the wire: a plain libcomm worker connects to a node as if it were one and sends
 // frames that are malformed (a short envelope, an unknown kind, frames out of sequence, a
-// payload that is not a CAF message, attachments that do not add up). The node closes the
-// offending connection or answers with an error, and goes on serving everybody else.
+// payload that is not a CAF message, attachments that do not add up), or listens as one and
+// answers a node's dial with a hello naming that node itself. The node closes the offending
+// connection or answers with an error, and goes on serving everybody else.
 #define BOOST_TEST_MODULE actors_wire
 #include <boost/test/unit_test.hpp>
 
 #include "test_actors_scenarios.hpp"
 
 #include "test_actors_forged.hpp"
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
 
 using namespace comm::test::actors;
 
@@ -40,6 +45,45 @@ struct node_under_attack {
   bool still_serves() {
     auto found = node_of(*client_sys).lookup(address(), service_name);
     return found && check_request(*client_sys, *found).empty();
+  }
+};
+
+/// A plain libcomm worker listening as a node does, whose hello names the node `claimed`.
+struct forged_server {
+  comm::context ctx;
+  std::unique_ptr<comm::worker> worker;
+  std::unique_ptr<comm::listener> listener;
+  std::vector<uint8_t> hello;
+  std::string address;
+  std::atomic<bool> stopping{false};
+  std::thread progress;  ///< the worker's only user once started
+
+  explicit forged_server(const caf::node_id& claimed)
+      : worker(comm::worker::create(ctx)), hello(forged_hello(claimed)) {
+    comm::listener_params lp;
+    lp.address = "127.0.0.1:0";
+    lp.on_request = &forged_server::on_request;
+    lp.arg = this;
+    if (worker->listen(lp, &listener) != comm::status::ok) {
+      throw std::runtime_error("the forged server cannot listen");
+    }
+    address = listener->address();
+    progress = std::thread([this] {
+      while (!stopping.load()) worker->progress();
+    });
+  }
+
+  ~forged_server() {
+    stopping = true;
+    progress.join();
+  }
+
+  static void on_request(void* arg, comm::conn_request* request) {
+    auto* self = static_cast<forged_server*>(arg);
+    comm::endpoint_params p;
+    p.private_data = self->hello;
+    comm::endpoint* ep = nullptr;
+    (void)self->worker->accept(request, p, &ep);
   }
 };
 
@@ -153,6 +197,17 @@ BOOST_AUTO_TEST_CASE(payload_in_the_header_without_attachments_closes_the_connec
   forged_peer peer(address());
   peer.send_in_header(kind_message, svc.id(), 0, 1, std::vector<char>(16, 'p'), {});
   BOOST_TEST(peer.progress_until([&] { return peer.state.failure != comm::status::ok; }));
+  BOOST_TEST(still_serves());
+}
+
+BOOST_AUTO_TEST_CASE(a_server_whose_hello_names_the_dialling_node_is_refused) {
+  auto& client = node_of(*client_sys);
+  forged_server impostor(client.id());
+  auto found = client.lookup(impostor.address, service_name);
+  BOOST_REQUIRE(!found);
+  BOOST_TEST((comm::actors::status_of(found.error()) == comm::status::protocol_error));
+  BOOST_TEST(client.stats().peers == 0u);
+  BOOST_TEST(client.stats().proxies == 0u);
   BOOST_TEST(still_serves());
 }
 

@@ -138,6 +138,10 @@ void node_state::on_ep_connect(void* arg, comm::endpoint* ep, const uint8_t* dat
     self->violation(p, "the server's hello is malformed");
     return;
   }
+  if (hello->id == self->sys_.node()) {  // as accept refuses a client naming this node
+    self->violation(p, "the server's hello names this node");
+    return;
+  }
   self->introduce(p, *hello);
 }
 

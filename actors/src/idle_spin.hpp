@@ -8,9 +8,9 @@
 // here) found nobody waiting; one that took a few microseconds let a thread run that needed the
 // core briefly: from then on the thread offers its core on every idle turn, which hands a
 // ping-pong between two threads of one core over in a context switch instead of a time slice.
-// A very long offer (another program's time slice) says nothing about short waits and changes
-// nothing; after many quick offers in a row the thread spins freely again. After spin_time idle
-// it sleeps.
+// A very long offer (another program's time slice) ends offering on every turn (that would
+// only hand the other program more slices), and so do many quick offers in a row: the thread
+// spins freely again. After spin_time idle it sleeps.
 #pragma once
 
 #include <chrono>
@@ -36,9 +36,6 @@ public:
   /// @param spin_time how long idle turns may go on before the thread sleeps
   action idle(std::chrono::microseconds spin_time);
 
-  /// True while the core is known to be shared with a thread that needs it briefly.
-  bool sharing() const noexcept { return sharing_; }
-
   /// An offer that returns within this found nobody waiting for the core.
   static constexpr std::chrono::nanoseconds quick_offer{1000};
   /// An offer that takes longer than this was another program's time slice.
@@ -51,8 +48,8 @@ public:
   static constexpr std::chrono::microseconds offer_interval{20};
 
 private:
-  /// Offers the core and learns from how long that took.
-  void offer();
+  /// Offers the core and learns from how long that took (`now`: the time just before).
+  void offer(clock::time_point now);
 
   clock::time_point idle_since_{};
   clock::time_point offered_{};
