@@ -16,28 +16,6 @@ using namespace comm::test;
 
 namespace {
 
-/// A region of b's memory registered and unpacked on a's endpoint.
-struct remote_region {
-  remote_region(worker_pair& p, size_t length, uint32_t seed) : pair(p), bytes(pattern(length, seed)) {
-    BOOST_REQUIRE(p.b->mem_map(bytes.data(), bytes.size(), &handle) == status::ok);
-    std::vector<uint8_t> packed;
-    BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
-    BOOST_REQUIRE(p.ab->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
-  }
-  ~remote_region() {
-    pair.ab->rkey_destroy(key);
-    if (handle != nullptr) pair.b->mem_unmap(handle);
-  }
-  uint64_t address(size_t offset = 0) const {
-    return reinterpret_cast<uintptr_t>(bytes.data()) + offset;
-  }
-
-  worker_pair& pair;
-  std::vector<uint8_t> bytes;
-  memh* handle = nullptr;
-  rkey* key = nullptr;
-};
-
 /// b's key for `handle`, re-encoded with the rights `access` and (when not 0) the length
 /// `length` in place of what b packed (a hostile reader), unpacked on a's endpoint.
 rkey* forged_key(worker_pair& p, memh* handle, uint32_t access, uint64_t length) {

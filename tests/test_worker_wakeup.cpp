@@ -92,33 +92,6 @@ status count_am(void* arg, const void*, size_t, void*, size_t, const am_recv_par
   return status::ok;
 }
 
-/// A region of b's memory registered and unpacked on a's endpoint; unmapped by release() or at
-/// destruction (while b lives).
-struct remote_region {
-  remote_region(worker_pair& p, size_t length, uint32_t seed) : pair(p) {
-    bytes = seed == 0 ? std::vector<uint8_t>(length, 0) : pattern(length, seed);
-    BOOST_REQUIRE(p.b->mem_map(bytes.data(), bytes.size(), &handle) == status::ok);
-    std::vector<uint8_t> packed;
-    BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
-    BOOST_REQUIRE(p.ab->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
-  }
-  ~remote_region() { release(); }
-  void release() {
-    if (key != nullptr) pair.ab->rkey_destroy(key);
-    if (handle != nullptr && pair.b) pair.b->mem_unmap(handle);
-    key = nullptr;
-    handle = nullptr;
-  }
-  uint64_t address(size_t offset = 0) const {
-    return reinterpret_cast<uintptr_t>(bytes.data()) + offset;
-  }
-
-  worker_pair& pair;
-  std::vector<uint8_t> bytes;
-  memh* handle = nullptr;
-  rkey* key = nullptr;
-};
-
 /// True when every byte of `bytes` is still 0.
 bool untouched(const std::vector<uint8_t>& bytes) {
   return std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == 0; });
