@@ -346,6 +346,19 @@ struct remote_region {
   rkey* key = nullptr;
 };
 
+// -- forged messages -----------------------------------------------------------------------------
+
+/// 8-byte aligned bytes, as a transport delivers them (for feed()).
+struct aligned_bytes {
+  explicit aligned_bytes(const std::vector<uint8_t>& bytes)
+      : words(bytes.size() / 8 + 1, 0), length(bytes.size()) {
+    if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
+  }
+  const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(words.data()); }
+  std::vector<uint64_t> words;
+  size_t length;
+};
+
 /// Sends `length` bytes of pattern `seed` tagged `tag` from `ab` and receives them on b, posting
 /// the receive before the send (expected) or after it arrived (unexpected). Checks data, tag,
 /// length and status; returns false (after reporting) on any failure.
