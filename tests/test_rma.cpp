@@ -50,6 +50,30 @@ rkey* key_served_by_owner(worker_pair& p, memh* handle) {
   return reencoded_key(p, handle, [](auto bundle) { bundle.initEntries(0); });
 }
 
+/// Posts 64 gets of 1 KiB in a row from `region` (pattern `seed`), more than any transport's
+/// outstanding-read limit, and checks that they complete in posting order with their data.
+void reads_complete_in_order(worker_pair& p, const remote_region& region, uint32_t seed) {
+  constexpr int n = 64;
+  std::vector<std::vector<uint8_t>> buffers(n, std::vector<uint8_t>(1024));
+  std::vector<int> order;
+  std::vector<send_tracker> trackers(n);
+  std::vector<op> ops;
+  for (int i = 0; i < n; ++i) {
+    trackers[i].id = i;
+    trackers[i].order = &order;
+    iov_entry e{buffers[i].data(), 1024};
+    ops.push_back(p.ab->get(&e, 1, region.address(i * 1024), region.key,
+                            send_params(trackers[i], request_no_immediate_completion)));
+    BOOST_REQUIRE(!ops.back().failed());
+  }
+  BOOST_REQUIRE(p.until([&] { return order.size() == n; }));
+  for (int i = 0; i < n; ++i) {
+    BOOST_CHECK_EQUAL(order[i], i);
+    BOOST_CHECK_EQUAL(first_mismatch(buffers[i].data(), 1024, seed, i * 1024), -1);
+    p.a->release(ops[i].req);
+  }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(data)
@@ -221,25 +245,7 @@ BOOST_DATA_TEST_CASE(fenced_put_after_reads, each_transport(), transport) {
 BOOST_DATA_TEST_CASE(many_reads_complete_in_order, each_transport(), transport) {
   worker_pair p(transport);
   remote_region region(p, 1 << 16, 17);
-  constexpr int n = 64;  // more than any transport's outstanding-read limit
-  std::vector<std::vector<uint8_t>> buffers(n, std::vector<uint8_t>(1024));
-  std::vector<int> order;
-  std::vector<send_tracker> trackers(n);
-  std::vector<op> ops;
-  for (int i = 0; i < n; ++i) {
-    trackers[i].id = i;
-    trackers[i].order = &order;
-    iov_entry e{buffers[i].data(), 1024};
-    ops.push_back(p.ab->get(&e, 1, region.address(i * 1024), region.key,
-                            send_params(trackers[i], request_no_immediate_completion)));
-    BOOST_REQUIRE(!ops.back().failed());
-  }
-  BOOST_REQUIRE(p.until([&] { return order.size() == n; }));
-  for (int i = 0; i < n; ++i) {
-    BOOST_CHECK_EQUAL(order[i], i);
-    BOOST_CHECK_EQUAL(first_mismatch(buffers[i].data(), 1024, 17, i * 1024), -1);
-    p.a->release(ops[i].req);
-  }
+  reads_complete_in_order(p, region, 17);
 }
 
 BOOST_DATA_TEST_CASE(posts_on_a_disconnected_endpoint_are_flushed, each_transport(), transport) {
@@ -361,26 +367,8 @@ BOOST_DATA_TEST_CASE(reads_never_exceed_what_the_peer_accepts, each_transport(),
   auto& rma = module_of<detail::rma_protocol>(detail::impl(*p.a));
   BOOST_CHECK_EQUAL(rma.read_limit(detail::impl(*p.ab)), 2u);
   remote_region region(p, 1 << 16, 23);
-  constexpr int n = 64;
-  std::vector<std::vector<uint8_t>> buffers(n, std::vector<uint8_t>(1024));
-  std::vector<int> order;
-  std::vector<send_tracker> trackers(n);
-  std::vector<op> ops;
-  for (int i = 0; i < n; ++i) {
-    trackers[i].id = i;
-    trackers[i].order = &order;
-    iov_entry e{buffers[i].data(), 1024};
-    ops.push_back(p.ab->get(&e, 1, region.address(i * 1024), region.key,
-                            send_params(trackers[i], request_no_immediate_completion)));
-    BOOST_REQUIRE(!ops.back().failed());
-  }
-  BOOST_REQUIRE(p.until([&] { return order.size() == n; }));
+  reads_complete_in_order(p, region, 23);
   BOOST_CHECK_LE(rma.peak_reads(detail::impl(*p.ab)), 2u);
-  for (int i = 0; i < n; ++i) {
-    BOOST_CHECK_EQUAL(order[i], i);
-    BOOST_CHECK_EQUAL(first_mismatch(buffers[i].data(), 1024, 23, i * 1024), -1);
-    p.a->release(ops[i].req);
-  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
