@@ -309,6 +309,56 @@ struct worker_pair {
   endpoint* ba = nullptr;
 };
 
+// -- RMA -----------------------------------------------------------------------------------------
+
+/// A region of b's memory (pattern `seed`, or zeros for seed 0) registered with the rights
+/// `access` and unpacked on a's endpoint; unmapped at destruction (while b lives). A region
+/// without both remote rights is not mapped by the transports: b's worker serves it (software
+/// RMA), on every lane.
+struct remote_region {
+  remote_region(worker_pair& p, size_t length, uint32_t seed, uint32_t access = mem_access_all)
+      : pair(p), bytes(seed == 0 ? std::vector<uint8_t>(length, 0) : pattern(length, seed)) {
+    BOOST_REQUIRE(p.b->mem_map(bytes.data(), bytes.size(), &handle, access) == status::ok);
+    std::vector<uint8_t> packed;
+    BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
+    BOOST_REQUIRE(p.ab->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+  }
+  remote_region(const remote_region&) = delete;
+  remote_region& operator=(const remote_region&) = delete;
+  ~remote_region() { release(); }
+
+  /// Destroys the key and unmaps the region (while b lives) ahead of destruction.
+  void release() {
+    if (key != nullptr) pair.ab->rkey_destroy(key);
+    if (handle != nullptr && pair.b) pair.b->mem_unmap(handle);
+    key = nullptr;
+    handle = nullptr;
+  }
+
+  /// The remote address of byte `offset`.
+  uint64_t address(size_t offset = 0) const {
+    return reinterpret_cast<uintptr_t>(bytes.data()) + offset;
+  }
+
+  worker_pair& pair;
+  std::vector<uint8_t> bytes;
+  memh* handle = nullptr;
+  rkey* key = nullptr;
+};
+
+// -- forged messages -----------------------------------------------------------------------------
+
+/// 8-byte aligned bytes, as a transport delivers them (for feed()).
+struct aligned_bytes {
+  explicit aligned_bytes(const std::vector<uint8_t>& bytes)
+      : words(bytes.size() / 8 + 1, 0), length(bytes.size()) {
+    if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
+  }
+  const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(words.data()); }
+  std::vector<uint64_t> words;
+  size_t length;
+};
+
 /// Sends `length` bytes of pattern `seed` tagged `tag` from `ab` and receives them on b, posting
 /// the receive before the send (expected) or after it arrived (unexpected). Checks data, tag,
 /// length and status; returns false (after reporting) on any failure.

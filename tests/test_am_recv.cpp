@@ -568,17 +568,6 @@ BOOST_AUTO_TEST_SUITE(hostile)
 
 namespace forging {
 
-/// 8-byte aligned bytes, as a transport delivers them.
-struct aligned_bytes {
-  explicit aligned_bytes(const std::vector<uint8_t>& bytes)
-      : words(bytes.size() / 8 + 1, 0), length(bytes.size()) {
-    if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
-  }
-  const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(words.data()); }
-  std::vector<uint64_t> words;
-  size_t length;
-};
-
 /// An RndvRts for AM `id` announcing `length` bytes at a made-up address.
 aligned_bytes forged_am_rts(uint32_t dst, uint16_t id, uint64_t length, uint64_t sreq,
                             bool with_key) {

@@ -16,31 +16,10 @@ using namespace comm::test;
 
 namespace {
 
-/// A region of b's memory registered and unpacked on a's endpoint.
-struct remote_region {
-  remote_region(worker_pair& p, size_t length, uint32_t seed) : pair(p), bytes(pattern(length, seed)) {
-    BOOST_REQUIRE(p.b->mem_map(bytes.data(), bytes.size(), &handle) == status::ok);
-    std::vector<uint8_t> packed;
-    BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
-    BOOST_REQUIRE(p.ab->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
-  }
-  ~remote_region() {
-    pair.ab->rkey_destroy(key);
-    if (handle != nullptr) pair.b->mem_unmap(handle);
-  }
-  uint64_t address(size_t offset = 0) const {
-    return reinterpret_cast<uintptr_t>(bytes.data()) + offset;
-  }
-
-  worker_pair& pair;
-  std::vector<uint8_t> bytes;
-  memh* handle = nullptr;
-  rkey* key = nullptr;
-};
-
-/// b's key for `handle`, re-encoded with the rights `access` and (when not 0) the length
-/// `length` in place of what b packed (a hostile reader), unpacked on a's endpoint.
-rkey* forged_key(worker_pair& p, memh* handle, uint32_t access, uint64_t length) {
+/// b's key for `handle`, re-encoded by `edit` (called with the RemoteKeyBundle builder) and
+/// unpacked on a's endpoint.
+template <class Edit>
+rkey* reencoded_key(worker_pair& p, memh* handle, Edit&& edit) {
   std::vector<uint8_t> packed;
   BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
   auto words = kj::heapArray<capnp::word>(packed.size() / 8);
@@ -48,14 +27,51 @@ rkey* forged_key(worker_pair& p, memh* handle, uint32_t access, uint64_t length)
   capnp::FlatArrayMessageReader reader(words);
   capnp::MallocMessageBuilder builder;
   builder.setRoot(reader.getRoot<wire::schema::RemoteKeyBundle>());
-  auto bundle = builder.getRoot<wire::schema::RemoteKeyBundle>();
-  bundle.setAccess(access);
-  if (length != 0) bundle.setLength(length);
+  edit(builder.getRoot<wire::schema::RemoteKeyBundle>());
   auto flat = capnp::messageToFlatArray(builder);
   rkey* key = nullptr;
   BOOST_REQUIRE(p.ab->rkey_unpack(flat.asBytes().begin(), flat.asBytes().size(), &key) ==
                 status::ok);
   return key;
+}
+
+/// b's key for `handle`, re-encoded with the rights `access` and (when not 0) the length
+/// `length` in place of what b packed (a hostile reader), unpacked on a's endpoint.
+rkey* forged_key(worker_pair& p, memh* handle, uint32_t access, uint64_t length) {
+  return reencoded_key(p, handle, [&](auto bundle) {
+    bundle.setAccess(access);
+    if (length != 0) bundle.setLength(length);
+  });
+}
+
+/// b's key for `handle` without the transports' keys in it: a's puts and gets with it go through
+/// b's worker (software RMA) on every lane, in flight until b progresses.
+rkey* key_served_by_owner(worker_pair& p, memh* handle) {
+  return reencoded_key(p, handle, [](auto bundle) { bundle.initEntries(0); });
+}
+
+/// Posts 64 gets of 1 KiB in a row from `region` (pattern `seed`), more than any transport's
+/// outstanding-read limit, and checks that they complete in posting order with their data.
+void reads_complete_in_order(worker_pair& p, const remote_region& region, uint32_t seed) {
+  constexpr int n = 64;
+  std::vector<std::vector<uint8_t>> buffers(n, std::vector<uint8_t>(1024));
+  std::vector<int> order;
+  std::vector<send_tracker> trackers(n);
+  std::vector<op> ops;
+  for (int i = 0; i < n; ++i) {
+    trackers[i].id = i;
+    trackers[i].order = &order;
+    iov_entry e{buffers[i].data(), 1024};
+    ops.push_back(p.ab->get(&e, 1, region.address(i * 1024), region.key,
+                            send_params(trackers[i], request_no_immediate_completion)));
+    BOOST_REQUIRE(!ops.back().failed());
+  }
+  BOOST_REQUIRE(p.until([&] { return order.size() == n; }));
+  for (int i = 0; i < n; ++i) {
+    BOOST_CHECK_EQUAL(order[i], i);
+    BOOST_CHECK_EQUAL(first_mismatch(buffers[i].data(), 1024, seed, i * 1024), -1);
+    p.a->release(ops[i].req);
+  }
 }
 
 }  // namespace
@@ -229,25 +245,7 @@ BOOST_DATA_TEST_CASE(fenced_put_after_reads, each_transport(), transport) {
 BOOST_DATA_TEST_CASE(many_reads_complete_in_order, each_transport(), transport) {
   worker_pair p(transport);
   remote_region region(p, 1 << 16, 17);
-  constexpr int n = 64;  // more than any transport's outstanding-read limit
-  std::vector<std::vector<uint8_t>> buffers(n, std::vector<uint8_t>(1024));
-  std::vector<int> order;
-  std::vector<send_tracker> trackers(n);
-  std::vector<op> ops;
-  for (int i = 0; i < n; ++i) {
-    trackers[i].id = i;
-    trackers[i].order = &order;
-    iov_entry e{buffers[i].data(), 1024};
-    ops.push_back(p.ab->get(&e, 1, region.address(i * 1024), region.key,
-                            send_params(trackers[i], request_no_immediate_completion)));
-    BOOST_REQUIRE(!ops.back().failed());
-  }
-  BOOST_REQUIRE(p.until([&] { return order.size() == n; }));
-  for (int i = 0; i < n; ++i) {
-    BOOST_CHECK_EQUAL(order[i], i);
-    BOOST_CHECK_EQUAL(first_mismatch(buffers[i].data(), 1024, 17, i * 1024), -1);
-    p.a->release(ops[i].req);
-  }
+  reads_complete_in_order(p, region, 17);
 }
 
 BOOST_DATA_TEST_CASE(posts_on_a_disconnected_endpoint_are_flushed, each_transport(), transport) {
@@ -329,23 +327,31 @@ BOOST_DATA_TEST_CASE(unsignalled_completes_without_notifying, each_transport(), 
 BOOST_DATA_TEST_CASE(fenced_get_waits_for_earlier_puts, each_transport(), transport) {
   worker_pair p(transport);
   remote_region region(p, 4u << 20, 21);
-  auto fresh = pattern(4u << 20, 22);
-  iov_entry w{fresh.data(), fresh.size()};
-  op put = p.ab->put(&w, 1, region.address(), region.key);
-  auto& rma = module_of<detail::rma_protocol>(detail::impl(*p.a));
-  const unsigned puts_in_flight = rma.ops_in_flight(detail::impl(*p.ab));
-  std::vector<uint8_t> back(4096);
-  iov_entry r{back.data(), back.size()};
-  op get = p.ab->get(&r, 1, region.address((4u << 20) - 4096), region.key,
-                     request_params{.flags = request_fence});
-  if (puts_in_flight > 0) {
-    // The fenced read may not start while the write is in flight.
-    BOOST_CHECK_EQUAL(rma.reads_in_flight(detail::impl(*p.ab)), 0u);
-    BOOST_CHECK(get.pending());
+  // Once through the lane (on self and shm the put is a local copy, done in the call), once
+  // through b's worker, where the put is in flight on every lane until b answers.
+  rkey* served = key_served_by_owner(p, region.handle);
+  for (rkey* key : {region.key, served}) {
+    const uint32_t seed = key == served ? 23 : 22;
+    auto fresh = pattern(4u << 20, seed);
+    iov_entry w{fresh.data(), fresh.size()};
+    op put = p.ab->put(&w, 1, region.address(), key);
+    auto& rma = module_of<detail::rma_protocol>(detail::impl(*p.a));
+    const unsigned puts_in_flight = rma.ops_in_flight(detail::impl(*p.ab));
+    if (key == served) BOOST_CHECK_GT(puts_in_flight, 0u);
+    std::vector<uint8_t> back(4096);
+    iov_entry r{back.data(), back.size()};
+    op get = p.ab->get(&r, 1, region.address((4u << 20) - 4096), key,
+                       request_params{.flags = request_fence});
+    if (puts_in_flight > 0) {
+      // The fenced read may not start while the write is in flight.
+      BOOST_CHECK_EQUAL(rma.reads_in_flight(detail::impl(*p.ab)), 0u);
+      BOOST_CHECK(get.pending());
+    }
+    BOOST_CHECK(p.finish(put) == status::ok);
+    BOOST_CHECK(p.finish(get) == status::ok);
+    BOOST_CHECK_EQUAL(first_mismatch(back.data(), 4096, seed, (4u << 20) - 4096), -1);
   }
-  BOOST_CHECK(p.finish(put) == status::ok);
-  BOOST_CHECK(p.finish(get) == status::ok);
-  BOOST_CHECK_EQUAL(first_mismatch(back.data(), 4096, 22, (4u << 20) - 4096), -1);
+  p.ab->rkey_destroy(served);
 }
 
 BOOST_DATA_TEST_CASE(reads_never_exceed_what_the_peer_accepts, each_transport(), transport) {
@@ -361,26 +367,8 @@ BOOST_DATA_TEST_CASE(reads_never_exceed_what_the_peer_accepts, each_transport(),
   auto& rma = module_of<detail::rma_protocol>(detail::impl(*p.a));
   BOOST_CHECK_EQUAL(rma.read_limit(detail::impl(*p.ab)), 2u);
   remote_region region(p, 1 << 16, 23);
-  constexpr int n = 64;
-  std::vector<std::vector<uint8_t>> buffers(n, std::vector<uint8_t>(1024));
-  std::vector<int> order;
-  std::vector<send_tracker> trackers(n);
-  std::vector<op> ops;
-  for (int i = 0; i < n; ++i) {
-    trackers[i].id = i;
-    trackers[i].order = &order;
-    iov_entry e{buffers[i].data(), 1024};
-    ops.push_back(p.ab->get(&e, 1, region.address(i * 1024), region.key,
-                            send_params(trackers[i], request_no_immediate_completion)));
-    BOOST_REQUIRE(!ops.back().failed());
-  }
-  BOOST_REQUIRE(p.until([&] { return order.size() == n; }));
+  reads_complete_in_order(p, region, 23);
   BOOST_CHECK_LE(rma.peak_reads(detail::impl(*p.ab)), 2u);
-  for (int i = 0; i < n; ++i) {
-    BOOST_CHECK_EQUAL(order[i], i);
-    BOOST_CHECK_EQUAL(first_mismatch(buffers[i].data(), 1024, 23, i * 1024), -1);
-    p.a->release(ops[i].req);
-  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

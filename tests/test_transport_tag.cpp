@@ -365,10 +365,16 @@ status send_eager(const iface_list& ifaces, tl::ep& ep, eager kind, tl::tag_t ta
 
 auto each_transport() { return boost::unit_test::data::make(comm::test::transports_under_test()); }
 
-/// True when the case runs over `iface`'s transport; otherwise says why not.
+/// True when the case runs over `iface`'s transport; otherwise says why not, with what the
+/// interface's info() says about tag matching (verbs: what the device offers, and that the
+/// transport does not drive it).
 bool runs_over(const tl::iface& iface, const std::string& transport) {
   if (has_tags(iface)) return true;
-  BOOST_TEST_MESSAGE("skipped over " << transport << ": no tag matching (cap_tag_*)");
+  const std::string info = iface.info();
+  const size_t at = info.find("tag matching:");
+  const std::string why =
+      at == std::string::npos ? std::string() : "; " + info.substr(at, info.find('\n', at) - at);
+  BOOST_TEST_MESSAGE("skipped over " << transport << ": no cap_tag_* flag" << why);
   return false;
 }
 
