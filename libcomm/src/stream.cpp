@@ -441,20 +441,15 @@ op endpoint::stream_send(const void* buffer, size_t length, const request_params
       request_no_immediate_completion | request_force_zcopy | request_force_bcopy;
   constexpr size_t header = wire::header_size<wire::schema::StreamData>();
   // The common small send: straight to the transport, no request (as tag_send does).
-  if (ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
-      !(params.flags & slow_flags) && params.pack == nullptr &&
-      (buffer != nullptr || length == 0) && header + length <= ep.short_limit) {
+  if (!(params.flags & slow_flags) && params.pack == nullptr &&
+      (buffer != nullptr || length == 0) && detail::short_path_open(ep, header + length)) {
     auto& writer = module_of<stream_protocol>(w).hdr_data;
     writer.fields().setDstEp(ep.remote_id);
-    const status st = ep.lane->am_short(detail::wire_id(detail::stream_msg::data),
-                                        writer.bytes(), header, buffer, length);
-    if (st == status::ok) {
-      ++ep.counters_.messages_sent;
-      ep.counters_.bytes_sent += length;
-      return op{};
+    op result;
+    if (detail::try_send_short(ep, detail::wire_id(detail::stream_msg::data), writer.bytes(),
+                               header, buffer, length, params.flags, &result)) {
+      return result;
     }
-    if (st != status::no_resource) return op{st, nullptr};
-    if (params.flags & request_force_immediate) return op{st, nullptr};
   }
   iov_entry entry{const_cast<void*>(buffer), length};
   return stream_send_iov(&entry, 1, params);
