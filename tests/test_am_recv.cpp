@@ -209,9 +209,24 @@ BOOST_DATA_TEST_CASE(fetch_after_the_handler_returned, each_transport(), tl_name
   BOOST_CHECK_EQUAL(buffer[size], 0xEE);  // nothing written past the message
   BOOST_CHECK(p.finish(s) == status::ok);
   BOOST_CHECK_EQUAL(am_of(*p.b).held(), 0u);
-  // Used up: a second call changes nothing.
+  // Used up: a second call changes nothing, even once a later descriptor is given out (it may
+  // take the freed one's memory).
   BOOST_CHECK(p.b->am_recv_data(h.kept[0], buffer.data(), size, on_fetched).st ==
               status::invalid_param);
+  const auto next = pattern(size, 12);
+  send_tracker st2;
+  op s2 = send_rndv(p, 6, next, st2);
+  BOOST_REQUIRE(p.until([&] { return h.calls == 2; }));
+  BOOST_CHECK(p.b->am_recv_data(h.kept[0], buffer.data(), size, on_fetched).st ==
+              status::invalid_param);
+  p.b->am_data_release(h.kept[0]);  // logged and ignored
+  BOOST_CHECK_EQUAL(am_of(*p.b).descriptors(), 1u);
+  fetch_tracker ft2;
+  op f2 = p.b->am_recv_data(h.kept[1], buffer.data(), size, on_fetched, fetch_params(ft2));
+  BOOST_CHECK(settle(p, f2, ft2) == status::ok);
+  BOOST_CHECK_EQUAL(first_mismatch(buffer.data(), size, 12), -1);
+  BOOST_CHECK(p.finish(s2) == status::ok);
+  BOOST_CHECK_EQUAL(am_of(*p.b).descriptors(), 0u);
 }
 
 BOOST_DATA_TEST_CASE(fetch_into_an_iov, each_transport(), tl_name) {
