@@ -628,8 +628,7 @@ op am_protocol::copy_kept(void* data, const iov_entry* entries, size_t count,
                           am_recv_data_callback cb, const request_params& params) {
   const size_t length = persistent_.find(data)->second.length;
   const size_t written = std::min(length, capacity_of(entries, count));
-  iov_scatter(std::vector<iov_entry>(entries, entries + count), 0,
-              static_cast<const uint8_t*>(data), written);
+  iov_scatter({entries, count}, 0, static_cast<const uint8_t*>(data), written);
   release_data(data);
   const status st = written < length ? status::message_truncated : status::ok;
   if (!(params.flags & request_no_immediate_completion)) return op{st, nullptr};

@@ -244,9 +244,8 @@ void stream_protocol::buffer(endpoint_impl* ep, ep_state& s, const uint8_t* data
 
 // -- receives ------------------------------------------------------------------------------------
 
-size_t stream_protocol::drain(endpoint_impl& ep, ep_state& s,
-                              const std::vector<iov_entry>& entries, size_t offset,
-                              size_t length) {
+size_t stream_protocol::drain(endpoint_impl& ep, ep_state& s, std::span<const iov_entry> entries,
+                              size_t offset, size_t length) {
   size_t moved = 0;
   while (moved < length && !s.blocks.empty()) {
     block& b = s.blocks.front();
@@ -270,8 +269,8 @@ size_t stream_protocol::recv_now(endpoint_impl& ep, void* buffer, size_t length,
                                  size_t min_length) {
   auto* s = find_state<ep_state>(ep);
   if (s == nullptr || s->recv_head != nullptr || s->buffered < min_length) return 0;
-  const std::vector<iov_entry> entry{iov_entry{buffer, length}};
-  return drain(ep, *s, entry, 0, length);
+  const iov_entry entry{buffer, length};
+  return drain(ep, *s, {&entry, 1}, 0, length);
 }
 
 op stream_protocol::post_recv(endpoint_impl& ep, request* req) {
