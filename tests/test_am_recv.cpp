@@ -538,6 +538,24 @@ BOOST_DATA_TEST_CASE(eager_data_beyond_the_byte_limit_is_lent_for_the_call, each
   BOOST_CHECK(p.ab->state() == status::ok);
 }
 
+BOOST_DATA_TEST_CASE(transient_data_kept_by_its_handler_is_reported, each_transport(), tl_name) {
+  worker_pair p(tl_name);
+  const size_t size = 100;
+  BOOST_REQUIRE_GT(rndv_thresh(p), size);
+  desc_handler h;  // returns in_progress, without am_flag_persistent_data
+  BOOST_REQUIRE(p.b->set_am_handler(22, on_am, &h) == status::ok);
+  const auto data = pattern(size, 19);
+  stderr_capture capture;
+  BOOST_CHECK(p.finish(p.ab->am_send(22, nullptr, 0, data.data(), size)) == status::ok);
+  BOOST_REQUIRE(p.until([&] { return h.calls == 1; }));
+  const std::string text = capture.text();
+  BOOST_CHECK(!(h.attr & am_recv_data_persistent));
+  BOOST_CHECK_EQUAL(am_of(*p.b).held(), 0u);
+  BOOST_CHECK_MESSAGE(text.find("returned in_progress for data it may not keep") !=
+                          std::string::npos,
+                      text);
+}
+
 BOOST_AUTO_TEST_CASE(limits_come_from_the_environment) {
   ::setenv("COMM_AM_HELD_MAX", "17", 1);
   ::setenv("COMM_AM_HELD_MAX_BYTES", "3m", 1);

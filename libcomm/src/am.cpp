@@ -266,15 +266,21 @@ void am_protocol::deliver(endpoint_impl* ep, uint16_t id, uint16_t wire_flags,
     p.attr |= am_recv_reply_ep;
     p.reply_ep = ep;
   }
+  const bool persistent = (h.flags & am_flag_persistent_data) != 0;
   uint8_t* block = data_is_ours ? data : nullptr;
   const bool misaligned = reinterpret_cast<uintptr_t>(data) % w.params.am_alignment != 0;
-  size_t limit = 0;
-  const char* full = held_limit(length, &limit);
-  if (full != nullptr && (h.flags & am_flag_persistent_data)) {
-    held_limit_hit(ep, id, full, limit, "its data is valid during the call only");
+  // Only data in a block of ours (given, or copied into one) may be kept past the call, within
+  // the COMM_AM_HELD_* limits; the common message (transient and aligned) skips the check.
+  bool keepable = false;
+  if (block != nullptr || persistent || misaligned) {
+    size_t limit = 0;
+    const char* full = held_limit(length, &limit);
+    if (full != nullptr && persistent) {
+      held_limit_hit(ep, id, full, limit, "its data is valid during the call only");
+    }
+    keepable = full == nullptr;
   }
-  const bool keepable = full == nullptr;
-  if (block == nullptr && (((h.flags & am_flag_persistent_data) && keepable) || misaligned)) {
+  if (block == nullptr && ((persistent && keepable) || misaligned)) {
     block = aligned_block(w.params.am_alignment, length);
     if (block == nullptr) {
       ++ep->counters_.errors;
@@ -285,8 +291,8 @@ void am_protocol::deliver(endpoint_impl* ep, uint16_t id, uint16_t wire_flags,
     if (length != 0) std::memcpy(block, data, length);
     data = block;
   }
-  if (block == nullptr || !keepable) {
-    if (h.cb(h.arg, header, header_length, data, length, p) == status::in_progress && !keepable) {
+  if (!keepable) {
+    if (h.cb(h.arg, header, header_length, data, length, p) == status::in_progress) {
       COMM_LOG(error, "am", "%s: handler of AM %u returned in_progress for data it may not keep",
                w.params.name.c_str(), id);
     }
