@@ -209,9 +209,24 @@ BOOST_DATA_TEST_CASE(fetch_after_the_handler_returned, each_transport(), tl_name
   BOOST_CHECK_EQUAL(buffer[size], 0xEE);  // nothing written past the message
   BOOST_CHECK(p.finish(s) == status::ok);
   BOOST_CHECK_EQUAL(am_of(*p.b).held(), 0u);
-  // Used up: a second call changes nothing.
+  // Used up: a second call changes nothing, even once a later descriptor is given out (it may
+  // take the freed one's memory).
   BOOST_CHECK(p.b->am_recv_data(h.kept[0], buffer.data(), size, on_fetched).st ==
               status::invalid_param);
+  const auto next = pattern(size, 12);
+  send_tracker st2;
+  op s2 = send_rndv(p, 6, next, st2);
+  BOOST_REQUIRE(p.until([&] { return h.calls == 2; }));
+  BOOST_CHECK(p.b->am_recv_data(h.kept[0], buffer.data(), size, on_fetched).st ==
+              status::invalid_param);
+  p.b->am_data_release(h.kept[0]);  // logged and ignored
+  BOOST_CHECK_EQUAL(am_of(*p.b).descriptors(), 1u);
+  fetch_tracker ft2;
+  op f2 = p.b->am_recv_data(h.kept[1], buffer.data(), size, on_fetched, fetch_params(ft2));
+  BOOST_CHECK(settle(p, f2, ft2) == status::ok);
+  BOOST_CHECK_EQUAL(first_mismatch(buffer.data(), size, 12), -1);
+  BOOST_CHECK(p.finish(s2) == status::ok);
+  BOOST_CHECK_EQUAL(am_of(*p.b).descriptors(), 0u);
 }
 
 BOOST_DATA_TEST_CASE(fetch_into_an_iov, each_transport(), tl_name) {
@@ -521,6 +536,24 @@ BOOST_DATA_TEST_CASE(eager_data_beyond_the_byte_limit_is_lent_for_the_call, each
   p.b->am_data_release(h.kept[0]);
   BOOST_CHECK_EQUAL(am_of(*p.b).held_bytes(), 0u);
   BOOST_CHECK(p.ab->state() == status::ok);
+}
+
+BOOST_DATA_TEST_CASE(transient_data_kept_by_its_handler_is_reported, each_transport(), tl_name) {
+  worker_pair p(tl_name);
+  const size_t size = 100;
+  BOOST_REQUIRE_GT(rndv_thresh(p), size);
+  desc_handler h;  // returns in_progress, without am_flag_persistent_data
+  BOOST_REQUIRE(p.b->set_am_handler(22, on_am, &h) == status::ok);
+  const auto data = pattern(size, 19);
+  stderr_capture capture;
+  BOOST_CHECK(p.finish(p.ab->am_send(22, nullptr, 0, data.data(), size)) == status::ok);
+  BOOST_REQUIRE(p.until([&] { return h.calls == 1; }));
+  const std::string text = capture.text();
+  BOOST_CHECK(!(h.attr & am_recv_data_persistent));
+  BOOST_CHECK_EQUAL(am_of(*p.b).held(), 0u);
+  BOOST_CHECK_MESSAGE(text.find("returned in_progress for data it may not keep") !=
+                          std::string::npos,
+                      text);
 }
 
 BOOST_AUTO_TEST_CASE(limits_come_from_the_environment) {

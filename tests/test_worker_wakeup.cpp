@@ -679,11 +679,19 @@ BOOST_DATA_TEST_CASE(operations_after_the_fence_wait_for_those_before, each_tran
   int delivered = 0;
   BOOST_REQUIRE(p.b->set_am_handler(5, count_am, &delivered) == status::ok);
   op am = p.ab->am_send(5, nullptr, 0, note, sizeof(note));
+  // Small tagged and stream sends, which otherwise go straight to the transport, are held too.
+  op tag = p.ab->tag_send(0x71, note, sizeof(note));
+  BOOST_CHECK(tag.pending());
+  op stream = p.ab->stream_send(note, sizeof(note));
+  BOOST_CHECK(stream.pending());
   p.spin(5000);
   // Not performed while the send before the fence is outstanding.
   BOOST_CHECK(p.a->request_status(put.req) == status::in_progress);
   BOOST_CHECK(untouched(target.bytes));
   BOOST_CHECK_EQUAL(delivered, 0);
+  BOOST_CHECK(!p.b->tag_probe(0x71, tag_mask_full, nullptr));
+  stream_poll_entry ready[1];
+  BOOST_CHECK_EQUAL(p.b->stream_poll(ready, 1), 0u);
   // The receive lets the send complete; then the put and the AM go.
   std::vector<uint8_t> in(message.size(), 0);
   op r = p.b->tag_recv(in.data(), in.size(), 0x70, tag_mask_full);
@@ -691,9 +699,21 @@ BOOST_DATA_TEST_CASE(operations_after_the_fence_wait_for_those_before, each_tran
   BOOST_CHECK(p.finish(s) == status::ok);
   BOOST_CHECK(p.finish(put) == status::ok);
   BOOST_CHECK(p.finish(am) == status::ok);
+  BOOST_CHECK(p.finish(tag) == status::ok);
+  BOOST_CHECK(p.finish(stream) == status::ok);
   BOOST_CHECK(p.until([&] { return delivered == 1; }));
   BOOST_CHECK_EQUAL(first_mismatch(target.bytes.data(), target.bytes.size(), 71), -1);
   BOOST_CHECK_EQUAL(first_mismatch(in.data(), in.size(), 70), -1);
+  uint8_t tagged[sizeof(note)] = {}, streamed[sizeof(note)] = {};
+  BOOST_CHECK(p.finish(p.b->tag_recv(tagged, sizeof(tagged), 0x71, tag_mask_full)) == status::ok);
+  endpoint* from_a = worker_pair::receiving_ep(*p.b, p.ab);
+  BOOST_REQUIRE(from_a != nullptr);
+  request_params all;
+  all.flags = request_stream_waitall;
+  BOOST_CHECK(p.finish(from_a->stream_recv(streamed, sizeof(streamed), nullptr, all)) ==
+              status::ok);
+  BOOST_CHECK(std::equal(note, note + sizeof(note), tagged));
+  BOOST_CHECK(std::equal(note, note + sizeof(note), streamed));
 }
 
 BOOST_DATA_TEST_CASE(operations_behind_a_fence_fail_with_their_endpoint, each_transport(),

@@ -188,8 +188,10 @@ status am_protocol::set_handler(uint16_t id, am_callback cb, void* arg, unsigned
 }
 
 void am_protocol::release_data(void* data) {
-  auto desc = descs_.find(static_cast<am_desc*>(data));
-  if (desc != descs_.end()) return drop_desc(desc->first);
+  if (is_handle(data)) {
+    auto desc = descs_.find(data);
+    if (desc != descs_.end()) return drop_desc(desc);
+  }
   auto it = persistent_.find(data);
   if (it == persistent_.end()) {
     COMM_LOG(error, "worker", "am_data_release(%p): not data or a descriptor held by a handler",
@@ -264,15 +266,21 @@ void am_protocol::deliver(endpoint_impl* ep, uint16_t id, uint16_t wire_flags,
     p.attr |= am_recv_reply_ep;
     p.reply_ep = ep;
   }
+  const bool persistent = (h.flags & am_flag_persistent_data) != 0;
   uint8_t* block = data_is_ours ? data : nullptr;
   const bool misaligned = reinterpret_cast<uintptr_t>(data) % w.params.am_alignment != 0;
-  size_t limit = 0;
-  const char* full = held_limit(length, &limit);
-  if (full != nullptr && (h.flags & am_flag_persistent_data)) {
-    held_limit_hit(ep, id, full, limit, "its data is valid during the call only");
+  // Only data in a block of ours (given, or copied into one) may be kept past the call, within
+  // the COMM_AM_HELD_* limits; the common message (transient and aligned) skips the check.
+  bool keepable = false;
+  if (block != nullptr || persistent || misaligned) {
+    size_t limit = 0;
+    const char* full = held_limit(length, &limit);
+    if (full != nullptr && persistent) {
+      held_limit_hit(ep, id, full, limit, "its data is valid during the call only");
+    }
+    keepable = full == nullptr;
   }
-  const bool keepable = full == nullptr;
-  if (block == nullptr && (((h.flags & am_flag_persistent_data) && keepable) || misaligned)) {
+  if (block == nullptr && ((persistent && keepable) || misaligned)) {
     block = aligned_block(w.params.am_alignment, length);
     if (block == nullptr) {
       ++ep->counters_.errors;
@@ -283,8 +291,8 @@ void am_protocol::deliver(endpoint_impl* ep, uint16_t id, uint16_t wire_flags,
     if (length != 0) std::memcpy(block, data, length);
     data = block;
   }
-  if (block == nullptr || !keepable) {
-    if (h.cb(h.arg, header, header_length, data, length, p) == status::in_progress && !keepable) {
+  if (!keepable) {
+    if (h.cb(h.arg, header, header_length, data, length, p) == status::in_progress) {
       COMM_LOG(error, "am", "%s: handler of AM %u returned in_progress for data it may not keep",
                w.params.name.c_str(), id);
     }
@@ -531,14 +539,9 @@ void am_protocol::acknowledge(endpoint_impl* ep, uint64_t sreq, uint64_t address
 void am_protocol::offer(endpoint_impl& ep, const handler& h, deferred_am& am) {
   size_t limit = 0;
   if (const char* full = held_limit(0, &limit)) return refuse(&ep, am, full, limit);
-  auto owned = std::make_unique<am_desc>();
-  am_desc* d = owned.get();
-  d->ep = &ep;
-  d->data = std::move(am.data);
-  d->serial = next_serial_++;
-  const uint64_t serial = d->serial;
-  const size_t length = d->data.length;
-  descs_.emplace(d, std::move(owned));
+  void* handle = next_handle();
+  const size_t length = am.data.length;
+  descs_.emplace(handle, am_desc{.ep = &ep, .data = std::move(am.data)});
   am_recv_params p;
   p.attr = am_recv_first | am_recv_rndv;
   p.total_length = length;
@@ -546,56 +549,61 @@ void am_protocol::offer(endpoint_impl& ep, const handler& h, deferred_am& am) {
     p.attr |= am_recv_reply_ep;
     p.reply_ep = &ep;
   }
-  const status st = h.cb(h.arg, am.header.data(), am.header.size(), d, length, p);
-  auto it = descs_.find(d);
-  if (it == descs_.end() || it->second->serial != serial) return;  // used up in the call
+  const status st = h.cb(h.arg, am.header.data(), am.header.size(), handle, length, p);
+  auto it = descs_.find(handle);
+  if (it == descs_.end()) return;  // used up in the call
   if (st == status::in_progress) {
-    d->kept = true;
+    it->second.kept = true;
     ++held_;
     return;
   }
-  drop_desc(d);
+  drop_desc(it);
 }
 
-void am_protocol::drop_desc(am_desc* d) {
-  if (d->ep != nullptr && !d->cancelled) {
-    acknowledge(d->ep, d->data.sreq, d->data.address, status::in_progress);
+void am_protocol::drop_desc(desc_table::iterator d) {
+  const am_desc& desc = d->second;
+  if (desc.ep != nullptr && !desc.cancelled) {
+    acknowledge(desc.ep, desc.data.sreq, desc.data.address, status::in_progress);
   }
   free_desc(d);
 }
 
-void am_protocol::free_desc(am_desc* d) {
-  if (d->kept) --held_;
+void am_protocol::free_desc(desc_table::iterator d) {
+  if (d->second.kept) --held_;
   descs_.erase(d);
 }
 
 op am_protocol::recv_data(void* desc, const iov_entry* entries, size_t count,
                           am_recv_data_callback cb, const request_params& params) {
   if (count > 0 && entries == nullptr) return op{status::invalid_param, nullptr};
-  auto d = descs_.find(static_cast<am_desc*>(desc));
-  if (d != descs_.end()) return fetch_desc(d->first, entries, count, cb, params);
-  if (persistent_.count(desc) != 0) return copy_kept(desc, entries, count, cb, params);
+  if (is_handle(desc)) {
+    auto d = descs_.find(desc);
+    if (d != descs_.end()) return fetch_desc(d, entries, count, cb, params);
+  } else if (persistent_.count(desc) != 0) {
+    return copy_kept(desc, entries, count, cb, params);
+  }
   COMM_LOG(error, "worker", "am_recv_data(%p): not a descriptor or data held by a handler", desc);
   return op{status::invalid_param, nullptr};
 }
 
-op am_protocol::fetch_desc(am_desc* d, const iov_entry* entries, size_t count,
+op am_protocol::fetch_desc(desc_table::iterator d, const iov_entry* entries, size_t count,
                            am_recv_data_callback cb, const request_params& params) {
+  am_desc& desc = d->second;
   request* req = w.alloc_request(am_data_ops, params);
   auto& s = req->init<am_data_state>();
   req->set_iov(entries, count);
-  s.length = d->data.length;
+  s.length = desc.data.length;
   s.written = std::min(s.length, capacity_of(entries, count));
   // A descriptor whose sender cancelled or is gone ends here; nothing goes to the sender.
-  endpoint_impl* ep = d->cancelled ? nullptr : d->ep;
-  if (d->cancelled) {
+  endpoint_impl* ep = desc.cancelled ? nullptr : desc.ep;
+  if (desc.cancelled) {
     req->st = status::canceled;
   } else if (ep == nullptr) {
-    req->st = d->gone;
+    req->st = desc.gone;
   }
-  const uint64_t sreq = d->data.sreq;
-  const uint64_t address = d->data.address;
-  const std::vector<uint8_t> rkey = std::move(d->data.rkey);
+  const uint64_t sreq = desc.data.sreq;
+  const uint64_t address = desc.data.address;
+  const std::vector<uint8_t> rkey = std::move(desc.data.rkey);
   free_desc(d);
   // A fetch that ends at once is an immediate completion (no callback), like any other.
   const bool report_now = !(params.flags & request_no_immediate_completion);
@@ -626,8 +634,7 @@ op am_protocol::copy_kept(void* data, const iov_entry* entries, size_t count,
                           am_recv_data_callback cb, const request_params& params) {
   const size_t length = persistent_.find(data)->second.length;
   const size_t written = std::min(length, capacity_of(entries, count));
-  iov_scatter(std::vector<iov_entry>(entries, entries + count), 0,
-              static_cast<const uint8_t*>(data), written);
+  iov_scatter({entries, count}, 0, static_cast<const uint8_t*>(data), written);
   release_data(data);
   const status st = written < length ? status::message_truncated : status::ok;
   if (!(params.flags & request_no_immediate_completion)) return op{st, nullptr};
@@ -691,9 +698,9 @@ bool am_protocol::drop_announcement(endpoint_impl& ep, uint64_t sreq) {
   // A descriptor a handler holds is answered now (the caller sends the cancel's answer); its
   // later fetch fails with CANCELED and sends nothing more.
   bool held = false;
-  for (auto& [d, owned] : descs_) {
-    if (d->ep != &ep || d->data.sreq != sreq) continue;
-    d->cancelled = true;
+  for (auto& [handle, d] : descs_) {
+    if (d.ep != &ep || d.data.sreq != sreq) continue;
+    d.cancelled = true;
     held = true;
   }
   if (held) return true;
@@ -732,10 +739,10 @@ void am_protocol::endpoint_deleted(endpoint_impl& ep) {
 }
 
 void am_protocol::orphan_descs(endpoint_impl& ep, status reason) {
-  for (auto& [d, owned] : descs_) {
-    if (d->ep != &ep) continue;
-    d->ep = nullptr;
-    d->gone = reason;
+  for (auto& [handle, d] : descs_) {
+    if (d.ep != &ep) continue;
+    d.ep = nullptr;
+    d.gone = reason;
   }
 }
 

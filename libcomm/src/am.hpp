@@ -16,7 +16,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -62,7 +61,6 @@ struct am_desc {
   endpoint_impl* ep = nullptr;  ///< endpoint back to the sender; null once it failed or went away
   status gone = status::ok;     ///< why `ep` is null
   rndv_announcement data;       ///< where the data is
-  uint64_t serial = 0;          ///< tells descriptors at one address apart
   bool kept = false;            ///< its handler returned in_progress (counts as held)
   bool cancelled = false;       ///< the sender cancelled its send
 };
@@ -162,16 +160,26 @@ private:
   /// Gives a rendezvous AM to its handler as a descriptor; releases it after the call unless the
   /// handler used it up or kept it.
   void offer(endpoint_impl& ep, const handler& h, deferred_am& am);
+  /// Descriptors given out, by handle. The handle the user holds is not an address: a serial
+  /// number made odd, so it is never the address of data a handler keeps (aligned to 8 at least)
+  /// and never given out again, so a handle used up stays invalid.
+  using desc_table = std::unordered_map<void*, am_desc>;
+  /// The handle of the next descriptor.
+  void* next_handle() {
+    return reinterpret_cast<void*>(static_cast<uintptr_t>(next_serial_++ * 2 + 1));
+  }
+  /// True when `p` has the form of a descriptor handle (it may be used up, or forged).
+  static bool is_handle(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 1u) != 0; }
   /// Drops descriptor `d` unread: acknowledges the sender (its request completes with ok) and
   /// frees it.
-  void drop_desc(am_desc* d);
+  void drop_desc(desc_table::iterator d);
   /// Frees descriptor `d` (no message).
-  void free_desc(am_desc* d);
+  void free_desc(desc_table::iterator d);
   /// Unties the descriptors of `ep` from it: their fetch fails with `reason`.
   void orphan_descs(endpoint_impl& ep, status reason);
   /// Fetches the data of descriptor `d` into a new request with `entries`, and frees `d`.
-  op fetch_desc(am_desc* d, const iov_entry* entries, size_t count, am_recv_data_callback cb,
-                const request_params& params);
+  op fetch_desc(desc_table::iterator d, const iov_entry* entries, size_t count,
+                am_recv_data_callback cb, const request_params& params);
   /// Copies kept data into `entries`, releases it, and completes.
   op copy_kept(void* data, const iov_entry* entries, size_t count, am_recv_data_callback cb,
                const request_params& params);
@@ -207,8 +215,8 @@ private:
   handler table_[table_size];
   std::unordered_map<uint16_t, handler> handlers_;
   std::unordered_map<void*, held_data> persistent_;  ///< data given to handlers
-  std::unordered_map<am_desc*, std::unique_ptr<am_desc>> descs_;  ///< descriptors given out
-  uint64_t next_serial_ = 1;  ///< serial of the next descriptor
+  desc_table descs_;          ///< descriptors given out
+  uint64_t next_serial_ = 1;  ///< serial of the next descriptor (next_handle)
   size_t held_ = 0;           ///< descriptors and data kept past the call
   size_t held_bytes_ = 0;     ///< bytes of data kept past the call
   /// Rendezvous AM receive blocks kept for reuse. They come from comm::mem_alloc (shareable, so

@@ -7,14 +7,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
+#include <span>
 
 namespace comm::detail {
 
 /// Calls `visit(entry_pointer, bytes)` for each piece of [offset, offset + length) of the
 /// concatenated entries, in order; stops at the end of the entries.
 template <class Visit>
-void for_each_piece(const std::vector<iov_entry>& entries, size_t offset, size_t length,
+void for_each_piece(std::span<const iov_entry> entries, size_t offset, size_t length,
                     Visit&& visit) {
   for (const iov_entry& e : entries) {
     if (length == 0) return;
@@ -30,7 +30,7 @@ void for_each_piece(const std::vector<iov_entry>& entries, size_t offset, size_t
 }
 
 /// Copies bytes [offset, offset + length) of the entries into `dest`.
-inline void iov_gather(const std::vector<iov_entry>& entries, size_t offset, uint8_t* dest,
+inline void iov_gather(std::span<const iov_entry> entries, size_t offset, uint8_t* dest,
                        size_t length) {
   for_each_piece(entries, offset, length, [&](const uint8_t* piece, size_t n) {
     std::memcpy(dest, piece, n);
@@ -39,7 +39,7 @@ inline void iov_gather(const std::vector<iov_entry>& entries, size_t offset, uin
 }
 
 /// Copies `length` bytes from `src` into the entries at `offset` (what lies past them is dropped).
-inline void iov_scatter(const std::vector<iov_entry>& entries, size_t offset, const uint8_t* src,
+inline void iov_scatter(std::span<const iov_entry> entries, size_t offset, const uint8_t* src,
                         size_t length) {
   for_each_piece(entries, offset, length, [&](uint8_t* piece, size_t n) {
     std::memcpy(piece, src, n);
@@ -49,7 +49,7 @@ inline void iov_scatter(const std::vector<iov_entry>& entries, size_t offset, co
 
 /// Fills `out` with at most `max` transport entries covering [offset, offset + *length) of the
 /// entries; shortens *length to what they cover and returns their count.
-inline size_t iov_slice(const std::vector<iov_entry>& entries, size_t offset, size_t* length,
+inline size_t iov_slice(std::span<const iov_entry> entries, size_t offset, size_t* length,
                         tl::iov* out, size_t max) {
   size_t count = 0, covered = 0;
   for (const iov_entry& e : entries) {

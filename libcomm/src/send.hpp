@@ -46,6 +46,35 @@ inline constexpr size_t max_proto_header = 64;
 /// rendezvous sends complete later), no_resource when the rest must wait, or an error.
 status send_message(request* req, send_progress& s, const message_framing& f);
 
+/// True when a message of `bytes` (protocol header and data) may go to the transport of `ep` at
+/// once as one short message without a request (the fast path of tag_send and stream_send): the
+/// endpoint is connected, no send waits before it (in the pending queue or behind a fence), and
+/// the message fits.
+inline bool short_path_open(const endpoint_impl& ep, size_t bytes) {
+  return ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
+         ep.fence_req == nullptr && bytes <= ep.short_limit;
+}
+
+/// Sends the encoded protocol header (`header_length` bytes at `header`) and `length` bytes of
+/// `data` as one short message with wire id `id` on `ep`, after short_path_open said yes. True
+/// when that settled the send, with the outcome in `*result` (done, or the transport's error;
+/// no_resource too under request_force_immediate in `flags`); false when the transport has no
+/// room now and the caller sends the message with a request.
+inline bool try_send_short(endpoint_impl& ep, tl::am_id id, const void* header,
+                           size_t header_length, const void* data, size_t length,
+                           uint32_t flags, op* result) {
+  const status st = ep.lane->am_short(id, header, header_length, data, length);
+  if (st == status::ok) {
+    ++ep.counters_.messages_sent;
+    ep.counters_.bytes_sent += length;
+    *result = op{};
+    return true;
+  }
+  if (st == status::no_resource && !(flags & request_force_immediate)) return false;
+  *result = op{st, nullptr};
+  return true;
+}
+
 /// Checks a later fragment (FragmentMiddle) of the message `owner` is receiving: the endpoint
 /// must be receiving one from `owner` with that id, at that offset, with room for the payload.
 /// Returns the endpoint with the payload in `*payload`, `*payload_length` (counted as received),

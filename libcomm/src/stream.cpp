@@ -244,9 +244,8 @@ void stream_protocol::buffer(endpoint_impl* ep, ep_state& s, const uint8_t* data
 
 // -- receives ------------------------------------------------------------------------------------
 
-size_t stream_protocol::drain(endpoint_impl& ep, ep_state& s,
-                              const std::vector<iov_entry>& entries, size_t offset,
-                              size_t length) {
+size_t stream_protocol::drain(endpoint_impl& ep, ep_state& s, std::span<const iov_entry> entries,
+                              size_t offset, size_t length) {
   size_t moved = 0;
   while (moved < length && !s.blocks.empty()) {
     block& b = s.blocks.front();
@@ -270,8 +269,8 @@ size_t stream_protocol::recv_now(endpoint_impl& ep, void* buffer, size_t length,
                                  size_t min_length) {
   auto* s = find_state<ep_state>(ep);
   if (s == nullptr || s->recv_head != nullptr || s->buffered < min_length) return 0;
-  const std::vector<iov_entry> entry{iov_entry{buffer, length}};
-  return drain(ep, *s, entry, 0, length);
+  const iov_entry entry{buffer, length};
+  return drain(ep, *s, {&entry, 1}, 0, length);
 }
 
 op stream_protocol::post_recv(endpoint_impl& ep, request* req) {
@@ -441,20 +440,15 @@ op endpoint::stream_send(const void* buffer, size_t length, const request_params
       request_no_immediate_completion | request_force_zcopy | request_force_bcopy;
   constexpr size_t header = wire::header_size<wire::schema::StreamData>();
   // The common small send: straight to the transport, no request (as tag_send does).
-  if (ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
-      !(params.flags & slow_flags) && params.pack == nullptr &&
-      (buffer != nullptr || length == 0) && header + length <= ep.short_limit) {
+  if (!(params.flags & slow_flags) && params.pack == nullptr &&
+      (buffer != nullptr || length == 0) && detail::short_path_open(ep, header + length)) {
     auto& writer = module_of<stream_protocol>(w).hdr_data;
     writer.fields().setDstEp(ep.remote_id);
-    const status st = ep.lane->am_short(detail::wire_id(detail::stream_msg::data),
-                                        writer.bytes(), header, buffer, length);
-    if (st == status::ok) {
-      ++ep.counters_.messages_sent;
-      ep.counters_.bytes_sent += length;
-      return op{};
+    op result;
+    if (detail::try_send_short(ep, detail::wire_id(detail::stream_msg::data), writer.bytes(),
+                               header, buffer, length, params.flags, &result)) {
+      return result;
     }
-    if (st != status::no_resource) return op{st, nullptr};
-    if (params.flags & request_force_immediate) return op{st, nullptr};
   }
   iov_entry entry{const_cast<void*>(buffer), length};
   return stream_send_iov(&entry, 1, params);

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <unordered_map>
 
 namespace comm::detail {
@@ -80,7 +81,7 @@ private:
   /// Buffers `length` bytes for `ep` within the limits (else fails it).
   void buffer(endpoint_impl* ep, ep_state& s, const uint8_t* data, size_t length);
   /// Moves up to `length` buffered bytes of `ep` into `entries` at `offset`; returns how many.
-  size_t drain(endpoint_impl& ep, ep_state& s, const std::vector<iov_entry>& entries,
+  size_t drain(endpoint_impl& ep, ep_state& s, std::span<const iov_entry> entries,
                size_t offset, size_t length);
   /// Completes every receive posted on `ep` with `st`.
   void complete_recvs(endpoint_impl& ep, ep_state& s, status st);

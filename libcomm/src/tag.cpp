@@ -565,22 +565,17 @@ op endpoint::tag_send(tag_t tag, const void* buffer, size_t length, const reques
   constexpr uint32_t slow_flags = request_no_immediate_completion | request_immediate_value |
                                   request_force_zcopy | request_force_bcopy | request_force_rndv;
   constexpr size_t header = wire::header_size<wire::schema::TagEager>();
-  if (ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
-      ep.fence_req == nullptr && !(params.flags & slow_flags) && params.pack == nullptr &&
-      header + length <= ep.short_limit) {
+  if (!(params.flags & slow_flags) && params.pack == nullptr &&
+      detail::short_path_open(ep, header + length)) {
     auto& writer = module_of<tag_protocol>(w).hdr_tag;
     auto& h = writer.fields();
     h.setDstEp(ep.remote_id);
     h.setTag(tag);
-    status st = ep.lane->am_short(detail::wire_id(detail::tag_msg::eager), writer.bytes(), header,
-                                  buffer, length);
-    if (st == status::ok) {
-      ++ep.counters_.messages_sent;
-      ep.counters_.bytes_sent += length;
-      return op{};
+    op result;
+    if (detail::try_send_short(ep, detail::wire_id(detail::tag_msg::eager), writer.bytes(),
+                               header, buffer, length, params.flags, &result)) {
+      return result;
     }
-    if (st != status::no_resource) return op{st, nullptr};
-    if (params.flags & request_force_immediate) return op{st, nullptr};
   }
   iov_entry entry{const_cast<void*>(buffer), length};
   return tag_send_iov(tag, &entry, 1, params);
