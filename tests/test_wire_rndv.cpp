@@ -245,3 +245,36 @@ BOOST_DATA_TEST_CASE(software_rma_requests_are_checked_by_the_owner, each_transp
   BOOST_CHECK(std::all_of(region.begin(), region.end(), [](uint8_t b) { return b == 0x11; }));
   BOOST_CHECK(p.b->mem_unmap(handle) == status::ok);
 }
+
+BOOST_DATA_TEST_CASE(acknowledgement_for_an_unannounced_send_fails_the_endpoint, each_transport(),
+                     transport) {
+  // The transport is full, so the announcement of a rendezvous send waits in the pending queue
+  // (its id is taken already): a forged acknowledgement must not complete the send there.
+  worker_pair p(transport, [](config& c) {
+    c.transport_options = {
+        {"COMM_SELF_FIFO_SIZE", "4"}, {"COMM_SHM_FIFO_SIZE", "4"}, {"COMM_TCP_WINDOW", "4"}};
+  });
+  request_params fi;
+  fi.flags = request_force_immediate;
+  const uint64_t value = 0;
+  int went = 0;
+  while (went < 100000 && p.ab->tag_send(1, &value, sizeof(value), fi).done()) ++went;
+  BOOST_REQUIRE(went < 100000);
+  const std::vector<uint8_t> big = pattern(64 << 10, 3);
+  request_params rp;
+  rp.flags = request_force_rndv;
+  op s = p.ab->tag_send(2, big.data(), big.size(), rp);
+  BOOST_REQUIRE(s.pending());
+  const detail::rndv_send& r = s.req->as<detail::tag_send_state>().rndv;
+  BOOST_REQUIRE(r.id != 0);
+  BOOST_REQUIRE(r.phase == detail::rndv_phase::none);
+  detail::endpoint_impl& ab = detail::impl(*p.ab);
+  aligned_bytes ack(header<wire::schema::RndvAts>([&](auto h) {
+    h.setDstEp(ab.id);
+    h.setSreqId(r.id);
+  }));
+  feed(*p.a, proto_id::rndv_ats, ack.data(), ack.length);
+  BOOST_CHECK(ab.state == detail::endpoint_impl::phase::failed);
+  BOOST_CHECK(ab.failure == status::protocol_error);
+  BOOST_CHECK(p.finish(s) == status::protocol_error);
+}
