@@ -422,7 +422,11 @@ void rma_protocol::on_request(const uint8_t* data, size_t length) {
     region.length = it->second->length;
     st = check_range(region, address, count);
   }
-  if (st == status::ok && count > ep->lane_attr->max_bcopy) st = status::length_error;
+  // A get's data goes back in one reply, behind its header: both must fit one bcopy.
+  const size_t reply_header = wire::header_size<wire::schema::RmaReply>();
+  if (st == status::ok && is_get && count > ep->lane_attr->max_bcopy - reply_header) {
+    st = status::length_error;
+  }
   if (st == status::ok && !is_get && count != 0) {
     std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(address)), data + used, count);
   }
