@@ -332,3 +332,39 @@ BOOST_DATA_TEST_CASE(software_get_reply_fits_one_bcopy, each_transport(), transp
   BOOST_CHECK(v.state != detail::endpoint_impl::phase::failed);
   BOOST_CHECK(p.finish(g) == status::length_error);
 }
+
+BOOST_DATA_TEST_CASE(more_rma_replies_than_requests_fail_the_endpoint, each_transport(),
+                     transport) {
+  // a's software put has more chunks than the transport takes: it waits in the pending queue.
+  // Replies beyond the requests sent must not complete it there.
+  worker_pair p(transport, [](config& c) {
+    c.transport_options = {
+        {"COMM_SELF_FIFO_SIZE", "4"}, {"COMM_SHM_FIFO_SIZE", "4"}, {"COMM_TCP_WINDOW", "4"}};
+  });
+  const size_t chunk = p.bcopy_payload();
+  software_region region(p, 64 * chunk, 6, mem_remote_write);
+  const std::vector<uint8_t> local = pattern(region.bytes.size(), 7);
+  iov_entry entry{const_cast<uint8_t*>(local.data()), local.size()};
+  op put = p.ab->put(&entry, 1, region.base(), region.key);
+  BOOST_REQUIRE(put.pending());
+  const auto& s = put.req->as<detail::rma_state>();
+  const unsigned sent = s.replies_due;
+  BOOST_REQUIRE(sent > 0);
+  BOOST_REQUIRE(s.offset < s.length);  // the rest waits for the transport
+  detail::endpoint_impl& ab = detail::impl(*p.ab);
+  aligned_bytes refusal(header<wire::schema::RmaReply>([&](auto h) {
+    h.setDstEp(ab.id);
+    h.setReqId(s.id);
+    h.setAddress(region.base());
+    h.setStatus(static_cast<int16_t>(status::protection_error));
+  }));
+  for (unsigned i = 0; i < sent; ++i) {
+    feed(*p.a, proto_id::rma_reply, refusal.data(), refusal.length);
+  }
+  BOOST_CHECK(ab.state != detail::endpoint_impl::phase::failed);
+  BOOST_CHECK(p.a->request_status(put.req) == status::in_progress);
+  feed(*p.a, proto_id::rma_reply, refusal.data(), refusal.length);
+  BOOST_CHECK(ab.state == detail::endpoint_impl::phase::failed);
+  BOOST_CHECK(ab.failure == status::protocol_error);
+  BOOST_CHECK(is_error(p.finish(put)));
+}

@@ -266,6 +266,7 @@ status rma_protocol::send_by_messages(request* req, rma_state& s) {
       return static_cast<status>(n);  // no_resource: resumed from the pending queue
     }
     ++req->tl_completion.count;
+    ++s.replies_due;
     if (s.is_get) count_read(state_of<rma_ep_state>(ep), s);
     req->has_started = true;
     s.offset += chunk;
@@ -457,11 +458,14 @@ void rma_protocol::on_reply(const uint8_t* data, size_t length) {
   const status st = static_cast<status>(h->getStatus());
   const size_t payload = length - used;
   const uint64_t offset = h->getAddress() - s.remote_address;
-  if (req->ep != ep || (s.is_get && !is_error(st) &&
-                        (h->getAddress() < s.remote_address || offset > s.length ||
-                         payload > s.length - offset))) {
+  // One reply per request sent: one more would complete the operation early, while it may
+  // still wait in the pending queue to send the rest.
+  if (req->ep != ep || s.replies_due == 0 ||
+      (s.is_get && !is_error(st) &&
+       (h->getAddress() < s.remote_address || offset > s.length || payload > s.length - offset))) {
     return w.protocol_error(ep, "RMA reply that does not fit its request");
   }
+  --s.replies_due;
   if (s.is_get && !is_error(st) && payload != 0) {
     iov_scatter(req->iov, offset, data + used, payload);
   }
