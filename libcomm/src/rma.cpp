@@ -117,15 +117,11 @@ void release_op(request* req) {
   rma.release(s);
 }
 
-/// A suppressed operation's callback: a success is not reported, a failure is.
+/// The callback of a suppressed or unsignalled operation: a success is not reported, a failure
+/// is.
 void report_failure_only(request* req, status st, void* user_data) {
   const send_callback user_cb = req->as<rma_state>().user_cb;
   if (is_error(st) && user_cb != nullptr) user_cb(req, st, user_data);
-}
-
-/// An unsignalled operation's callback: only a failure notifies.
-void notify_failure_only(request* req, status st, void* user_data) {
-  report_failure_only(req, st, user_data);
 }
 
 const request_ops get_ops{.name = "get", .progress = rma_protocol::progress_op,
@@ -374,7 +370,7 @@ op rma_protocol::start(endpoint_impl& ep, bool is_get, const iov_entry* local, s
   const bool suppressed = (params.flags & request_completion_suppressed) != 0;
   if (suppressed || (params.flags & request_unsignalled)) {
     s.user_cb = params.send_cb;
-    req->params.send_cb = suppressed ? report_failure_only : notify_failure_only;
+    req->params.send_cb = report_failure_only;
   }
   op result = start_send(ep, req);
   if (suppressed && result.pending()) {
