@@ -600,6 +600,57 @@ BOOST_DATA_TEST_CASE(close_waits_for_the_fetch_it_receives, each_transport(), tl
   p.ab = nullptr;
 }
 
+BOOST_DATA_TEST_CASE(a_bounded_wait_ends_a_close_the_peer_holds_up, each_transport(), tl_name) {
+  // b never receives a's rendezvous message, so a's close would wait for it without a bound. A
+  // wait with a timeout cancels the close: the endpoint fails, the send ends canceled, the
+  // endpoint is released, and b learns of the close.
+  worker_pair p(tl_name);
+  const size_t size = detail::impl(*p.ab).rndv_thresh * 4;
+  const std::vector<uint8_t> data = pattern(size, 10);
+  send_tracker z, c;
+  op zs = p.ab->tag_send(24, data.data(), data.size(), send_params(z));
+  BOOST_REQUIRE(zs.pending());
+  detail::endpoint_impl* peer = worker_pair::receiving_ep(*p.b, p.ab);
+  BOOST_REQUIRE(peer != nullptr);
+  const uint32_t peer_id = peer->id;
+  error_log peer_errors;
+  peer->set_error_handler(record_error, &peer_errors);
+  const uint32_t ab_id = detail::impl(*p.ab).id;
+  op closing = p.ab->close(send_params(c));
+  BOOST_REQUIRE(closing.pending());
+  p.spin(2000);  // b reads the announcement and never answers it
+  BOOST_CHECK(p.a->request_status(closing.req) == status::in_progress);
+  BOOST_CHECK(p.a->wait(closing, 100) == status::timed_out);
+  p.ab = nullptr;
+  BOOST_CHECK(p.finish(zs) == status::canceled);
+  BOOST_CHECK_EQUAL(z.calls, 1);
+  p.spin(10);
+  BOOST_CHECK_EQUAL(c.calls, 0);  // cancelled by force: released without its callback
+  BOOST_CHECK(detail::impl(*p.a).find_ep(ab_id) == nullptr);
+  BOOST_REQUIRE(p.until([&] { return peer_errors.calls > 0; }));
+  BOOST_CHECK(peer_errors.reason == status::not_connected);
+  p.spin(10);
+  BOOST_CHECK(detail::impl(*p.b).find_ep(peer_id) == nullptr);
+}
+
+BOOST_DATA_TEST_CASE(a_cancelled_close_reports_canceled, each_transport(), tl_name) {
+  worker_pair p(tl_name);
+  const size_t size = detail::impl(*p.ab).rndv_thresh * 4;
+  const std::vector<uint8_t> data = pattern(size, 11);
+  op zs = p.ab->tag_send(25, data.data(), data.size());
+  BOOST_REQUIRE(zs.pending());
+  send_tracker c;
+  op closing = p.ab->close(send_params(c));
+  BOOST_REQUIRE(closing.pending());
+  p.spin(100);
+  BOOST_CHECK(p.a->cancel(closing.req) == status::ok);
+  BOOST_CHECK(p.finish(closing) == status::canceled);
+  BOOST_CHECK_EQUAL(c.calls, 1);
+  BOOST_CHECK(c.st == status::canceled);
+  BOOST_CHECK(p.finish(zs) == status::canceled);
+  p.ab = nullptr;
+}
+
 BOOST_DATA_TEST_CASE(both_sides_close_at_once, each_transport(), tl_name) {
   worker_pair p(tl_name);
   const std::vector<uint8_t> data = pattern(50000, 8);

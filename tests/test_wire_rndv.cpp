@@ -234,3 +234,126 @@ BOOST_DATA_TEST_CASE(software_rma_requests_are_checked_by_the_owner, each_transp
   BOOST_CHECK(std::all_of(region.begin(), region.end(), [](uint8_t b) { return b == 0x11; }));
   BOOST_CHECK(p.b->mem_unmap(handle) == status::ok);
 }
+
+BOOST_DATA_TEST_CASE(acknowledgement_for_an_unannounced_send_fails_the_endpoint, each_transport(),
+                     transport) {
+  // The transport is full, so the announcement of a rendezvous send waits in the pending queue
+  // (its id is taken already): a forged acknowledgement must not complete the send there.
+  worker_pair p(transport, [](config& c) {
+    c.transport_options = {
+        {"COMM_SELF_FIFO_SIZE", "4"}, {"COMM_SHM_FIFO_SIZE", "4"}, {"COMM_TCP_WINDOW", "4"}};
+  });
+  request_params fi;
+  fi.flags = request_force_immediate;
+  const uint64_t value = 0;
+  int went = 0;
+  while (went < 100000 && p.ab->tag_send(1, &value, sizeof(value), fi).done()) ++went;
+  BOOST_REQUIRE(went < 100000);
+  const std::vector<uint8_t> big = pattern(64 << 10, 3);
+  request_params rp;
+  rp.flags = request_force_rndv;
+  op s = p.ab->tag_send(2, big.data(), big.size(), rp);
+  BOOST_REQUIRE(s.pending());
+  const detail::rndv_send& r = s.req->as<detail::tag_send_state>().rndv;
+  BOOST_REQUIRE(r.id != 0);
+  BOOST_REQUIRE(r.phase == detail::rndv_phase::none);
+  detail::endpoint_impl& ab = detail::impl(*p.ab);
+  aligned_bytes ack(header<wire::schema::RndvAts>([&](auto h) {
+    h.setDstEp(ab.id);
+    h.setSreqId(r.id);
+  }));
+  feed(*p.a, proto_id::rndv_ats, ack.data(), ack.length);
+  BOOST_CHECK(ab.state == detail::endpoint_impl::phase::failed);
+  BOOST_CHECK(ab.failure == status::protocol_error);
+  BOOST_CHECK(p.finish(s) == status::protocol_error);
+}
+
+/// b's region of `length` bytes of pattern `seed`, open to one remote right only (`remote`), so
+/// that every lane reaches it by software RMA, with a's key for it.
+struct software_region {
+  software_region(worker_pair& p, size_t length, uint32_t seed, uint32_t remote)
+      : p(p), bytes(pattern(length, seed)) {
+    BOOST_REQUIRE(p.b->mem_map(bytes.data(), bytes.size(), &handle,
+                               mem_local_read | mem_local_write | remote) == status::ok);
+    std::vector<uint8_t> packed;
+    BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
+    BOOST_REQUIRE(p.ab->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+    for (auto& [t, h] : detail::module_of<detail::rma_protocol>(detail::impl(*p.b)).regions()) {
+      if (h == handle) token = t;
+    }
+  }
+  ~software_region() {
+    if (p.ab != nullptr) p.ab->rkey_destroy(key);
+    BOOST_CHECK(p.b->mem_unmap(handle) == status::ok);
+  }
+  uint64_t base() const { return reinterpret_cast<uintptr_t>(bytes.data()); }
+
+  worker_pair& p;
+  std::vector<uint8_t> bytes;
+  memh* handle = nullptr;
+  rkey* key = nullptr;
+  uint64_t token = 0;
+};
+
+BOOST_DATA_TEST_CASE(software_get_reply_fits_one_bcopy, each_transport(), transport) {
+  worker_pair p(transport);
+  auto& v = victim(p);
+  const size_t max_bcopy = p.attr().max_bcopy;
+  software_region region(p, max_bcopy, 5, mem_remote_read);
+  std::vector<uint8_t> local(16);
+  iov_entry entry{local.data(), local.size()};
+  op g = p.ab->get(&entry, 1, region.base(), region.key);
+  BOOST_REQUIRE(g.pending());
+  const uint64_t id = g.req->as<detail::rma_state>().id;
+  BOOST_REQUIRE(id != 0);
+  // A get of a whole bcopy, under the id of a's get, reaches b before a's own request: its data
+  // behind the reply's header would not fit one bcopy, so b refuses it (length_error) instead of
+  // overrunning the transport's buffer, and a's get ends with that refusal, its first reply.
+  aligned_bytes whole(header<wire::schema::RmaRequest>([&](auto h) {
+    h.setDstEp(v.id);
+    h.setIsGet(true);
+    h.setReqId(id);
+    h.setToken(region.token);
+    h.setAddress(region.base());
+    h.setLength(max_bcopy);
+  }));
+  feed(*p.b, proto_id::rma_request, whole.data(), whole.length);
+  BOOST_CHECK(v.state != detail::endpoint_impl::phase::failed);
+  BOOST_CHECK(p.finish(g) == status::length_error);
+}
+
+BOOST_DATA_TEST_CASE(more_rma_replies_than_requests_fail_the_endpoint, each_transport(),
+                     transport) {
+  // a's software put has more chunks than the transport takes: it waits in the pending queue.
+  // Replies beyond the requests sent must not complete it there.
+  worker_pair p(transport, [](config& c) {
+    c.transport_options = {
+        {"COMM_SELF_FIFO_SIZE", "4"}, {"COMM_SHM_FIFO_SIZE", "4"}, {"COMM_TCP_WINDOW", "4"}};
+  });
+  const size_t chunk = p.bcopy_payload();
+  software_region region(p, 64 * chunk, 6, mem_remote_write);
+  const std::vector<uint8_t> local = pattern(region.bytes.size(), 7);
+  iov_entry entry{const_cast<uint8_t*>(local.data()), local.size()};
+  op put = p.ab->put(&entry, 1, region.base(), region.key);
+  BOOST_REQUIRE(put.pending());
+  const auto& s = put.req->as<detail::rma_state>();
+  const unsigned sent = s.replies_due;
+  BOOST_REQUIRE(sent > 0);
+  BOOST_REQUIRE(s.offset < s.length);  // the rest waits for the transport
+  detail::endpoint_impl& ab = detail::impl(*p.ab);
+  aligned_bytes refusal(header<wire::schema::RmaReply>([&](auto h) {
+    h.setDstEp(ab.id);
+    h.setReqId(s.id);
+    h.setAddress(region.base());
+    h.setStatus(static_cast<int16_t>(status::protection_error));
+  }));
+  for (unsigned i = 0; i < sent; ++i) {
+    feed(*p.a, proto_id::rma_reply, refusal.data(), refusal.length);
+  }
+  BOOST_CHECK(ab.state != detail::endpoint_impl::phase::failed);
+  BOOST_CHECK(p.a->request_status(put.req) == status::in_progress);
+  feed(*p.a, proto_id::rma_reply, refusal.data(), refusal.length);
+  BOOST_CHECK(ab.state == detail::endpoint_impl::phase::failed);
+  BOOST_CHECK(ab.failure == status::protocol_error);
+  BOOST_CHECK(is_error(p.finish(put)));
+}

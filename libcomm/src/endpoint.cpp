@@ -1,4 +1,4 @@
-// Endpoints: the pending queue, ordered completion, flush, close and failure.
+// Endpoints: the pending queue, ordered completion, fences, flush, close and failure.
 #include "send.hpp"
 #include "worker_impl.hpp"
 
@@ -20,6 +20,9 @@ namespace {
 /// early; a software rendezvous (the sender pushes) only pays off for large messages.
 constexpr size_t default_get_rndv_thresh = 32 * 1024;
 constexpr size_t default_sw_rndv_thresh = 256 * 1024;
+
+/// A fence's request (endpoint_impl::push_fence): it only holds its place in the completion queue.
+const request_ops fence_ops{.name = "fence"};
 
 /// The transport calls this when our endpoint may send again.
 status resume_from_transport(tl::pending_req* self) {
@@ -294,6 +297,68 @@ status endpoint_impl::cancel_pending(request* req, cancel_mode mode) {
   }
   complete_in_order();
   return status::ok;
+}
+
+// -- fence ----------------------------------------------------------------------------------------
+
+void endpoint_impl::push_fence() {
+  if (fence_req != nullptr && held_head == nullptr) return;  // nothing issued since the last
+  request* req = owner.alloc_request(fence_ops, request_params{}, request::role::fence);
+  req->ep = this;
+  push_outstanding(req);
+  if (fence_req != nullptr) {
+    static_cast<void>(hold_behind_fence(req));  // passes after the first, and what it holds
+    return;
+  }
+  fence_req = req;
+  if (outstanding_head == req) pass_fence();
+}
+
+op endpoint_impl::hold_behind_fence(request* req) {
+  if (req->params.flags & request_force_immediate) {
+    owner.free_request(req);
+    return op{status::no_resource, nullptr};
+  }
+  op result = req->type == request::role::fence ? op{} : owner.in_progress(req);
+  if (req->type != request::role::fence) push_outstanding(req);
+  req->next_pending = nullptr;
+  (held_tail != nullptr ? held_tail->next_pending : held_head) = req;
+  held_tail = req;
+  return result;
+}
+
+void endpoint_impl::pass_fence() {
+  request* passed = fence_req;
+  fence_req = nullptr;
+  passed->st = status::ok;
+  // What it held goes to the pending queue, up to the next fence, which takes its place.
+  bool released = false;
+  while (held_head != nullptr && fence_req == nullptr) {
+    request* req = held_head;
+    held_head = req->next_pending;
+    if (held_head == nullptr) held_tail = nullptr;
+    if (req->type == request::role::fence) {
+      fence_req = req;
+    } else {
+      push_pending(req);
+      released = true;
+    }
+  }
+  complete_in_order();  // completes `passed` (and passes the next fence if nothing is before it)
+  if (released && state == phase::connected && !tl_pending_queued && !dispatch_pending()) {
+    wait_for_resources();
+  }
+}
+
+bool endpoint_impl::unhold(request* req) {
+  request* prev = nullptr;
+  for (request* r = held_head; r != nullptr; prev = r, r = r->next_pending) {
+    if (r != req) continue;
+    (prev != nullptr ? prev->next_pending : held_head) = r->next_pending;
+    if (held_tail == r) held_tail = prev;
+    return true;
+  }
+  return false;
 }
 
 // -- starting sends ------------------------------------------------------------------------------

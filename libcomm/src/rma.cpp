@@ -117,15 +117,11 @@ void release_op(request* req) {
   rma.release(s);
 }
 
-/// A suppressed operation's callback: a success is not reported, a failure is.
+/// The callback of a suppressed or unsignalled operation: a success is not reported, a failure
+/// is.
 void report_failure_only(request* req, status st, void* user_data) {
   const send_callback user_cb = req->as<rma_state>().user_cb;
   if (is_error(st) && user_cb != nullptr) user_cb(req, st, user_data);
-}
-
-/// An unsignalled operation's callback: only a failure notifies.
-void notify_failure_only(request* req, status st, void* user_data) {
-  report_failure_only(req, st, user_data);
 }
 
 const request_ops get_ops{.name = "get", .progress = rma_protocol::progress_op,
@@ -266,6 +262,7 @@ status rma_protocol::send_by_messages(request* req, rma_state& s) {
       return static_cast<status>(n);  // no_resource: resumed from the pending queue
     }
     ++req->tl_completion.count;
+    ++s.replies_due;
     if (s.is_get) count_read(state_of<rma_ep_state>(ep), s);
     req->has_started = true;
     s.offset += chunk;
@@ -373,7 +370,7 @@ op rma_protocol::start(endpoint_impl& ep, bool is_get, const iov_entry* local, s
   const bool suppressed = (params.flags & request_completion_suppressed) != 0;
   if (suppressed || (params.flags & request_unsignalled)) {
     s.user_cb = params.send_cb;
-    req->params.send_cb = suppressed ? report_failure_only : notify_failure_only;
+    req->params.send_cb = report_failure_only;
   }
   op result = start_send(ep, req);
   if (suppressed && result.pending()) {
@@ -422,7 +419,11 @@ void rma_protocol::on_request(const uint8_t* data, size_t length) {
     region.length = it->second->length;
     st = check_range(region, address, count);
   }
-  if (st == status::ok && count > ep->lane_attr->max_bcopy) st = status::length_error;
+  // A get's data goes back in one reply, behind its header: both must fit one bcopy.
+  const size_t reply_header = wire::header_size<wire::schema::RmaReply>();
+  if (st == status::ok && is_get && count > ep->lane_attr->max_bcopy - reply_header) {
+    st = status::length_error;
+  }
   if (st == status::ok && !is_get && count != 0) {
     std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(address)), data + used, count);
   }
@@ -453,11 +454,14 @@ void rma_protocol::on_reply(const uint8_t* data, size_t length) {
   const status st = static_cast<status>(h->getStatus());
   const size_t payload = length - used;
   const uint64_t offset = h->getAddress() - s.remote_address;
-  if (req->ep != ep || (s.is_get && !is_error(st) &&
-                        (h->getAddress() < s.remote_address || offset > s.length ||
-                         payload > s.length - offset))) {
+  // One reply per request sent: one more would complete the operation early, while it may
+  // still wait in the pending queue to send the rest.
+  if (req->ep != ep || s.replies_due == 0 ||
+      (s.is_get && !is_error(st) &&
+       (h->getAddress() < s.remote_address || offset > s.length || payload > s.length - offset))) {
     return w.protocol_error(ep, "RMA reply that does not fit its request");
   }
+  --s.replies_due;
   if (s.is_get && !is_error(st) && payload != 0) {
     iov_scatter(req->iov, offset, data + used, payload);
   }

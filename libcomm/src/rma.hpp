@@ -28,6 +28,7 @@ struct rma_state {
   uint64_t remote_address = 0;   ///< where, at the peer
   rkey* key = nullptr;           ///< the peer's key
   uint64_t id = 0;               ///< software RMA: our id in the table of operations (0: none)
+  unsigned replies_due = 0;      ///< software RMA: requests sent whose reply has not come
   bool counted = false;          ///< counts in the endpoint's RMA operations in flight
   send_callback user_cb = nullptr; ///< suppressed: the caller's callback, told of a failure only
 };

@@ -193,6 +193,12 @@ rndv_send* rndv_protocol::answered_send(endpoint_impl* ep, uint64_t sreq) {
     w.protocol_error(ep, "rendezvous answer for another endpoint's send");
     return nullptr;
   }
+  // Only an announcement is answered: a send whose announcement waits in the pending queue, or
+  // whose data is being pushed, is still there and must not complete under it.
+  if (it->second->phase != rndv_phase::announced) {
+    w.protocol_error(ep, "rendezvous answer for a send that is not announced");
+    return nullptr;
+  }
   return it->second;
 }
 

@@ -147,8 +147,8 @@ private:
   static void on_fetched(tl::completion* comp);
   /// Ends a fetch: releases the key, acknowledges the sender, tells the receiving module.
   void finish_fetch(rndv_fetch& f);
-  /// The send `sreq` that peer `ep` answers for, or null (logged as a protocol error when it is
-  /// another endpoint's).
+  /// The announced send `sreq` that peer `ep` answers for, or null (a protocol error when it is
+  /// another endpoint's or not announced).
   rndv_send* answered_send(endpoint_impl* ep, uint64_t sreq);
   /// Ends a send the peer answered with `st`: releases it and completes it in order.
   void end_send(rndv_send& r, status st);

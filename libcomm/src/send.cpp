@@ -215,6 +215,26 @@ status send_close(request* req) {
   return send_flush(req);
 }
 
+/// Cancels a close (worker::cancel, and so worker::wait's timeout), which may wait without a bound
+/// for a peer that never answers a rendezvous or never frees the transport: the peer is told if it
+/// still knows us, the endpoint fails with canceled, and the close completes with it (forced:
+/// silently) and releases the endpoint. A close whose flush the transport still holds completes
+/// once the endpoint is deleted, which drops that flush.
+status cancel_close(request* req, cancel_mode mode) {
+  endpoint_impl* ep = req->ep;
+  if (mode == cancel_mode::force) {
+    req->params.send_cb = nullptr;
+    req->released = true;
+  }
+  if (ep->state == endpoint_impl::phase::closing && ep->lane && !ep->close_notice_sent) {
+    (void)send_close_notice(ep);  // best effort: the endpoint fails whatever it returns
+  }
+  worker_impl& w = ep->owner;
+  ep->fail(status::canceled);  // completes the close unless the transport holds its flush
+  w.destroy_ep(ep);            // no-op if the close completed (and released it) already
+  return status::ok;
+}
+
 status send_control(request* req) {
   ssize_t n = req->ep->lane->am_bcopy(req->as<control_state>().id, pack_wire, req);
   return n < 0 ? static_cast<status>(n) : status::ok;
@@ -223,7 +243,8 @@ status send_control(request* req) {
 }  // namespace
 
 const request_ops flush_ops{.name = "flush", .progress = send_flush, .events = wakeup_tx};
-const request_ops close_ops{.name = "close", .progress = send_close, .events = wakeup_tx};
+const request_ops close_ops{
+    .name = "close", .progress = send_close, .cancel = cancel_close, .events = wakeup_tx};
 const request_ops control_ops{.name = "control", .progress = send_control};
 
 status send_message(request* req, send_progress& s, const message_framing& f) {

@@ -121,7 +121,7 @@ public:
   /// module finishes what it holds for the peer.
   void fail(status reason);
 
-  // -- fence (worker.cpp) ------------------------------------------------------------------------
+  // -- fence --------------------------------------------------------------------------------------
   /// Fences the endpoint (worker::fence): sends issued from now on are held until everything
   /// outstanding now completed. Messages the protocols send for requests issued before (control
   /// messages, a rendezvous's data) are not held.

@@ -136,8 +136,11 @@ public:
   /// Flushes, then tells the peer and releases the endpoint. The flush waits for every send before
   /// the close (a rendezvous send until its receiver fetched it) and for the rendezvous messages
   /// this endpoint is fetching; a close that crosses the peer's completes ok, one ended by the
-  /// endpoint's failure with that error (the endpoint is released either way). The pointer is
-  /// invalid once the returned operation is done (or at once if it is done immediately).
+  /// endpoint's failure with that error (the endpoint is released either way). A peer that never
+  /// answers holds the close without a bound: worker::cancel of its request (as worker::wait's
+  /// timeout does) fails the endpoint with canceled, tells the peer, and releases the endpoint. The
+  /// pointer is invalid once the returned operation is done (or at once if it is done
+  /// immediately), or once its request was cancelled.
   op close(const request_params& params = {});
 
   /// Installs the callback told when this endpoint fails.

@@ -324,7 +324,8 @@ public:
   /// A rendezvous send already announced can be cancelled too: reported, it completes (canceled)
   /// only once the receiver answered, since a receiver that matched may be reading its buffer
   /// until then (or when the endpoint fails); forced, its buffer is withdrawn at once and a
-  /// receiver's fetch racing with the cancel fails.
+  /// receiver's fetch racing with the cancel fails. A close is cancelled at any time: its endpoint
+  /// fails with canceled and is released (endpoint::close).
   status cancel(request* req, cancel_mode mode = cancel_mode::report);
   /// Progresses until `o` is done or `timeout_ms` passed (negative: no limit), then releases its
   /// request. Returns the operation's final status, or timed_out (the request is then canceled).
