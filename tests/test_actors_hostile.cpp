@@ -10,7 +10,12 @@
 #include "test_actors_forged.hpp"
 #include "test_actors_scenarios.hpp"
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -254,6 +259,32 @@ BOOST_AUTO_TEST_CASE(a_peer_that_never_reads_its_answers_is_closed) {
   BOOST_TEST(peer.progress_until([&] { return peer.closed(); }, 20));
   BOOST_TEST(still_serves(node.address));
   BOOST_TEST(node.stop() == 0);
+}
+
+/// Body of a node started without a file descriptor to spare: it must report why (listen_error)
+/// and fail a lookup at once instead of waiting for a progress thread that never started.
+int node_without_descriptors() {
+  int highest = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    highest = std::max(highest, std::stoi(entry.path().filename().string()));
+  }
+  const rlimit none{static_cast<rlim_t>(highest + 1), static_cast<rlim_t>(highest + 1)};
+  if (::setrlimit(RLIMIT_NOFILE, &none) != 0) return 10;
+  for (int i = 0; i <= highest && ::dup(0) >= 0; ++i) {
+  }  // takes the gaps below the limit too
+  caf::actor_system_config cfg;
+  configure(cfg, "127.0.0.1:0", true);
+  caf::actor_system sys{cfg};
+  auto& node = node_of(sys);
+  if (node.listen_error() != comm::actors::make_error(comm::status::no_resource)) return 11;
+  if (!node.address().empty()) return 12;
+  const auto started = std::chrono::steady_clock::now();
+  if (node.lookup("127.0.0.1:1", "svc")) return 13;
+  return std::chrono::steady_clock::now() - started < std::chrono::seconds(1) ? 0 : 14;
+}
+
+BOOST_AUTO_TEST_CASE(a_node_without_descriptors_says_so_and_fails_at_once) {
+  BOOST_TEST(wait_child(fork_child(node_without_descriptors)) == 0);
 }
 
 BOOST_AUTO_TEST_CASE(the_limits_come_from_the_environment) {

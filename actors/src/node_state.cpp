@@ -7,6 +7,9 @@
 
 #include <caf/actor_cast.hpp>
 
+#include <cerrno>
+#include <cstring>
+
 #include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
@@ -65,19 +68,40 @@ void node_state::start() {
   wp.name = "caf-node:" + std::to_string(::getpid());
   wp.cpus = params_.cpus;  // the worker's memory near the progress thread run() pins
   worker_ = comm::worker::create(*context_, wp);
+  if (!worker_ || !open_wakeup()) {
+    fail_start();
+    return;
+  }
   worker_->set_am_handler(frame_am_id, &node_state::on_frame, this,
                           comm::am_flag_whole_msg | comm::am_flag_fetch_rndv);
   open_listener();
   hello_ = encode_hello(sys_, node_hello{sys_.node(), address()});
+  thread_ = std::thread([this] { run(); });
+}
+
+bool node_state::open_wakeup() {
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (wake_fd_ < 0 || epoll_fd_ < 0) return false;
   for (int fd : {wake_fd_, worker_->event_fd()}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) return false;
   }
-  thread_ = std::thread([this] { run(); });
+  return true;
+}
+
+void node_state::fail_start() {
+  const int err = errno;
+  COMM_LOG(error, "actors", "the node cannot start (%s): it neither listens nor connects",
+           worker_ ? std::strerror(err) : "no worker: out of file descriptors or memory");
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  wake_fd_ = epoll_fd_ = -1;
+  worker_.reset();
+  std::lock_guard<std::mutex> g(mtx_);
+  listen_error_ = make_error(comm::status::no_resource);
 }
 
 void node_state::stop() {

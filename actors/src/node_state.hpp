@@ -151,6 +151,12 @@ private:
   // -- connections (connections.cpp) -------------------------------------------------------------
 
   void open_listener();
+  /// Opens the wake-up eventfd and the epoll set the idle progress thread sleeps on.
+  /// @returns false when either cannot be made (errno says why)
+  bool open_wakeup();
+  /// Gives up a start whose worker or wake-up fds could not be made: logs it, closes what was
+  /// opened and leaves listen_error() set, so every later call fails instead of waiting.
+  void fail_start();
   static void on_conn_request(void* arg, comm::conn_request* request);
   static void on_ep_connect(void* arg, comm::endpoint* ep, const uint8_t* data, size_t length);
   static void on_ep_error(void* arg, comm::endpoint* ep, comm::status reason);
