@@ -71,20 +71,16 @@ std::vector<uint8_t> encode_hello(caf::actor_system& sys, const node_hello& hell
 
 std::optional<node_hello> decode_hello(caf::actor_system& sys, const uint8_t* data,
                                        size_t length) {
-  if (data == nullptr || length < 16 || length % sizeof(capnp::word) != 0) return std::nullopt;
-  auto words = kj::heapArray<capnp::word>(length / sizeof(capnp::word));
-  std::memcpy(words.begin(), data, length);
   std::optional<node_hello> out;
   std::vector<char> id;
-  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
-    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
-    auto root = reader.getRoot<wire::schema::ActorNodeHello>();
-    if (root.getMagic() != hello_magic) return;
-    auto bytes = root.getNodeId();
-    id.assign(bytes.begin(), bytes.end());
-    out = node_hello{caf::node_id{}, std::string(root.getAddress().cStr())};
-  });
-  if (failure != nullptr || !out) return std::nullopt;
+  const bool valid = wire::read_checked_message<wire::schema::ActorNodeHello>(
+      data, length, [&](wire::schema::ActorNodeHello::Reader root) {
+        if (root.getMagic() != hello_magic) return;
+        auto bytes = root.getNodeId();
+        id.assign(bytes.begin(), bytes.end());
+        out = node_hello{caf::node_id{}, std::string(root.getAddress().cStr())};
+      });
+  if (!valid || !out) return std::nullopt;
   attachment_source none;
   if (read_guarded(sys.dummy_execution_unit(), id.data(), id.size(), none,
                    [&](frame_deserializer& source) { return source(out->id); }) ||

@@ -41,28 +41,23 @@ std::vector<uint8_t> to_vector(capnp::Data::Reader data) {
 /// Decodes a packed WorkerAddress; invalid_addr for anything malformed or with more than
 /// max_address_entries transport entries.
 status decode_address(const void* data, size_t length, peer_address* out) {
-  if (data == nullptr || length < 16 || length % 8 != 0 || length > (1u << 20)) {
-    return status::invalid_addr;
-  }
-  auto words = kj::heapArray<capnp::word>(length / 8);
-  std::memcpy(words.begin(), data, length);
+  if (length > (1u << 20)) return status::invalid_addr;
   status result = status::ok;
-  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
-    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
-    auto address = reader.getRoot<wire::schema::WorkerAddress>();
-    out->uid = address.getUid();
-    out->name = address.getName();
-    out->client_id = address.getClientId();
-    if (address.getTransports().size() > max_address_entries) {
-      result = status::invalid_addr;
-      return;
-    }
-    for (auto t : address.getTransports()) {
-      out->transports.push_back({t.getName(), to_vector(t.getDevice()), to_vector(t.getIface()),
-                                 t.getReadsIn()});
-    }
-  });
-  if (failure != nullptr || out->uid == 0) result = status::invalid_addr;
+  const bool valid = wire::read_checked_message<wire::schema::WorkerAddress>(
+      data, length, [&](wire::schema::WorkerAddress::Reader address) {
+        out->uid = address.getUid();
+        out->name = address.getName();
+        out->client_id = address.getClientId();
+        if (address.getTransports().size() > max_address_entries) {
+          result = status::invalid_addr;
+          return;
+        }
+        for (auto t : address.getTransports()) {
+          out->transports.push_back({t.getName(), to_vector(t.getDevice()), to_vector(t.getIface()),
+                                     t.getReadsIn()});
+        }
+      });
+  if (!valid || out->uid == 0) result = status::invalid_addr;
   return result;
 }
 

@@ -65,19 +65,15 @@ std::vector<uint8_t> encode_endpoint_data(uint32_t src_ep, const std::vector<uin
 }
 
 bool decode_endpoint_data(const uint8_t* data, size_t length, endpoint_data* out) {
-  if (data == nullptr || length < 16 || length % 8 != 0) return false;
-  auto words = kj::heapArray<capnp::word>(length / 8);
-  std::memcpy(words.begin(), data, length);
-  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
-    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
-    auto root = reader.getRoot<wire::schema::CmEndpointData>();
-    out->src_ep = root.getSrcEp();
-    auto address = root.getAddress();
-    auto user = root.getUser();
-    out->address.assign(address.begin(), address.end());
-    out->user.assign(user.begin(), user.end());
-  });
-  return failure == nullptr && out->src_ep != 0;
+  const bool valid = wire::read_checked_message<wire::schema::CmEndpointData>(
+      data, length, [&](wire::schema::CmEndpointData::Reader root) {
+        out->src_ep = root.getSrcEp();
+        auto address = root.getAddress();
+        auto user = root.getUser();
+        out->address.assign(address.begin(), address.end());
+        out->user.assign(user.begin(), user.end());
+      });
+  return valid && out->src_ep != 0;
 }
 
 /// Gives `ep` the callbacks of `params`.

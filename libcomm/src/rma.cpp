@@ -563,29 +563,26 @@ status endpoint::rkey_unpack(const void* data, size_t length, rkey** out) {
   }
   if (ep.lane_iface == nullptr) return status::not_connected;  // handshake still under way
   tl::md* md = ep.lane_iface->memory_domain();
-  auto words = kj::heapArray<capnp::word>(length / 8);
-  std::memcpy(words.begin(), data, length);
   auto key = std::make_unique<rkey>();
   key->ep = &ep;
   std::vector<uint8_t> packed;
   bool found = false;
   const std::string lane(ep.lane_iface->transport_name());
-  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
-    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
-    auto bundle = reader.getRoot<wire::schema::RemoteKeyBundle>();
-    key->base = bundle.getAddress();
-    key->length = bundle.getLength();
-    key->token = bundle.getToken();
-    key->access = bundle.getAccess() != 0 ? bundle.getAccess() : mem_access_all;
-    for (auto entry : bundle.getEntries()) {
-      if (entry.getTransport() != lane.c_str() || entry.getIface() != ep.peer_iface) continue;
-      auto bytes = entry.getKey();
-      packed.assign(bytes.begin(), bytes.end());
-      found = true;
-      break;
-    }
-  });
-  if (failure != nullptr || key->base + key->length < key->base) return status::invalid_param;
+  const bool valid = wire::read_checked_message<wire::schema::RemoteKeyBundle>(
+      data, length, [&](wire::schema::RemoteKeyBundle::Reader bundle) {
+        key->base = bundle.getAddress();
+        key->length = bundle.getLength();
+        key->token = bundle.getToken();
+        key->access = bundle.getAccess() != 0 ? bundle.getAccess() : mem_access_all;
+        for (auto entry : bundle.getEntries()) {
+          if (entry.getTransport() != lane.c_str() || entry.getIface() != ep.peer_iface) continue;
+          auto bytes = entry.getKey();
+          packed.assign(bytes.begin(), bytes.end());
+          found = true;
+          break;
+        }
+      });
+  if (!valid || key->base + key->length < key->base) return status::invalid_param;
   const bool lane_rma = md != nullptr && (ep.lane_attr->caps & tl::cap_get_zcopy) &&
                         (ep.lane_attr->caps & tl::cap_put_zcopy);
   if (!lane_rma || !found) {

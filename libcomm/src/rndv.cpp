@@ -23,13 +23,6 @@ void resume_close(endpoint_impl* ep) {
   if (ep->state == endpoint_impl::phase::closing && ep->lane) ep->complete_in_order();
 }
 
-kj::Array<capnp::word> aligned_copy(const uint8_t* data, size_t length) {
-  auto words = kj::heapArray<capnp::word>((length + 7) / 8);
-  std::memset(words.begin(), 0, words.size() * sizeof(capnp::word));
-  std::memcpy(words.begin(), data, length);
-  return words;
-}
-
 /// Encodes a Cap'n Proto message into `out`.
 void encode(capnp::MessageBuilder& message, std::vector<uint8_t>& out) {
   auto words = capnp::messageToFlatArray(message);
@@ -265,30 +258,28 @@ void rndv_protocol::on_rtr(const uint8_t* data, size_t length) {
 // -- receiver ------------------------------------------------------------------------------------
 
 void rndv_protocol::on_rts(const uint8_t* data, size_t length) {
-  auto words = aligned_copy(data, length);
   uint32_t dst = 0;
   rts_fields fields;
   uint64_t imm = 0;
   rndv_announcement announced;
   std::vector<uint8_t> header;
-  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
-    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
-    auto rts = reader.getRoot<wire::schema::RndvRts>();
-    dst = rts.getDstEp();
-    fields.is_am = rts.getIsAm();
-    fields.tag = rts.getTag();
-    imm = rts.getImm();
-    announced.sreq = rts.getSreqId();
-    announced.length = rts.getLength();
-    announced.address = rts.getAddress();
-    fields.am_id = rts.getAmId();
-    fields.am_flags = rts.getAmFlags();
-    auto key = rts.getRkey();
-    announced.rkey.assign(key.begin(), key.end());
-    auto user = rts.getHeader();
-    header.assign(user.begin(), user.end());
-  });
-  if (failure != nullptr || length % 8 != 0) {
+  const bool valid = wire::read_checked_message<wire::schema::RndvRts>(
+      data, length, [&](wire::schema::RndvRts::Reader rts) {
+        dst = rts.getDstEp();
+        fields.is_am = rts.getIsAm();
+        fields.tag = rts.getTag();
+        imm = rts.getImm();
+        announced.sreq = rts.getSreqId();
+        announced.length = rts.getLength();
+        announced.address = rts.getAddress();
+        fields.am_id = rts.getAmId();
+        fields.am_flags = rts.getAmFlags();
+        auto key = rts.getRkey();
+        announced.rkey.assign(key.begin(), key.end());
+        auto user = rts.getHeader();
+        header.assign(user.begin(), user.end());
+      });
+  if (!valid) {
     return w.protocol_error(nullptr, "rendezvous announcement is not a valid message");
   }
   endpoint_impl* ep = w.receiving_ep(dst, "rendezvous for an unknown endpoint");

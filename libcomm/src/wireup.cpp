@@ -59,19 +59,15 @@ void wireup_protocol::reply(endpoint_impl* ep, uint32_t src_ep, uint32_t our_ep,
 }
 
 void wireup_protocol::on_request(const uint8_t* data, size_t length) {
-  auto words = kj::heapArray<capnp::word>((length + 7) / 8);
-  std::memset(words.begin(), 0, words.size() * sizeof(capnp::word));
-  std::memcpy(words.begin(), data, length);
   uint32_t src_ep = 0;
   std::vector<uint8_t> address;
-  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
-    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
-    auto request = reader.getRoot<wire::schema::WireupRequest>();
-    src_ep = request.getSrcEp();
-    auto bytes = request.getAddress();
-    address.assign(bytes.begin(), bytes.end());
-  });
-  if (failure != nullptr || length % 8 != 0) {
+  const bool valid = wire::read_checked_message<wire::schema::WireupRequest>(
+      data, length, [&](wire::schema::WireupRequest::Reader request) {
+        src_ep = request.getSrcEp();
+        auto bytes = request.getAddress();
+        address.assign(bytes.begin(), bytes.end());
+      });
+  if (!valid) {
     w.protocol_error(nullptr, "wireup request is not a valid message");
     return;
   }

@@ -135,15 +135,10 @@ cm_frame find_cm_frame(const uint8_t* data, size_t size, size_t max_length) {
 }
 
 bool parse_cm_message(const uint8_t* data, size_t length, cm_message* out) {
-  if (data == nullptr || length == 0 || length % 8 != 0) return false;
-  auto words = kj::heapArray<capnp::word>(length / 8);
-  std::memcpy(words.begin(), data, length);
   bool known = false;
-  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
-    capnp::FlatArrayMessageReader reader(words, wire::checked_reader_options());
-    known = read_message(reader.getRoot<schema::CmMessage>(), out);
-  });
-  return failure == nullptr && known;
+  const bool valid = wire::read_checked_message<schema::CmMessage>(
+      data, length, [&](schema::CmMessage::Reader root) { known = read_message(root, out); });
+  return valid && known;
 }
 
 std::vector<uint8_t> encode_cm_message(const cm_message& message) {

@@ -9,6 +9,7 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <kj/exception.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -102,6 +103,25 @@ inline capnp::ReaderOptions checked_reader_options() {
   options.traversalLimitInWords = 1u << 16;
   options.nestingLimit = 8;
   return options;
+}
+
+/// Reads a message with pointers (an address, a key, an announcement) as a peer sent it: copies
+/// the `length` bytes at `data` (any alignment) into word-aligned memory and calls `read` with
+/// its root of type `Struct`, read under checked_reader_options(). Returns false, having caught
+/// what the reader threw, for bytes that are not such a message: null, shorter than two words,
+/// not a whole number of words, or malformed anywhere `read` looks.
+template <class Struct, class Read>
+bool read_checked_message(const void* data, size_t length, Read&& read) {
+  if (data == nullptr || length < 2 * sizeof(capnp::word) || length % sizeof(capnp::word) != 0) {
+    return false;
+  }
+  auto words = kj::heapArray<capnp::word>(length / sizeof(capnp::word));
+  std::memcpy(words.begin(), data, length);
+  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
+    capnp::FlatArrayMessageReader reader(words, checked_reader_options());
+    read(reader.getRoot<Struct>());
+  });
+  return failure == nullptr;
 }
 
 }  // namespace comm::wire
