@@ -1801,12 +1801,22 @@ BOOST_AUTO_TEST_CASE(outstanding_gets_and_puts_fail_with_their_peer) {
   BOOST_TEST(is_error(ep->get_zcopy(&entry, 1, region.at(0), region.key, &get)));
 }
 
+BOOST_AUTO_TEST_CASE(rma_is_offered_by_default_and_says_its_get_needs_the_peer) {
+  tl::iface_params params;
+  params.device = "lo";
+  std::unique_ptr<tl::iface> iface;
+  BOOST_REQUIRE(tcp_component().open(params, iface) == status::ok);
+  const uint64_t rma = tl::cap_put_zcopy | tl::cap_get_zcopy | tl::cap_get_needs_peer;
+  BOOST_TEST((iface->attr().caps & rma) == rma);
+  BOOST_TEST(iface->memory_domain() != nullptr);
+}
+
 BOOST_AUTO_TEST_CASE(without_comm_tcp_rma_there_is_no_put_get_or_memory_domain) {
-  // The default: no put, get or memory domain (the protocol layer's rendezvous and RMA go by
+  // COMM_TCP_RMA=0: no put, get or memory domain (the protocol layer's rendezvous and RMA go by
   // messages); a peer's rma frames find no region and are refused.
   tl::iface_params params;
   params.device = "lo";
-  params.opts.erase("COMM_TCP_RMA");
+  params.opts["COMM_TCP_RMA"] = "0";
   std::unique_ptr<tl::iface> off;
   BOOST_REQUIRE(tcp_component().open(params, off) == status::ok);
   BOOST_TEST((off->attr().caps & (tl::cap_put_zcopy | tl::cap_get_zcopy)) == 0u);

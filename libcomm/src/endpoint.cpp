@@ -16,8 +16,10 @@ using detail::worker_impl;
 namespace detail {
 namespace {
 
-/// Rendezvous thresholds when COMM_RNDV_THRESH is not set: lanes with a one-copy get switch
-/// early; a software rendezvous (the sender pushes) only pays off for large messages.
+/// Rendezvous thresholds when COMM_RNDV_THRESH is not set: lanes whose get the reader completes
+/// alone (one copy) switch early; where the sender's progress is needed anyway (a software
+/// rendezvous, where the sender pushes, or an emulated get its owner answers) a rendezvous only
+/// pays off for messages large enough that the sender's copy into the wire costs more.
 constexpr size_t default_get_rndv_thresh = 32 * 1024;
 constexpr size_t default_sw_rndv_thresh = 256 * 1024;
 
@@ -54,7 +56,8 @@ void endpoint_impl::attach_lane(std::unique_ptr<tl::ep> l, tl::iface* li) {
   const size_t configured_rndv = w.ctx.cfg().rndv_thresh;
   if (configured_rndv != 0) {
     rndv_thresh = configured_rndv;
-  } else if (lane_attr->caps & tl::cap_get_zcopy) {
+  } else if ((lane_attr->caps & tl::cap_get_zcopy) &&
+             !(lane_attr->caps & tl::cap_get_needs_peer)) {
     rndv_thresh = default_get_rndv_thresh;
   } else {
     rndv_thresh = default_sw_rndv_thresh;

@@ -29,7 +29,7 @@ status tcp_config::parse(const options& opts, tcp_config* out, std::string* why)
   c.cm_hello_timeout_ms = reader.number(cm_hello_timeout_knob, c.cm_hello_timeout_ms, 1, an_hour_ms);
   c.cm_handshake_timeout_ms =
       reader.number(cm_handshake_timeout_knob, c.cm_handshake_timeout_ms, 1, an_hour_ms);
-  c.rma = reader.number(rma_knob, 0, 0, 1) != 0;
+  c.rma = reader.number(rma_knob, c.rma ? 1 : 0, 0, 1) != 0;
   const status st = reader.result(why);
   if (st == status::ok && !parse_families(opts, &c.families, why)) return status::invalid_param;
   *out = std::move(c);

@@ -74,12 +74,12 @@ inline constexpr knob cm_hello_timeout_knob{
 inline constexpr knob cm_handshake_timeout_knob{
     "COMM_TCP_CM_HANDSHAKE_TIMEOUT",
     "ms a connection-manager client has to complete its request, 1..3600000", "10000"};
-/// COMM_TCP_RMA (0 or 1).
+/// COMM_TCP_RMA (0 or 1; on by default).
 inline constexpr knob rma_knob{
     "COMM_TCP_RMA",
     "1: offer put and get (emulated over the connection, no copy), which rendezvous then uses; "
     "0: none, 0..1",
-    "0"};
+    "1"};
 /// Every knob of tcp.
 inline constexpr std::array<knob, 9> tcp_knobs{
     device_knob,           af_prio_knob,           window_knob,
@@ -96,7 +96,7 @@ struct tcp_config {
   uint64_t cm_max_handshakes = 1024;  ///< COMM_TCP_CM_MAX_HANDSHAKES
   uint64_t cm_hello_timeout_ms = 3000;       ///< COMM_TCP_CM_HELLO_TIMEOUT
   uint64_t cm_handshake_timeout_ms = 10000;  ///< COMM_TCP_CM_HANDSHAKE_TIMEOUT
-  bool rma = false;                          ///< COMM_TCP_RMA
+  bool rma = true;                           ///< COMM_TCP_RMA
 
   /// The knobs `opts` sets into `*out`: ok, or invalid_param with the refusal in `*why`.
   static status parse(const options& opts, tcp_config* out, std::string* why);

@@ -109,7 +109,7 @@ tcp_iface::tcp_iface(const iface_params& params, const net_device& device)
   md_ = std::make_unique<tcp_md>(*this, iface_id_);
   attr_.caps = cap_am_short | cap_am_bcopy | cap_am_zcopy | cap_pending | cap_event_fd |
                cap_connect_to_iface | cap_peer_failure | cap_costly_progress;
-  if (config_.rma) attr_.caps |= cap_put_zcopy | cap_get_zcopy;
+  if (config_.rma) attr_.caps |= cap_put_zcopy | cap_get_zcopy | cap_get_needs_peer;
   attr_.max_short = max_short;
   attr_.max_bcopy = max_bcopy;
   attr_.max_zcopy = max_zcopy;

@@ -16,8 +16,9 @@
 //   am_zcopy  written with sendmsg straight from the caller's iov (max_zcopy 1 MiB, 16 entries),
 //             the rest kept for EPOLLOUT after a partial write; it completes when the peer's
 //             acknowledgement says the frame was delivered (the contract: the peer holds the data).
-//   put_zcopy/get_zcopy  only with COMM_TCP_RMA=1 (else unsupported, and no memory domain: the
-//             protocol layer's rendezvous and RMA go by messages; README.md says why it is off).
+//   put_zcopy/get_zcopy  unless COMM_TCP_RMA=0 (then unsupported, and no memory domain: the
+//             protocol layer's rendezvous and RMA go by messages). cap_get_needs_peer: a get is
+//             answered by the owner's progress (README.md says what follows from it).
 //             max_rma_bytes 4 MiB, 16 entries, on memory registered with the interface's
 //             memory domain (tcp_md.hpp): emulated over the connection the way UCX's
 //             tcp emulates put. The data moves with no copy of ours on either side: a put is

@@ -103,6 +103,9 @@ enum cap : uint64_t {
   cap_tag_eager_bcopy = 1u << 11, ///< tag_eager_bcopy
   cap_tag_eager_zcopy = 1u << 12, ///< tag_eager_zcopy, completion once the peer holds the data
   cap_tag_rndv_zcopy = 1u << 13,  ///< tag_rndv_zcopy, tag_rndv_cancel and tag_rndv_request
+  /// get_zcopy is answered by the peer's progress() (an emulated get), not by the device or the
+  /// kernel alone as an RDMA read or shm's process_vm_readv are: a reader waits for the owner.
+  cap_get_needs_peer = 1u << 14,
 };
 
 /// Every tag-matching capability: an interface with any of them matches posted receives.
