@@ -2,20 +2,27 @@
 //   inproc  both actors in one actor system (CAF's floor: no serialisation, no transport),
 //   caf     CAF 0.17.6's own middleman (publish / remote_actor over loopback TCP),
 //   comm    libcomm's node (shared memory between processes on one host; COMM_TLS applies),
+//   floor   what two processes placed the same way pay without any messaging layer: one word
+//           handed back and forth through shared memory (each side spins on it for a microsecond,
+//           then offers its core with sched_yield on every look, which a side sharing its core
+//           with the other needs), and a 1 MiB buffer copied back and forth (each side copies
+//           the other's last copy into its own buffer, one memcpy per hop, as a blob round trip
+//           does),
 // each in every placement asked for: "pinned" (server on core 0, client on core 1), "unpinned"
 // (as a user runs them: the kernel places every thread) and "one-core" (both on core 1, as on a
 // loaded machine). Every configuration is CAF's and the node's default. Every round runs every
 // placement and mode once, each in fresh processes; the median and the worst round of each
 // metric are printed, and the goals as ratios within one round: the node's round trip against
 // in-process CAF's, CAF's middleman against the node, and the 1 MiB round trips against a memcpy
-// of 1 MiB each way (measured in the same client process). Payloads are std::vector<char>, which
+// of 1 MiB each way (measured in the same client process), and the node against the floor of its
+// placement (the hand-over of a word and the copy ping-pong). Payloads are std::vector<char>, which
 // CAF serialises as one block, and for the "blob" column comm::actors::blob, which the node moves
 // without serialising (one copy per hop over shm).
 //
 //   actor_perftest [-r rounds] [-n round trips] [-w one-way messages] [-m modes] [-p placements]
 //                  [-t tests] [-l] [-s]
 //     -r  rounds (default 10)
-//     -m  comma-separated modes (default inproc,caf,comm)
+//     -m  comma-separated modes (default inproc,caf,comm,floor)
 //     -p  comma-separated placements (default pinned,unpinned; also one-core)
 //     -t  comma-separated tests (default rtt,oneway,vector,blob)
 //     -l  large only: skip the 8-byte tests
@@ -27,10 +34,12 @@
 
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -301,6 +310,78 @@ bool run_remote(const std::string& mode, placement where, int64_t trips, int64_t
   return ok;
 }
 
+/// What the floor's two processes share: whose turn it is, and a buffer each.
+struct floor_area {
+  std::atomic<int64_t> turn{0};  ///< even: the client's turn, odd: the server's
+  char pad[64 - sizeof(std::atomic<int64_t>)];
+  char buffers[2][large_size];
+};
+
+/// Waits until `area.turn` is `expected`: spins for a microsecond (the other side is running on
+/// another core), then offers the core on every look (it may wait for this one); false after 10 s.
+bool await_turn(floor_area& area, int64_t expected) {
+  const auto start = clock_type::now();
+  bool offering = false;
+  for (unsigned i = 1; area.turn.load(std::memory_order_acquire) != expected; ++i) {
+    if (offering) ::sched_yield();
+    if (i % 16 != 0) continue;
+    const auto waited = clock_type::now() - start;
+    offering = waited > std::chrono::microseconds(1);
+    if (waited > std::chrono::seconds(10)) return false;
+  }
+  return true;
+}
+
+/// One side of the floor: the hand-overs numbered from `from` to `to` (exclusive) whose parity is
+/// `side` (the client is side 0); from hand-over `copy_from` on, each first copies the other
+/// side's buffer into this side's.
+bool floor_side(floor_area& area, int side, int64_t from, int64_t to, int64_t copy_from) {
+  for (int64_t t = from + side; t < to; t += 2) {
+    if (!await_turn(area, t)) return false;
+    if (t >= copy_from) std::memcpy(area.buffers[side], area.buffers[1 - side], large_size);
+    area.turn.store(t + 1, std::memory_order_release);
+  }
+  return true;
+}
+
+/// The floor of a placement (see the file comment): round trips of a word and of 1 MiB copies
+/// between this process and a forked one, placed as the two-process modes are.
+bool run_floor(placement where, int64_t trips, const selection& which, results* out) {
+  void* mem = ::mmap(nullptr, sizeof(floor_area), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return false;
+  auto* area = new (mem) floor_area;
+  std::memset(area->buffers, 'x', sizeof(area->buffers));
+  const int64_t words = which.rtt ? 2 * trips : 0;  // hand-overs of the word alone
+  const int64_t all = words + (which.blob ? 2 * std::max<int64_t>(trips / 100, 20) : 0);
+  std::fflush(nullptr);
+  const pid_t server = ::fork();
+  if (server == 0) {
+    place(where, true);
+    ::_exit(floor_side(*area, 1, 0, all, words) ? 0 : 1);
+  }
+  place(where, false);
+  const auto start = clock_type::now();
+  bool ok = floor_side(*area, 0, 0, words, words) && await_turn(*area, words);
+  const auto copied = clock_type::now();
+  ok = ok && floor_side(*area, 0, words, all, words) && await_turn(*area, all);
+  const auto end = clock_type::now();
+  if (!ok) ::kill(server, SIGKILL);
+  int status = 0;
+  ::waitpid(server, &status, 0);
+  ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (ok && words > 0) {
+    out->rtt_us = std::chrono::duration<double, std::micro>(copied - start).count() * 2 / words;
+  }
+  if (ok && all > words) {
+    out->rtt_blob_us =
+        std::chrono::duration<double, std::micro>(end - copied).count() * 2 / (all - words);
+    out->memcpy_us = memcpy_us(large_size);
+  }
+  ::munmap(mem, sizeof(floor_area));
+  return ok;
+}
+
 /// Runs `body(results*)` in a forked child (so that pinning and CAF's threads stay there) and
 /// reads its results back.
 template <class Body>
@@ -442,6 +523,21 @@ void print_goals(const std::string& where, const std::map<std::string, std::vect
       }, false)) {
     std::printf("  comm vector rtt 1 MiB / 2 x memcpy:  %6.2f / %6.2f\n", r->med, r->worst);
   }
+  if (!all.count("floor")) return;
+  const auto& floor = all.at("floor");
+  if (auto r = ratios(comm, floor,
+                      [](const results& c, const results& f) {
+                        return c.rtt_us > 0 && f.rtt_us > 0 ? c.rtt_us / f.rtt_us : 0;
+                      }, false)) {
+    std::printf("  comm rtt 8 B / floor's word:         %6.2f / %6.2f\n", r->med, r->worst);
+  }
+  if (auto r = ratios(comm, floor,
+                      [](const results& c, const results& f) {
+                        const bool both = c.rtt_blob_us > 0 && f.rtt_blob_us > 0;
+                        return both ? c.rtt_blob_us / f.rtt_blob_us : 0;
+                      }, false)) {
+    std::printf("  comm blob rtt 1 MiB / floor's copies: %5.2f / %6.2f\n", r->med, r->worst);
+  }
 }
 
 /// Splits a comma-separated list.
@@ -456,7 +552,7 @@ void usage(const char* self) {
   std::fprintf(stderr,
                "usage: %s [-r rounds] [-n trips] [-w oneway] [-m modes] [-p placements] "
                "[-t tests] [-l] [-s]\n"
-               "  -m  inproc,caf,comm (default all)\n"
+               "  -m  inproc,caf,comm,floor (default all)\n"
                "  -p  pinned,unpinned,one-core (default pinned,unpinned)\n"
                "  -t  rtt,oneway,vector,blob (default all)\n"
                "  -l  large only (-t vector,blob); -s small only (-t rtt,oneway)\n",
@@ -470,7 +566,7 @@ int main(int argc, char** argv) {
   int64_t trips = 20000;
   int64_t oneway = 200000;
   selection which;
-  std::vector<std::string> modes = {"inproc", "caf", "comm"};
+  std::vector<std::string> modes = {"inproc", "caf", "comm", "floor"};
   std::vector<placement> placements = {placement::pinned, placement::unpinned};
   for (int opt; (opt = ::getopt(argc, argv, "r:n:w:m:p:t:lsh")) != -1;) {
     switch (opt) {
@@ -516,6 +612,7 @@ int main(int argc, char** argv) {
         const int64_t w = mode == "caf" ? std::max<int64_t>(oneway / 10, 1000) : oneway;
         const bool ok = in_child(
             [&](results* out) {
+              if (mode == "floor") return run_floor(where, n, which, out);
               if (mode != "inproc") return run_remote(mode, where, n, w, which, out);
               // In-process CAF's floor uses both cores when the two-process modes do.
               if (where == placement::one_core) pin_to(1);

@@ -123,6 +123,17 @@ BOOST_AUTO_TEST_CASE(status_of_tells_comm_errors_from_others) {
   BOOST_TEST((foreign != comm::status::ok));
 }
 
+BOOST_AUTO_TEST_CASE(load_turns_off_cafs_moderate_polling_unless_configured) {
+  const char* key = "work-stealing.moderate-poll-attempts";
+  caf::actor_system_config plain;
+  comm::actors::node::load(plain);
+  BOOST_TEST(caf::get_or(plain, key, size_t{500}) == 0u);
+  caf::actor_system_config chosen;
+  chosen.set(key, size_t{20});
+  comm::actors::node::load(chosen);
+  BOOST_TEST(caf::get_or(chosen, key, size_t{500}) == 20u);
+}
+
 BOOST_AUTO_TEST_CASE(remote_actor_requests_from_its_sender) {
   BOOST_TEST(check_callback(*client_sys, lookup()) == "");
 }

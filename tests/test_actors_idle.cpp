@@ -1,6 +1,7 @@
 // The progress threads' idle policy (actors/src/idle_spin.hpp) alone: when an idle turn says
-// sleep, and that work starts the idle time again. How long an offer of the core takes depends on
-// the machine, so only what does not depend on it is checked: with spin_time 0 no offer is made.
+// sleep, that work starts the idle time again, and what the policy learns from offers of the core.
+// How long an offer takes depends on the machine, so offers are fed to it with chosen durations
+// (idle_spin::offered) where it matters; with spin_time 0 no offer is made.
 #define BOOST_TEST_MODULE actors_idle
 #include <boost/test/unit_test.hpp>
 
@@ -11,6 +12,14 @@
 using comm::actors::detail::idle_spin;
 
 namespace {
+
+using std::chrono::microseconds;
+using std::chrono::nanoseconds;
+
+/// An offer nobody took, one another thread of the core took, and another program's slice.
+constexpr nanoseconds quick = idle_spin::quick_offer / 2;
+constexpr nanoseconds taken = idle_spin::quick_offer * 4;
+constexpr nanoseconds slice = idle_spin::long_offer * 4;
 
 /// Idle turns until the policy says sleep, at most `limit`.
 unsigned turns_until_sleep(idle_spin& spin, std::chrono::microseconds spin_time, unsigned limit) {
@@ -48,4 +57,79 @@ BOOST_AUTO_TEST_CASE(the_thread_spins_for_spin_time_then_sleeps) {
     spin.busy();
     BOOST_TEST_REQUIRE((spin.idle(spin_time) == idle_spin::action::poll));
   }
+}
+
+BOOST_AUTO_TEST_CASE(work_after_another_thread_ran_starts_sharing_the_core) {
+  idle_spin spin;
+  BOOST_TEST(!spin.sharing());
+  spin.offered(taken);
+  spin.busy();
+  BOOST_TEST(spin.sharing());
+  // While sharing, busy turns in a row and idle turns with taken offers keep it.
+  spin.busy();
+  spin.offered(taken);
+  spin.offered(taken);
+  spin.busy();
+  BOOST_TEST(spin.sharing());
+}
+
+BOOST_AUTO_TEST_CASE(an_offer_taken_without_work_after_it_teaches_nothing) {
+  // A CAF worker woken by its timer runs during an offer; the next turns find nothing.
+  idle_spin spin;
+  spin.offered(taken);
+  spin.offered(quick);
+  spin.busy();
+  BOOST_TEST(!spin.sharing());
+}
+
+BOOST_AUTO_TEST_CASE(work_after_a_quick_offer_ends_sharing) {
+  // The peer moved to another core: its message came while nobody ran on this one.
+  idle_spin spin;
+  spin.offered(taken);
+  spin.busy();
+  BOOST_TEST_REQUIRE(spin.sharing());
+  spin.offered(quick);
+  spin.busy();
+  BOOST_TEST(!spin.sharing());
+}
+
+BOOST_AUTO_TEST_CASE(another_programs_slice_ends_sharing_and_teaches_nothing) {
+  idle_spin spin;
+  spin.offered(taken);
+  spin.busy();
+  BOOST_TEST_REQUIRE(spin.sharing());
+  spin.offered(slice);
+  BOOST_TEST(!spin.sharing());
+  spin.busy();
+  BOOST_TEST(!spin.sharing());
+}
+
+BOOST_AUTO_TEST_CASE(a_run_of_quick_offers_ends_sharing) {
+  idle_spin spin;
+  spin.offered(taken);
+  spin.busy();
+  BOOST_TEST_REQUIRE(spin.sharing());
+  for (unsigned i = 1; i < idle_spin::quick_offers_to_stop; ++i) spin.offered(quick);
+  BOOST_TEST(spin.sharing());
+  spin.offered(quick);
+  BOOST_TEST(!spin.sharing());
+}
+
+BOOST_AUTO_TEST_CASE(a_taken_offer_restarts_the_run_of_quick_ones) {
+  idle_spin spin;
+  spin.offered(taken);
+  spin.busy();
+  for (unsigned i = 1; i < idle_spin::quick_offers_to_stop; ++i) spin.offered(quick);
+  spin.offered(taken);
+  for (unsigned i = 1; i < idle_spin::quick_offers_to_stop; ++i) spin.offered(quick);
+  BOOST_TEST(spin.sharing());
+}
+
+BOOST_AUTO_TEST_CASE(while_sharing_every_idle_turn_offers) {
+  // Sharing reads the clock on every idle turn, so with spin_time 0 the first turn sleeps.
+  idle_spin spin;
+  spin.offered(taken);
+  spin.busy();
+  BOOST_TEST_REQUIRE(spin.sharing());
+  BOOST_TEST((spin.idle(microseconds(0)) == idle_spin::action::sleep));
 }

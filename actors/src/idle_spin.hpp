@@ -2,15 +2,24 @@
 // core to another thread, or sleep on the worker's event fd.
 //
 // Spinning keeps the latency of the next message at a poll's, but holds a core. On a machine
-// with a core per busy thread that costs nothing; when the peer's progress thread, a sending
-// actor or a CAF worker shares the core, every microsecond spun is one they wait. So the thread
-// offers its core (sched_yield) and times the offer: one that comes back at once (about 0.4 us
-// here) found nobody waiting; one that took a few microseconds let a thread run that needed the
-// core briefly: from then on the thread offers its core on every idle turn, which hands a
-// ping-pong between two threads of one core over in a context switch instead of a time slice.
-// A very long offer (another program's time slice) ends offering on every turn (that would
-// only hand the other program more slices), and so do many quick offers in a row: the thread
-// spins freely again. After spin_time idle it sleeps.
+// with a core per busy thread that costs nothing; when the peer's progress thread shares the
+// core, it cannot answer until this one lets go. So the thread offers its core (sched_yield)
+// now and then and learns from what follows whether offering pays:
+//
+// - an offer that let another thread run (it took a few microseconds) and was followed by work
+//   means the work came from a thread of this core (the peer's progress thread placed here, a
+//   sending actor): from then on the thread offers its core on every idle turn, which hands a
+//   ping-pong between two threads of one core over in one context switch instead of a time
+//   slice;
+// - work that follows an offer nobody took (a bare system call, about 0.5 us) came from another
+//   core: offering on every turn only delays noticing it, and stops at once. So does a run of
+//   quick offers, and an offer that gave another program its time slice (longer than long_offer:
+//   offering often would only hand it more slices);
+// - otherwise the thread spins and offers its core every offer_interval, to find out.
+//
+// After spin_time idle it sleeps. Deciding by what followed an offer, not by how long it took
+// alone, keeps a thread alone on its core from offering on every turn whenever a CAF worker woke
+// up during one of its offers (such a worker runs a few microseconds and sleeps again).
 #pragma once
 
 #include <chrono>
@@ -29,12 +38,20 @@ public:
     sleep,  ///< spin_time passed: sleep on the event fds
   };
 
-  /// A turn did work: the idle time starts again.
-  void busy() noexcept { idle_turns_ = 0; }
+  /// A turn did work: the idle time starts again, and the offer just before it (if any) tells
+  /// whether offering pays.
+  void busy() noexcept;
 
   /// A turn found nothing to do; may offer the core first.
   /// @param spin_time how long idle turns may go on before the thread sleeps
   action idle(std::chrono::microseconds spin_time);
+
+  /// Learns from an offer of the core that took `took` (what offer() does after yielding; public
+  /// for tests).
+  void offered(std::chrono::nanoseconds took) noexcept;
+
+  /// True while the thread offers its core on every idle turn.
+  bool sharing() const noexcept { return sharing_; }
 
   /// An offer that returns within this found nobody waiting for the core.
   static constexpr std::chrono::nanoseconds quick_offer{1000};
@@ -48,6 +65,13 @@ public:
   static constexpr std::chrono::microseconds offer_interval{20};
 
 private:
+  /// What the last idle turn's offer showed.
+  enum class last_offer : uint8_t {
+    none,   ///< no offer (or another program's time slice: nothing to learn)
+    quick,  ///< nobody took the core
+    taken,  ///< another thread ran briefly
+  };
+
   /// Offers the core and learns from how long that took (`now`: the time just before).
   void offer(clock::time_point now);
 
@@ -55,6 +79,7 @@ private:
   clock::time_point offered_{};
   unsigned idle_turns_ = 0;
   unsigned quick_offers_ = 0;
+  last_offer last_ = last_offer::none;
   bool sharing_ = false;
 };
 

@@ -28,6 +28,19 @@ constexpr int max_sleep_ms = 10;
 /// How long the progress thread spins at least while a send of its node is in flight.
 constexpr std::chrono::microseconds in_flight_spin{5000};
 
+/// How long a sender waits for the turn lock before it leaves its frame in the outbox: several
+/// idle turns of the progress thread, less than a turn that delivers a burst of frames.
+constexpr std::chrono::nanoseconds turn_wait{2000};
+
+/// Tells the core that this thread spins (lets the other hardware thread of a core go on).
+inline void relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 /// Numbers the nodes of this process (see node_state::generation_).
 std::atomic<uint64_t> node_generations{0};
 
@@ -148,7 +161,8 @@ bool node_state::on_progress_thread() const noexcept {
 
 size_t node_state::turn() {
   size_t n = 0;
-  if (try_acquire()) {
+  // A sender waiting for the lock sends sooner and cheaper from its own thread: this turn passes.
+  if (turn_wanted_.load(std::memory_order_relaxed) == 0 && try_acquire()) {
     n = progress_locked();
     release();
   }
@@ -217,11 +231,32 @@ bool node_state::try_acquire() noexcept {
   return true;
 }
 
+bool node_state::wait_for_turn() noexcept {
+  if (holder_stalled_.load(std::memory_order_relaxed)) return false;
+  turn_wanted_.fetch_add(1, std::memory_order_seq_cst);
+  bool got = false;
+  const auto until = std::chrono::steady_clock::now() + turn_wait;
+  for (unsigned i = 1;; ++i) {
+    if (!busy_.load(std::memory_order_relaxed) && try_acquire()) {
+      got = true;
+      break;
+    }
+    relax();
+    if (i % 16 == 0 && std::chrono::steady_clock::now() >= until) break;
+  }
+  turn_wanted_.fetch_sub(1, std::memory_order_relaxed);
+  if (!got) holder_stalled_.store(true, std::memory_order_relaxed);
+  return got;
+}
+
 bool node_state::holds_lock() const noexcept {
   return holder_.load(std::memory_order_relaxed) == std::this_thread::get_id();
 }
 
 void node_state::release() noexcept {
+  if (holder_stalled_.load(std::memory_order_relaxed)) {
+    holder_stalled_.store(false, std::memory_order_relaxed);  // the lock changes hands
+  }
   for (;;) {
     holder_.store(std::thread::id{}, std::memory_order_relaxed);
     busy_.store(false, std::memory_order_seq_cst);

@@ -2,15 +2,18 @@
 // the proxies of their actors, the names this node publishes, and the progress thread that drives
 // it all.
 //
-// Threads. The worker is single-threaded; a "turn lock" (a flag taken with try_acquire, never
-// waited for) says which thread may use it and the connection state below: the progress thread
-// takes it for each progress call, and a thread that sends takes it too when it is free. A proxy
-// serialises a message on the sending actor's thread and, if the lock is free, sends it right
-// there; otherwise it leaves the frame in the outbox, which the lock's holder empties before it
-// lets go, so frames leave in the order they were made. Work that may not run where it is made
-// (under actor locks) is posted to the outbox and the progress thread woken. Frames arriving from
-// a peer are handled in sequence order inside the progress call; actors they make ready run on
-// the progress thread after it (delivery::progress_thread) or go to CAF's scheduler
+// Threads. The worker is single-threaded; a "turn lock" (a flag taken with try_acquire, which
+// no thread waits for beyond a bound) says which thread may use it and the connection state
+// below: the progress thread takes it for each progress call, and a thread that sends too. A proxy
+// serialises a message on the sending actor's thread and sends it right there when it gets the
+// lock: at once, or by waiting a little (wait_for_turn) while the progress thread, which sees a
+// sender waiting, lets its next turn pass. A sender that waited in vain (the holder is not
+// running: preempted, or busy with many frames) leaves the frame in the outbox, which the lock's
+// holder empties before it lets go, so frames leave in the order they were made; later senders
+// then go to the outbox at once until the lock changed hands. Work that may not run where it is
+// made (under actor locks) is posted to the outbox and the progress thread woken. Frames arriving
+// from a peer are handled in sequence order inside the progress call; actors they make ready run
+// on the progress thread after it (delivery::progress_thread) or go to CAF's scheduler
 // (delivery::scheduler). Nothing is sent from inside a libcomm callback: frames made there wait
 // in the holder's queue.
 #pragma once
@@ -139,6 +142,7 @@ private:
   void wake();
   void shut_down();
   bool try_acquire() noexcept;
+  bool wait_for_turn() noexcept;
   bool holds_lock() const noexcept;
   void release() noexcept;
   void submit(outgoing* item);
@@ -245,6 +249,8 @@ private:
   std::thread::id thread_id_;
   std::atomic<bool> busy_{false};                ///< the turn lock (see the file comment)
   std::atomic<std::thread::id> holder_{};       ///< the thread holding it
+  std::atomic<unsigned> turn_wanted_{0};        ///< senders waiting for the lock
+  std::atomic<bool> holder_stalled_{false};     ///< a sender waited in vain since the last release
   std::atomic<bool> stopping_{false};
   std::atomic<bool> sleeping_{false};
   int wake_fd_ = -1;

@@ -102,7 +102,7 @@ frame_header node_state::message_header(const peer& to, caf::actor_id receiver,
 
 bool node_state::send_now(const std::shared_ptr<peer>& to, const frame_header& h) {
   const bool held = holds_lock();
-  if (held ? (in_callback_ || draining_) : !try_acquire()) return false;
+  if (held ? (in_callback_ || draining_) : !try_acquire() && !wait_for_turn()) return false;
   drain();  // frames queued earlier leave first
   outgoing frame;
   frame.header = h;

@@ -171,7 +171,10 @@ comm::status status_of(const caf::error& err);
 class node {
 public:
   /// Adds a node to `cfg`: the actor system built from it gets a node, which also gives the
-  /// system a valid node id. Call once per config, before constructing the system.
+  /// system a valid node id. Call once per config, before constructing the system. Unless `cfg`
+  /// sets it, also sets CAF's `work-stealing.moderate-poll-attempts` to 0: idle CAF workers then
+  /// sleep at once instead of waking every 50 us for a while, which preempted the progress thread
+  /// (see actors/README.md, "Delivery, threads, and what was measured").
   /// @param cfg the configuration of the actor system to be
   /// @param params how the node listens, which transports it uses, how it delivers
   static void load(caf::actor_system_config& cfg, node_params params = {});
