@@ -71,6 +71,12 @@ struct config {
   size_t zcopy_thresh = 16384;
   /// Messages at least this large use rendezvous (COMM_RNDV_THRESH); 0: chosen per transport.
   size_t rndv_thresh = 0;
+  /// Tag matching in the transport (COMM_TM_THRESH, UCX's UCX_TM_THRESH): on an interface that
+  /// matches tags itself (cap_tag_*), tagged receives whose buffer is at least this large are
+  /// posted to it and tagged sends at least this large use its tag operations; smaller ones, and
+  /// every wildcard receive, are matched in software. "off" (or a value above any message) keeps
+  /// all matching in software.
+  size_t tm_thresh = size_t{1} << 40;
   /// The transports' own knobs by variable name, e.g. {"COMM_SHM_FIFO_SIZE", "1024"} or
   /// {"COMM_TCP_DEVICE", "lo"}: every COMM_<TL>_* variable of the README's transport table, what
   /// `comm_info` lists and tl::component::knobs() returns. A context refuses (throws
