@@ -23,7 +23,7 @@ constexpr size_t max_send_iov = 16;
 /// The interface of `w` that gets receives: one that matches tags and reaches other processes
 /// (it can lose peers: cap_peer_failure) before one that only reaches its own process; null
 /// when none matches tags.
-tl::iface* receiving_iface(worker_impl& w) {
+tl::iface* pick_receiving_iface(worker_impl& w) {
   tl::iface* chosen = nullptr;
   for (auto& li : w.ifaces) {
     const uint64_t caps = li.iface->attr().caps;
@@ -59,7 +59,7 @@ tag_offload::tag_offload(worker_impl& w, tag_protocol& t) : w_(w), t_(t) {
     // Whatever a peer sends through tag operations must be received, offload here or not.
     (void)li.iface->set_tag_handlers(on_unexpected_eager, this, on_unexpected_rndv, this);
   }
-  if (thresh_ != SIZE_MAX) iface_ = receiving_iface(w);
+  if (thresh_ != SIZE_MAX) iface_ = pick_receiving_iface(w);
 }
 
 tag_offload::~tag_offload() {

@@ -118,6 +118,19 @@ public:
   /// error.
   status send(request* req, tag_send_state& s);
 
+  /// The interface that gets receives, or null (off, or none offers tag matching).
+  const tl::iface* receiving_iface() const noexcept { return iface_; }
+  /// Receives handed to the transport so far.
+  uint64_t posted() const noexcept { return posted_; }
+  /// Receives the transport matched so far.
+  uint64_t matched() const noexcept { return matched_; }
+  /// Receives taken back from the transport so far.
+  uint64_t reclaimed() const noexcept { return reclaimed_; }
+  /// Sends through tag operations so far.
+  uint64_t sent() const noexcept { return sent_; }
+  /// Messages the unexpected handlers received so far.
+  uint64_t unexpected() const noexcept { return unexpected_; }
+
   /// Appends the offload's lines to worker::info().
   void info(std::ostream& out) const;
 
