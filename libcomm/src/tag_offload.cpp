@@ -85,6 +85,7 @@ void tag_offload::try_post(request* req, tag_recv_state& s) {
   s.tl_ctx = tl::tag_context{};
   s.tl_ctx.tag_consumed = on_consumed;
   s.tl_ctx.completed = on_completed;
+  s.tl_ctx.rndv = on_rndv_request;
   const status st = iface_->tag_recv_zcopy(s.expected.tag, tag_mask_full, entries, count,
                                            &s.tl_ctx);
   if (st != status::ok) return;  // its list is full (exceeds_limit): matched in software
@@ -134,6 +135,21 @@ void tag_offload::on_completed(tl::tag_context* ctx, tag_t stag, uint64_t imm, s
     }
   }
   w.complete(req, result);
+}
+
+void tag_offload::on_rndv_request(tl::tag_context* ctx, tag_t stag, const void*, size_t,
+                                  status) {
+  // libcomm sends no software rendezvous requests through tag operations (its rendezvous carry
+  // their data: tag_rndv_zcopy), so a peer that does is not speaking our protocol.
+  request* req = tag_protocol::recv_of(ctx);
+  auto& s = req->as<tag_recv_state>();
+  if (!s.expected.offloaded) return;
+  worker_impl& w = *req->owner;
+  s.expected.offloaded = false;
+  w.matcher.remove_expected(&s.expected);
+  tag_protocol::match(req, stag, 0);
+  w.protocol_error(nullptr, "software rendezvous request through tag matching");
+  w.complete(req, status::protocol_error);
 }
 
 // -- unexpected messages -------------------------------------------------------------------------

@@ -138,6 +138,8 @@ private:
   static void on_consumed(tl::tag_context* ctx);
   static void on_completed(tl::tag_context* ctx, tag_t stag, uint64_t imm, size_t length,
                            status result);
+  static void on_rndv_request(tl::tag_context* ctx, tag_t stag, const void* header,
+                              size_t header_length, status result);
   static status on_unexpected_eager(void* arg, void* data, size_t length, unsigned flags,
                                     tag_t stag, uint64_t imm, void** context);
   static status on_unexpected_rndv(void* arg, unsigned flags, tag_t stag, const void* header,
