@@ -6,6 +6,7 @@
 #include <comm/transport/options.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -74,9 +75,11 @@ struct config {
   /// Tag matching in the transport (COMM_TM_THRESH, UCX's UCX_TM_THRESH): on an interface that
   /// matches tags itself (cap_tag_*), tagged receives whose buffer is at least this large are
   /// posted to it and tagged sends at least this large use its tag operations; smaller ones, and
-  /// every wildcard receive, are matched in software. "off" (or a value above any message) keeps
-  /// all matching in software.
-  size_t tm_thresh = size_t{1} << 40;
+  /// every wildcard receive, are matched in software. "off" (SIZE_MAX, the default) keeps all
+  /// matching in software: the transports that offer tag matching here (self, shm) match in
+  /// software too, and measured slower that way (docs/tag_offload.md); UCX's 1024 suits a NIC
+  /// that matches in hardware.
+  size_t tm_thresh = SIZE_MAX;
   /// The transports' own knobs by variable name, e.g. {"COMM_SHM_FIFO_SIZE", "1024"} or
   /// {"COMM_TCP_DEVICE", "lo"}: every COMM_<TL>_* variable of the README's transport table, what
   /// `comm_info` lists and tl::component::knobs() returns. A context refuses (throws
