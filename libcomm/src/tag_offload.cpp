@@ -17,8 +17,8 @@ namespace {
 /// Wire header of a rendezvous through tag matching, as the transport carries it.
 using rndv_header = wire::schema::TagOffloadRndv;
 
-/// Largest iov of a tagged zcopy send through tag matching (a stack array).
-constexpr size_t max_send_iov = 16;
+/// Most iov entries of a send or receive through tag matching (a stack array).
+constexpr size_t max_iov_entries = 16;
 
 /// The interface of `w` that gets receives: one that matches tags and reaches other processes
 /// (it can lose peers: cap_peer_failure) before one that only reaches its own process; null
@@ -78,8 +78,8 @@ void tag_offload::try_post(request* req, tag_recv_state& s) {
   const tl::tag_limits::recv_limits& limits = iface_->attr().tag.recv;
   if (s.length > limits.max_zcopy || req->iov.size() > limits.max_iov) return;
   if (w_.matcher.software_may_take(s.expected.tag)) return;  // rule 2
-  tl::iov entries[max_send_iov];
-  const size_t count = std::min(req->iov.size(), max_send_iov);
+  tl::iov entries[max_iov_entries];
+  const size_t count = std::min(req->iov.size(), max_iov_entries);
   if (count != req->iov.size()) return;
   for (size_t i = 0; i < count; ++i) entries[i] = {req->iov[i].buffer, req->iov[i].length};
   s.tl_ctx = tl::tag_context{};
@@ -234,13 +234,13 @@ tm_send tag_offload::choose(const request* req, const tag_send_state& s) const {
   const size_t count = req->iov.size();
   if (length >= ep.rndv_thresh) {
     const bool fits = (a.caps & tl::cap_tag_rndv_zcopy) && count >= 1 &&
-                      count <= std::min(a.tag.rndv.max_iov, max_send_iov) &&
+                      count <= std::min(a.tag.rndv.max_iov, max_iov_entries) &&
                       length <= a.tag.rndv.max_zcopy &&
                       wire::header_size<rndv_header>() <= a.tag.rndv.max_hdr;
     return fits ? tm_send::rndv : tm_send::software;
   }
   if ((a.caps & tl::cap_tag_eager_zcopy) && length >= w_.zcopy_thresh &&
-      length <= a.tag.eager.max_zcopy && count <= std::min(a.tag.eager.max_iov, max_send_iov)) {
+      length <= a.tag.eager.max_zcopy && count <= std::min(a.tag.eager.max_iov, max_iov_entries)) {
     return tm_send::zcopy;
   }
   if ((a.caps & tl::cap_tag_eager_bcopy) && length <= a.tag.eager.max_bcopy) return tm_send::bcopy;
@@ -273,9 +273,9 @@ status tag_offload::send_bcopy(request* req, tag_send_state& s) {
 
 status tag_offload::send_zcopy(request* req, tag_send_state& s) {
   endpoint_impl& ep = *req->ep;
-  tl::iov entries[max_send_iov];
+  tl::iov entries[max_iov_entries];
   size_t covered = s.send.length;
-  const size_t count = iov_slice(req->iov, 0, &covered, entries, max_send_iov);
+  const size_t count = iov_slice(req->iov, 0, &covered, entries, max_iov_entries);
   req->tl_completion = tl::completion{on_send_done, 1, status::ok};
   req->issuing = true;
   const status st = ep.lane->tag_eager_zcopy(s.tag, tm_sender_word(ep.remote_id), entries, count,
@@ -307,9 +307,9 @@ status tag_offload::send_rndv(request* req, tag_send_state& s) {
   if (r.id == 0) rndv.enter_offloaded(req, r, s.send.length);
   rndv_header_.fields().setDstEp(ep.remote_id);
   rndv_header_.fields().setSreqId(r.id);
-  tl::iov entries[max_send_iov];
+  tl::iov entries[max_iov_entries];
   size_t covered = s.send.length;
-  const size_t count = iov_slice(req->iov, 0, &covered, entries, max_send_iov);
+  const size_t count = iov_slice(req->iov, 0, &covered, entries, max_iov_entries);
   req->tl_completion = tl::completion{on_rndv_sent, 1, status::ok};
   const status st = ep.lane->tag_rndv_zcopy(s.tag, rndv_header_.bytes(), rndv_header_.size(), entries, count,
                                             &req->tl_completion, &r.tl_handle);
