@@ -121,8 +121,8 @@ void tag_offload::on_completed(tl::tag_context* ctx, tag_t stag, uint64_t imm, s
   if (!s.expected.offloaded) return;  // taken back already: software ends it
   worker_impl& w = *req->owner;
   tag_offload& self = module_of<tag_protocol>(w).offload;
-  s.expected.offloaded = false;
   w.matcher.remove_expected(&s.expected);  // when the transport skipped tag_consumed
+  s.expected.offloaded = false;  // after: the matcher counts software receives by the flag
   ++self.matched_;
   tag_protocol::match(req, stag, 0);
   s.received = length;
@@ -145,8 +145,8 @@ void tag_offload::on_rndv_request(tl::tag_context* ctx, tag_t stag, const void*,
   auto& s = req->as<tag_recv_state>();
   if (!s.expected.offloaded) return;
   worker_impl& w = *req->owner;
-  s.expected.offloaded = false;
   w.matcher.remove_expected(&s.expected);
+  s.expected.offloaded = false;
   tag_protocol::match(req, stag, 0);
   w.protocol_error(nullptr, "software rendezvous request through tag matching");
   w.complete(req, status::protocol_error);
@@ -311,8 +311,8 @@ status tag_offload::send_rndv(request* req, tag_send_state& s) {
   size_t covered = s.send.length;
   const size_t count = iov_slice(req->iov, 0, &covered, entries, max_iov_entries);
   req->tl_completion = tl::completion{on_rndv_sent, 1, status::ok};
-  const status st = ep.lane->tag_rndv_zcopy(s.tag, rndv_header_.bytes(), rndv_header_.size(), entries, count,
-                                            &req->tl_completion, &r.tl_handle);
+  const status st = ep.lane->tag_rndv_zcopy(s.tag, rndv_header_.bytes(), rndv_header_.size(),
+                                            entries, count, &req->tl_completion, &r.tl_handle);
   if (st != status::in_progress) {
     req->tl_completion.count = 0;
     r.tl_handle = 0;

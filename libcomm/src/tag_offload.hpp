@@ -105,8 +105,9 @@ public:
   /// Hands the receive `req` (state `s`, not queued yet) to the transport if rule 2 allows it;
   /// sets s.expected.offloaded accordingly. The caller queues it in the matcher next.
   void try_post(request* req, tag_recv_state& s);
-  /// Takes an offloaded receive back from the transport (it stays wherever it is in the matcher,
-  /// and is no longer offloaded). Nothing for a software receive.
+  /// Takes an offloaded receive back from the transport once it left the matcher's queue
+  /// (matched in software, or removed to be cancelled): the matcher counts software receives by
+  /// the flag this clears. Nothing for a software receive.
   void reclaim(tag_recv_state& s);
 
   // -- sends --
