@@ -122,8 +122,9 @@ const message_framing framing{encode_first, whole_header_size, send_by_rndv,
 
 status progress_send(request* req) {
   auto& s = req->as<tag_send_state>();
-  if (s.tm == tm_send::undecided) s.tm = module_of<tag_protocol>(*req->owner).offload.choose(req, s);
-  if (s.tm != tm_send::software) return module_of<tag_protocol>(*req->owner).offload.send(req, s);
+  tag_offload& offload = module_of<tag_protocol>(*req->owner).offload;
+  if (s.tm == tm_send::undecided) s.tm = offload.choose(req, s);
+  if (s.tm != tm_send::software) return offload.send(req, s);
   return send_message(req, s.send, framing);
 }
 
