@@ -109,7 +109,7 @@ void am_single(benchmark::State& state, const char* transport) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(tag_expected, shm, "shm")->Arg(8)->Arg(4096)->Arg(65536);
+BENCHMARK_CAPTURE(tag_expected, shm, "shm")->Arg(8)->Arg(4096)->Arg(65536)->Arg(1048576);
 BENCHMARK_CAPTURE(tag_unexpected, shm, "shm")->Arg(8)->Arg(4096);
 BENCHMARK_CAPTURE(am_single, shm, "shm")->Arg(8)->Arg(4096);
 BENCHMARK_CAPTURE(tag_expected, self, "self")->Arg(8);

@@ -10,6 +10,13 @@
 //
 //   record = [am id: 1 byte] [length: 2 bytes, little endian] [length bytes: what the handler gets]
 //
+// A first byte with its high bit set sends the record through the transport's tag operations
+// instead (what tag_offload.hpp reads: the sender word, fragments, the rendezvous header):
+// 0x80-0x9f tag_eager_bcopy, 0xa0-0xbf tag_eager_zcopy, 0xc0-0xff tag_rndv_request, with the
+// record's bytes as [tag: 8 bytes] [imm: 8 bytes, eager only] [data or header]; a zcopy sends its
+// data (1 + the first data byte % 8) times over, in as many iov entries, so that it may arrive in
+// fragments. A has tag matching from 256 bytes and an exact receive for tag 9 posted there.
+//
 // Then A must still work: a third worker C connects to A and a tagged message from C reaches a
 // receive posted on A (messages the input left with the same tag may come first; it is looked for
 // among as many receives as there were records), and C's stream bytes reach A's endpoint for C.
@@ -23,6 +30,7 @@
 #include "check.hpp"
 #include "seeds.hpp"
 #include "protocols.hpp"
+#include "tag_offload.hpp"
 
 #include "schema/wire.capnp.h"
 
@@ -61,6 +69,7 @@ comm::context& the_context() {
   static auto* ctx = [] {
     comm::config cfg;
     cfg.transports = {"self"};
+    cfg.tm_thresh = 256;
     return new comm::context(cfg);
   }();
   return *ctx;
@@ -248,6 +257,48 @@ comm::status drop_data(void*, const void*, size_t, void*, size_t, const comm::am
   return comm::status::ok;
 }
 
+/// The first 8 bytes at `data` (fewer: zero-filled) as a little-endian number.
+uint64_t word_at(const uint8_t* data, size_t length) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < 8 && i < length; ++i) value |= uint64_t{data[i]} << (8 * i);
+  return value;
+}
+
+/// Sends one record through the injector's tag operations (see the top of this file); false
+/// while the transport has no room. A zcopy's completion is `done`, which the caller waits for.
+bool send_tagged(comm::tl::ep& target, uint8_t kind, const uint8_t* data, size_t length,
+                 comm::tl::completion* done) {
+  const uint64_t tag = word_at(data, length);
+  const size_t skip_tag = std::min<size_t>(8, length);
+  data += skip_tag;
+  length -= skip_tag;
+  if (kind >= 0xc0) return target.tag_rndv_request(tag, data, length) != comm::status::no_resource;
+  const uint64_t imm = word_at(data, length);
+  const size_t skip_imm = std::min<size_t>(8, length);
+  data += skip_imm;
+  length -= skip_imm;
+  if (kind < 0xa0) {
+    struct chunk {
+      const uint8_t* bytes;
+      size_t length;
+    } payload{data, length};
+    auto pack = [](void* dest, void* arg) {
+      auto* c = static_cast<chunk*>(arg);
+      std::memcpy(dest, c->bytes, c->length);
+      return c->length;
+    };
+    const ssize_t n = target.tag_eager_bcopy(tag, imm, pack, &payload);
+    return n != static_cast<ssize_t>(comm::status::no_resource);
+  }
+  const size_t copies = 1 + (length != 0 ? data[0] % 8 : 0);
+  comm::tl::iov entries[8];
+  for (size_t i = 0; i < copies; ++i) entries[i] = {data, length};
+  *done = comm::tl::completion{nullptr, 1, comm::status::ok};
+  const comm::status st = target.tag_eager_zcopy(tag, imm, entries, copies, done);
+  if (st != comm::status::in_progress) done->count = 0;
+  return st != comm::status::no_resource;
+}
+
 /// Sends the input's records to `target` from the injector, progressing the workers after each.
 size_t inject(comm::tl::ep& target, const uint8_t* data, size_t size,
               std::initializer_list<comm::worker*> workers) {
@@ -268,8 +319,16 @@ size_t inject(comm::tl::ep& target, const uint8_t* data, size_t size,
       std::memcpy(dest, c->bytes, c->length);
       return c->length;
     };
-    for (int i = 0; i < max_rounds && target.am_bcopy(id, pack, &payload) < 0; ++i) {
-      progress(workers);
+    if (data[-3] & 0x80) {
+      comm::tl::completion done{nullptr, 0, comm::status::ok};
+      for (int i = 0; i < max_rounds && !send_tagged(target, data[-3], data, length, &done); ++i) {
+        progress(workers);
+      }
+      for (int i = 0; i < max_rounds && done.count > 0; ++i) progress(workers);
+    } else {
+      for (int i = 0; i < max_rounds && target.am_bcopy(id, pack, &payload) < 0; ++i) {
+        progress(workers);
+      }
     }
     for (int i = 0; i < 4; ++i) progress(workers);
     data += length;
@@ -292,6 +351,9 @@ void run(const uint8_t* data, size_t size) {
           "cannot set AM handlers");
   std::vector<uint8_t> posted(4096);
   comm::op r = a->tag_recv(posted.data(), posted.size(), 7, 0xff);
+  // An exact receive the worker hands to its interface's tag matching.
+  std::vector<uint8_t> offloaded(4096);
+  comm::op ro = a->tag_recv(offloaded.data(), offloaded.size(), 9, comm::tag_mask_full);
   // A stream receive waiting on A's endpoint for B: forged stream bytes go into it first.
   std::vector<uint8_t> stream_posted(4096);
   comm::endpoint* a_for_b = comm::detail::impl(*a).find_ep(first_ep);
@@ -313,11 +375,12 @@ void run(const uint8_t* data, size_t size) {
       a->release(sr.req);
     }
   }
-  if (r.pending()) {
-    if (a->request_status(r.req) == comm::status::in_progress) {
-      a->cancel(r.req, comm::cancel_mode::force);
+  for (comm::op* o : {&r, &ro}) {
+    if (!o->pending()) continue;
+    if (a->request_status(o->req) == comm::status::in_progress) {
+      a->cancel(o->req, comm::cancel_mode::force);
     } else {
-      a->release(r.req);  // a forged message completed it
+      a->release(o->req);  // a forged message completed it
     }
   }
 }
@@ -481,6 +544,30 @@ std::vector<std::pair<uint8_t, seed>> protocol_records() {
                  f.setMsgId(3);
                  f.setOffset(100);
                }, 900)});
+  // Through tag operations (high bit of the record's first byte), from B's endpoint on A.
+  const uint64_t sender = comm::detail::tm_sender_word(first_ep);
+  auto tagged = [](uint64_t tag, const uint64_t* imm, size_t payload, uint8_t first) {
+    seed out;
+    comm::fuzz::append(out, &tag, sizeof tag);
+    if (imm != nullptr) comm::fuzz::append(out, imm, sizeof *imm);
+    for (size_t i = 0; i < payload; ++i) out.push_back(i == 0 ? first : uint8_t('a' + i % 26));
+    return out;
+  };
+  const uint64_t stranger = 3;
+  r.push_back({0x80, tagged(9, &sender, 300, 0)});          // into the offloaded receive
+  r.push_back({0x80, tagged(7, &sender, 100, 0)});          // into the wildcard receive
+  r.push_back({0x80, tagged(0x5eed, &stranger, 64, 0)});    // names no sender
+  r.push_back({0xa0, tagged(0x77, &sender, 3000, 7)});      // unexpected, in fragments
+  r.push_back({0xa0, tagged(9, &sender, 600, 1)});          // into the offloaded receive
+  seed rndv = tagged(0x66, nullptr, 0, 0);
+  const seed header = header_then<wire::TagOffloadRndv>([](auto f) {
+    f.setDstEp(first_ep);
+    f.setSreqId(5);
+  }, 0);
+  rndv.insert(rndv.end(), header.begin(), header.end());
+  r.push_back({0xc0, rndv});                                // unexpected rendezvous of 0 bytes
+  rndv[0] = 9;
+  r.push_back({0xc0, rndv});                                // a request the transport matches
   return r;
 }
 

@@ -19,7 +19,7 @@ const char* const all_variables[] = {"COMM_TLS",          "COMM_SHORT_THRESH", "
                                      "COMM_SHM_SEG_SIZE", "COMM_SHM_FIFO_SZ",
                                      "COMM_SELF_FIFO_SIZE", "COMM_TCP_WINDOW",
                                      "COMM_TCP_DEVICE",   "COMM_VERBS_CREDITS",
-                                     "COMM_NOSUCH_KNOB"};
+                                     "COMM_TM_THRESH",    "COMM_NOSUCH_KNOB"};
 
 /// The variable that sizes the receive queue (or send window, or the receive buffers granted to
 /// each peer) of transport `name`.
@@ -73,9 +73,29 @@ BOOST_AUTO_TEST_CASE(defaults_without_variables) {
   BOOST_CHECK_EQUAL(cfg.short_thresh, defaults.short_thresh);
   BOOST_CHECK_EQUAL(cfg.zcopy_thresh, defaults.zcopy_thresh);
   BOOST_CHECK_EQUAL(cfg.rndv_thresh, defaults.rndv_thresh);
+  BOOST_CHECK_EQUAL(cfg.tm_thresh, defaults.tm_thresh);
   BOOST_CHECK(cfg.transport_options.empty());
   BOOST_CHECK(cfg.transport_enabled("shm"));
   BOOST_CHECK(cfg.transport_enabled("anything"));
+}
+
+BOOST_AUTO_TEST_CASE(tm_thresh_takes_a_size_or_off) {
+  {
+    env_scope env({{"COMM_TM_THRESH", "4k"}});
+    BOOST_CHECK_EQUAL(config::from_environment().tm_thresh, 4096u);
+  }
+  {
+    env_scope env({{"COMM_TM_THRESH", "0"}});
+    BOOST_CHECK_EQUAL(config::from_environment().tm_thresh, 0u);
+  }
+  {
+    env_scope env({{"COMM_TM_THRESH", "off"}});
+    BOOST_CHECK_EQUAL(config::from_environment().tm_thresh, SIZE_MAX);
+  }
+  {
+    env_scope env({{"COMM_TM_THRESH", "lots"}});  // malformed: reported, the default kept
+    BOOST_CHECK_EQUAL(config::from_environment().tm_thresh, config{}.tm_thresh);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(every_variable_is_read) {

@@ -446,3 +446,33 @@ BOOST_AUTO_TEST_CASE(randomized_against_reference) {
     }
   }
 }
+
+BOOST_AUTO_TEST_CASE(software_receives_are_counted_for_offload) {
+  tag_matcher m(8);
+  BOOST_CHECK(!m.software_may_take(5));
+  tag_expected off = make_expected(5);
+  off.offloaded = true;
+  m.post_expected(&off);
+  BOOST_CHECK(!m.software_may_take(5));  // only an offloaded receive of the tag
+  tag_expected soft = make_expected(5);
+  m.post_expected(&soft);
+  BOOST_CHECK(m.software_may_take(5));
+  BOOST_CHECK(m.match_expected(5) == &off);  // posting order holds across both kinds
+  BOOST_CHECK(m.software_may_take(5));
+  BOOST_CHECK(m.match_expected(5) == &soft);
+  BOOST_CHECK(!m.software_may_take(5));
+  // A wildcard counts for the tags it accepts only.
+  tag_expected wild = make_expected(0x100, 0xf00);
+  m.post_expected(&wild);
+  BOOST_CHECK(m.software_may_take(0x1ab));
+  BOOST_CHECK(!m.software_may_take(0x2ab));
+  BOOST_CHECK(m.remove_expected(&wild));
+  BOOST_CHECK(!m.software_may_take(0x1ab));
+  // With one bucket every exact software receive blocks every tag (conservative, never wrong).
+  tag_matcher one(1);
+  tag_expected other = make_expected(77);
+  one.post_expected(&other);
+  BOOST_CHECK(one.software_may_take(78));
+  BOOST_CHECK(one.remove_expected(&other));
+  BOOST_CHECK(!one.software_may_take(78));
+}

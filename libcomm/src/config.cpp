@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string_view>
+#include <cstdint>
 
 namespace comm {
 namespace {
@@ -50,6 +52,16 @@ tl::options transport_variables() {
   return found;
 }
 
+/// Reads COMM_TM_THRESH: a size, or "off" for no tag matching in the transport.
+void read_tm_thresh(size_t* field) {
+  const char* text = std::getenv("COMM_TM_THRESH");
+  if (text != nullptr && std::string_view(text) == "off") {
+    *field = SIZE_MAX;
+    return;
+  }
+  read_size("COMM_TM_THRESH", field);
+}
+
 /// Reads a limit: a size of at least 1 (0 would refuse everything).
 void read_limit(const char* variable, size_t* field) {
   size_t value = *field;
@@ -91,6 +103,7 @@ config config::from_environment() {
   read_size("COMM_SHORT_THRESH", &cfg.short_thresh);
   read_size("COMM_ZCOPY_THRESH", &cfg.zcopy_thresh);
   read_size("COMM_RNDV_THRESH", &cfg.rndv_thresh);
+  read_tm_thresh(&cfg.tm_thresh);
   cfg.transport_options = transport_variables();
   read_auth_key(&cfg.auth_key);
   read_limits(&cfg.limits);

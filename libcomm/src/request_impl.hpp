@@ -76,7 +76,7 @@ struct request_fields {
 #endif
 
   /// Bytes of module state a request holds.
-  static constexpr size_t state_capacity = 208;
+  static constexpr size_t state_capacity = 272;
   /// The module's state (request::init<S>).
   alignas(16) unsigned char state[state_capacity];
 };

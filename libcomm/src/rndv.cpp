@@ -145,7 +145,22 @@ status rndv_protocol::send(request* req, rndv_send& r, size_t length, const rts_
   return status::ok;  // issued; the request completes on RndvAts or after pushing the data
 }
 
+void rndv_protocol::enter_offloaded(request* req, rndv_send& r, size_t length) {
+  r.req = req;
+  r.length = length;
+  r.id = next_id_++;
+  req->holds = true;
+  sends_[r.id] = &r;
+}
+
 void rndv_protocol::release_send(rndv_send& r) {
+  if (r.tl_handle != 0) {
+    // The transport still holds the announcement (its receiver took it unmatched): withdraw it.
+    // An endpoint whose lane is gone dropped it already.
+    endpoint_impl* ep = r.req != nullptr ? r.req->ep : nullptr;
+    if (ep != nullptr && ep->lane) (void)ep->lane->tag_rndv_cancel(r.tl_handle);
+    r.tl_handle = 0;
+  }
   if (r.id != 0) {
     sends_.erase(r.id);
     r.id = 0;
@@ -476,6 +491,15 @@ void rndv_protocol::endpoint_failed(endpoint_impl& ep, status reason) {
     recvs_.erase(f->id);
     f->id = 0;
     f->done(f->req, reason);
+  }
+  // A send through the transport's tag matching waits for the transport, which may never finish
+  // it now: withdrawn, it ends with the endpoint.
+  for (auto& [id, r] : sends_) {
+    if (r->req->ep != &ep || r->tl_handle == 0) continue;
+    if (ep.lane) (void)ep.lane->tag_rndv_cancel(r->tl_handle);
+    r->tl_handle = 0;
+    r->req->tl_in_flight = 0;
+    if (r->req->st == status::in_progress) r->req->st = reason;
   }
   // A send the user cancelled ends as cancelled, whatever ended the endpoint.
   for (auto& [id, r] : sends_) {

@@ -57,6 +57,9 @@ struct rndv_send {
   size_t pushed = 0;               ///< software rendezvous: bytes pushed so far
   tl::md* md = nullptr;            ///< memory domain of the registration made for it
   tl::mem_handle* reg = nullptr;   ///< that registration
+  /// A tagged send through the transport's tag matching (tag_offload.hpp): the handle of its
+  /// outstanding tag_rndv_zcopy (0: none), cancelled when the send ends another way.
+  uint64_t tl_handle = 0;
 };
 
 /// What an announcement says of the message besides its data (RndvRts).
@@ -105,8 +108,13 @@ public:
   /// the data the receiver asked for. ok once issued (the request completes on the
   /// acknowledgement, or once pushed), no_resource, or an error.
   status send(request* req, rndv_send& r, size_t length, const rts_fields& fields);
-  /// Releases what a rendezvous send holds (table entry, registration); idempotent.
+  /// Releases what a rendezvous send holds (table entry, registration, the transport's
+  /// operation); idempotent.
   void release_send(rndv_send& r);
+  /// Enters `req`, a tagged send of `length` bytes about to go through the transport's tag
+  /// matching (tag_offload.hpp), in the send table, so that the receiver's RndvAts (when the
+  /// announcement reached it unmatched), RndvRtr or a cancel find it; sets r.id.
+  void enter_offloaded(request* req, rndv_send& r, size_t length);
   /// Cancels an announced send: the peer drops the announcement if it is still unmatched. Reported,
   /// the send completes with canceled once the peer answered (its fetch is over) or the endpoint
   /// failed; forced, it withdraws the buffer and is released at once.

@@ -303,6 +303,13 @@ void on_send_done(tl::completion* comp) {
   auto* req = request::of_completion(comp);
   req->tl_in_flight = 0;
   req->st = comp->result;
+  endpoint_impl* ep = req->ep;
+  if (req->type == request::role::close && ep->state == endpoint_impl::phase::failed &&
+      !ep->peer_closed_too && !is_error(req->st)) {
+    // The endpoint failed while the transport flushed (it finished what the failure withdrew,
+    // such as a rendezvous through tag matching): the close ends as the failure says.
+    req->st = ep->failure;
+  }
   if (req->issuing) return;
   req->ep->complete_in_order();
 }

@@ -43,6 +43,15 @@ int unexpected_tier(size_t bytes) {
   return -1;
 }
 
+/// A message arriving in fragments through a transport's unexpected-eager handler (its per-message
+/// context there).
+struct tm_arrival {
+  endpoint_impl* ep = nullptr;           ///< its sender's endpoint
+  request* recv = nullptr;               ///< its matched receive, or
+  unexpected_msg* msg = nullptr;         ///< the unexpected message being filled
+  size_t received = 0;                   ///< data bytes so far
+};
+
 /// The module's fragmented message arriving on an endpoint.
 struct tag_ep_state : endpoint_state {
   request* recv = nullptr;              ///< its matched receive, or
@@ -60,26 +69,6 @@ void copy_to_recv(request* req, tag_recv_state& s, size_t offset, const uint8_t*
 /// Completes a receive whose data all arrived.
 void finish_recv(worker_impl& w, request* req, const tag_recv_state& s) {
   w.complete(req, s.received > s.length ? status::message_truncated : status::ok);
-}
-
-/// A whole message arrived on `ep`: complete a matching receive or keep it as unexpected.
-void deliver(tag_protocol& t, worker_impl& w, endpoint_impl* ep, tag_t tag, uint64_t imm,
-             const uint8_t* data, size_t length) {
-  tag_expected* e = w.matcher.match_expected(tag);
-  if (e != nullptr) {
-    request* req = tag_protocol::recv_of(e);
-    tag_recv_state& s = tag_protocol::match(req, tag, imm);
-    copy_to_recv(req, s, 0, data, length);
-    s.received = length;
-    finish_recv(w, req, s);
-    return;
-  }
-  unexpected_msg* msg = t.new_unexpected(ep, tag, imm, length);
-  if (msg == nullptr) return;  // a limit failed the endpoint, or no memory (logged)
-  if (length != 0) std::memcpy(msg->data, data, length);
-  msg->received = length;
-  w.matcher.add_unexpected(msg);
-  w.note_events(wakeup_tag_recv | wakeup_rx);
 }
 
 // -- sends ---------------------------------------------------------------------------------------
@@ -132,7 +121,11 @@ const message_framing framing{encode_first, whole_header_size, send_by_rndv,
                               wire_id(tag_msg::fragment)};
 
 status progress_send(request* req) {
-  return send_message(req, req->as<tag_send_state>().send, framing);
+  auto& s = req->as<tag_send_state>();
+  tag_offload& offload = module_of<tag_protocol>(*req->owner).offload;
+  if (s.tm == tm_send::undecided) s.tm = offload.choose(req, s);
+  if (s.tm != tm_send::software) return offload.send(req, s);
+  return send_message(req, s.send, framing);
 }
 
 void release_send(request* req) {
@@ -169,7 +162,7 @@ void release_recv(request* req) {
 status cancel_recv(request* req, cancel_mode mode) {
   worker_impl& w = *req->owner;
   auto& s = req->as<tag_recv_state>();
-  if (s.matched || !w.matcher.remove_expected(&s.expected)) return status::busy;
+  if (s.matched || !module_of<tag_protocol>(w).unpost(s)) return status::busy;
   if (mode == cancel_mode::force) {
     req->finished = true;
     req->st = status::canceled;
@@ -195,7 +188,8 @@ void fetched(request* req, status outcome) {
 
 }  // namespace
 
-tag_protocol::tag_protocol(worker_impl& owner, unsigned index) : protocol(owner, index) {
+tag_protocol::tag_protocol(worker_impl& owner, unsigned index)
+    : protocol(owner, index), offload(owner, *this) {
   receive<&tag_protocol::on_eager>(tag_msg::eager);
   receive<&tag_protocol::on_eager_imm>(tag_msg::eager_imm);
   receive<&tag_protocol::on_eager_first>(tag_msg::eager_first);
@@ -285,6 +279,43 @@ void tag_protocol::out_of_room(endpoint_impl* ep) {
 
 // -- receiving -----------------------------------------------------------------------------------
 
+void tag_protocol::post(request* req, tag_recv_state& s) {
+  offload.try_post(req, s);
+  w.matcher.post_expected(&s.expected);
+}
+
+bool tag_protocol::unpost(tag_recv_state& s) {
+  if (!w.matcher.remove_expected(&s.expected)) return false;
+  offload.reclaim(s);
+  return true;
+}
+
+tag_expected* tag_protocol::take_expected(tag_t tag) {
+  tag_expected* e = w.matcher.match_expected(tag);
+  if (e != nullptr && e->offloaded) {
+    offload.reclaim(recv_of(e)->as<tag_recv_state>());  // rule 1 of tag_offload.hpp
+  }
+  return e;
+}
+
+void tag_protocol::deliver(endpoint_impl* ep, tag_t tag, uint64_t imm, const uint8_t* data,
+                           size_t length) {
+  if (tag_expected* e = take_expected(tag)) {
+    request* req = recv_of(e);
+    tag_recv_state& s = match(req, tag, imm);
+    copy_to_recv(req, s, 0, data, length);
+    s.received = length;
+    finish_recv(w, req, s);
+    return;
+  }
+  unexpected_msg* msg = new_unexpected(ep, tag, imm, length);
+  if (msg == nullptr) return;  // a limit failed the endpoint, or no memory (logged)
+  if (length != 0) std::memcpy(msg->data, data, length);
+  msg->received = length;
+  w.matcher.add_unexpected(msg);
+  w.note_events(wakeup_tag_recv | wakeup_rx);
+}
+
 tag_recv_state& tag_protocol::match(request* req, tag_t tag, uint64_t imm) {
   auto& s = req->as<tag_recv_state>();
   s.matched = true;
@@ -322,7 +353,7 @@ void tag_protocol::receive_eager(const uint8_t* data, size_t length, bool with_i
   if (ep == nullptr) return;
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += length - used;
-  deliver(*this, w, ep, tag, imm, data + used, length - used);
+  deliver(ep, tag, imm, data + used, length - used);
 }
 
 void tag_protocol::on_eager_first(const uint8_t* data, size_t length) {
@@ -345,7 +376,7 @@ void tag_protocol::on_eager_first(const uint8_t* data, size_t length) {
   auto& rx = state_of<tag_ep_state>(*ep);
   rx.recv = nullptr;
   rx.unexpected = nullptr;
-  tag_expected* e = w.matcher.match_expected(h->getTag());
+  tag_expected* e = take_expected(h->getTag());
   if (e != nullptr) {
     request* req = recv_of(e);
     tag_recv_state& s = match(req, h->getTag(), h->getImm());
@@ -395,7 +426,7 @@ void tag_protocol::finish_fragments(endpoint_impl& ep) {
     msg->received = total;
     // A receive posted while the fragments arrived was not matched against this message (it was
     // not in the unexpected queue yet): it takes the message now, ahead of later arrivals.
-    if (tag_expected* e = w.matcher.match_expected(msg->tag)) {
+    if (tag_expected* e = take_expected(msg->tag)) {
       request* late = recv_of(e);
       tag_recv_state& s = match(late, msg->tag, msg->imm);
       copy_to_recv(late, s, 0, msg->data, msg->length);
@@ -421,6 +452,58 @@ request* tag_protocol::drop_fragments(endpoint_impl& ep) {
   return matched;
 }
 
+void tag_protocol::unexpected_fragment(endpoint_impl* ep, tag_t tag, const uint8_t* data,
+                                       size_t length, unsigned flags, void** context) {
+  auto* a = static_cast<tm_arrival*>(*context);
+  if (flags & tl::tag_flag_first) {
+    a = new (std::nothrow) tm_arrival{ep};
+    if (a == nullptr) return out_of_room(ep);
+    *context = a;
+    ++ep->counters_.messages_received;
+    if (tag_expected* e = take_expected(tag)) {
+      a->recv = recv_of(e);
+      match(a->recv, tag, 0);
+    } else if ((a->msg = new_unexpected(ep, tag, 0, 0)) != nullptr) {
+      a->msg->length = max_eager_message;  // bounds reserve_unexpected until the last fragment
+    }
+  } else if (a == nullptr) {
+    return w.protocol_error(ep, "tagged fragment without its first");
+  } else {
+    ep = a->ep;
+  }
+  ep->counters_.bytes_received += length;
+  if (a->recv != nullptr) {
+    copy_to_recv(a->recv, a->recv->as<tag_recv_state>(), a->received, data, length);
+  } else if (a->msg != nullptr) {
+    if (length > max_eager_message - a->received) {
+      w.protocol_error(ep, "tagged message through tag matching beyond any eager message");
+      free_unexpected(a->msg);
+      a->msg = nullptr;
+    } else if (!reserve_unexpected(a->msg, a->received + length)) {
+      out_of_room(ep);
+      free_unexpected(a->msg);
+      a->msg = nullptr;
+    } else if (length != 0) {
+      std::memcpy(a->msg->data + a->received, data, length);
+    }
+  }
+  a->received += length;
+  if (flags & tl::tag_flag_more) return;
+  *context = nullptr;
+  if (a->recv != nullptr) {
+    auto& s = a->recv->as<tag_recv_state>();
+    s.received = a->received;
+    finish_recv(w, a->recv, s);
+  } else if (a->msg != nullptr) {
+    // No receive can have been posted since the first fragment: no user code ran in between.
+    a->msg->length = a->received;
+    a->msg->received = a->received;
+    w.matcher.add_unexpected(a->msg);
+    w.note_events(wakeup_tag_recv | wakeup_rx);
+  }
+  delete a;
+}
+
 const unexpected_msg* tag_protocol::arriving(const endpoint_impl& ep) const {
   const auto* rx = find_state<tag_ep_state>(ep);
   return ep.rx.owner == this && rx != nullptr ? rx->unexpected : nullptr;
@@ -439,7 +522,7 @@ void tag_protocol::fetch(request* req, endpoint_impl* ep, uint64_t sreq, uint64_
 
 void tag_protocol::on_announcement(endpoint_impl& ep, tag_t tag, uint64_t imm,
                                    rndv_announcement&& a) {
-  tag_expected* e = w.matcher.match_expected(tag);
+  tag_expected* e = take_expected(tag);
   if (e != nullptr) {
     request* req = recv_of(e);
     match(req, tag, imm);
@@ -538,7 +621,7 @@ void tag_protocol::teardown() {
   std::vector<tag_expected*> posted;
   w.matcher.for_each_expected([&](tag_expected* e) { posted.push_back(e); });
   for (tag_expected* e : posted) {
-    w.matcher.remove_expected(e);
+    unpost(recv_of(e)->as<tag_recv_state>());
     w.complete(recv_of(e), status::canceled);
   }
   std::vector<tag_unexpected*> arrived;
@@ -552,6 +635,7 @@ void tag_protocol::teardown() {
 void tag_protocol::info(std::ostream& out) const {
   out << "tag queues: expected " << w.matcher.expected_count() << " unexpected "
       << w.matcher.unexpected_count() << '\n';
+  offload.info(out);
 }
 
 }  // namespace detail
@@ -566,7 +650,8 @@ op endpoint::tag_send(tag_t tag, const void* buffer, size_t length, const reques
                                   request_force_zcopy | request_force_bcopy | request_force_rndv;
   constexpr size_t header = wire::header_size<wire::schema::TagEager>();
   if (!(params.flags & slow_flags) && params.pack == nullptr &&
-      detail::short_path_open(ep, header + length)) {
+      detail::short_path_open(ep, header + length) &&
+      length < module_of<tag_protocol>(w).offload.thresh()) {
     auto& writer = module_of<tag_protocol>(w).hdr_tag;
     auto& h = writer.fields();
     h.setDstEp(ep.remote_id);
@@ -628,7 +713,7 @@ op worker::tag_recv_iov(const iov_entry* entries, size_t count, tag_t tag, tag_t
   s.expected.tag = tag;
   s.expected.mask = mask;
   if (found == nullptr) {
-    w.matcher.post_expected(&s.expected);
+    t.post(req, s);
     return w.in_progress(req);
   }
   return t.receive_unexpected(req, found);
@@ -671,9 +756,8 @@ size_t worker::cancel_tag_recvs(tag_t tag, tag_t mask) {
   std::sort(chosen.begin(), chosen.end(),
             [&](request* a, request* b) { return sn(a) < sn(b); });
   // Out of the matcher first: a callback may post, cancel or release receives.
-  for (request* req : chosen) {
-    w.matcher.remove_expected(&req->as<detail::tag_recv_state>().expected);
-  }
+  tag_protocol& t = module_of<tag_protocol>(w);
+  for (request* req : chosen) t.unpost(req->as<detail::tag_recv_state>());
   for (request* req : chosen) w.complete(req, status::canceled);
   return chosen.size();
 }

@@ -2,11 +2,14 @@
 // TagEager / TagEagerImm / TagEagerFirst headers and tag fragments) or by rendezvous (rndv.hpp).
 // A message that arrives is matched against the posted receives (the worker's tag matcher) or kept
 // as an unexpected message, pooled, counted against the limits of its endpoint, until a receive
-// or a probe takes it; a rendezvous announcement waits there the same way.
+// or a probe takes it; a rendezvous announcement waits there the same way. Sends and receives of
+// at least COMM_TM_THRESH bytes may use the transport's own tag matching instead (tag_offload.hpp
+// has the rules that keep both ways in agreement).
 #pragma once
 
 #include "rndv.hpp"
 #include "send.hpp"
+#include "tag_offload.hpp"
 #include "worker_impl.hpp"
 
 #include <cstddef>
@@ -48,6 +51,7 @@ struct tag_send_state {
   send_progress send;        ///< the send engine's part
   rndv_send rndv;            ///< its rendezvous, when it goes that way
   tag_t tag = 0;             ///< its tag
+  tm_send tm = tm_send::undecided; ///< software, or which tag operation of the lane
 };
 
 /// State of a tagged receive.
@@ -58,6 +62,7 @@ struct tag_recv_state {
   size_t received = 0;       ///< bytes the sender sent (more than `length`: truncated)
   bool matched = false;      ///< matched to a message (no longer cancellable)
   rndv_fetch fetch;          ///< a rendezvous message being fetched into it
+  tl::tag_context tl_ctx;    ///< its entry in the transport's tag matching (expected.offloaded)
 };
 
 /// The tag module (see the top of this file).
@@ -72,7 +77,28 @@ public:
     return request::of_state(e, offsetof(tag_recv_state, expected));
   }
 
+  /// The receive whose transport context is `ctx`.
+  static request* recv_of(tl::tag_context* ctx) {
+    return request::of_state(ctx, offsetof(tag_recv_state, tl_ctx));
+  }
+
   // -- for the public API (tag.cpp) --
+  /// Queues the receive `req` (nothing arrived for it): in the transport's tag matching too when
+  /// tag_offload allows it.
+  void post(request* req, tag_recv_state& s);
+  /// Removes the queued receive `s` (cancel); false when it is not queued (matched already).
+  bool unpost(tag_recv_state& s);
+  /// Takes the earliest posted receive that accepts `tag` out of the queue (and back from the
+  /// transport), or null.
+  tag_expected* take_expected(tag_t tag);
+  /// A whole eager message from `ep`: into a matching receive, or kept as unexpected.
+  void deliver(endpoint_impl* ep, tag_t tag, uint64_t imm, const uint8_t* data, size_t length);
+  /// A fragment of an eager message from `ep` that the transport's tag matching passed to its
+  /// unexpected handler in pieces (tl::tag_flag_first / tag_flag_more): gathered into a matching
+  /// receive or an unexpected message through `*context` (null before the first fragment, null
+  /// again after the last).
+  void unexpected_fragment(endpoint_impl* ep, tag_t tag, const uint8_t* data, size_t length,
+                           unsigned flags, void** context);
   /// Receives the message `found` (matched by a receive or a probe) into `req`.
   op receive_unexpected(request* req, unexpected_msg* found);
   /// Stops counting `msg` against its endpoint's limits (the user took it with tag_probe); it
@@ -104,6 +130,9 @@ public:
   void endpoint_deleted(endpoint_impl& ep) override;
   void teardown() override;
   void info(std::ostream& out) const override;
+
+  /// The transport's tag matching as this worker uses it.
+  tag_offload offload;
 
   // Long-lived header builders (one per header type, see comm/wire/codec.hpp).
   wire::header_writer<wire::schema::TagEager> hdr_tag;

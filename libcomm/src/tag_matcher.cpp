@@ -59,6 +59,7 @@ tag_matcher::~tag_matcher() = default;
 void tag_matcher::post_expected(tag_expected* e) noexcept {
   assert(!e->queued());
   e->sn = ++expected_sn_;
+  if (!e->offloaded && e->mask == tag_mask_full) ++bucket_of(e->tag).software;
   list_of(e).push_back(e);
   ++expected_count_;
 }
@@ -73,6 +74,14 @@ tag_expected* tag_matcher::match_expected(tag_t tag) noexcept {
   if (e != nullptr)
     unlink(e);
   return e;
+}
+
+bool tag_matcher::software_may_take(tag_t tag) const noexcept {
+  if (bucket_of(tag).software != 0) return true;
+  for (const tag_expected* w = wildcards_.first; w != nullptr; w = w->hook.next) {
+    if (!w->offloaded && w->accepts(tag)) return true;
+  }
+  return false;
 }
 
 bool tag_matcher::remove_expected(tag_expected* e) noexcept {

@@ -9,6 +9,12 @@
 //    the tag's hash bucket (full mask) or in the wildcard list (any other mask);
 //  - match_unexpected returns the earliest *arrived* message that the receive accepts.
 //
+// A posted receive may also sit in a transport's own tag matching (`offloaded`, tag_offload.hpp):
+// it stays in this queue, in posting order, so that a message matched here still finds the
+// earliest receive whoever else holds it. The matcher counts the receives that only it matches
+// (software receives) per bucket, so tag_offload can tell when handing a receive to the transport
+// would let the transport match it ahead of an earlier software receive.
+//
 // Not thread-safe: one matcher belongs to one worker.
 #pragma once
 
@@ -77,6 +83,9 @@ struct tag_expected {
   tag_t mask = 0;  ///< bits of an incoming tag that must equal `tag`; tag_mask_full = exact
   list_hook<tag_expected> hook;  ///< links in a bucket or in the wildcard list (matcher-owned)
   uint64_t sn = 0;  ///< posting sequence number, > 0 while queued, 0 when not (matcher-owned)
+  /// Also posted in a transport's tag matching. Set before post_expected and left alone while the
+  /// entry is queued (the matcher counts software receives by it).
+  bool offloaded = false;
 
   /// @returns whether the entry sits in a matcher's expected queue.
   bool queued() const noexcept { return sn != 0; }
@@ -121,6 +130,11 @@ public:
   /// Removes and returns the earliest posted receive that accepts `tag`.
   /// @returns the receive, or null when none accepts `tag`
   tag_expected* match_expected(tag_t tag) noexcept;
+
+  /// Whether a queued software (not offloaded) receive could take a message tagged `tag`: one
+  /// in the tag's bucket (conservatively: any exact receive of a tag hashing there) or a wildcard
+  /// receive that accepts `tag`.
+  bool software_may_take(tag_t tag) const noexcept;
 
   /// Cancels a posted receive.
   /// @returns true if `e` was queued and is now removed, false if it was not queued
@@ -175,6 +189,7 @@ private:
   struct bucket {
     expected_list expected;
     bucket_list unexpected;
+    size_t software = 0;  ///< receives in `expected` that are not offloaded
   };
 
   // The helpers below are defined here, hence inline: with -fPIC, out-of-line members could be
@@ -197,6 +212,7 @@ private:
 
   /// Unlinks the queued receive `e` and marks it not queued.
   void unlink(tag_expected* e) noexcept {
+    if (!e->offloaded && e->mask == tag_mask_full) --bucket_of(e->tag).software;
     list_of(e).erase(e);
     e->sn = 0;
     --expected_count_;

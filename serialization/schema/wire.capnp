@@ -137,6 +137,12 @@ struct RndvCancel {         # the sender cancelled a rendezvous send
   sreqId @1 :UInt64;
 }
 
+struct TagOffloadRndv {     # header of a tagged rendezvous sent through a transport's tag matching
+  dstEp  @0 :UInt32;        # the receiver's endpoint for the sender
+  sreqId @1 :UInt64;        # the sender's request, echoed in RndvAts / RndvRtr when the receiver
+                            # fetches in software (the announcement reached it unmatched)
+}
+
 # -- memory keys ----------------------------------------------------------------------------------
 
 struct RemoteKeyEntry {

@@ -6,6 +6,7 @@
 #include <comm/transport/options.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,14 @@ struct config {
   size_t zcopy_thresh = 16384;
   /// Messages at least this large use rendezvous (COMM_RNDV_THRESH); 0: chosen per transport.
   size_t rndv_thresh = 0;
+  /// Tag matching in the transport (COMM_TM_THRESH, UCX's UCX_TM_THRESH): on an interface that
+  /// matches tags itself (cap_tag_*), tagged receives whose buffer is at least this large are
+  /// posted to it and tagged sends at least this large use its tag operations; smaller ones, and
+  /// every wildcard receive, are matched in software. "off" (SIZE_MAX, the default) keeps all
+  /// matching in software: the transports that offer tag matching here (self, shm) match in
+  /// software too, and measured slower that way (docs/tag_offload.md); UCX's 1024 suits a NIC
+  /// that matches in hardware.
+  size_t tm_thresh = SIZE_MAX;
   /// The transports' own knobs by variable name, e.g. {"COMM_SHM_FIFO_SIZE", "1024"} or
   /// {"COMM_TCP_DEVICE", "lo"}: every COMM_<TL>_* variable of the README's transport table, what
   /// `comm_info` lists and tl::component::knobs() returns. A context refuses (throws
