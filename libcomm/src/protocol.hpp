@@ -53,6 +53,7 @@ class request;
 namespace comm::detail {
 
 class endpoint_impl;
+class protocol;
 class worker_impl;
 
 /// Most modules a worker runs (protocols.hpp's list).
@@ -90,6 +91,15 @@ enum class held_fate : uint8_t {
   keep,    ///< they stay tied to the endpoint (it failed but still exists)
   detach,  ///< they stay receivable, tied to no endpoint (it is going away)
   drop,    ///< they are freed (the peer passed a limit)
+};
+
+/// What a handler that may keep transport descriptors is called with (protocol::receive_desc): its
+/// module, and the interface that delivered the message, to give a kept descriptor back to
+/// (tl::iface::release_am_desc). The interface is null for messages handed over by
+/// worker_impl::deliver, which never come as descriptors.
+struct desc_source {
+  protocol* module = nullptr;  ///< the module whose handler runs
+  tl::iface* iface = nullptr;  ///< the interface that delivered the message, or null
 };
 
 /// Wire id of a module's enum value.
@@ -141,6 +151,12 @@ protected:
   /// the transport AMs with wire id `id`.
   template <auto Handler, class Id>
   void receive(Id id);
+  /// Registers `Handler` (a member `status (tl::iface* from, uint8_t* data, size_t length,
+  /// unsigned flags)` of the module) for wire id `id`: it is told the interface the message came
+  /// from and may keep `data` when `flags` has tl::am_flag_desc by returning in_progress, then
+  /// gives it back with from->release_am_desc(data).
+  template <auto Handler, class Id>
+  void receive_desc(Id id);
   /// The module's state of type S on `ep`, made on first use.
   template <class S>
   S& state_of(endpoint_impl& ep);
@@ -159,6 +175,13 @@ private:
     (static_cast<P*>(arg)->*Handler)(static_cast<const uint8_t*>(data), length);
     return status::ok;
   }
+  /// Calls `Handler` of the module that `arg` (a desc_source) names, with its interface.
+  template <class P, auto Handler>
+  static status desc_trampoline(void* arg, void* data, size_t length, unsigned flags) {
+    auto* source = static_cast<desc_source*>(arg);
+    return (static_cast<P*>(source->module)->*Handler)(source->iface,
+                                                        static_cast<uint8_t*>(data), length, flags);
+  }
   /// The class of a member function pointer type.
   template <class T>
   struct member_of;
@@ -166,8 +189,13 @@ private:
   struct member_of<void (C::*)(const uint8_t*, size_t)> {
     using type = C;
   };
-  /// Registers `fn` with `arg` for wire id `id` (worker_impl::add_receiver).
-  void add_receiver(tl::am_id id, tl::am_handler_fn fn, void* arg);
+  template <class C>
+  struct member_of<status (C::*)(tl::iface*, uint8_t*, size_t, unsigned)> {
+    using type = C;
+  };
+  /// Registers `fn` with `arg` for wire id `id` (worker_impl::add_receiver); with `per_iface`,
+  /// `fn` takes a desc_source naming this module and the delivering interface instead of `arg`.
+  void add_receiver(tl::am_id id, tl::am_handler_fn fn, void* arg, bool per_iface = false);
 
   unsigned index_;
 };
@@ -176,6 +204,12 @@ template <auto Handler, class Id>
 void protocol::receive(Id id) {
   using P = typename member_of<decltype(Handler)>::type;
   add_receiver(wire_id(id), &trampoline<P, Handler>, static_cast<P*>(this));
+}
+
+template <auto Handler, class Id>
+void protocol::receive_desc(Id id) {
+  using P = typename member_of<decltype(Handler)>::type;
+  add_receiver(wire_id(id), &desc_trampoline<P, Handler>, this, true);
 }
 
 }  // namespace comm::detail

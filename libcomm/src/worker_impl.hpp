@@ -223,14 +223,19 @@ public:
   /// The receive handler of one wire id.
   struct receiver {
     tl::am_handler_fn fn = nullptr;         ///< the module's trampoline
-    void* arg = nullptr;                    ///< the module
+    void* arg = nullptr;                    ///< the module, or `direct` (per_iface)
+    bool per_iface = false;                 ///< fn takes a desc_source per interface
+    desc_source direct;                     ///< per_iface: the module, no interface (deliver)
   };
   std::array<receiver, tl::am_id_count> receivers{}; ///< by wire id
+  /// The desc_source of each per_iface receiver on each interface (install_handlers).
+  std::vector<std::unique_ptr<desc_source>> desc_sources;
   /// Makes the modules (protocols.cpp).
   void make_protocols();
-  /// Registers a module's handler for wire id `id`; a second handler for one id is a programming
-  /// error (logged, then abort).
-  void add_receiver(tl::am_id id, tl::am_handler_fn fn, void* arg, const protocol& owner);
+  /// Registers a module's handler for wire id `id` (per_iface: protocol::receive_desc); a second
+  /// handler for one id is a programming error (logged, then abort).
+  void add_receiver(tl::am_id id, tl::am_handler_fn fn, void* arg, const protocol& owner,
+                    bool per_iface = false);
   /// Installs the registered handlers (and the error handler) on every interface.
   void install_handlers();
   /// Hands `data` to the handler of wire id `id` as a transport would (tests, tools).
