@@ -248,7 +248,7 @@ const request_ops close_ops{
 const request_ops control_ops{.name = "control", .progress = send_control};
 
 status send_message(request* req, send_progress& s, const message_framing& f) {
-  if (!req->has_started && s.offset == 0 && req->tl_completion.count == 0) {
+  if (!s.preset && !req->has_started && s.offset == 0 && req->tl_completion.count == 0) {
     choose_protocol(req, s, f);
   }
   if (s.proto == send_protocol::rndv) return f.send_rndv(req);

@@ -21,6 +21,7 @@ struct send_progress {
   size_t length = 0;                        ///< data bytes of the message
   size_t offset = 0;                        ///< data bytes handed to the transport so far
   uint64_t msg_id = 0;                      ///< identifies its fragments (0 while sent whole)
+  bool preset = false;                      ///< the module set `proto` itself: it is kept
 };
 
 /// How a module frames its messages for the send engine (a static table in the module's file).
