@@ -74,6 +74,7 @@ status rndv_protocol::encode_rts(request* req, rndv_send& r, const rts_fields& f
   auto rts = message.initRoot<wire::schema::RndvRts>();
   rts.setDstEp(ep.remote_id);
   rts.setIsAm(fields.is_am);
+  rts.setIsStream(fields.is_stream);
   rts.setTag(fields.tag);
   rts.setImm((req->params.flags & request_immediate_value) ? req->params.imm : 0);
   rts.setSreqId(r.id);
@@ -282,6 +283,7 @@ void rndv_protocol::on_rts(const uint8_t* data, size_t length) {
       data, length, [&](wire::schema::RndvRts::Reader rts) {
         dst = rts.getDstEp();
         fields.is_am = rts.getIsAm();
+        fields.is_stream = rts.getIsStream();
         fields.tag = rts.getTag();
         imm = rts.getImm();
         announced.sreq = rts.getSreqId();
@@ -303,6 +305,9 @@ void rndv_protocol::on_rts(const uint8_t* data, size_t length) {
     return w.protocol_error(ep, "rendezvous length beyond any buffer");
   }
   ++ep->counters_.messages_received;
+  if (fields.is_stream) {
+    return module_of<stream_protocol>(w).on_announcement(*ep, std::move(announced));
+  }
   if (fields.is_am) {
     return module_of<am_protocol>(w).on_announcement(*ep, fields.am_id, fields.am_flags,
                                                      std::move(header), std::move(announced));

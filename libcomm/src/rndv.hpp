@@ -7,7 +7,8 @@
 // that acknowledgement. Where the lane has no get, the receiver asks (RndvRtr) and the sender
 // pushes RndvData fragments (software rendezvous). An announcement that arrives before its receive
 // waits in the tag module's unexpected queue (or the AM module's deferred list); nothing is
-// fetched before a match.
+// fetched before a match. Stream bytes sent by rendezvous are fetched on arrival, into the
+// receives posted on the endpoint and the stream's buffer (stream.hpp).
 //
 // The tag and AM modules own the requests: a send keeps an rndv_send in its state, a receive an
 // rndv_fetch, and this module keeps tables of both by id.
@@ -64,7 +65,8 @@ struct rndv_send {
 
 /// What an announcement says of the message besides its data (RndvRts).
 struct rts_fields {
-  bool is_am = false;              ///< an active message, else a tagged message
+  bool is_am = false;              ///< an active message, else a tagged message (or stream bytes)
+  bool is_stream = false;          ///< bytes of the endpoint's byte stream (stream.hpp)
   tag_t tag = 0;                   ///< tagged message: its tag
   uint16_t am_id = 0;              ///< active message: its id
   uint16_t am_flags = 0;           ///< active message: its wire flags

@@ -111,6 +111,7 @@ struct RndvRts {            # ready to send: the receiver fetches `length` bytes
   amFlags  @8 :UInt16;
   rkey     @9 :Data;        # the sender's packed key for its transport's memory domain
   header   @10 :Data;       # the AM user header
+  isStream @11 :Bool;       # bytes of the endpoint's byte stream (no tag, AM id or header)
 }
 
 struct RndvAts {            # acknowledgement: the receiver is done with the sender's buffer
