@@ -424,6 +424,21 @@ seed rts() {
   return flat(message);
 }
 
+/// A rendezvous announcement of 100000 stream bytes for A's endpoint (its stream receive), with a
+/// key that does not unpack: the read fails.
+seed stream_rts() {
+  capnp::MallocMessageBuilder message;
+  auto r = message.initRoot<wire::RndvRts>();
+  r.setDstEp(first_ep);
+  r.setIsStream(true);
+  r.setSreqId(6);
+  r.setLength(100000);
+  r.setAddress(0x10000);
+  const uint8_t key[48] = {0x73, 0x6c, 0x72, 0x6b, 2};
+  r.setRkey(kj::arrayPtr(key, sizeof(key)));
+  return flat(message);
+}
+
 /// A wireup request carrying a worker address.
 seed wireup_request() {
   capnp::MallocMessageBuilder address;
@@ -568,6 +583,7 @@ std::vector<std::pair<uint8_t, seed>> protocol_records() {
   r.push_back({0xc0, rndv});                                // unexpected rendezvous of 0 bytes
   rndv[0] = 9;
   r.push_back({0xc0, rndv});                                // a request the transport matches
+  r.push_back({id(P::rndv_msg::rts), stream_rts()});
   return r;
 }
 
