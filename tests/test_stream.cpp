@@ -6,6 +6,9 @@
 #define BOOST_TEST_MODULE stream
 #include "fixture.hpp"
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
 #include <algorithm>
 #include <random>
 
@@ -590,7 +593,8 @@ void feed_words(worker& w, proto_id id, const std::vector<uint64_t>& words, size
 
 BOOST_DATA_TEST_CASE(forged_frames_fail_only_their_endpoint, each_transport(), tl_name) {
   const std::vector<std::string> cases = {"unknown_ep", "truncated", "first_without_fragments",
-                                          "fragment_out_of_sequence", "data_inside_fragments"};
+                                          "fragment_out_of_sequence", "data_inside_fragments",
+                                          "announcement_with_a_forged_key"};
   for (const std::string& what : cases) {
     BOOST_TEST_CONTEXT("forged " << what) {
       worker_pair p(tl_name);
@@ -636,7 +640,7 @@ BOOST_DATA_TEST_CASE(forged_frames_fail_only_their_endpoint, each_transport(), t
             },
             10, &length);
         feed_words(*p.b, proto_id::stream_fragment, frag, length);
-      } else {
+      } else if (what == "data_inside_fragments") {
         auto first = forged<wire::schema::StreamFirst>(
             [&](auto& h) {
               h.setDstEp(dst);
@@ -648,6 +652,21 @@ BOOST_DATA_TEST_CASE(forged_frames_fail_only_their_endpoint, each_transport(), t
         auto data = forged<wire::schema::StreamData>([&](auto& h) { h.setDstEp(dst); }, 4,
                                                      &length);
         feed_words(*p.b, proto_id::stream_data, data, length);
+      } else {
+        // A rendezvous of stream bytes whose key names nothing: the read fails (where the lane
+        // has no get, the sender refuses the request for a send it never made).
+        capnp::MallocMessageBuilder message;
+        auto rts = message.initRoot<wire::schema::RndvRts>();
+        rts.setDstEp(dst);
+        rts.setIsStream(true);
+        rts.setSreqId(77);
+        rts.setLength(100000);
+        rts.setAddress(0x10000);
+        const std::vector<uint8_t> key = pattern(48, 9);
+        rts.setRkey(kj::arrayPtr(key.data(), key.size()));
+        auto words = capnp::messageToFlatArray(message);
+        feed(*p.b, proto_id::rndv_rts, words.asBytes().begin(), words.asBytes().size());
+        BOOST_REQUIRE(p.until([&] { return errors.calls == 1; }));
       }
       BOOST_CHECK_GT(detail::impl(*p.b).protocol_errors, before);
       if (what == "unknown_ep" || what == "truncated") {
