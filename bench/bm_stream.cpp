@@ -4,7 +4,8 @@
 //   posted      the receive is posted before the bytes arrive (they land in its buffer);
 //   unposted    the bytes arrive first and wait on the endpoint, then a receive takes them;
 //   recv_data   the bytes arrive first, then stream_recv_data lends them without a copy;
-//   window      32 sends and 32 wait-all receives in flight, as comm_perftest's stream_bw.
+//   window      32 sends and 32 wait-all receives in flight, as comm_perftest's stream_bw;
+// each eager (what stream_send does) and, as `*_rndv`, by rendezvous (request_force_rndv).
 // Every case reports bytes/s; the counters show how the receiver moved each byte (stream module
 // counters per byte sent): copied from the transport into a receive (`direct`), read by
 // rendezvous into a receive (`read`), copied into the buffer (`copy_in`), kept in a transport
@@ -103,14 +104,21 @@ void report(benchmark::State& state, stream_pair& p, const comm::detail::stream_
       static_cast<double>(state.iterations()));
 }
 
+/// Parameters of a send: by rendezvous when `rndv`.
+comm::request_params send_params(bool rndv) {
+  comm::request_params p;
+  if (rndv) p.flags = comm::request_force_rndv;
+  return p;
+}
+
 /// The receive is posted first, then the send; both complete.
-void posted(benchmark::State& state, const char* transport) {
+void posted(benchmark::State& state, const char* transport, bool rndv) {
   stream_pair p(transport);
   std::vector<uint8_t> out(state.range(0), 1), in(state.range(0));
   const comm::detail::stream_counters before = counts(*p.b);
   for (auto _ : state) {
     comm::op r = p.recv_all(in.data(), in.size());
-    comm::op s = p.ab->stream_send(out.data(), out.size());
+    comm::op s = p.ab->stream_send(out.data(), out.size(), send_params(rndv));
     p.finish(*p.b, r);
     p.finish(*p.a, s);
   }
@@ -118,13 +126,13 @@ void posted(benchmark::State& state, const char* transport) {
 }
 
 /// The send arrives first (and completes), then a wait-all receive takes the bytes.
-void unposted(benchmark::State& state, const char* transport) {
+void unposted(benchmark::State& state, const char* transport, bool rndv) {
   stream_pair p(transport);
   std::vector<uint8_t> out(state.range(0), 1), in(state.range(0));
   const comm::detail::stream_counters before = counts(*p.b);
   comm::stream_poll_entry ready;
   for (auto _ : state) {
-    comm::op s = p.ab->stream_send(out.data(), out.size());
+    comm::op s = p.ab->stream_send(out.data(), out.size(), send_params(rndv));
     p.finish(*p.a, s);
     while (p.b->stream_poll(&ready, 1) == 0 || ready.length < in.size()) p.progress();
     p.finish(*p.b, p.recv_all(in.data(), in.size()));
@@ -133,13 +141,13 @@ void unposted(benchmark::State& state, const char* transport) {
 }
 
 /// The send arrives first, then stream_recv_data lends every block of it.
-void recv_data(benchmark::State& state, const char* transport) {
+void recv_data(benchmark::State& state, const char* transport, bool rndv) {
   stream_pair p(transport);
   std::vector<uint8_t> out(state.range(0), 1);
   const comm::detail::stream_counters before = counts(*p.b);
   comm::stream_poll_entry ready;
   for (auto _ : state) {
-    comm::op s = p.ab->stream_send(out.data(), out.size());
+    comm::op s = p.ab->stream_send(out.data(), out.size(), send_params(rndv));
     p.finish(*p.a, s);
     while (p.b->stream_poll(&ready, 1) == 0 || ready.length < out.size()) p.progress();
     size_t taken = 0, length = 0;
@@ -155,7 +163,7 @@ void recv_data(benchmark::State& state, const char* transport) {
 }
 
 /// 32 sends and 32 wait-all receives in flight (comm_perftest stream_bw's window).
-void window(benchmark::State& state, const char* transport) {
+void window(benchmark::State& state, const char* transport, bool rndv) {
   constexpr size_t depth = 32;
   stream_pair p(transport);
   std::vector<uint8_t> out(state.range(0), 1), in(state.range(0));
@@ -177,7 +185,7 @@ void window(benchmark::State& state, const char* transport) {
         p.progress();
       }
     }
-    sends.push_back(p.ab->stream_send(out.data(), out.size()));
+    sends.push_back(p.ab->stream_send(out.data(), out.size(), send_params(rndv)));
     p.progress();
   }
   for (comm::op o : sends) p.finish(*p.a, o);
@@ -191,13 +199,17 @@ void sizes(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(posted, shm, "shm")->Apply(sizes);
-BENCHMARK_CAPTURE(unposted, shm, "shm")->Apply(sizes);
-BENCHMARK_CAPTURE(recv_data, shm, "shm")->Apply(sizes);
-BENCHMARK_CAPTURE(window, shm, "shm")->Apply(sizes);
-BENCHMARK_CAPTURE(posted, tcp, "tcp")->Apply(sizes);
-BENCHMARK_CAPTURE(unposted, tcp, "tcp")->Apply(sizes);
-BENCHMARK_CAPTURE(window, tcp, "tcp")->Apply(sizes);
-BENCHMARK_CAPTURE(posted, self, "self")->Apply(sizes);
+BENCHMARK_CAPTURE(posted, shm, "shm", false)->Apply(sizes);
+BENCHMARK_CAPTURE(unposted, shm, "shm", false)->Apply(sizes);
+BENCHMARK_CAPTURE(recv_data, shm, "shm", false)->Apply(sizes);
+BENCHMARK_CAPTURE(window, shm, "shm", false)->Apply(sizes);
+BENCHMARK_CAPTURE(posted, shm_rndv, "shm", true)->Apply(sizes);
+BENCHMARK_CAPTURE(unposted, shm_rndv, "shm", true)->Apply(sizes);
+BENCHMARK_CAPTURE(window, shm_rndv, "shm", true)->Apply(sizes);
+BENCHMARK_CAPTURE(posted, tcp, "tcp", false)->Apply(sizes);
+BENCHMARK_CAPTURE(unposted, tcp, "tcp", false)->Apply(sizes);
+BENCHMARK_CAPTURE(window, tcp, "tcp", false)->Apply(sizes);
+BENCHMARK_CAPTURE(posted, self, "self", false)->Apply(sizes);
+BENCHMARK_CAPTURE(posted, self_rndv, "self", true)->Apply(sizes);
 
 BENCHMARK_MAIN();

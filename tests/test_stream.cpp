@@ -741,122 +741,147 @@ op post(endpoint* ep, uint8_t* buffer, size_t length, size_t min_length, stream_
 
 BOOST_AUTO_TEST_SUITE(large_sends)
 
-// Receives posted first: every byte lands in them, none passes through the stream's buffer; on
-// lanes that read the sender's memory the bytes are read there directly (one read per send).
+// Receives posted first: every byte lands in them, none passes through the stream's buffer:
+// eager, copied from the transport's buffers straight into the receive; by rendezvous (asked
+// for), read there from the sender's memory (one read per send where the lane has get).
 BOOST_DATA_TEST_CASE(land_in_posted_receives, each_transport(), tl_name) {
   worker_pair p(tl_name);
   endpoint* rx = receiver(p);
-  const bool rndv = reads_sender_memory(p);
-  const std::vector<size_t> sizes = {detail::stream_rndv_thresh, 300000, (size_t{1} << 20) + 17};
-  for (size_t size : sizes) {
-    BOOST_TEST_CONTEXT("send of " << size) {
-      const std::vector<uint8_t> data = pattern(size, static_cast<uint32_t>(size));
-      std::vector<uint8_t> got(size, 0);
-      const detail::stream_counters before = counts(*p.b);
-      stream_tracker t;
-      op r = post(rx, got.data(), size, size, t);
-      op s = p.ab->stream_send(data.data(), size);
-      BOOST_REQUIRE(!s.failed());
-      BOOST_CHECK(p.finish(s) == status::ok);
-      BOOST_REQUIRE(p.until([&] { return t.calls == 1; }));
-      BOOST_CHECK(t.st == status::ok);
-      BOOST_CHECK_EQUAL(t.length, size);
-      p.b->release(r.req);
-      BOOST_CHECK_EQUAL(first_mismatch(got.data(), size, static_cast<uint32_t>(size)), -1);
-      const detail::stream_counters& after = counts(*p.b);
-      BOOST_CHECK_EQUAL(after.copied_bytes, before.copied_bytes);
-      BOOST_CHECK_EQUAL(after.kept_bytes, before.kept_bytes);
-      BOOST_CHECK_EQUAL(after.drained_bytes, before.drained_bytes);
-      if (rndv) {
-        BOOST_CHECK_EQUAL(after.fetches, before.fetches + 1);
-        BOOST_CHECK_EQUAL(after.fetched_direct, before.fetched_direct + size);
-      } else {
-        BOOST_CHECK_EQUAL(after.direct_bytes, before.direct_bytes + size);
+  const std::vector<size_t> sizes = {65536, 300000, (size_t{1} << 20) + 17};
+  for (const bool forced : {false, true}) {
+    for (size_t size : sizes) {
+      BOOST_TEST_CONTEXT("send of " << size << (forced ? " by rendezvous" : " eager")) {
+        const auto seed = static_cast<uint32_t>(size + forced);
+        const std::vector<uint8_t> data = pattern(size, seed);
+        std::vector<uint8_t> got(size, 0);
+        const detail::stream_counters before = counts(*p.b);
+        stream_tracker t;
+        op r = post(rx, got.data(), size, size, t);
+        op s = p.ab->stream_send(data.data(), size, forced ? forced_rndv() : request_params{});
+        BOOST_REQUIRE(!s.failed());
+        BOOST_CHECK(p.finish(s) == status::ok);
+        BOOST_REQUIRE(p.until([&] { return t.calls == 1; }));
+        BOOST_CHECK(t.st == status::ok);
+        BOOST_CHECK_EQUAL(t.length, size);
+        p.b->release(r.req);
+        BOOST_CHECK_EQUAL(first_mismatch(got.data(), size, seed), -1);
+        const detail::stream_counters& after = counts(*p.b);
+        BOOST_CHECK_EQUAL(after.copied_bytes, before.copied_bytes);
+        BOOST_CHECK_EQUAL(after.kept_bytes, before.kept_bytes);
+        BOOST_CHECK_EQUAL(after.drained_bytes, before.drained_bytes);
+        if (forced) {
+          BOOST_CHECK_EQUAL(after.fetches, before.fetches + 1);
+          BOOST_CHECK_EQUAL(after.fetched_direct, before.fetched_direct + size);
+        } else {
+          BOOST_CHECK_EQUAL(after.fetches, before.fetches);
+          BOOST_CHECK_EQUAL(after.direct_bytes, before.direct_bytes + size);
+        }
       }
     }
   }
   BOOST_CHECK_EQUAL(buffered_total(*p.b), 0u);
 }
 
-// Sent before any receive: the sends complete anyway (the bytes wait in the stream's buffer,
-// read there on rendezvous lanes), and receives of any size take them in order.
+// Sent before any receive: the sends complete anyway (the bytes wait in the stream's buffer, by
+// rendezvous read there ahead of the receives), and receives of any size take them in order.
 BOOST_DATA_TEST_CASE(complete_before_their_receives, each_transport(), tl_name) {
   worker_pair p(tl_name);
   endpoint* rx = receiver(p);
-  const bool rndv = reads_sender_memory(p);
-  const size_t total = 300000 + 70000 + 100;
-  const std::vector<uint8_t> data = pattern(total, 21);
-  const detail::stream_counters before = counts(*p.b);
-  std::vector<op> pending;
-  send_piece(p.ab, data, 0, 300000, pending);
-  send_piece(p.ab, data, 300000, 100, pending);
-  send_piece(p.ab, data, 300100, 70000, pending);
-  finish_sends(p, pending);
-  BOOST_REQUIRE(p.until([&] { return buffered_total(*p.b) == total; }));
-  if (rndv) {
-    BOOST_CHECK_EQUAL(counts(*p.b).fetches, before.fetches + 2);
-    BOOST_CHECK_EQUAL(counts(*p.b).fetched_buffered, before.fetched_buffered + 370000);
+  for (const bool forced : {false, true}) {
+    BOOST_TEST_CONTEXT((forced ? "by rendezvous" : "eager")) {
+      const size_t total = 300000 + 70000 + 100;
+      const auto seed = static_cast<uint32_t>(21 + forced);
+      const std::vector<uint8_t> data = pattern(total, seed);
+      const detail::stream_counters before = counts(*p.b);
+      const request_params large = forced ? forced_rndv() : request_params{};
+      std::vector<op> pending;
+      for (auto [offset, length] : {std::pair<size_t, size_t>{0, 300000}, {300000, 100},
+                                    {300100, 70000}}) {
+        const request_params params = length > 100 ? large : request_params{};
+        op o = p.ab->stream_send(data.data() + offset, length, params);
+        BOOST_REQUIRE(!o.failed());
+        if (o.pending()) pending.push_back(o);
+      }
+      finish_sends(p, pending);
+      BOOST_REQUIRE(p.until([&] { return buffered_total(*p.b) == total; }));
+      if (forced) {
+        BOOST_CHECK_EQUAL(counts(*p.b).fetches, before.fetches + 2);
+        BOOST_CHECK_EQUAL(counts(*p.b).fetched_buffered, before.fetched_buffered + 370000);
+      }
+      std::vector<uint8_t> got(total, 0);
+      std::mt19937 rng(seed);
+      BOOST_REQUIRE(receive_all(p, *p.b, rx, got, 0, total, rng));
+      BOOST_CHECK_EQUAL(first_mismatch(got.data(), total, seed), -1);
+      BOOST_CHECK_EQUAL(buffered_total(*p.b), 0u);
+    }
   }
-  std::vector<uint8_t> got(total, 0);
-  std::mt19937 rng(21);
-  BOOST_REQUIRE(receive_all(p, *p.b, rx, got, 0, total, rng));
-  BOOST_CHECK_EQUAL(first_mismatch(got.data(), total, 21), -1);
-  BOOST_CHECK_EQUAL(buffered_total(*p.b), 0u);
 }
 
 // One large send split among the receives posted: each takes its part in posting order and
-// completes (at-least ones with what they hold when the send's bytes end in them); the rest is
-// buffered for later receives. A wait-all receive the send only half fills waits for more.
+// completes (at-least ones with what they hold when a transport message's bytes end in them: the
+// whole send's by rendezvous); the rest is buffered for later receives. A wait-all receive the
+// send only half fills waits for more.
 BOOST_DATA_TEST_CASE(receives_split_a_large_send, each_transport(), tl_name) {
-  worker_pair p(tl_name);
-  endpoint* rx = receiver(p);
-  const size_t total = 300000 + 151100 + 300000;
-  const std::vector<uint8_t> data = pattern(total, 22);
-  std::vector<uint8_t> got(total + 400000, 0);
-  stream_tracker t1, t2, t3, t4;
-  op r1 = post(rx, got.data(), 1000, 1, t1);
-  op r2 = post(rx, got.data() + 1000, 50000, 50000, t2);
-  op r3 = post(rx, got.data() + 51000, 100, 100, t3);
-  op r4 = post(rx, got.data() + 51100, 400000, 400000, t4);
-  send_sync(p, p.ab, data.data(), 300000);
-  BOOST_REQUIRE(p.until([&] { return t1.calls + t2.calls + t3.calls == 3; }));
-  BOOST_CHECK_EQUAL(t1.length, 1000u);
-  BOOST_CHECK_EQUAL(t2.length, 50000u);
-  BOOST_CHECK_EQUAL(t3.length, 100u);
-  BOOST_CHECK_EQUAL(t4.calls, 0);  // 248900 of its 400000
-  BOOST_CHECK_EQUAL(buffered_total(*p.b), 0u);
-  send_sync(p, p.ab, data.data() + 300000, 151100);
-  BOOST_REQUIRE(p.until([&] { return t4.calls == 1; }));
-  BOOST_CHECK(t4.st == status::ok);
-  BOOST_CHECK_EQUAL(t4.length, 400000u);
-  BOOST_CHECK_EQUAL(first_mismatch(got.data(), 451100, 22), -1);
-  // An at-least receive larger than the send completes with the bytes of the send's first
-  // transport message (all of them when read by rendezvous); the rest is buffered.
-  stream_tracker t5;
-  op r5 = post(rx, got.data() + 451100, 400000, 1, t5);
-  send_sync(p, p.ab, data.data() + 451100, 300000);
-  BOOST_REQUIRE(p.until([&] { return t5.calls == 1; }));
-  BOOST_CHECK(t5.st == status::ok);
-  if (reads_sender_memory(p)) BOOST_CHECK_EQUAL(t5.length, 300000u);
-  BOOST_REQUIRE(t5.length >= 1 && t5.length <= 300000);
-  const size_t rest = 300000 - t5.length;
-  BOOST_REQUIRE(p.until([&] { return buffered_total(*p.b) == rest; }));
-  if (rest != 0) {
-    size_t taken = 0;
-    BOOST_CHECK(rx->stream_recv(got.data() + 451100 + t5.length, rest, rest, &taken).done());
+  for (const bool forced : {false, true}) {
+    BOOST_TEST_CONTEXT((forced ? "by rendezvous" : "eager")) {
+      worker_pair p(tl_name);
+      endpoint* rx = receiver(p);
+      const request_params large = forced ? forced_rndv() : request_params{};
+      auto send = [&](const uint8_t* bytes, size_t length) {
+        op o = p.ab->stream_send(bytes, length, large);
+        BOOST_REQUIRE(!o.failed());
+        BOOST_REQUIRE(p.finish(o) == status::ok);
+      };
+      const size_t total = 300000 + 151100 + 300000;
+      const std::vector<uint8_t> data = pattern(total, 22);
+      std::vector<uint8_t> got(total + 400000, 0);
+      stream_tracker t1, t2, t3, t4;
+      op r1 = post(rx, got.data(), 1000, 1, t1);
+      op r2 = post(rx, got.data() + 1000, 50000, 50000, t2);
+      op r3 = post(rx, got.data() + 51000, 100, 100, t3);
+      op r4 = post(rx, got.data() + 51100, 400000, 400000, t4);
+      send(data.data(), 300000);
+      BOOST_REQUIRE(p.until([&] { return t1.calls + t2.calls + t3.calls == 3; }));
+      BOOST_CHECK_EQUAL(t1.length, 1000u);
+      BOOST_CHECK_EQUAL(t2.length, 50000u);
+      BOOST_CHECK_EQUAL(t3.length, 100u);
+      p.spin(10);
+      BOOST_CHECK_EQUAL(t4.calls, 0);  // 248900 of its 400000
+      BOOST_CHECK_EQUAL(buffered_total(*p.b), 0u);
+      send(data.data() + 300000, 151100);
+      BOOST_REQUIRE(p.until([&] { return t4.calls == 1; }));
+      BOOST_CHECK(t4.st == status::ok);
+      BOOST_CHECK_EQUAL(t4.length, 400000u);
+      BOOST_CHECK_EQUAL(first_mismatch(got.data(), 451100, 22), -1);
+      // An at-least receive larger than the send completes with the bytes of the send's first
+      // transport message (all of them by rendezvous); the rest is buffered.
+      stream_tracker t5;
+      op r5 = post(rx, got.data() + 451100, 400000, 1, t5);
+      send(data.data() + 451100, 300000);
+      BOOST_REQUIRE(p.until([&] { return t5.calls == 1; }));
+      BOOST_CHECK(t5.st == status::ok);
+      if (forced) BOOST_CHECK_EQUAL(t5.length, 300000u);
+      BOOST_REQUIRE(t5.length >= 1 && t5.length <= 300000);
+      const size_t rest = 300000 - t5.length;
+      BOOST_REQUIRE(p.until([&] { return buffered_total(*p.b) == rest; }));
+      if (rest != 0) {
+        size_t taken = 0;
+        BOOST_CHECK(rx->stream_recv(got.data() + 451100 + t5.length, rest, rest, &taken).done());
+      }
+      BOOST_CHECK_EQUAL(first_mismatch(got.data(), total, 22), -1);
+      for (op r : {r1, r2, r3, r4, r5}) p.b->release(r.req);
+      // More than the receives take: the rest is buffered, then received.
+      stream_tracker t6;
+      std::vector<uint8_t> more(200000, 0);
+      op r6 = post(rx, more.data(), 1000, 1000, t6);
+      send(data.data(), 200000);
+      BOOST_REQUIRE(p.until([&] { return t6.calls == 1 && buffered_total(*p.b) == 199000; }));
+      p.b->release(r6.req);
+      size_t n = 0;
+      BOOST_CHECK(rx->stream_recv(more.data() + 1000, 199000, 199000, &n).done());
+      BOOST_CHECK_EQUAL(first_mismatch(more.data(), more.size(), 22), -1);
+    }
   }
-  BOOST_CHECK_EQUAL(first_mismatch(got.data(), total, 22), -1);
-  for (op r : {r1, r2, r3, r4, r5}) p.b->release(r.req);
-  // More than the receives take: the rest is buffered, then received.
-  stream_tracker t6;
-  std::vector<uint8_t> more(200000, 0);
-  op r6 = post(rx, more.data(), 1000, 1000, t6);
-  send_sync(p, p.ab, data.data(), 200000);
-  BOOST_REQUIRE(p.until([&] { return t6.calls == 1 && buffered_total(*p.b) == 199000; }));
-  p.b->release(r6.req);
-  size_t n = 0;
-  BOOST_CHECK(rx->stream_recv(more.data() + 1000, 199000, 199000, &n).done());
-  BOOST_CHECK_EQUAL(first_mismatch(more.data(), more.size(), 22), -1);
 }
 
 // Rendezvous sends (forced: a software rendezvous where the lane has no get, whose data comes
@@ -1037,7 +1062,7 @@ BOOST_AUTO_TEST_SUITE(kept_descriptors)
 BOOST_DATA_TEST_CASE(recv_data_lends_a_kept_descriptor, each_transport(), tl_name) {
   worker_pair p(tl_name);
   endpoint* rx = receiver(p);
-  const size_t size = std::min(p.bcopy_payload(), detail::stream_rndv_thresh - 1);
+  const size_t size = p.bcopy_payload();
   const bool keepable = size * 2 >= p.attr().max_bcopy && p.attr().max_bcopy <= 65536 &&
                         p.attr().max_am_descs > 0;
   const std::vector<uint8_t> data = pattern(2 * size, 26);
@@ -1078,7 +1103,7 @@ BOOST_DATA_TEST_CASE(recv_data_lends_a_kept_descriptor, each_transport(), tl_nam
 BOOST_DATA_TEST_CASE(close_and_failure_release_kept_descriptors, each_transport(), tl_name) {
   worker_pair p(tl_name);
   endpoint* rx = receiver(p);
-  const size_t size = std::min(p.bcopy_payload(), detail::stream_rndv_thresh - 1);
+  const size_t size = p.bcopy_payload();
   const std::vector<uint8_t> data = pattern(size, 27);
   for (int i = 0; i < 3; ++i) send_sync(p, rx, data.data(), size);
   BOOST_REQUIRE(p.until([&] { return buffered_total(*p.a) == 3 * size; }));

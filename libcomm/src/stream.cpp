@@ -59,20 +59,12 @@ status send_by_rndv(request* req) {
   return module_of<rndv_protocol>(*req->owner).send(req, s.rndv, s.send.length, fields);
 }
 
-/// True when a new send goes by rendezvous: one contiguous buffer from stream_rndv_thresh on a
-/// lane that reads the sender's memory, or any lane when the send asks (request_force_rndv: the
-/// software rendezvous where there is no get).
+/// True when a new send goes by rendezvous: one contiguous, non-empty buffer whose send asks
+/// for it (request_force_rndv; the software rendezvous where the lane has no get).
 bool wants_rndv(const request* req, const send_progress& s) {
-  const uint32_t flags = req->params.flags;
-  if ((flags & (request_force_bcopy | request_force_zcopy)) || req->params.pack != nullptr ||
-      req->iov.size() != 1 || s.length == 0) {
-    return false;
-  }
-  if (flags & request_force_rndv) return true;
-  const endpoint_impl& ep = *req->ep;
-  const bool can_get = (ep.lane_attr->caps & tl::cap_get_zcopy) &&
-                       ep.lane_iface->memory_domain() != nullptr;
-  return can_get && s.length >= stream_rndv_thresh;
+  return (req->params.flags & request_force_rndv) &&
+         !(req->params.flags & (request_force_bcopy | request_force_zcopy)) &&
+         req->params.pack == nullptr && req->iov.size() == 1 && s.length != 0;
 }
 
 /// True when an eager send the engine would send zcopy goes bcopy instead: a stream's bytes are
@@ -863,8 +855,8 @@ op endpoint::stream_send(const void* buffer, size_t length, const request_params
   endpoint_impl& ep = impl(*this);
   worker_impl& w = ep.owner;
   worker_impl::guard g(w);
-  constexpr uint32_t slow_flags =
-      request_no_immediate_completion | request_force_zcopy | request_force_bcopy;
+  constexpr uint32_t slow_flags = request_no_immediate_completion | request_force_zcopy |
+                                  request_force_bcopy | request_force_rndv;
   constexpr size_t header = wire::header_size<wire::schema::StreamData>();
   // The common small send: straight to the transport, no request (as tag_send does).
   if (!(params.flags & slow_flags) && params.pack == nullptr &&

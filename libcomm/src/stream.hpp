@@ -1,10 +1,12 @@
 // The stream module: an ordered byte stream per endpoint pair (ucp_stream_*). Message boundaries
 // mean nothing to the receiver, which appends every payload to the endpoint's stream in arrival
-// order. A stream send goes through the send engine (send.hpp) eager, whole (StreamData) or in
-// fragments (StreamFirst, then FragmentMiddle), or, from stream_rndv_thresh up on a lane that can
-// read the sender's memory, by rendezvous (the rndv module's announcement with isStream): the
-// receiver reads the bytes straight into the receives posted on the endpoint, the rest into the
-// stream's buffer, and acknowledges, which completes the send.
+// order. A stream send goes through the send engine (send.hpp) eager bcopy, whole (StreamData) or
+// in fragments (StreamFirst, then FragmentMiddle); a send that asks for it (request_force_rndv)
+// goes by rendezvous (the rndv module's announcement with isStream): the receiver reads the bytes
+// straight into the receives posted on the endpoint (the rest into the stream's buffer) and
+// acknowledges, which completes the send. Rendezvous is not chosen by size: on shm, where the read
+// is a cross-memory read, it loses to two copies through the FIFO at every size up to 1 MiB
+// (measured, issue 14), and UCX's streams are eager too.
 //
 // Bytes fill the receives posted on the endpoint in posting order; what no receive waits for is
 // buffered: the transport's descriptor is kept when it lends one (no copy), else the bytes are
@@ -34,11 +36,6 @@ enum class stream_msg : tl::am_id {
   first = 20,     ///< StreamFirst: the first fragment of a fragmented stream send
   fragment = 21,  ///< FragmentMiddle: a later fragment
 };
-
-/// Stream sends at least this large go by rendezvous on lanes that can read the sender's memory
-/// (tl::cap_get_zcopy with a memory domain); smaller ones, and every send on other lanes, go
-/// eager.
-inline constexpr size_t stream_rndv_thresh = 65536;
 
 /// Rendezvous bytes an endpoint reads into its buffer before any receive asks for them (at most
 /// half of COMM_STREAM_RX_EP_MAX_BYTES): sends that fit complete without waiting for their

@@ -57,11 +57,11 @@ public:
 
   /// Sends `length` bytes on this endpoint's byte stream (ucp_stream_send_nbx). The peer's
   /// endpoint paired with this one receives the bytes of all stream sends in order, without
-  /// their boundaries; a large send goes in fragments, or by rendezvous where the peer can read
-  /// our memory (it reads the bytes straight into its posted receives). Completes (send_cb) when
-  /// the buffer may be reused: a rendezvous send once the peer read it, into a receive or ahead
-  /// of one into its stream buffer while that has room (a few MiB), else when a receive takes
-  /// it. Empty sends complete at once and carry nothing.
+  /// their boundaries; a large send goes in fragments, or by rendezvous when params.flags has
+  /// request_force_rndv (the peer reads the bytes straight into its posted receives). Completes
+  /// (send_cb) when the buffer may be reused: a rendezvous send once the peer read it, into a
+  /// receive or ahead of one into its stream buffer while that has room (a few MiB), else when a
+  /// receive takes it. Empty sends complete at once and carry nothing.
   op stream_send(const void* buffer, size_t length, const request_params& params = {});
 
   /// Sends the concatenation of `count` entries on the byte stream.
