@@ -120,6 +120,7 @@ struct options {
   uint32_t timeout_s = 60;        ///< bound on one test run
   double rank = 50.0;             ///< percentile rank shown in the table
   bool final_only = false;        ///< print only the final row
+  bool info = false;              ///< print this side's worker info at the end (stderr)
   memory_kind memory = memory_kind::host;
 };
 
@@ -252,6 +253,8 @@ void usage(std::FILE* out) {
       "  -R <rank>     percentile rank of the latency column (50.0)\n"
       "  -f            print only the final row\n"
       "  -m <memory>   host (posix_memalign) | shared (comm::mem_alloc) buffers, both sides (host)\n"
+      "  -I            print this side's worker info (counters: how the bytes moved) to stderr\n"
+      "                when the test ends; the server takes it too\n"
       "  -h, --help    show this help\n\n"
       "  The server must be listening when the client starts: a client that finds nobody at the\n"
       "  port fails at once (connection refused).\n\n"
@@ -266,7 +269,7 @@ options parse_options(int argc, char** argv) {
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
-  while ((c = getopt_long(argc, argv, "t:s:n:w:c:p:W:O:T:R:m:fh", long_options, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "t:s:n:w:c:p:W:O:T:R:m:fIh", long_options, nullptr)) != -1) {
     switch (c) {
       case 't': o.test = parse_test(optarg); break;
       case 's': o.size = parse_number('s', optarg, 1, max_size); break;
@@ -281,6 +284,7 @@ options parse_options(int argc, char** argv) {
       case 'T': o.timeout_s = static_cast<uint32_t>(parse_number('T', optarg, 1, 86400)); break;
       case 'R': o.rank = std::strtod(optarg, nullptr); break;
       case 'f': o.final_only = true; break;
+      case 'I': o.info = true; break;
       case 'm': o.memory = parse_memory(optarg); break;
       case 'h': usage(stdout); std::exit(0);
       default: usage(stderr); std::exit(2);
@@ -1309,6 +1313,7 @@ void run_server(options o) {
   s.limit = &limit;
   barrier(sock.get());
   run_server_test(s, o);
+  if (o.info) s.w->print_info(stderr);
   close_peer(s, sock.get());
 }
 
@@ -1329,6 +1334,7 @@ void run_client(const options& o) {
   s.limit = &limit;
   barrier(sock.get());
   run_client_test(s, o, clock);
+  if (o.info) s.w->print_info(stderr);
   close_peer(s, sock.get());
 }
 
