@@ -276,6 +276,36 @@ status send_message(request* req, send_progress& s, const message_framing& f) {
   return st;
 }
 
+bool try_send_bcopy(endpoint_impl& ep, tl::am_id id, const void* header, size_t header_length,
+                    const void* data, size_t length, uint32_t flags, op* result) {
+  struct whole {
+    const void* header;
+    size_t header_length;
+    const void* data;
+    size_t length;
+  } message{header, header_length, data, length};
+  const ssize_t n = ep.lane->am_bcopy(
+      id,
+      [](void* dest, void* arg) -> size_t {
+        const auto* m = static_cast<const whole*>(arg);
+        auto* out = static_cast<uint8_t*>(dest);
+        std::memcpy(out, m->header, m->header_length);
+        std::memcpy(out + m->header_length, m->data, m->length);
+        return m->header_length + m->length;
+      },
+      &message);
+  if (n >= 0) {
+    ++ep.counters_.messages_sent;
+    ep.counters_.bytes_sent += length;
+    *result = op{};
+    return true;
+  }
+  const auto st = static_cast<status>(n);
+  if (st == status::no_resource && !(flags & request_force_immediate)) return false;
+  *result = op{st, nullptr};
+  return true;
+}
+
 endpoint_impl* accept_fragment(worker_impl& w, const protocol& owner, const uint8_t* data,
                                size_t length, const uint8_t** payload, size_t* payload_length) {
   size_t used = 0;

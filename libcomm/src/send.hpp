@@ -76,6 +76,19 @@ inline bool try_send_short(endpoint_impl& ep, tl::am_id id, const void* header,
   return true;
 }
 
+/// True when a message of `bytes` (protocol header and data) may go to the transport of `ep` at
+/// once as one bcopy without a request (stream_send's path for what is too long for a short
+/// message): as short_path_open, for the lane's max_bcopy.
+inline bool bcopy_path_open(const endpoint_impl& ep, size_t bytes) {
+  return ep.state == endpoint_impl::phase::connected && ep.pending_head == nullptr &&
+         ep.fence_req == nullptr && bytes <= ep.lane_attr->max_bcopy;
+}
+
+/// Sends the encoded protocol header and `length` bytes of `data` as one bcopy with wire id `id`
+/// on `ep`, after bcopy_path_open said yes; the outcome as try_send_short's.
+bool try_send_bcopy(endpoint_impl& ep, tl::am_id id, const void* header, size_t header_length,
+                    const void* data, size_t length, uint32_t flags, op* result);
+
 /// Checks a later fragment (FragmentMiddle) of the message `owner` is receiving: the endpoint
 /// must be receiving one from `owner` with that id, at that offset, with room for the payload.
 /// Returns the endpoint with the payload in `*payload`, `*payload_length` (counted as received),

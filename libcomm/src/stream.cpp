@@ -1,6 +1,8 @@
-// The stream module: sends through the send engine, the stream of each endpoint on arrival
-// (posted receives first, then the buffer under the stream limits), receives, the data-ready
-// list and the public stream API.
+// The stream module: sends through the send engine (eager bcopy, or the rndv module's rendezvous
+// when asked), the stream of each endpoint on arrival (posted receives first, then the buffer
+// under the stream limits: kept transport descriptors or copies), rendezvous reads into the
+// posted receives and the buffer with what arrives behind them, receives, the data-ready list
+// and the public stream API.
 #include "stream.hpp"
 
 #include "iov.hpp"
@@ -75,8 +77,8 @@ bool prefers_bcopy(const request* req, const send_progress& s) {
   return !(req->params.flags & request_force_zcopy) && s.length >= req->owner->zcopy_thresh;
 }
 
-/// Eager sends: the engine never picks its rendezvous for streams (progress_send does, with the
-/// stream's own threshold).
+/// Eager sends: the engine never picks a rendezvous for streams (progress_send does, when the
+/// send asks for one).
 const message_framing framing{encode_first, whole_header_size, nullptr,
                               wire_id(stream_msg::fragment)};
 
@@ -858,15 +860,22 @@ op endpoint::stream_send(const void* buffer, size_t length, const request_params
   constexpr uint32_t slow_flags = request_no_immediate_completion | request_force_zcopy |
                                   request_force_bcopy | request_force_rndv;
   constexpr size_t header = wire::header_size<wire::schema::StreamData>();
-  // The common small send: straight to the transport, no request (as tag_send does).
+  // The common small send: straight to the transport, no request (as tag_send does); one that
+  // fits a bcopy as well.
   if (!(params.flags & slow_flags) && params.pack == nullptr &&
-      (buffer != nullptr || length == 0) && detail::short_path_open(ep, header + length)) {
-    auto& writer = module_of<stream_protocol>(w).hdr_data;
-    writer.fields().setDstEp(ep.remote_id);
-    op result;
-    if (detail::try_send_short(ep, detail::wire_id(detail::stream_msg::data), writer.bytes(),
-                               header, buffer, length, params.flags, &result)) {
-      return result;
+      (buffer != nullptr || length == 0)) {
+    const bool fits_short = detail::short_path_open(ep, header + length);
+    if (fits_short || detail::bcopy_path_open(ep, header + length)) {
+      auto& writer = module_of<stream_protocol>(w).hdr_data;
+      writer.fields().setDstEp(ep.remote_id);
+      const tl::am_id id = detail::wire_id(detail::stream_msg::data);
+      op result;
+      const bool settled =
+          fits_short ? detail::try_send_short(ep, id, writer.bytes(), header, buffer, length,
+                                              params.flags, &result)
+                     : detail::try_send_bcopy(ep, id, writer.bytes(), header, buffer, length,
+                                              params.flags, &result);
+      if (settled) return result;
     }
   }
   iov_entry entry{const_cast<void*>(buffer), length};
