@@ -717,10 +717,13 @@ size_t kept(worker& w) {
   return detail::module_of<detail::stream_protocol>(detail::impl(w)).kept_descs();
 }
 
-/// True when the lane of `ab` reads the sender's memory: large stream sends go by rendezvous.
-bool reads_sender_memory(worker_pair& p) {
+/// True when a rendezvous read on the lane of `ab` needs the sender's progress: a software
+/// rendezvous (no get: the sender pushes) or a get its owner answers (tcp).
+bool read_needs_sender(worker_pair& p) {
   const detail::endpoint_impl& ep = detail::impl(*p.ab);
-  return (ep.lane_attr->caps & tl::cap_get_zcopy) && ep.lane_iface->memory_domain() != nullptr;
+  const uint64_t caps = ep.lane_attr->caps;
+  return !(caps & tl::cap_get_zcopy) || (caps & tl::cap_get_needs_peer) ||
+         ep.lane_iface->memory_domain() == nullptr;
 }
 
 /// Parameters of a send forced to go by rendezvous (the software one where the lane has no get).
@@ -884,11 +887,13 @@ BOOST_DATA_TEST_CASE(receives_split_a_large_send, each_transport(), tl_name) {
   }
 }
 
-// Rendezvous sends (forced: a software rendezvous where the lane has no get, whose data comes
+// Rendezvous sends (forced; on tcp the read needs the sender's progress, so its data comes
 // later) mixed with eager ones: what arrives while a read is under way waits behind it, and the
 // stream keeps its order whether the receives were posted before or after.
-BOOST_DATA_TEST_CASE(forced_rendezvous_keeps_the_order, each_transport(), tl_name) {
-  worker_pair p(tl_name);
+/// Sends eager and rendezvous pieces from a to b and receives them, some receives posted before,
+/// the rest after; checks the order, and that what arrived during a read waited behind it where
+/// the read needs the sender.
+void rendezvous_order(worker_pair& p) {
   endpoint* rx = receiver(p);
   const std::vector<std::pair<size_t, bool>> sends = {
       {5000, false}, {100000, true}, {3000, false}, {70000, true}, {10, false}, {20000, false},
@@ -912,7 +917,7 @@ BOOST_DATA_TEST_CASE(forced_rendezvous_keeps_the_order, each_transport(), tl_nam
     if (o.pending()) pending.push_back(o);
     offset += size;
   }
-  // Only b progresses: what a sent reaches b, while a software rendezvous waits for a to push.
+  // Only b progresses: what a sent reaches b, while a read that needs a's progress waits.
   for (int i = 0; i < 200; ++i) p.b->progress();
   std::mt19937 rng(23);
   BOOST_REQUIRE(receive_all(p, *p.b, rx, got, 50000, total - 50000, rng));
@@ -923,10 +928,24 @@ BOOST_DATA_TEST_CASE(forced_rendezvous_keeps_the_order, each_transport(), tl_nam
   finish_sends(p, pending);
   BOOST_CHECK_EQUAL(first_mismatch(got.data(), total, 23), -1);
   BOOST_CHECK_EQUAL(buffered_total(*p.b), 0u);
-  if (!reads_sender_memory(p)) {
-    // The software rendezvous's data came after the eager messages behind it: they waited.
+  if (read_needs_sender(p)) {
+    // The read's data came after the eager messages behind it: they waited.
     BOOST_CHECK_GT(counts(*p.b).held, held_before);
   }
+}
+
+BOOST_DATA_TEST_CASE(forced_rendezvous_keeps_the_order, each_transport(), tl_name) {
+  worker_pair p(tl_name);
+  rendezvous_order(p);
+}
+
+// tcp without put and get (COMM_TCP_RMA=0): the software rendezvous, whose sender pushes the data
+// into the stream's read.
+BOOST_AUTO_TEST_CASE(software_rendezvous_keeps_the_order) {
+  worker_pair p("tcp", [](config& cfg) { cfg.transport_options["COMM_TCP_RMA"] = "0"; });
+  BOOST_REQUIRE(!(p.attr().caps & tl::cap_get_zcopy));
+  rendezvous_order(p);
+  BOOST_CHECK_GT(counts(*p.b).fetches, 0u);
 }
 
 // A receive a read is writing into cannot be canceled; the read completes it.
@@ -939,12 +958,12 @@ BOOST_DATA_TEST_CASE(a_receive_being_read_into_cannot_be_canceled, each_transpor
   op r = post(rx, got.data(), got.size(), got.size(), t);
   op s = p.ab->stream_send(data.data(), data.size(), forced_rndv());
   BOOST_REQUIRE(!s.failed());
-  // b takes the announcement; a does not push yet (software rendezvous) or b read it already.
+  // b takes the announcement; a has not answered its read yet (tcp), or b read it already.
   for (int i = 0; i < 200; ++i) p.b->progress();
   if (t.calls == 0) {
     BOOST_CHECK(p.b->cancel(r.req) == status::busy);
   } else {
-    BOOST_CHECK(reads_sender_memory(p));  // only a read that completes at once gets here
+    BOOST_CHECK(!read_needs_sender(p));  // only a read b completes alone gets here
   }
   BOOST_CHECK(p.finish(s) == status::ok);
   BOOST_REQUIRE(p.until([&] { return t.calls == 1; }));
@@ -953,7 +972,7 @@ BOOST_DATA_TEST_CASE(a_receive_being_read_into_cannot_be_canceled, each_transpor
   p.b->release(r.req);
 }
 
-// The sender goes away while b waits for its software rendezvous's data: the receive it was
+// The sender goes away while b waits for the data of its rendezvous read: the receive it was
 // writing into and the one behind it complete with the failure; nothing leaks.
 BOOST_DATA_TEST_CASE(peer_gone_during_a_rendezvous, each_transport(), tl_name) {
   worker_pair p(tl_name);
