@@ -195,7 +195,7 @@ void setup(node& n) {
   n.ctx = std::make_unique<comm::context>(cfg);
   comm::worker_params wp;
   wp.name = std::string("pingpong-") + n.role;
-  n.w = comm::worker::create(*n.ctx, wp);
+  n.w = comm::worker::create(*n.ctx, wp).value();
   if (!n.w) fail("cannot create a worker");
   unsigned flags = comm::am_flag_whole_msg | comm::am_flag_fetch_rndv;
   if (n.w->set_am_handler(am_request, on_am_store, &n, flags) != comm::status::ok ||

@@ -107,7 +107,7 @@ std::vector<uint8_t> one_record(uint32_t rank, const std::string& key, size_t va
 /// its own making, and records the abort rank 0 answers with.
 struct hand_made_rank {
   context ctx;
-  std::unique_ptr<worker> w = worker::create(ctx);
+  std::unique_ptr<worker> w = worker::create(ctx).value();
   endpoint* ep = nullptr;
   bool connected = false;
   status aborted_with = status::ok;

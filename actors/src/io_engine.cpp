@@ -36,7 +36,7 @@ engine::engine(caf::actor_system& sys, worker_config cfg) : sys_(sys), cfg_(std:
   comm::worker_params wp = cfg_.worker;
   wp.mode = thread_mode::single;
   wp.wakeup = true;
-  worker_ = comm::worker::create(*ctx_, wp);
+  if (auto made = comm::worker::create(*ctx_, wp)) worker_ = std::move(*made);
 }
 
 engine::~engine() {

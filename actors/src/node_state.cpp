@@ -67,7 +67,7 @@ void node_state::start() {
   comm::worker_params wp;
   wp.name = "caf-node:" + std::to_string(::getpid());
   wp.cpus = params_.cpus;  // the worker's memory near the progress thread run() pins
-  worker_ = comm::worker::create(*context_, wp);
+  if (auto made = comm::worker::create(*context_, wp)) worker_ = std::move(*made);
   if (!worker_ || !open_wakeup()) {
     fail_start();
     return;

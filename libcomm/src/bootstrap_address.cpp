@@ -233,11 +233,12 @@ private:
     worker_params wp;
     wp.name = "bootstrap-rank-" + std::to_string(job_.rank);
     wp.am_alignment = sizeof(capnp::word);
-    worker_ = worker::create(*ctx_, wp);
-    if (!worker_) {
-      *why = "cannot create the bootstrap's worker";
-      return status::no_resource;
+    auto made = worker::create(*ctx_, wp);
+    if (!made) {
+      *why = std::string("cannot create the bootstrap's worker: ") + to_string(made.error());
+      return made.error();
     }
+    worker_ = std::move(*made);
     const status st = worker_->set_am_handler(fence_am_id, &address_bootstrap::on_message, this,
                                               am_flag_whole_msg | am_flag_fetch_rndv);
     if (st != status::ok) *why = std::string("cannot install the fence handler: ") + to_string(st);

@@ -358,9 +358,10 @@ op worker_impl::immediate(const request_params& p, status st) {
 
 // -- public worker API ---------------------------------------------------------------------------
 
-std::unique_ptr<worker> worker::create(context& ctx, const worker_params& params) {
+result<std::unique_ptr<worker>> worker::create(context& ctx, const worker_params& params) {
   std::unique_ptr<worker> out;
-  (void)create(ctx, params, &out);
+  const status st = create(ctx, params, &out);
+  if (st != status::ok) return st;
   return out;
 }
 

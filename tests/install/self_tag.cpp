@@ -33,7 +33,7 @@ void send_to_self() {
   comm::config cfg = comm::config::from_environment();
   cfg.transports = {"self"};
   comm::context ctx(cfg);
-  auto w = comm::worker::create(ctx);
+  auto w = comm::worker::create(ctx).value();
   comm::endpoint* ep = nullptr;
   require(w->connect(w->address(), &ep) == comm::status::ok, "connect to self failed");
 

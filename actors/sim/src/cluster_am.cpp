@@ -150,7 +150,7 @@ private:
 status am_cluster::connect(std::string* why) {
   worker_params wp;
   wp.name = name_;
-  worker_ = worker::create(ctx_, wp);
+  if (auto made = worker::create(ctx_, wp)) worker_ = std::move(*made);
   if (!worker_) {
     *why = "cannot create a libcomm worker (no transport works here?)";
     return status::no_resource;

@@ -5,6 +5,7 @@
 #include <comm/endpoint.hpp>
 #include <comm/listener.hpp>
 #include <comm/memory.hpp>
+#include <comm/result.hpp>
 #include <comm/types.hpp>
 
 #include <cstdint>
@@ -115,12 +116,11 @@ class message;
 /// messages before delivery, replies a peer does not take, endpoints peers create); a peer that passes one fails the endpoint it came through with exceeds_limit.
 class worker {
 public:
-  /// Creates a worker on `ctx`, which must outlive it. Null when `params` are invalid or its
-  /// event fds cannot be made (the other form says which).
-  static std::unique_ptr<worker> create(context& ctx, const worker_params& params = {});
-  /// Creates a worker on `ctx`, which must outlive it, into `out`. invalid_param: event_fd is
-  /// neither -1 nor an epoll set that takes the worker's sources; no_resource: with wakeup, its
-  /// event set or signal fd cannot be made (out of file descriptors).
+  /// Creates a worker on `ctx`, which must outlive it. Errors: invalid_param when event_fd is
+  /// neither -1 nor an epoll set that takes the worker's sources; no_resource when, with wakeup,
+  /// its event set or signal fd cannot be made (out of file descriptors).
+  static result<std::unique_ptr<worker>> create(context& ctx, const worker_params& params = {});
+  /// The low-level form of create, into `out` (null on error), for code ported from UCX.
   static status create(context& ctx, const worker_params& params, std::unique_ptr<worker>* out);
   /// Destroys the worker. Requests the user was given and never released are freed, with one
   /// warning on stderr naming how many of each kind (the first few workers of a process, then
