@@ -5,6 +5,7 @@
 // transport present (verbs on the verbs test device, a software stand-in).
 #define BOOST_TEST_MODULE worker_wakeup
 #include "fixture.hpp"
+#include "test_util.hpp"
 
 #include "verbs/testdev/testdev.hpp"
 
@@ -41,48 +42,11 @@ bool arm_when_idle(worker& w) {
   return st == status::ok;
 }
 
-/// Everything written to stderr while `body` runs.
-template <class Body>
-std::string capture_stderr(Body&& body) {
-  std::fflush(stderr);
-  char path[] = "/tmp/comm_wakeup_stderr_XXXXXX";
-  const int file = mkstemp(path);
-  BOOST_REQUIRE(file >= 0);
-  unlink(path);
-  const int saved = dup(2);
-  dup2(file, 2);
-  body();
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  std::string text;
-  lseek(file, 0, SEEK_SET);
-  char buffer[4096];
-  for (ssize_t n; (n = read(file, buffer, sizeof(buffer))) > 0;) text.append(buffer, n);
-  close(file);
-  return text;
-}
-
-/// Lines of `text` that contain `what`.
-size_t lines_with(const std::string& text, const std::string& what) {
-  std::istringstream in(text);
-  size_t count = 0;
-  for (std::string line; std::getline(in, line);) count += line.find(what) != std::string::npos;
-  return count;
-}
-
 /// File descriptors registered in the epoll set `epfd` (from /proc/self/fdinfo).
 size_t fds_in_epoll_set(int epfd) {
   std::ifstream in("/proc/self/fdinfo/" + std::to_string(epfd));
   size_t count = 0;
   for (std::string line; std::getline(in, line);) count += line.rfind("tfd:", 0) == 0;
-  return count;
-}
-
-/// Open file descriptors of this process.
-size_t open_fds() {
-  size_t count = 0;
-  for (int fd = 0; fd < 4096; ++fd) count += fcntl(fd, F_GETFD) != -1;
   return count;
 }
 
