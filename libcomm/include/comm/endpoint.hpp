@@ -54,10 +54,9 @@ public:
   // -- C++ face (the low-level form of these operations follows) ----------------------------------
 
   /// Sends `data` tagged `tag`, as the low-level tag_send (protocol by size, completions in the
-  /// order of the sends). `on_done` is told when the buffer may be reused.
-  /// @param on_done called once with ok or the error (see the class comment); may be empty
-  /// @param flags send_flags: force a protocol, or fail with no_resource rather than queue
-  /// @returns the operation, done at once or running
+  /// order of the sends). `on_done` (may be empty) is told ok or the error once the buffer may
+  /// be reused; `flags` force a protocol, or make the send fail with no_resource rather than
+  /// queue. Returns the operation, done at once or running.
   operation tag_send(tag_t tag, const_bytes data, send_completion on_done = {},
                      send_flags flags = send_flags::none);
 
@@ -91,8 +90,8 @@ public:
   result<rkey_ptr> rkey_unpack(const_bytes packed);
 
   /// Writes `local` to the peer's memory at `remote_address` in `key`'s region (see the
-  /// low-level put for errors and flushing). `on_done` is told once the data is there.
-  /// @param flags rma_flags: DAT's completion suppression, fence and unsignalled completion
+  /// low-level put for errors and flushing). `on_done` is told once the data is there; `flags`
+  /// are DAT's completion suppression, fence and unsignalled completion (rma_flags).
   operation put(const_bytes local, uint64_t remote_address, rkey& key,
                 send_completion on_done = {}, rma_flags flags = rma_flags::none);
 
