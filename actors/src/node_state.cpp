@@ -73,7 +73,7 @@ void node_state::start() {
     return;
   }
   worker_->set_am_handler(frame_am_id, &node_state::on_frame, this,
-                          comm::am_flag_whole_msg | comm::am_flag_fetch_rndv);
+                          comm::am_handler_flags::whole_msg | comm::am_handler_flags::fetch_rndv);
   open_listener();
   hello_ = encode_hello(sys_, node_hello{sys_.node(), address()});
   thread_ = std::thread([this] { run(); });
