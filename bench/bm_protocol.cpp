@@ -18,8 +18,8 @@ struct pair_on {
     comm::config cfg = comm::config::from_environment();
     cfg.transports = {transport};
     ctx = std::make_unique<comm::context>(cfg);
-    a = comm::worker::create(*ctx);
-    b = comm::worker::create(*ctx);
+    a = comm::worker::create(*ctx).value();
+    b = comm::worker::create(*ctx).value();
     if (a->connect(b->address(), &ab) != comm::status::ok) std::abort();
     // Wireup: the first send completes once b answered.
     uint64_t v = 0;

@@ -151,8 +151,8 @@ void bm_worker_endpoints_to_one_peer(benchmark::State& state) {
   config cfg = config::from_environment();
   cfg.transports = {"shm"};
   context ctx(cfg);
-  auto client = worker::create(ctx);
-  auto server = worker::create(ctx);
+  auto client = worker::create(ctx).value();
+  auto server = worker::create(ctx).value();
   const std::vector<uint8_t> address = server->address();
   bool first = true;
   for (auto _ : state) {

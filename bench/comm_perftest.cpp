@@ -1290,9 +1290,9 @@ std::unique_ptr<comm::worker> make_worker(comm::context& ctx, const options& o, 
   wp.name = std::string("perftest-") + role;
   wp.wakeup = false;
   if (o.core >= 0) wp.cpus = {o.core};
-  auto w = comm::worker::create(ctx, wp);
-  if (!w) fail("cannot create a worker");
-  return w;
+  auto made = comm::worker::create(ctx, wp);
+  if (!made) fail("cannot create a worker: %s", comm::to_string(made.error()));
+  return std::move(*made);
 }
 
 /// The server: accept one client, run its test, exit.

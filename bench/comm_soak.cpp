@@ -121,7 +121,7 @@ void accept_all(void* arg, comm::conn_request* request) {
 [[noreturn]] void listener_server(int report) {
   comm::context ctx;
   listener_state s;
-  s.w = comm::worker::create(ctx);
+  s.w = comm::worker::create(ctx).value();
   comm::worker& w = *s.w;
   w.set_am_handler(echo_request, echo, &w);
   comm::listener_params lp;
@@ -394,7 +394,7 @@ void good_comm_client(std::string address, clock_type::time_point end) {
   echo_box box;
   connection_state state, fresh;
   comm::context ctx;
-  auto w = comm::worker::create(ctx);
+  auto w = comm::worker::create(ctx).value();
   w->set_am_handler(echo_reply, on_echo, &box);
   comm::endpoint* ep = nullptr;
   auto next_connect = clock_type::now();
@@ -428,7 +428,7 @@ void good_comm_client(std::string address, clock_type::time_point end) {
 void churn(std::vector<std::string> addresses, clock_type::time_point end) {
   connection_state state;  // before the worker: outlives the endpoints that report to it
   comm::context ctx;
-  auto w = comm::worker::create(ctx);
+  auto w = comm::worker::create(ctx).value();
   for (size_t i = 0; running(end); ++i) {
     state = {};
     comm::endpoint* ep = connect(*w, addresses[i % addresses.size()], state);
@@ -441,7 +441,7 @@ void churn(std::vector<std::string> addresses, clock_type::time_point end) {
 void hostile_comm(std::string address, clock_type::time_point end) {
   connection_state state;  // before the worker: outlives the endpoints that report to it
   comm::context ctx;
-  auto w = comm::worker::create(ctx);
+  auto w = comm::worker::create(ctx).value();
   const std::vector<uint8_t> payload(16384, 0x13);
   while (running(end)) {
     state = {};
@@ -462,7 +462,7 @@ void hostile_comm(std::string address, clock_type::time_point end) {
 void hostile_node(caf::actor_system& sys, std::string address, clock_type::time_point end) {
   connection_state state;  // before the worker: outlives the endpoints that report to it
   comm::context ctx;
-  auto w = comm::worker::create(ctx);
+  auto w = comm::worker::create(ctx).value();
   namespace d = comm::actors::detail;
   d::envelope_writer writer;
   const std::vector<char> big(256 * 1024, 'h');

@@ -5,7 +5,9 @@
 //   pingpong            # COMM_TLS defaults to shm for this demo
 //
 // The worker addresses are bootstrapped through a socketpair created before the fork; everything
-// else goes through libcomm. Exit status 0 means both processes checked every message.
+// else goes through libcomm, through its C++ face (result<T>, endpoint_ptr, comm::operation,
+// spans, scoped flags and capturing completions). Exit status 0 means both processes checked every
+// message.
 
 #include <comm/context.hpp>
 #include <comm/worker.hpp>
@@ -164,7 +166,7 @@ struct node {
   int sock = -1;
   std::unique_ptr<comm::context> ctx;
   std::unique_ptr<comm::worker> w;
-  comm::endpoint* ep = nullptr;
+  comm::endpoint_ptr ep;             ///< closes itself if a phase fails
   std::vector<am_record> received;   ///< AM requests or replies not yet handled
   uint64_t pings = 0;                ///< AM latency pings seen
 };
@@ -195,9 +197,10 @@ void setup(node& n) {
   n.ctx = std::make_unique<comm::context>(cfg);
   comm::worker_params wp;
   wp.name = std::string("pingpong-") + n.role;
-  n.w = comm::worker::create(*n.ctx, wp);
-  if (!n.w) fail("cannot create a worker");
-  unsigned flags = comm::am_flag_whole_msg | comm::am_flag_fetch_rndv;
+  auto made = comm::worker::create(*n.ctx, wp);
+  if (!made) fail("cannot create a worker: %s", comm::to_string(made.error()));
+  n.w = std::move(*made);
+  const auto flags = comm::am_handler_flags::whole_msg | comm::am_handler_flags::fetch_rndv;
   if (n.w->set_am_handler(am_request, on_am_store, &n, flags) != comm::status::ok ||
       n.w->set_am_handler(am_reply, on_am_store, &n, flags) != comm::status::ok ||
       n.w->set_am_handler(am_ping, on_am_ping, &n, flags) != comm::status::ok)
@@ -206,8 +209,9 @@ void setup(node& n) {
   comm::worker_address_attr attr;
   if (comm::worker::query_address(peer.data(), peer.size(), &attr) != comm::status::ok)
     fail("the peer's address does not decode");
-  comm::status st = n.w->connect(peer, &n.ep);
-  if (st != comm::status::ok) fail("connect: %s", comm::to_string(st));
+  auto ep = n.w->connect(peer);
+  if (!ep) fail("connect: %s", comm::to_string(ep.error()));
+  n.ep = std::move(*ep);
   say(n.role, "worker %s (uid %016" PRIx64 ") connected to %s over %.*s", n.w->name().c_str(),
       n.w->uid(), attr.name.c_str(), static_cast<int>(n.ep->transport().size()),
       n.ep->transport().data());
@@ -215,24 +219,17 @@ void setup(node& n) {
 }
 
 /// Waits (bounded) for `o` and fails unless it completed with ok.
-void finish(node& n, comm::op o, const char* what) {
-  comm::status st = o.pending() ? n.w->wait(o, wait_timeout_ms) : o.st;
+void finish(comm::operation o, const char* what) {
+  comm::status st = o.wait(wait_timeout_ms);
   if (st != comm::status::ok) fail("%s: %s", what, comm::to_string(st));
-}
-
-/// Stores the tag_recv_info of a receive that completes later.
-void on_tag_recv(comm::request*, comm::status, const comm::tag_recv_info& info, void* user) {
-  *static_cast<comm::tag_recv_info*>(user) = info;
 }
 
 /// Receives one tagged message matching `tag` under `mask` into `buf`; returns what arrived.
 comm::tag_recv_info receive(node& n, std::vector<uint8_t>& buf, comm::tag_t tag, comm::tag_t mask) {
   comm::tag_recv_info info;
-  comm::request_params p;
-  p.recv_cb = on_tag_recv;
-  p.user_data = &info;
-  p.recv_info = &info;
-  finish(n, n.w->tag_recv(buf.data(), buf.size(), tag, mask, p), "tag_recv");
+  finish(n.w->tag_recv(buf, tag, mask,
+                       [&info](comm::status, const comm::tag_recv_info& got) { info = got; }),
+         "tag_recv");
   return info;
 }
 
@@ -257,7 +254,7 @@ void client_tags(node& n) {
     size_t size = demo_sizes[i];
     std::vector<uint8_t> out = make_payload(size, i), in(size);
     say(n.role, "send tag 0x%" PRIx64 ", %zu bytes", tag_request | i, size);
-    finish(n, n.ep->tag_send(tag_request | i, out.data(), size), "tag_send");
+    finish(n.ep->tag_send(tag_request | i, out), "tag_send");
     comm::tag_recv_info info = receive(n, in, tag_reply | i, comm::tag_mask_full);
     if (info.length != size || !check_payload(in.data(), size, i))
       fail("echo of tag 0x%" PRIx64 " is wrong", tag_request | i);
@@ -276,7 +273,7 @@ void server_tags(node& n) {
     say(n.role, "got tag 0x%" PRIx64 ", %zu bytes, contents %s", info.sender_tag, info.length,
         ok ? "ok" : "WRONG");
     if (!ok) fail("tagged message %zu arrived damaged", i);
-    finish(n, n.ep->tag_send(tag_reply | index, in.data(), info.length), "tag_send echo");
+    finish(n.ep->tag_send(tag_reply | index, std::span(in).first(info.length)), "tag_send echo");
   }
 }
 
@@ -286,10 +283,10 @@ void client_ams(node& n) {
     size_t size = demo_sizes[i];
     std::vector<uint8_t> out = make_payload(size, i + 100);
     uint64_t header = i;
-    comm::request_params p;
-    p.flags = comm::request_reply_endpoint;
     say(n.role, "send AM id %u, header %zu bytes, data %zu bytes", am_request, sizeof header, size);
-    finish(n, n.ep->am_send(am_request, &header, sizeof header, out.data(), size, p), "am_send");
+    finish(n.ep->am_send(am_request, std::span(&header, 1), out, {},
+                         comm::am_send_flags::reply_endpoint),
+           "am_send");
     am_record rec = next_am(n);
     if (rec.header != i || rec.data.size() != size || !check_payload(rec.data.data(), size, i + 100))
       fail("AM reply %zu is wrong", i);
@@ -307,8 +304,7 @@ void server_ams(node& n) {
         rec.header, rec.data.size(), rec.reply_ep ? ", with reply endpoint" : "",
         ok ? "ok" : "WRONG");
     if (!ok) fail("active message %zu arrived damaged", i);
-    finish(n, n.ep->am_send(am_reply, &rec.header, sizeof rec.header, rec.data.data(),
-                            rec.data.size()), "am_send reply");
+    finish(n.ep->am_send(am_reply, std::span(&rec.header, 1), rec.data), "am_send reply");
   }
 }
 
@@ -327,14 +323,15 @@ void round_trip(node& n, bool am, bool initiator, uint64_t& value) {
   if (am) {
     uint64_t target = n.pings + 1;
     if (!initiator) wait_pings(n, target);
-    finish(n, n.ep->am_send(am_ping, nullptr, 0, &value, sizeof value), "am ping");
+    finish(n.ep->am_send(am_ping, comm::const_bytes{}, std::span(&value, 1)), "am ping");
     if (initiator) wait_pings(n, target);
     return;
   }
-  comm::op r = n.w->tag_recv(&value, sizeof value, tag_ping, comm::tag_mask_full);
-  if (initiator) finish(n, n.ep->tag_send(tag_ping, &value, sizeof value), "tag ping");
-  finish(n, r, "tag ping receive");
-  if (!initiator) finish(n, n.ep->tag_send(tag_ping, &value, sizeof value), "tag pong");
+  const auto bytes = std::span(&value, 1);
+  comm::operation r = n.w->tag_recv(bytes, tag_ping, comm::tag_mask_full);
+  if (initiator) finish(n.ep->tag_send(tag_ping, bytes), "tag ping");
+  finish(std::move(r), "tag ping receive");
+  if (!initiator) finish(n.ep->tag_send(tag_ping, bytes), "tag pong");
 }
 
 /// Runs the latency rounds; the client prints median and average one-way latency.
@@ -374,8 +371,7 @@ void run(node& n, bool client) {
   for (std::string line; std::getline(lines, line);) {
     if (line.rfind("ep ", 0) == 0) say(n.role, "%s", line.c_str());
   }
-  finish(n, n.ep->close(), "close");
-  n.ep = nullptr;
+  finish(n.ep.close(), "close");
   barrier(n.sock);
   n.w.reset();
   n.ctx.reset();

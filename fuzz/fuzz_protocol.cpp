@@ -189,7 +189,7 @@ received receive_one(comm::worker& w, std::initializer_list<comm::worker*> other
 
 /// A still works: a new worker connects to it and its tagged message arrives intact.
 void check_still_working(comm::worker& a, comm::worker& b, size_t records) {
-  auto c = comm::worker::create(the_context());
+  auto c = comm::worker::create(the_context()).value();
   comm::endpoint* to_a = connect(*c, a);
   std::array<uint8_t, 64> sent;
   for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<uint8_t>(0xa5 ^ i);
@@ -213,7 +213,7 @@ void check_still_working(comm::worker& a, comm::worker& b, size_t records) {
 
 /// A still receives streams: C's bytes arrive whole on A's endpoint for C.
 void check_stream_still_working(comm::worker& a, comm::worker& b) {
-  auto c = comm::worker::create(the_context());
+  auto c = comm::worker::create(the_context()).value();
   comm::endpoint* to_a = connect(*c, a);
   const char sent[] = "stream check";
   comm::op s = to_a->stream_send(sent, sizeof sent);
@@ -340,8 +340,8 @@ size_t inject(comm::tl::ep& target, const uint8_t* data, size_t size,
 
 /// One input: fresh workers, the forged records, the health check.
 void run(const uint8_t* data, size_t size) {
-  auto a = comm::worker::create(the_context());
-  auto b = comm::worker::create(the_context());
+  auto a = comm::worker::create(the_context()).value();
+  auto b = comm::worker::create(the_context()).value();
   connect(*b, *a);
   for (int i = 0; i < 8; ++i) progress({a.get(), b.get()});
   std::vector<void*> kept;

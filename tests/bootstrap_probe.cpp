@@ -114,7 +114,7 @@ int check_refusals(comm::bootstrap& boot) {
 /// each (tag: the sender's rank; contents: sender and receiver).
 int exchange_messages(comm::bootstrap& boot, int timeout_ms) {
   comm::context ctx;
-  auto w = comm::worker::create(ctx);
+  auto w = comm::worker::create(ctx).value();
   std::vector<std::vector<uint8_t>> addresses;
   if (auto st = boot.allgather("probe.worker", w->address(), addresses, timeout_ms);
       st != comm::status::ok) {

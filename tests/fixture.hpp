@@ -215,8 +215,8 @@ struct worker_pair {
     worker_params wa = pa, wb = pb;
     if (wa.name.empty()) wa.name = "a";
     if (wb.name.empty()) wb.name = "b";
-    a = worker::create(*ctx, wa);
-    b = worker::create(*ctx, wb);
+    a = worker::create(*ctx, wa).value();
+    b = worker::create(*ctx, wb).value();
     // One interface per device of the transport (tcp: every interface that is up).
     BOOST_REQUIRE(!detail::impl(*a).ifaces.empty());
     BOOST_REQUIRE(!detail::impl(*b).ifaces.empty());

@@ -68,7 +68,7 @@ struct server {
       : ctx(std::move(cfg)) {
     worker_params wp;
     wp.name = "server";
-    w = worker::create(ctx, wp);
+    w = worker::create(ctx, wp).value();
     listener_params lp;
     lp.address = address;
     lp.on_request = [](void* arg, conn_request* r) {
@@ -99,7 +99,7 @@ struct client {
     worker_params wp;
     wp.name = "client";
     wp.client_id = id;
-    w = worker::create(ctx, wp);
+    w = worker::create(ctx, wp).value();
   }
   context ctx;
   std::unique_ptr<worker> w;

@@ -178,7 +178,7 @@ struct forged_peer {
   uint32_t seq = 0;
 
   /// Connects; throws when the node does not accept within 5 s.
-  explicit forged_peer(const std::string& address) : worker(comm::worker::create(ctx)) {
+  explicit forged_peer(const std::string& address) : worker(comm::worker::create(ctx).value()) {
     worker->set_am_handler(frame_am, on_forged_frame, &state,
                            comm::am_flag_whole_msg | comm::am_flag_fetch_rndv);
     comm::endpoint_params p;

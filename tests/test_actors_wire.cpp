@@ -59,7 +59,7 @@ struct forged_server {
   std::thread progress;  ///< the worker's only user once started
 
   explicit forged_server(const caf::node_id& claimed)
-      : worker(comm::worker::create(ctx)), hello(forged_hello(claimed)) {
+      : worker(comm::worker::create(ctx).value()), hello(forged_hello(claimed)) {
     comm::listener_params lp;
     lp.address = "127.0.0.1:0";
     lp.on_request = &forged_server::on_request;

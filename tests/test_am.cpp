@@ -465,7 +465,7 @@ BOOST_DATA_TEST_CASE(am_alignment_of_handler_data, each_transport(), tl_name) {
   context ctx(cfg);
   worker_params bad;
   bad.am_alignment = 24;
-  auto w = worker::create(ctx, bad);
+  auto w = worker::create(ctx, bad).value();
   BOOST_CHECK_EQUAL(detail::impl(*w).params.am_alignment, 1u);
 }
 

@@ -62,7 +62,9 @@ bootstrap_params address_params(const std::string& address, int rank, int size) 
   return p;
 }
 
-std::string loopback_address() { return "127.0.0.1:" + std::to_string(detail::free_port()); }
+std::string loopback_address() {
+  return "127.0.0.1:" + std::to_string(comm::test::detail::free_port());
+}
 
 // -- a rank that breaks the protocol -----------------------------------------------------------
 
@@ -107,7 +109,7 @@ std::vector<uint8_t> one_record(uint32_t rank, const std::string& key, size_t va
 /// its own making, and records the abort rank 0 answers with.
 struct hand_made_rank {
   context ctx;
-  std::unique_ptr<worker> w = worker::create(ctx);
+  std::unique_ptr<worker> w = worker::create(ctx).value();
   endpoint* ep = nullptr;
   bool connected = false;
   status aborted_with = status::ok;
@@ -434,7 +436,7 @@ BOOST_AUTO_TEST_CASE(by_hand_wrong_auth_key_is_refused) {
 }
 
 BOOST_AUTO_TEST_CASE(by_hand_garbage_at_rank_zero_is_survived) {
-  const std::string port = std::to_string(detail::free_port());
+  const std::string port = std::to_string(comm::test::detail::free_port());
   hand_options hand;
   hand.address = "127.0.0.1:" + port;
   hand.setup = [&port](size_t index) {
@@ -477,7 +479,7 @@ BOOST_AUTO_TEST_CASE(by_hand_on_two_network_namespace_hosts) {
   netns_pair hosts;
   BOOST_REQUIRE_MESSAGE(hosts.ok(), "cannot create network namespaces (root and ip(8) are needed)");
   hand_options hand;
-  hand.address = hosts.address(0) + ":" + std::to_string(detail::free_port());
+  hand.address = hosts.address(0) + ":" + std::to_string(comm::test::detail::free_port());
   hand.setup = [&hosts](size_t index) { return hosts.enter(index == 0 ? 0 : 1); };
   launch_options opt = with_env({"COMM_AUTH_KEY=two hosts"});
   const launch_result r = run_by_hand(2, {probe, "exchange", "20000"}, opt, hand);

@@ -344,7 +344,7 @@ struct echo_server {
   echo_server() : ctx(config_with({"shm", "tcp"})) {
     worker_params wp;
     wp.name = "echo";
-    w = worker::create(ctx, wp);
+    w = worker::create(ctx, wp).value();
     listener_params lp;
     lp.address = "127.0.0.1:0";
     lp.arg = this;
@@ -512,7 +512,7 @@ BOOST_AUTO_TEST_CASE(requests_accepted_inside_their_callback_here_or_on_another_
   server srv(config_with({"shm", "tcp"}));
   worker_params wp;
   wp.name = "second";
-  auto second = worker::create(srv.ctx, wp);
+  auto second = worker::create(srv.ctx, wp).value();
   for (int i = 0; i < 2; ++i) {
     worker* on = i == 0 ? srv.w.get() : second.get();
     endpoint* sep = nullptr;

@@ -422,7 +422,7 @@ BOOST_DATA_TEST_CASE(blocking_wait_on_the_event_fd, each_transport(), tl_name) {
   // A worker without wakeup has no event fd.
   worker_params nw;
   nw.wakeup = false;
-  auto w = worker::create(*p.ctx, nw);
+  auto w = worker::create(*p.ctx, nw).value();
   BOOST_CHECK_EQUAL(w->event_fd(), -1);
   BOOST_CHECK(w->wait(0) == status::unsupported);
 }

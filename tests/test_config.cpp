@@ -211,7 +211,7 @@ BOOST_AUTO_TEST_CASE(a_disabled_transport_does_not_check_its_values) {
 BOOST_AUTO_TEST_CASE(good_values_open_with_the_knob_in_force) {
   env_scope env({{"COMM_TLS", "shm"}, {"COMM_SHM_SEG_SIZE", "16k"}});
   context ctx(config::from_environment());
-  auto w = worker::create(ctx);
+  auto w = worker::create(ctx).value();
   BOOST_REQUIRE(w);
   BOOST_TEST(w->info().find("16384 bytes per cell") != std::string::npos, w->info());
 }
@@ -227,7 +227,7 @@ BOOST_AUTO_TEST_CASE(context_uses_only_the_listed_transports) {
       context ctx(config::from_environment());
       BOOST_REQUIRE_EQUAL(ctx.components().size(), 1u);
       BOOST_CHECK_EQUAL(ctx.components()[0]->name(), name);
-      auto w = worker::create(ctx);
+      auto w = worker::create(ctx).value();
       worker_address_attr attr;
       const auto address = w->address();
       BOOST_REQUIRE(worker::query_address(address.data(), address.size(), &attr) == status::ok);

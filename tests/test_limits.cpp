@@ -92,7 +92,7 @@ void close_and_wait(worker& w, endpoint* ep, Progress&& all) {
 /// Checks that b serves a new peer c: tagged messages both ways, received after they arrived
 /// (unexpected) and posted before (expected).
 void check_b_serves_a_new_peer(worker_pair& p) {
-  auto c = worker::create(*p.ctx);
+  auto c = worker::create(*p.ctx).value();
   endpoint *cb = nullptr, *bc = nullptr;
   BOOST_REQUIRE(c->connect(p.b->address(), &cb) == status::ok);
   BOOST_REQUIRE(p.b->connect(c->address(), &bc) == status::ok);
@@ -282,7 +282,7 @@ BOOST_DATA_TEST_CASE(worker_limit_holds_across_endpoints_and_closes, each_transp
   v.p.spin(50);
   BOOST_CHECK_EQUAL(v.b().unexpected_bytes, left);
   // A second peer floods: its endpoint fails once the worker's total would pass the limit.
-  auto c = worker::create(*v.p.ctx);
+  auto c = worker::create(*v.p.ctx).value();
   endpoint* cb = nullptr;
   BOOST_REQUIRE(c->connect(v.p.b->address(), &cb) == status::ok);
   auto all = [&] {
@@ -536,7 +536,7 @@ BOOST_DATA_TEST_CASE(wireup_requests_beyond_the_peer_endpoint_limit, each_transp
     for (auto& w : peers) w->progress();
   };
   auto connect = [&]() {
-    peers.push_back(worker::create(*v.p.ctx));
+    peers.push_back(worker::create(*v.p.ctx).value());
     endpoint* ep = nullptr;
     BOOST_REQUIRE(peers.back()->connect(v.p.b->address(), &ep) == status::ok);
     BOOST_REQUIRE(

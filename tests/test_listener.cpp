@@ -308,7 +308,7 @@ BOOST_AUTO_TEST_CASE(accept_on_another_worker_of_the_context) {
   server srv(config_with({"shm", "tcp"}));
   worker_params wp;
   wp.name = "second";
-  auto second = worker::create(srv.ctx, wp);
+  auto second = worker::create(srv.ctx, wp).value();
   client cli(config_with({"shm", "tcp"}));
   endpoint* cep = nullptr;
   endpoint* sep = nullptr;

@@ -121,7 +121,7 @@ struct side {
     if (ctx->components().size() != 1) return "transport " + transport + " unavailable";
     worker_params wp;
     wp.name = name;
-    w = worker::create(*ctx, wp);
+    w = worker::create(*ctx, wp).value();
     if (!send_blob(sock, w->address())) return "cannot send the address";
     std::vector<uint8_t> peer;
     if (!recv_blob(sock, &peer)) return "cannot read the peer's address";

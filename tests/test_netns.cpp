@@ -134,7 +134,7 @@ int run_server(const netns_pair& hosts, const channel& out, const channel& in,
   echo_server s;
   worker_params wp;
   wp.name = "server";
-  s.w = worker::create(ctx, wp);
+  s.w = worker::create(ctx, wp).value();
   CHILD_CHECK(s.w->set_am_handler(echo_am, on_echo_am, &s,
                                   am_flag_whole_msg | am_flag_fetch_rndv) == status::ok);
   std::vector<conn_request*> requests;
@@ -227,7 +227,7 @@ struct host_client {
       : ctx(host_config(key, hosts, f, 1)) {
     worker_params wp;
     wp.name = "client";
-    w = worker::create(ctx, wp);
+    w = worker::create(ctx, wp).value();
     (void)w->set_am_handler(reply_am, on_reply_am, &state, am_flag_whole_msg | am_flag_fetch_rndv);
     endpoint_params p;
     p.on_connect = on_client_connect;
@@ -323,7 +323,7 @@ int run_stream_receiver(const netns_pair& hosts, const channel& out) {
   context ctx(host_config(cluster_key));
   worker_params wp;
   wp.name = "receiver";
-  auto w = worker::create(ctx, wp);
+  auto w = worker::create(ctx, wp).value();
   std::vector<conn_request*> requests;
   listener_params lp;
   lp.address = hosts.address(0) + ":0";

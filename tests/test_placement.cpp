@@ -284,7 +284,7 @@ BOOST_AUTO_TEST_CASE(cpus_place_a_worker_without_pinning_the_caller) {
   context ctx(cfg);
   worker_params wp;
   wp.cpus = {0};
-  auto w = worker::create(ctx, wp);
+  auto w = worker::create(ctx, wp).value();
   BOOST_TEST_REQUIRE(sched_getaffinity(0, sizeof after, &after) == 0);
   BOOST_TEST(CPU_EQUAL(&before, &after));
   const std::string info = w->info();
@@ -292,7 +292,7 @@ BOOST_AUTO_TEST_CASE(cpus_place_a_worker_without_pinning_the_caller) {
   BOOST_TEST(contains(info, "iface shm/memory"), info);
   BOOST_TEST(contains(info, "bound to NUMA nodes 0"), info);
 
-  auto unplaced = worker::create(ctx, {});
+  auto unplaced = worker::create(ctx, {}).value();
   BOOST_TEST(contains(unplaced->info(), "placement: none (no cpus given)"), unplaced->info());
   BOOST_TEST(contains(unplaced->info(), "not placed (no NUMA nodes given)"), unplaced->info());
 }
@@ -304,8 +304,8 @@ BOOST_AUTO_TEST_CASE(every_device_of_a_transport_is_a_candidate_and_info_shows_t
   worker_params wa, wb;
   wa.name = "a";
   wb.name = "b";
-  auto a = worker::create(ctx, wa);
-  auto b = worker::create(ctx, wb);
+  auto a = worker::create(ctx, wa).value();
+  auto b = worker::create(ctx, wb).value();
   const auto tcp_devices = component_named("tcp").devices(cfg.transport_options);
   size_t tcp_ifaces = 0;
   for (const auto& li : detail::impl(*a).ifaces) tcp_ifaces += li.component->name() == "tcp";
@@ -328,8 +328,8 @@ BOOST_AUTO_TEST_CASE(every_device_of_a_transport_is_a_candidate_and_info_shows_t
   config tcp_only = cfg;
   tcp_only.transports = {"tcp"};
   context tcp_ctx(tcp_only);
-  auto c = worker::create(tcp_ctx, wa);
-  auto d = worker::create(tcp_ctx, wb);
+  auto c = worker::create(tcp_ctx, wa).value();
+  auto d = worker::create(tcp_ctx, wb).value();
   endpoint* cd = nullptr;
   BOOST_TEST_REQUIRE(c->connect(d->address(), &cd) == status::ok);
   BOOST_TEST(cd->transport() == "tcp");
@@ -366,8 +366,8 @@ BOOST_AUTO_TEST_CASE(an_address_with_more_entries_than_an_address_holds_is_refus
   config cfg = config::from_environment();
   cfg.transports = {"shm"};
   context ctx(cfg);
-  auto a = worker::create(ctx);
-  auto b = worker::create(ctx);
+  auto a = worker::create(ctx).value();
+  auto b = worker::create(ctx).value();
   const std::vector<uint8_t> most = with_entries(b->address(), detail::max_address_entries);
   const std::vector<uint8_t> too_many = with_entries(b->address(), detail::max_address_entries + 1);
   worker_address_attr attr;

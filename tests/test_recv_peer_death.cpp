@@ -32,7 +32,7 @@ constexpr tag_t hello_tag = 1;
 /// A context and worker on `transport` only.
 struct peer {
   explicit peer(const std::string& transport) : ctx(only(transport)) {
-    w = worker::create(ctx);
+    w = worker::create(ctx).value();
   }
   static config only(const std::string& transport) {
     config cfg = config::from_environment();

@@ -39,7 +39,7 @@ std::vector<uint8_t> read_blob(int fd) {
 /// One side of a two-process test: a context on one transport and a worker.
 struct side {
   explicit side(const std::string& transport)
-      : ctx(config_for(transport)), w(worker::create(ctx)) {}
+      : ctx(config_for(transport)), w(worker::create(ctx).value()) {}
   context ctx;
   std::unique_ptr<worker> w;
 };

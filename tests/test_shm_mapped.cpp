@@ -781,7 +781,7 @@ namespace {
 
 /// One side of a libcomm test across processes: an shm context and a worker.
 struct side {
-  side() : ctx(test::config_for("shm")), w(worker::create(ctx)) {}
+  side() : ctx(test::config_for("shm")), w(worker::create(ctx).value()) {}
   context ctx;
   std::unique_ptr<worker> w;
 };

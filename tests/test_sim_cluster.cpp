@@ -188,7 +188,7 @@ struct fake_member {
   uint64_t fingerprint = 0;      ///< of rank 0's first round message
   bool joined = false;
 
-  explicit fake_member(bootstrap_group& g) : group(g), w(worker::create(ctx)) {}
+  explicit fake_member(bootstrap_group& g) : group(g), w(worker::create(ctx).value()) {}
 
   static status on_message(void* arg, const void* header, size_t header_length, void*, size_t,
                            const am_recv_params&) {

@@ -331,7 +331,7 @@ BOOST_AUTO_TEST_SUITE(data_ready)
 
 BOOST_DATA_TEST_CASE(poll_reports_endpoints_with_data, each_transport(), tl_name) {
   worker_pair p(tl_name);
-  auto c = worker::create(*p.ctx, named("c"));
+  auto c = worker::create(*p.ctx, named("c")).value();
   endpoint* cb = nullptr;
   BOOST_REQUIRE(c->connect(p.b->address(), &cb) == status::ok);
   auto both = [&] {
@@ -522,7 +522,7 @@ BOOST_DATA_TEST_CASE(buffer_limit_fails_the_endpoint, each_transport(), tl_name)
   endpoint* rx = receiver(p);
   error_log errors;
   rx->set_error_handler(record_error, &errors);
-  auto c = worker::create(*p.ctx, named("c"));
+  auto c = worker::create(*p.ctx, named("c")).value();
   endpoint* cb = nullptr;
   BOOST_REQUIRE(c->connect(p.b->address(), &cb) == status::ok);
   const std::vector<uint8_t> chunk = pattern(16384, 15);

@@ -780,7 +780,7 @@ BOOST_DATA_TEST_CASE(fragments_of_two_senders_interleave, each_transport(), tl_n
   // a and a third worker c both stream fragmented messages with the same tag into b; their
   // fragments interleave in b's receive queue, the messages must not.
   worker_pair p(tl_name);
-  auto c = worker::create(*p.ctx);
+  auto c = worker::create(*p.ctx).value();
   endpoint* cb = nullptr;
   BOOST_REQUIRE(c->connect(p.b->address(), &cb) == status::ok);
   auto all = [&] {

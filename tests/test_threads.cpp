@@ -43,8 +43,8 @@ bool progress_until(comm::worker& w, Done done) {
 /// numbered tagged messages over `transport`; checks order and contents.
 void run_two_threads(const char* transport, size_t count) {
   comm::context ctx(config_for(transport));
-  auto receiver = comm::worker::create(ctx);
-  auto sender = comm::worker::create(ctx);
+  auto receiver = comm::worker::create(ctx).value();
+  auto sender = comm::worker::create(ctx).value();
   const auto receiver_address = receiver->address();
   std::atomic<bool> receiver_failed{false};
   std::atomic<size_t> received{0};
@@ -106,8 +106,8 @@ BOOST_AUTO_TEST_CASE(multi_mode_worker_shared_by_threads) {
   comm::context ctx(config_for("shm"));
   comm::worker_params params;
   params.mode = comm::thread_mode::multi;
-  auto shared = comm::worker::create(ctx, params);
-  auto receiver = comm::worker::create(ctx);
+  auto shared = comm::worker::create(ctx, params).value();
+  auto receiver = comm::worker::create(ctx).value();
   BOOST_CHECK(shared->mode() == comm::thread_mode::multi);
   comm::endpoint* ep = nullptr;
   BOOST_REQUIRE(shared->connect(receiver->address(), &ep) == comm::status::ok);

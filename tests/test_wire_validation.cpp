@@ -101,7 +101,7 @@ void check_b_still_works(worker_pair& p) {
   BOOST_CHECK(p.finish(r) == status::ok);
   BOOST_CHECK_EQUAL(got, v);
   // A new worker c, connected both ways with b.
-  auto c = worker::create(*p.ctx);
+  auto c = worker::create(*p.ctx).value();
   endpoint *cb = nullptr, *bc = nullptr;
   BOOST_REQUIRE(c->connect(p.b->address(), &cb) == status::ok);
   BOOST_REQUIRE(p.b->connect(c->address(), &bc) == status::ok);
@@ -755,7 +755,7 @@ BOOST_DATA_TEST_CASE(query_address_and_connect_reject_garbage, each_transport(),
   worker_params wp;
   wp.name = "queried";
   wp.client_id = 0xC11E;
-  auto w = worker::create(*p.ctx, wp);
+  auto w = worker::create(*p.ctx, wp).value();
   const std::vector<uint8_t> address = w->address();
   BOOST_REQUIRE(worker::query_address(address.data(), address.size(), &attr) == status::ok);
   BOOST_CHECK_EQUAL(attr.uid, w->uid());

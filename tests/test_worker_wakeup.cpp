@@ -5,6 +5,7 @@
 // transport present (verbs on the verbs test device, a software stand-in).
 #define BOOST_TEST_MODULE worker_wakeup
 #include "fixture.hpp"
+#include "test_util.hpp"
 
 #include "verbs/testdev/testdev.hpp"
 
@@ -41,48 +42,11 @@ bool arm_when_idle(worker& w) {
   return st == status::ok;
 }
 
-/// Everything written to stderr while `body` runs.
-template <class Body>
-std::string capture_stderr(Body&& body) {
-  std::fflush(stderr);
-  char path[] = "/tmp/comm_wakeup_stderr_XXXXXX";
-  const int file = mkstemp(path);
-  BOOST_REQUIRE(file >= 0);
-  unlink(path);
-  const int saved = dup(2);
-  dup2(file, 2);
-  body();
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  std::string text;
-  lseek(file, 0, SEEK_SET);
-  char buffer[4096];
-  for (ssize_t n; (n = read(file, buffer, sizeof(buffer))) > 0;) text.append(buffer, n);
-  close(file);
-  return text;
-}
-
-/// Lines of `text` that contain `what`.
-size_t lines_with(const std::string& text, const std::string& what) {
-  std::istringstream in(text);
-  size_t count = 0;
-  for (std::string line; std::getline(in, line);) count += line.find(what) != std::string::npos;
-  return count;
-}
-
 /// File descriptors registered in the epoll set `epfd` (from /proc/self/fdinfo).
 size_t fds_in_epoll_set(int epfd) {
   std::ifstream in("/proc/self/fdinfo/" + std::to_string(epfd));
   size_t count = 0;
   for (std::string line; std::getline(in, line);) count += line.rfind("tfd:", 0) == 0;
-  return count;
-}
-
-/// Open file descriptors of this process.
-size_t open_fds() {
-  size_t count = 0;
-  for (int fd = 0; fd < 4096; ++fd) count += fcntl(fd, F_GETFD) != -1;
   return count;
 }
 
@@ -200,7 +164,7 @@ BOOST_AUTO_TEST_CASE(signal_without_wakeup_is_unsupported) {
   context ctx(config_for(transports_under_test().front()));
   worker_params wp;
   wp.wakeup = false;
-  auto w = worker::create(ctx, wp);
+  auto w = worker::create(ctx, wp).value();
   BOOST_REQUIRE(w);
   BOOST_CHECK(w->signal() == status::unsupported);
   BOOST_CHECK(w->arm() == status::unsupported);
@@ -293,7 +257,7 @@ BOOST_AUTO_TEST_CASE(wait_leaves_the_events_of_the_users_sources_to_the_user) {
   context ctx(config_for(transports_under_test().front()));
   worker_params wp;
   wp.event_fd = epfd;
-  auto w = worker::create(ctx, wp);
+  auto w = worker::create(ctx, wp).value();
   BOOST_REQUIRE(w);
   BOOST_REQUIRE(arm_when_idle(*w));
   // The user's source is ready: the set is readable, so wait() wakes (and must leave the event).
@@ -325,7 +289,7 @@ BOOST_AUTO_TEST_CASE(wait_returns_when_the_users_own_source_makes_the_set_readab
   worker_params wp;
   wp.event_fd = epfd;
   wp.events = wakeup_tag_recv;
-  auto w = worker::create(ctx, wp);
+  auto w = worker::create(ctx, wp).value();
   BOOST_REQUIRE(w);
   BOOST_REQUIRE(arm_when_idle(*w));
   BOOST_CHECK(w->wait(20000) == status::ok);
@@ -345,7 +309,9 @@ BOOST_AUTO_TEST_CASE(an_event_fd_that_is_not_an_epoll_set_is_refused) {
     std::unique_ptr<worker> w;
     BOOST_CHECK(worker::create(ctx, wp, &w) == status::invalid_param);
     BOOST_CHECK(!w);
-    BOOST_CHECK(!worker::create(ctx, wp));
+    auto made = worker::create(ctx, wp);
+    BOOST_CHECK(!made);
+    BOOST_CHECK(made.error() == status::invalid_param);
   }
   BOOST_CHECK_EQUAL(open_fds(), fds_before);  // nothing left open
   BOOST_CHECK(fcntl(pipe_fds[0], F_GETFD) != -1);  // the user's fd is still the user's
@@ -469,7 +435,7 @@ BOOST_AUTO_TEST_CASE(default_names_are_unique_and_shown_in_info) {
   std::vector<std::unique_ptr<worker>> workers;
   std::set<std::string> names;
   for (int i = 0; i < 4; ++i) {
-    workers.push_back(worker::create(ctx));
+    workers.push_back(worker::create(ctx).value());
     const std::string& name = workers.back()->name();
     BOOST_CHECK_MESSAGE(name.rfind(prefix, 0) == 0, name << " does not start with " << prefix);
     names.insert(name);
@@ -482,7 +448,7 @@ BOOST_AUTO_TEST_CASE(default_names_are_unique_and_shown_in_info) {
   BOOST_CHECK_EQUAL(names.size(), workers.size());
   worker_params named;
   named.name = "given";
-  BOOST_CHECK_EQUAL(worker::create(ctx, named)->name(), "given");
+  BOOST_CHECK_EQUAL(worker::create(ctx, named).value()->name(), "given");
 }
 
 BOOST_AUTO_TEST_CASE(user_data_and_thread_mode_are_readable) {
@@ -492,13 +458,13 @@ BOOST_AUTO_TEST_CASE(user_data_and_thread_mode_are_readable) {
     worker_params wp;
     wp.mode = mode;
     wp.user_data = &mine;
-    auto w = worker::create(ctx, wp);
+    auto w = worker::create(ctx, wp).value();
     BOOST_CHECK(w->user_data() == &mine);
     BOOST_CHECK(w->mode() == mode);
     BOOST_CHECK(w->info().find(std::string("thread_mode ") + detail::mode_name(mode)) !=
                 std::string::npos);
   }
-  BOOST_CHECK(worker::create(ctx)->user_data() == nullptr);
+  BOOST_CHECK(worker::create(ctx).value()->user_data() == nullptr);
 }
 
 BOOST_DATA_TEST_CASE(serialized_worker_used_from_two_threads, each_transport(), transport) {
@@ -591,7 +557,7 @@ BOOST_AUTO_TEST_CASE(leak_warnings_are_rate_limited) {
   constexpr int workers = 40;
   const std::string text = capture_stderr([&] {
     for (int i = 0; i < workers; ++i) {
-      auto w = worker::create(ctx);
+      auto w = worker::create(ctx).value();
       uint8_t in[8];
       op r = w->tag_recv(in, sizeof(in), 1, tag_mask_full);
       BOOST_REQUIRE(r.pending());

@@ -59,7 +59,9 @@ void node_state::open_listener() {
   lp.address = params_.listen_address;
   lp.on_request = &node_state::on_conn_request;
   lp.arg = this;
-  const comm::status st = worker_->listen(lp, &listener_);
+  auto made = worker_->listen(lp);
+  const comm::status st = made.error();
+  if (made) listener_ = std::move(*made);
   std::lock_guard<std::mutex> g(mtx_);
   if (st != comm::status::ok) {
     COMM_LOG(error, "actors", "cannot listen on %s: %s", params_.listen_address.c_str(),
@@ -309,10 +311,7 @@ void node_state::close_endpoints() {
   if (closing_.empty()) return;
   auto closing = std::move(closing_);
   closing_.clear();
-  for (comm::endpoint* ep : closing) {
-    comm::op o = ep->close();
-    if (o.pending()) worker_->release(o.req);
-  }
+  for (comm::endpoint* ep : closing) comm::operation(ep->close()).detach();  // the worker ends it
 }
 
 void node_state::disconnect_now(const std::string& address,

@@ -36,7 +36,7 @@ engine::engine(caf::actor_system& sys, worker_config cfg) : sys_(sys), cfg_(std:
   comm::worker_params wp = cfg_.worker;
   wp.mode = thread_mode::single;
   wp.wakeup = true;
-  worker_ = comm::worker::create(*ctx_, wp);
+  if (auto made = comm::worker::create(*ctx_, wp)) worker_ = std::move(*made);
 }
 
 engine::~engine() {
@@ -148,18 +148,18 @@ void engine::shut_down() {
 }
 
 void engine::close_all_endpoints() {
-  std::vector<comm::op> closing;
+  std::vector<comm::operation> closing;
   for (auto& [id, slot] : endpoints_) {
     if (slot.closing) continue;
     slot.closing = true;
-    comm::op o = slot.ep->close();
-    if (o.pending()) closing.push_back(o);
+    comm::operation o = slot.ep.close();
+    if (!o.done()) closing.push_back(std::move(o));
   }
   const auto deadline = std::chrono::steady_clock::now() + cfg_.close_timeout;
-  for (comm::op& o : closing) {
+  for (comm::operation& o : closing) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    const status st = worker_->wait(o, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    const status st = o.wait(static_cast<int>(std::max<int64_t>(left.count(), 0)));
     if (st != status::ok) COMM_LOG(warn, "io", "closing an endpoint at exit: %s", to_string(st));
   }
 }
@@ -181,7 +181,6 @@ void engine::report(const notice& n, op_done done) {
 
 engine::flight* engine::new_flight(notice n) {
   auto f = std::make_unique<flight>();
-  f->owner = this;
   f->key = next_key_++;
   f->reply = std::move(n);
   flight* raw = f.get();
@@ -198,17 +197,8 @@ void engine::finish(uint64_t key, comm::status st) {
   report(f->reply, st);
 }
 
-void engine::start_send(uint64_t key, comm::op o) {
-  if (o.pending()) {
-    worker_->release(o.req);
-  } else {
-    finish(key, o.st);
-  }
-}
-
-void engine::on_send_done(request*, status st, void* user_data) {
-  auto* f = static_cast<flight*>(user_data);
-  f->owner->finish(f->key, st);
+comm::send_completion engine::finisher(uint64_t key) {
+  return [this, key](status st) { finish(key, st); };
 }
 
 }  // namespace comm::actors::io::detail

@@ -117,7 +117,7 @@ public:
 private:
   /// An endpoint and the actor that represents it.
   struct endpoint_slot {
-    comm::endpoint* ep = nullptr;
+    comm::endpoint_ptr ep;        ///< empty once its close started
     caf::actor actor;
     std::unordered_map<uint16_t, caf::actor> am_routes;  ///< this endpoint's AM handlers
     notice connecting;            ///< a client connect waiting for the server's answer
@@ -150,7 +150,6 @@ private:
 
   /// An operation libcomm completes later, and what it keeps alive until then.
   struct flight {
-    engine* owner = nullptr;
     uint64_t key = 0;
     notice reply;        ///< told the outcome (op_done)
     caf::actor handler;  ///< tag route receives: gets (tag_atom, tag, data)
@@ -177,12 +176,13 @@ private:
   static void report(const notice& n, comm::status st);
   static void report(const notice& n, op_done done);
   endpoint_slot* find_endpoint(uint64_t slot, const notice& n);
-  uint64_t add_endpoint(comm::endpoint* ep);
+  uint64_t add_endpoint(comm::endpoint_ptr ep);
   void drop_endpoint(uint64_t slot);
   comm::endpoint_params endpoint_params_for(bytes private_data) const;
   flight* new_flight(notice n);
   void finish(uint64_t key, comm::status st);
-  void start_send(uint64_t key, comm::op o);
+  /// The completion of an operation whose outcome finishes flight `key`.
+  comm::send_completion finisher(uint64_t key);
   am_route& route_for(uint16_t id);
   void release_route(uint16_t id);
   size_t match_tags();
@@ -197,8 +197,6 @@ private:
 
   static status on_am(void* arg, const void* header, size_t header_length, void* data,
                       size_t length, const am_recv_params& params);
-  static void on_send_done(request* req, status st, void* user_data);
-  static void on_recv_done(request* req, status st, const tag_recv_info& info, void* user_data);
   static void on_endpoint_error(void* arg, comm::endpoint* ep, status reason);
   static void on_connected(void* arg, comm::endpoint* ep, const uint8_t* data, size_t length);
   static void on_conn_request(void* arg, comm::conn_request* request);

@@ -22,19 +22,19 @@ comm::endpoint_params engine::endpoint_params_for(bytes private_data) const {
   return p;
 }
 
-uint64_t engine::add_endpoint(comm::endpoint* ep) {
+uint64_t engine::add_endpoint(comm::endpoint_ptr ep) {
   const uint64_t id = next_key_++;
   endpoint_slot& slot = endpoints_[id];
-  slot.ep = ep;
+  slot_of_[ep.get()] = id;
+  slot.ep = std::move(ep);
   slot.actor = spawn_endpoint_actor(shared_from_this(), id);
-  slot_of_[ep] = id;
   return id;
 }
 
 void engine::drop_endpoint(uint64_t id) {
   auto it = endpoints_.find(id);
   if (it == endpoints_.end()) return;
-  slot_of_.erase(it->second.ep);
+  std::erase_if(slot_of_, [id](const auto& entry) { return entry.second == id; });
   std::vector<uint16_t> routes;
   for (auto& [am_id, handler] : it->second.am_routes) routes.push_back(am_id);
   endpoints_.erase(it);
@@ -76,10 +76,9 @@ void engine::on_endpoint_error(void* arg, comm::endpoint* ep, status reason) {
 }
 
 void engine::connect(const std::string& address, bytes private_data, notice n) {
-  comm::endpoint* ep = nullptr;
-  const status st = worker_->connect(address, endpoint_params_for(std::move(private_data)), &ep);
-  if (st != status::ok) return report(n, st);
-  endpoints_[add_endpoint(ep)].connecting = std::move(n);
+  auto ep = worker_->connect(address, endpoint_params_for(std::move(private_data)));
+  if (!ep) return report(n, ep.error());
+  endpoints_[add_endpoint(std::move(*ep))].connecting = std::move(n);
 }
 
 void engine::am_send(uint64_t slot, uint16_t id, bytes header, bytes payload, notice n) {
@@ -88,13 +87,8 @@ void engine::am_send(uint64_t slot, uint16_t id, bytes header, bytes payload, no
   flight* f = new_flight(std::move(n));
   f->header = std::move(header);
   f->data = std::move(payload);
-  request_params p;
-  p.flags = request_reply_endpoint;
-  p.send_cb = &engine::on_send_done;
-  p.user_data = f;
-  const uint64_t key = f->key;
-  start_send(key, s->ep->am_send(id, f->header.data(), f->header.size(), f->data.data(),
-                                 f->data.size(), p));
+  s->ep->am_send(id, f->header, f->data, finisher(f->key), am_send_flags::reply_endpoint)
+      .detach();
 }
 
 void engine::tag_send(uint64_t slot, tag_t tag, bytes payload, notice n) {
@@ -102,22 +96,14 @@ void engine::tag_send(uint64_t slot, tag_t tag, bytes payload, notice n) {
   if (s == nullptr) return;
   flight* f = new_flight(std::move(n));
   f->data = std::move(payload);
-  request_params p;
-  p.send_cb = &engine::on_send_done;
-  p.user_data = f;
-  const uint64_t key = f->key;
-  start_send(key, s->ep->tag_send(tag, f->data.data(), f->data.size(), p));
+  s->ep->tag_send(tag, f->data, finisher(f->key)).detach();
 }
 
 void engine::flush(uint64_t slot, notice n) {
   endpoint_slot* s = find_endpoint(slot, n);
   if (s == nullptr) return;
   flight* f = new_flight(std::move(n));
-  request_params p;
-  p.send_cb = &engine::on_send_done;
-  p.user_data = f;
-  const uint64_t key = f->key;
-  start_send(key, s->ep->flush(p));
+  s->ep->flush(finisher(f->key)).detach();
 }
 
 void engine::endpoint_info(uint64_t slot, notice n) {
@@ -136,11 +122,7 @@ void engine::close_endpoint(uint64_t slot, notice n) {
   s.closing = true;
   flight* f = new_flight(std::move(n));
   f->endpoint = slot;
-  request_params p;
-  p.send_cb = &engine::on_send_done;
-  p.user_data = f;
-  const uint64_t key = f->key;
-  start_send(key, s.ep->close(p));
+  s.ep.close(finisher(f->key)).detach();
 }
 
 // -- listeners -------------------------------------------------------------------------------------
@@ -153,11 +135,12 @@ void engine::listen(const std::string& address, caf::actor owner, notice n) {
   lp.address = address;
   lp.on_request = &engine::on_conn_request;
   lp.arg = &slot;
-  const status st = worker_->listen(lp, &slot.listener);
-  if (st != status::ok) {
+  auto made = worker_->listen(lp);
+  if (!made) {
     listeners_.erase(id);
-    return report(n, st);
+    return report(n, made.error());
   }
+  slot.listener = std::move(*made);
   slot.actor = spawn_listener_actor(shared_from_this(), id, std::move(owner), cfg_.answer_timeout);
   op_done done;
   done.actor = slot.actor;
@@ -189,11 +172,10 @@ void engine::accept(uint64_t slot, uint64_t request, bytes private_data, notice 
   if (r == l->second.requests.end()) return report(n, status::no_elem);
   comm::conn_request* req = r->second;
   l->second.requests.erase(r);
-  comm::endpoint* ep = nullptr;
-  const status st = worker_->accept(req, endpoint_params_for(std::move(private_data)), &ep);
-  if (st != status::ok) return report(n, st);
+  auto ep = worker_->accept(req, endpoint_params_for(std::move(private_data)));
+  if (!ep) return report(n, ep.error());
   op_done done;
-  done.actor = endpoints_[add_endpoint(ep)].actor;
+  done.actor = endpoints_[add_endpoint(std::move(*ep))].actor;
   report(n, std::move(done));
 }
 

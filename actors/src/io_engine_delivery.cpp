@@ -29,8 +29,9 @@ void engine::register_am(uint64_t slot, uint16_t id, caf::actor handler, notice 
   if (fresh) {
     route.owner = this;
     route.id = id;
-    const status st = worker_->set_am_handler(id, &engine::on_am, &route,
-                                              am_flag_whole_msg | am_flag_fetch_rndv);
+    const status st =
+        worker_->set_am_handler(id, &engine::on_am, &route,
+                                am_handler_flags::whole_msg | am_handler_flags::fetch_rndv);
     if (st != status::ok) {
       am_routes_.erase(id);
       return report(n, st);
@@ -158,22 +159,11 @@ bool engine::receive_matching(const tag_wait& w) {
   f->handler = w.handler;
   if (f->handler) route_order_[f->handler.address()].push_back(f->key);
   f->data.resize(info.length);
-  request_params p;
-  p.recv_cb = &engine::on_recv_done;
-  p.user_data = f;
   const uint64_t key = f->key;
-  comm::op o = worker_->tag_recv_message(msg, f->data.data(), f->data.size(), p);
-  if (o.pending()) {
-    worker_->release(o.req);
-  } else {
-    finish_receive(key, o.st, info.sender_tag, info.length);
-  }
+  worker_->tag_recv_message(msg, f->data, [this, key](status st, const tag_recv_info& got) {
+    finish_receive(key, st, got.sender_tag, got.length);
+  }).detach();
   return true;
-}
-
-void engine::on_recv_done(request*, status st, const tag_recv_info& info, void* user_data) {
-  auto* f = static_cast<flight*>(user_data);
-  f->owner->finish_receive(f->key, st, info.sender_tag, info.length);
 }
 
 void engine::finish_receive(uint64_t key, status st, tag_t tag, size_t length) {

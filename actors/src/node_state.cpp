@@ -80,13 +80,13 @@ void node_state::start() {
   comm::worker_params wp;
   wp.name = "caf-node:" + std::to_string(::getpid());
   wp.cpus = params_.cpus;  // the worker's memory near the progress thread run() pins
-  worker_ = comm::worker::create(*context_, wp);
+  if (auto made = comm::worker::create(*context_, wp)) worker_ = std::move(*made);
   if (!worker_ || !open_wakeup()) {
     fail_start();
     return;
   }
   worker_->set_am_handler(frame_am_id, &node_state::on_frame, this,
-                          comm::am_flag_whole_msg | comm::am_flag_fetch_rndv);
+                          comm::am_handler_flags::whole_msg | comm::am_handler_flags::fetch_rndv);
   open_listener();
   hello_ = encode_hello(sys_, node_hello{sys_.node(), address()});
   thread_ = std::thread([this] { run(); });

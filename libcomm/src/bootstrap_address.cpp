@@ -180,10 +180,7 @@ class address_bootstrap final : public stored_bootstrap {
 public:
   explicit address_bootstrap(const address_job& job)
       : stored_bootstrap(job.rank, job.size), job_(job), peers_(static_cast<size_t>(job.size)) {
-    for (size_t r = 0; r < peers_.size(); ++r) {
-      peers_[r].owner = this;
-      peers_[r].rank = static_cast<int>(r);
-    }
+    for (size_t r = 0; r < peers_.size(); ++r) peers_[r].rank = static_cast<int>(r);
   }
 
   ~address_bootstrap() override {
@@ -216,9 +213,8 @@ public:
 private:
   /// What this process knows of one rank: rank 0 of every other, the others of rank 0.
   struct peer {
-    address_bootstrap* owner = nullptr;
     int rank = 0;
-    endpoint* ep = nullptr;
+    endpoint_ptr ep;
     bool gone = false;     ///< its endpoint failed
     bool arrived = false;  ///< rank 0: its contribution to the current fence is here
     bool told = false;     ///< rank 0: it was sent the abort
@@ -233,11 +229,12 @@ private:
     worker_params wp;
     wp.name = "bootstrap-rank-" + std::to_string(job_.rank);
     wp.am_alignment = sizeof(capnp::word);
-    worker_ = worker::create(*ctx_, wp);
-    if (!worker_) {
-      *why = "cannot create the bootstrap's worker";
-      return status::no_resource;
+    auto made = worker::create(*ctx_, wp);
+    if (!made) {
+      *why = std::string("cannot create the bootstrap's worker: ") + to_string(made.error());
+      return made.error();
     }
+    worker_ = std::move(*made);
     const status st = worker_->set_am_handler(fence_am_id, &address_bootstrap::on_message, this,
                                               am_flag_whole_msg | am_flag_fetch_rndv);
     if (st != status::ok) *why = std::string("cannot install the fence handler: ") + to_string(st);
@@ -249,7 +246,9 @@ private:
     lp.address = job_.address;
     lp.on_request = &address_bootstrap::on_request;
     lp.arg = this;
-    const status st = worker_->listen(lp, &listener_);
+    auto made = worker_->listen(lp);
+    const status st = made.error();
+    if (made) listener_ = std::move(*made);
     if (st == status::busy) {
       *why = "rank 0 cannot listen at " + job_.address + ": the port is in use (another job?)";
     } else if (st != status::ok) {
@@ -281,8 +280,9 @@ private:
     p.connect_arg = this;
     p.timeout_ms = std::max(remaining_ms(deadline), 1);
     connect_result_ = status::in_progress;
-    const status st = worker_->connect(job_.address, p, &peers_[0].ep);
-    if (st != status::ok) return st;
+    auto made = worker_->connect(job_.address, p);
+    if (!made) return made.error();
+    peers_[0].ep = std::move(*made);
     progress_until([this] { return connect_result_ != status::in_progress; }, deadline);
     if (connect_result_ == status::in_progress) connect_result_ = status::endpoint_timeout;
     if (connect_result_ != status::ok) discard(peers_[0]);
@@ -322,7 +322,7 @@ private:
     listener_->query(request, &attr);
     const auto h = decode_hello(attr.private_data.data(), attr.private_data.size());
     const bool fits = h && h->size == static_cast<uint32_t>(job_.size) && h->rank != 0 &&
-                      h->rank < h->size && peers_[h->rank].ep == nullptr && failure_ == status::ok;
+                      h->rank < h->size && !peers_[h->rank].ep && failure_ == status::ok;
     if (!fits) {
       COMM_LOG(warn, "bootstrap", "rank 0 refuses %s: %s", attr.client_address.c_str(),
                !h ? "not a bootstrap hello"
@@ -335,8 +335,7 @@ private:
     p.private_data = encode_hello(0, job_.size);
     p.on_error = &address_bootstrap::on_error;
     p.error_arg = this;
-    endpoint*& ep = peers_[h->rank].ep;
-    if (worker_->accept(request, p, &ep) != status::ok) ep = nullptr;
+    if (auto ep = worker_->accept(request, p)) peers_[h->rank].ep = std::move(*ep);
   }
 
   static void on_connect(void* arg, endpoint*, const uint8_t* data, size_t length) {
@@ -353,7 +352,7 @@ private:
       return;
     }
     for (peer& p : self->peers_) {
-      if (p.ep != ep || p.gone) continue;
+      if (p.ep.get() != ep || p.gone) continue;
       p.gone = true;
       self->lose(p.rank, status::connection_reset,
                  "rank " + std::to_string(p.rank) + " (" + ep->peer_name() +
@@ -383,7 +382,7 @@ private:
   peer* sender(const am_recv_params& params) {
     if ((params.attr & am_recv_reply_ep) == 0) return nullptr;
     for (peer& p : peers_) {
-      if (p.ep == params.reply_ep && p.ep != nullptr) return &p;
+      if (p.ep && p.ep.get() == params.reply_ep) return &p;
     }
     return nullptr;
   }
@@ -533,8 +532,8 @@ private:
     }
     std::vector<int> absent, late;
     for (const peer& p : peers_) {
-      if (p.ep == nullptr && p.rank != 0) absent.push_back(p.rank);
-      if (p.ep != nullptr && !p.arrived) late.push_back(p.rank);
+      if (!p.ep && p.rank != 0) absent.push_back(p.rank);
+      if (p.ep && !p.arrived) late.push_back(p.rank);
     }
     std::string text = fence + " timed out at rank 0:";
     if (!absent.empty()) text += " " + rank_list(absent) + " never connected to " + job_.address;
@@ -555,7 +554,7 @@ private:
   /// Rank 0: sends the abort to every rank still connected that has not had it.
   void send_aborts() {
     for (peer& p : peers_) {
-      if (p.rank == 0 || p.ep == nullptr || p.gone || p.told) continue;
+      if (p.rank == 0 || !p.ep || p.gone || p.told) continue;
       p.told = true;
       send(p, {fence_kind::abort, failure_, static_cast<uint32_t>(culprit_), epoch_}, nullptr);
     }
@@ -571,28 +570,20 @@ private:
     f.setStatus(static_cast<int16_t>(h.st));
     f.setRank(h.rank);
     f.setEpoch(h.epoch);
-    request_params rp;
-    rp.flags = request_reply_endpoint;
-    rp.send_cb = &address_bootstrap::on_sent;
-    rp.user_data = &to;
     const void* bytes = data ? data->begin() : nullptr;
     const size_t length = data ? data->size() * sizeof(capnp::word) : 0;
-    const op o = to.ep->am_send(fence_am_id, header.bytes(), header.size(), bytes, length, rp);
-    if (o.failed()) {
-      sent(to, o.st);
-    } else if (o.pending()) {
-      ++sends_in_flight_;
-      if (data) in_flight_data_.push_back(data);
-      worker_->release(o.req);  // on_sent still runs
-    }
+    ++sends_in_flight_;
+    if (data) in_flight_data_.push_back(data);
+    to.ep->am_send(fence_am_id, const_bytes(header.bytes(), header.size()),
+                   const_bytes(bytes, length), [this, &to](status st) { on_sent(to, st); },
+                   am_send_flags::reply_endpoint)
+        .detach();  // on_sent runs once it completed, at once or later
   }
 
-  static void on_sent(request*, status st, void* user_data) {
-    auto* to = static_cast<peer*>(user_data);
-    address_bootstrap* self = to->owner;
-    --self->sends_in_flight_;
-    if (self->sends_in_flight_ == 0) self->in_flight_data_.clear();
-    self->sent(*to, st);
+  void on_sent(peer& to, status st) {
+    --sends_in_flight_;
+    if (sends_in_flight_ == 0) in_flight_data_.clear();
+    sent(to, st);
   }
 
   void sent(peer& to, status st) {
@@ -627,37 +618,24 @@ private:
     refused_.clear();
   }
 
-  /// Closes one endpoint without waiting.
-  void discard(peer& p) {
-    if (p.ep == nullptr) return;
-    const op o = p.ep->close();
-    if (o.pending()) worker_->release(o.req);
-    p.ep = nullptr;
-  }
+  /// Closes one endpoint without waiting (the worker finishes the close).
+  void discard(peer& p) { p.ep.reset(); }
 
   /// Closes every endpoint, giving the notices a moment to leave.
   void close_endpoints() {
-    size_t closing = 0;
+    std::vector<operation> closing;
     for (peer& p : peers_) {
-      if (p.ep == nullptr) continue;
+      if (!p.ep) continue;
       p.gone = true;  // its error callback is not a failure any more
-      const op o = p.ep->close();
-      p.ep = nullptr;
-      if (o.pending()) {
-        ++closing;
-        closes_.push_back(o.req);
-      }
+      operation o = p.ep.close();
+      if (!o.done()) closing.push_back(std::move(o));
     }
-    if (closing == 0) return;
     progress_until(
-        [this] {
-          return std::all_of(closes_.begin(), closes_.end(), [this](request* r) {
-            return worker_->request_status(r) != status::in_progress;
-          });
+        [&closing] {
+          return std::all_of(closing.begin(), closing.end(),
+                             [](const operation& o) { return o.done(); });
         },
         clock_type::now() + drain_time);
-    for (request* r : closes_) worker_->release(r);
-    closes_.clear();
   }
 
   const address_job job_;
@@ -675,7 +653,6 @@ private:
   int sends_in_flight_ = 0;
   bool send_failed_ = false;
   std::vector<std::shared_ptr<kj::Array<capnp::word>>> in_flight_data_;
-  std::vector<request*> closes_;
   std::vector<conn_request*> refused_;          ///< rank 0: requests to reject after progress
   status failure_ = status::ok;  ///< the job's first failure: every fence fails with it since
   std::string failure_text_;

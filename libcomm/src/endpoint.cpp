@@ -74,6 +74,7 @@ void endpoint_impl::attach_lane(std::unique_ptr<tl::ep> l, tl::iface* li) {
 }
 
 endpoint_impl::~endpoint_impl() {
+  if (handle != nullptr) handle_access::empty(*handle);
   if (cm_conn != nullptr && owner.cm) owner.cm->close(cm_conn);
   if (lane && tl_pending_queued) {
     lane->pending_purge([](tl::pending_req*, void*) {}, nullptr);

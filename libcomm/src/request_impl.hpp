@@ -8,6 +8,8 @@
 // template, and init<S> copies S's blank over the state storage, both in fixed 16-byte moves.
 #pragma once
 
+#include <comm/callback.hpp>
+#include <comm/operation.hpp>
 #include <comm/transport/transport.hpp>
 #include <comm/types.hpp>
 
@@ -41,6 +43,21 @@ class worker_impl;
 struct request_ops;
 }  // namespace detail
 
+namespace detail {
+
+/// The library's side of comm::operation: empties an operation whose request goes away.
+struct operation_access {
+  /// `o` no longer owns a request; it reports `final` from now on.
+  static void empty(operation& o, status final) noexcept {
+    o.req_ = nullptr;
+    o.st_ = final;
+  }
+  /// The request `o` owns, or null.
+  static request* request_of(const operation& o) noexcept { return o.req_; }
+};
+
+}  // namespace detail
+
 /// The plain fields of a request: the common header, then the storage of its module's state.
 struct request_fields {
   /// What the worker itself does with a request; everything else is its module's business.
@@ -59,6 +76,9 @@ struct request_fields {
   bool has_started = false;               ///< something reached the transport (no cancel)
   bool issuing = false;                   ///< its module is issuing it (defer ordered completion)
   bool holds = false;                     ///< its module keeps something to release at completion
+  bool silenced = false;                  ///< released by its operation: no notification
+  bool has_completion = false;            ///< `completion` may hold the user's callable
+  bool notifying = false;                 ///< its completion runs: a release frees it after
   status st = status::in_progress;        ///< in_progress, or the final status
   int tl_in_flight = 0;                   ///< transport operations (zcopy, get, flush) under way
 
@@ -71,6 +91,7 @@ struct request_fields {
   detail::endpoint_impl* ep = nullptr;    ///< the endpoint it runs on, if any
   request* next_pending = nullptr;        ///< in the endpoint's pending queue
   request* next_outstanding = nullptr;    ///< in the endpoint's ordered completion queue
+  operation* handle = nullptr;            ///< the comm::operation that owns it, if any
 #if COMM_CHECK_REQUEST_STATE
   const void* state_type = nullptr;       ///< identifies the type in `state` (checked builds)
 #endif
@@ -95,6 +116,9 @@ public:
   std::vector<iov_entry> iov;             ///< the user's data: what is sent, received or moved
   std::vector<uint8_t> header;            ///< an active message's user header (sent or received)
   std::vector<uint8_t> wire;              ///< an encoded protocol message kept until it is sent
+  /// The C++ face's completion callable, moved here when the operation outlives its call;
+  /// params.user_data then points at it (has_completion set). Empty whenever the request is free.
+  detail::callback_slot completion;
 
   /// Resets the header for reuse from the pool (the state is set by init).
   void reset() {

@@ -16,29 +16,6 @@
 
 namespace comm {
 
-/// A registration on every memory domain of a worker.
-class memh {
-public:
-  void* address = nullptr;  ///< start of the region
-  size_t length = 0;        ///< bytes in the region
-  /// One registration per interface that has a memory domain.
-  std::vector<std::pair<detail::worker_impl::lane_iface*, tl::mem_handle*>> regs;
-  uint64_t token = 0;       ///< names it to software RMA from peers on lanes without get/put
-  uint32_t access = mem_access_all;  ///< its rights (mem_access)
-};
-
-/// A peer's region as seen through one endpoint.
-class rkey {
-public:
-  detail::endpoint_impl* ep = nullptr;  ///< the endpoint it was unpacked for
-  tl::remote_key key;                   ///< the transport's unpacked key
-  uint64_t base = 0;                    ///< start of the remote region
-  uint64_t length = 0;                  ///< bytes in the remote region
-  bool software = false;                ///< the lane has no get/put: RMA by messages
-  uint64_t token = 0;                   ///< the owner's software-RMA token
-  uint32_t access = mem_access_all;     ///< the region's remote rights, as the owner packed them
-};
-
 using detail::endpoint_impl;
 using detail::impl;
 using detail::module_of;
@@ -76,6 +53,7 @@ struct rma_ep_state : endpoint_state {
   unsigned ops_in_flight = 0;    ///< puts and gets issued, not yet complete
   unsigned read_limit = 0;       ///< reads allowed in flight (0: not bound yet)
   unsigned peak_reads = 0;       ///< most reads in flight at once
+  std::vector<rkey*> keys;       ///< keys unpacked for the endpoint and not yet destroyed
 };
 
 /// Counts a read issued on `st`.
@@ -396,6 +374,38 @@ void rma_protocol::add_region(memh* handle) {
 
 bool rma_protocol::remove_region(memh* handle) { return regions_.erase(handle->token) != 0; }
 
+status rma_protocol::unmap(memh* handle) {
+  if (handle == nullptr || !remove_region(handle)) return status::invalid_param;
+  forget_local_rights(handle);
+  for (auto& [li, reg] : handle->regs) li->iface->memory_domain()->mem_dereg(reg);
+  if (handle->handle != nullptr) handle_access::empty(*handle->handle);
+  delete handle;
+  return status::ok;
+}
+
+void rma_protocol::add_key(endpoint_impl& ep, rkey* key) {
+  state_of<rma_ep_state>(ep).keys.push_back(key);
+}
+
+void rma_protocol::destroy_key(rkey* key) {
+  if (auto* st = find_state<rma_ep_state>(*key->ep)) {
+    std::erase(st->keys, key);
+  }
+  if (!key->software) key->ep->lane_iface->memory_domain()->rkey_release(&key->key);
+  if (key->handle != nullptr) handle_access::empty(*key->handle);
+  delete key;
+}
+
+void rma_protocol::endpoint_deleted(endpoint_impl& ep) {
+  auto* st = find_state<rma_ep_state>(ep);
+  if (st == nullptr) return;
+  while (!st->keys.empty()) destroy_key(st->keys.back());
+}
+
+void rma_protocol::teardown() {
+  while (!regions_.empty()) (void)unmap(regions_.begin()->second);
+}
+
 void rma_protocol::on_request(const uint8_t* data, size_t length) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::RmaRequest>(data, length, &used);
@@ -490,6 +500,7 @@ status worker::mem_map(void* address, size_t length, memh** out, uint32_t access
     return status::invalid_param;
   }
   auto handle = std::make_unique<memh>();
+  handle->owner = &w;
   handle->address = address;
   handle->length = length;
   handle->access = access;
@@ -518,12 +529,7 @@ status worker::mem_map(void* address, size_t length, memh** out, uint32_t access
 status worker::mem_unmap(memh* handle) {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
-  if (handle == nullptr) return status::invalid_param;
-  if (!module_of<rma_protocol>(w).remove_region(handle)) return status::invalid_param;
-  module_of<rma_protocol>(w).forget_local_rights(handle);
-  for (auto& [li, reg] : handle->regs) li->iface->memory_domain()->mem_dereg(reg);
-  delete handle;
-  return status::ok;
+  return module_of<rma_protocol>(w).unmap(handle);
 }
 
 status worker::rkey_pack(const memh* handle, std::vector<uint8_t>& out) const {
@@ -589,11 +595,11 @@ status endpoint::rkey_unpack(const void* data, size_t length, rkey** out) {
     // No get/put on this lane (or no key for it): RMA by messages, checked by the owner.
     if (key->token == 0) return status::unreachable;
     key->software = true;
-    *out = key.release();
-    return status::ok;
+  } else if (status st = md->rkey_unpack(packed.data(), packed.size(), &key->key);
+             st != status::ok) {
+    return st;
   }
-  status st = md->rkey_unpack(packed.data(), packed.size(), &key->key);
-  if (st != status::ok) return st;
+  module_of<rma_protocol>(ep.owner).add_key(ep, key.get());
   *out = key.release();
   return status::ok;
 }
@@ -602,8 +608,7 @@ void endpoint::rkey_destroy(rkey* key) {
   if (key == nullptr) return;
   endpoint_impl& ep = impl(*this);
   worker_impl::guard g(ep.owner);
-  if (!key->software) ep.lane_iface->memory_domain()->rkey_release(&key->key);
-  delete key;
+  module_of<rma_protocol>(ep.owner).destroy_key(key);
 }
 
 op endpoint::put(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,

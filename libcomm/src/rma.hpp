@@ -11,6 +11,36 @@
 #include <unordered_map>
 #include <vector>
 
+namespace comm {
+
+/// A registration on every memory domain of a worker.
+class memh {
+public:
+  void* address = nullptr;  ///< start of the region
+  size_t length = 0;        ///< bytes in the region
+  /// One registration per interface that has a memory domain.
+  std::vector<std::pair<detail::worker_impl::lane_iface*, tl::mem_handle*>> regs;
+  uint64_t token = 0;       ///< names it to software RMA from peers on lanes without get/put
+  uint32_t access = mem_access_all;  ///< its rights (mem_access)
+  detail::worker_impl* owner = nullptr; ///< the worker it is registered with
+  memh_ptr* handle = nullptr;           ///< the user's owning handle, if any
+};
+
+/// A peer's region as seen through one endpoint.
+class rkey {
+public:
+  detail::endpoint_impl* ep = nullptr;  ///< the endpoint it was unpacked for
+  tl::remote_key key;                   ///< the transport's unpacked key
+  uint64_t base = 0;                    ///< start of the remote region
+  uint64_t length = 0;                  ///< bytes in the remote region
+  bool software = false;                ///< the lane has no get/put: RMA by messages
+  uint64_t token = 0;                   ///< the owner's software-RMA token
+  uint32_t access = mem_access_all;     ///< the region's remote rights, as the owner packed them
+  rkey_ptr* handle = nullptr;           ///< the user's owning handle, if any
+};
+
+}  // namespace comm
+
 namespace comm::detail {
 
 /// Wire ids of the RMA module.
@@ -46,6 +76,13 @@ public:
   void add_region(memh* handle);
   /// Forgets the registration of `handle`; false if it is not one of ours.
   bool remove_region(memh* handle);
+  /// Deregisters `handle` from every memory domain and frees it (its owning handle, if any,
+  /// becomes empty); invalid_param if it is not one of ours.
+  status unmap(memh* handle);
+  /// Records `key`, unpacked for `ep`, so that it goes with the endpoint.
+  void add_key(endpoint_impl& ep, rkey* key);
+  /// Releases `key` at its transport and frees it (its owning handle, if any, becomes empty).
+  void destroy_key(rkey* key);
   /// Our registrations by software-RMA token.
   const std::unordered_map<uint64_t, memh*>& regions() const noexcept { return regions_; }
   /// Reads (gets) outstanding on the lane of `ep`.
@@ -72,6 +109,10 @@ public:
   /// Forgets the software operation `req`, if it is one.
   void release(rma_state& s);
 
+  /// Destroys the keys unpacked for `ep`, which goes away.
+  void endpoint_deleted(endpoint_impl& ep) override;
+  /// Unmaps the registrations the user left.
+  void teardown() override;
   void info(std::ostream& out) const override;
 
 private:

@@ -134,6 +134,7 @@ worker_impl::~worker_impl() noexcept {
   for (endpoint_impl* ep : ep_table) delete ep;
   for (endpoint_impl* ep : doomed) delete ep;
   for (size_t i = protocol_count; i-- > 0;) protocols[i].reset();
+  detach_operations();
   if (!(params.flags & worker_ignore_request_leak)) report_leaked_requests();
   close_wakeup();
   ifaces.clear();
@@ -306,8 +307,40 @@ request* worker_impl::alloc_request(const request_ops& ops, const request_params
 }
 
 void worker_impl::free_request(request* req) {
+  if (req->handle != nullptr) {
+    operation_access::empty(*req->handle, req->finished ? req->st : status::canceled);
+    req->handle = nullptr;
+  }
+  if (req->has_completion) req->completion.reset();
   req->st = status::no_elem;  // a stale handle reads as "no such request"
   free_requests.push_back(req);
+}
+
+void worker_impl::release_quietly(request* req) {
+  req->handle = nullptr;
+  if (req->finished) {
+    if (req->notifying) {
+      req->released = true;  // complete() frees it once its completion returned
+    } else {
+      free_request(req);
+    }
+    return;
+  }
+  req->silenced = true;
+  req->released = true;
+  if (req->has_completion) req->completion.reset();
+}
+
+void worker_impl::detach_operations() {
+  for (const auto& chunk : request_chunks) {
+    for (size_t i = 0; i < request_chunk_size; ++i) {
+      request* req = &chunk[i];
+      if (req->handle == nullptr) continue;
+      operation_access::empty(*req->handle, req->finished ? req->st : status::canceled);
+      req->handle = nullptr;
+      req->released = true;  // its owner is told; not a leak
+    }
+  }
 }
 
 void worker_impl::complete(request* req, status st) {
@@ -320,11 +353,17 @@ void worker_impl::complete(request* req, status st) {
   req->st = st;
   req->finished = true;
   events_seen |= req->ops->events;
-  if (req->ops->notify != nullptr) {
+  // A completion that releases its own request (worker::release, or its operation going) only
+  // marks it: freed here, after the call, so that nothing it starts can reuse it before.
+  req->notifying = true;
+  if (req->silenced) {
+    // Released by its operation while running (release_quietly): nobody is told.
+  } else if (req->ops->notify != nullptr) {
     req->ops->notify(req, st);
   } else if (req->params.send_cb != nullptr) {
     req->params.send_cb(req, st, req->params.user_data);
   }
+  req->notifying = false;
   if (!req->user_visible || req->released) free_request(req);
 }
 
@@ -358,9 +397,10 @@ op worker_impl::immediate(const request_params& p, status st) {
 
 // -- public worker API ---------------------------------------------------------------------------
 
-std::unique_ptr<worker> worker::create(context& ctx, const worker_params& params) {
+result<std::unique_ptr<worker>> worker::create(context& ctx, const worker_params& params) {
   std::unique_ptr<worker> out;
-  (void)create(ctx, params, &out);
+  const status st = create(ctx, params, &out);
+  if (st != status::ok) return st;
   return out;
 }
 
@@ -607,10 +647,10 @@ void worker::release(request* req) {
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   if (req == nullptr) return;
-  if (req->finished) {
+  if (req->finished && !req->notifying) {
     w.free_request(req);
   } else {
-    req->released = true;
+    req->released = true;  // freed when it completes (or once its completion returned)
   }
 }
 

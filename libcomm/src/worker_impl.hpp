@@ -34,6 +34,17 @@ struct rx_message {
 class worker_impl;
 struct peer_address;
 
+/// The library's side of the owning handles (endpoint_ptr, memh_ptr, rkey_ptr): empties a handle
+/// whose object the worker releases first.
+struct handle_access {
+  /// `h` no longer holds its endpoint.
+  static void empty(endpoint_ptr& h) noexcept { h.ep_ = nullptr; }
+  /// `h` no longer holds its registration.
+  static void empty(memh_ptr& h) noexcept { h.h_ = nullptr; }
+  /// `h` no longer holds its key.
+  static void empty(rkey_ptr& h) noexcept { h.k_ = nullptr; }
+};
+
 /// An endpoint's state. `id` indexes the worker's endpoint table (with a generation in the high
 /// bits), `remote_id` is the peer's endpoint for the same connection.
 class endpoint_impl final : public endpoint {
@@ -68,6 +79,7 @@ public:
   size_t short_limit = 0;                   ///< largest eager-short message, header included
   size_t rndv_thresh = 0;                   ///< messages at least this large use rendezvous
   bool close_notice_sent = false;           ///< our close notice went: nothing more is sent
+  endpoint_ptr* handle = nullptr;           ///< the user's owning handle, emptied at deletion
   bool peer_closed_too = false;             ///< the peer's close notice crossed our close
 
   request* pending_head = nullptr;          ///< sends waiting for resources or wireup, in order
@@ -255,7 +267,14 @@ public:
   /// module (request::init).
   request* alloc_request(const request_ops& ops, const request_params& params,
                          request::role type = request::role::operation);
+  /// Returns `req` to the pool: destroys a completion callable it still holds, and empties the
+  /// operation that owned it (which keeps the final status, or canceled if it never finished).
   void free_request(request* req);
+  /// Releases `req` for its operation that goes away (UCX's request_free): freed if finished,
+  /// else it completes without notifying anyone and is freed then; its callable goes now.
+  void release_quietly(request* req);
+  /// Worker teardown: empties every operation object still owning one of our requests.
+  void detach_operations();
   /// Finishes `req` with `st`: releases what its module holds for it, tells the user, and frees
   /// it unless the user holds it.
   void complete(request* req, status st);

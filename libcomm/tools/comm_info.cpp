@@ -133,11 +133,12 @@ void print_transport(comm::tl::component& component, const comm::config& base) {
   comm::context ctx(cfg);
   comm::worker_params wp;
   wp.name = "comm_info-" + name;
-  auto w = comm::worker::create(ctx, wp);
-  if (!w) {
-    std::printf("#   cannot create a worker\n");
+  auto made = comm::worker::create(ctx, wp);
+  if (!made) {
+    std::printf("#   cannot create a worker: %s\n", comm::to_string(made.error()));
     return;
   }
+  std::unique_ptr<comm::worker> w = std::move(*made);
   std::printf("#   worker:\n");
   std::fflush(stdout);
   w->print_info(stdout);
@@ -285,10 +286,10 @@ int run_peer(const comm::config& cfg, char mode, const std::string& address) {
   wp.name = mode == 'l' ? "comm_info-server" : "comm_info-client";
   auto w = comm::worker::create(ctx, wp);
   if (!w) {
-    std::fprintf(stderr, "comm_info: cannot create a worker\n");
+    std::fprintf(stderr, "comm_info: cannot create a worker: %s\n", comm::to_string(w.error()));
     return 1;
   }
-  return mode == 'l' ? serve_one(*w, address) : connect_to(*w, address);
+  return mode == 'l' ? serve_one(**w, address) : connect_to(**w, address);
 }
 
 }  // namespace

@@ -82,7 +82,7 @@ private:
   struct peer {
     am_cluster* owner = nullptr;
     int rank = 0;
-    endpoint* ep = nullptr;
+    endpoint_ptr ep;  ///< empty once the worker is gone
   };
 
   // -- arrivals ----------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ private:
   bool reducing_ = false;                      ///< rounds are over
   bool finished_ = false;                      ///< results are in: failures no longer matter
   bool aborted_ = false;
-  std::vector<request*> in_flight_;            ///< sends not complete yet
+  std::vector<operation> in_flight_;           ///< sends not complete yet
   status failure_ = status::ok;
   std::string failure_text_;
 };
@@ -150,7 +150,7 @@ private:
 status am_cluster::connect(std::string* why) {
   worker_params wp;
   wp.name = name_;
-  worker_ = worker::create(ctx_, wp);
+  if (auto made = worker::create(ctx_, wp)) worker_ = std::move(*made);
   if (!worker_) {
     *why = "cannot create a libcomm worker (no transport works here?)";
     return status::no_resource;
@@ -185,11 +185,12 @@ status am_cluster::publish_and_connect(std::string* why) {
     peers_[r].owner = this;
     peers_[r].rank = r;
     if (r == rank_) continue;
-    st = worker_->connect(addresses[r], &peers_[r].ep);
-    if (st != status::ok) {
-      *why = "cannot reach process " + std::to_string(r) + ": " + to_string(st);
-      return st;
+    auto ep = worker_->connect(addresses[r]);
+    if (!ep) {
+      *why = "cannot reach process " + std::to_string(r) + ": " + to_string(ep.error());
+      return ep.error();
     }
+    peers_[r].ep = std::move(*ep);
     peers_[r].ep->set_error_handler(on_endpoint_error, &peers_[r]);
   }
   st = boot_.barrier();
@@ -200,7 +201,7 @@ status am_cluster::publish_and_connect(std::string* why) {
 std::string am_cluster::transports() const {
   std::vector<std::string> names;
   for (const peer& p : peers_) {
-    if (p.ep == nullptr) continue;
+    if (!p.ep) continue;
     std::string t(p.ep->transport());
     if (std::find(names.begin(), names.end(), t) == names.end()) names.push_back(t);
   }
@@ -281,32 +282,31 @@ void am_cluster::abort(std::string_view reason) {
   h.sender = static_cast<uint32_t>(rank_);
   const size_t n = std::min(reason.size(), wire::max_reason);
   for (const peer& p : peers_) {
-    if (p.ep == nullptr || p.ep->state() != status::ok) continue;
-    op o = p.ep->am_send(wire::am_id, &h, sizeof(h), reason.data(), n);
-    if (o.pending()) worker_->release(o.req);
+    if (!p.ep || p.ep->state() != status::ok) continue;
+    p.ep->am_send(wire::am_id, std::span(&h, 1), std::span(reason.data(), n)).detach();
   }
-  (void)worker_->wait(worker_->flush(), abort_flush_ms);
+  (void)operation(worker_->flush()).wait(abort_flush_ms);
 }
 
 bool am_cluster::send(int to, const wire::header& h, const void* data, size_t bytes) {
-  op o = peers_[to].ep->am_send(wire::am_id, &h, sizeof(h), data, bytes);
-  if (o.failed()) {
-    set_failure(o.st, "cannot send to process " + std::to_string(to) + ": " + to_string(o.st));
+  operation o = peers_[to].ep->am_send(wire::am_id, std::span(&h, 1), const_bytes(data, bytes));
+  if (is_error(o.status())) {
+    set_failure(o.status(),
+                "cannot send to process " + std::to_string(to) + ": " + to_string(o.status()));
     return false;
   }
-  if (o.pending()) in_flight_.push_back(o.req);
+  if (!o.done()) in_flight_.push_back(std::move(o));
   return true;
 }
 
 bool am_cluster::sends_done() {
   for (size_t i = 0; i < in_flight_.size();) {
-    const status st = worker_->request_status(in_flight_[i]);
+    const status st = in_flight_[i].status();
     if (st == status::in_progress) {
       ++i;
       continue;
     }
-    worker_->release(in_flight_[i]);
-    in_flight_[i] = in_flight_.back();
+    in_flight_[i] = std::move(in_flight_.back());
     in_flight_.pop_back();
     if (is_error(st)) set_failure(st, std::string("a send to another process failed: ") + to_string(st));
   }

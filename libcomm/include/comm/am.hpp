@@ -11,8 +11,9 @@ namespace comm {
 
 class endpoint;
 
-/// Flags of worker::set_am_handler (ucp_am_cb_flags).
-enum am_handler_flags : unsigned {
+/// Flags of the low-level worker::set_am_handler (ucp_am_cb_flags); the C++ face takes them as
+/// am_handler_flags (comm/flags.hpp).
+enum am_cb_flags : unsigned {
   /// Call the handler once with the whole message, never per fragment.
   am_flag_whole_msg = 1u << 0,
   /// Always pass data the handler may keep (am_recv_data_persistent set) until

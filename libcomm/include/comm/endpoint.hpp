@@ -1,9 +1,16 @@
 // An endpoint: the sending side of a connection from a worker to a peer worker.
 #pragma once
 
+#include <comm/bytes.hpp>
+#include <comm/callback.hpp>
+#include <comm/flags.hpp>
+#include <comm/memory.hpp>
+#include <comm/operation.hpp>
+#include <comm/result.hpp>
 #include <comm/types.hpp>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -27,14 +34,91 @@ struct endpoint_counters {
 /// worker::cancel_tag_recvs or worker::cancel.
 using endpoint_error_callback = void (*)(void* arg, endpoint* ep, status reason);
 
-/// An endpoint (ucp_ep): create it with worker::connect, close it with close(). Owned by its
-/// worker; a pointer stays valid until close() completes or the worker is destroyed.
+/// An endpoint (ucp_ep), owned by its worker. The C++ face hands it out as an endpoint_ptr
+/// (worker::connect, worker::accept), whose destruction closes it; the low-level API as a pointer
+/// that stays valid until close() completes or the worker is destroyed.
 ///
-/// A request's callback may run before the call that started it returns (the operation finished
-/// inside it, e.g. a send whose peer acknowledged at once): whatever the callback frees must not
-/// be used after the call.
+/// The operations come in two forms. The C++ face (first section below) takes byte spans, a flag
+/// type per kind of operation and a completion callable that may capture (stored inside the
+/// request, never on the heap), and returns an owning comm::operation; its completion runs
+/// exactly once: inside the call when the operation completes (or fails) at once, else from
+/// worker::progress, unless the operation object is dropped while it runs. The low-level form
+/// (UCP's shape: pointer and length, request_params with C callbacks, a plain `op` whose request
+/// is released by hand) stays for code ported from UCX and for the test suites.
+///
+/// A completion may run before the call that started it returns (the operation finished inside
+/// it, e.g. a send whose peer acknowledged at once): whatever it frees must not be used after
+/// the call.
 class endpoint {
 public:
+  // -- C++ face (the low-level form of these operations follows) ----------------------------------
+
+  /// Sends `data` tagged `tag`, as the low-level tag_send (protocol by size, completions in the
+  /// order of the sends). `on_done` (may be empty) is told ok or the error once the buffer may
+  /// be reused; `flags` force a protocol, or make the send fail with no_resource rather than
+  /// queue. Returns the operation, done at once or running.
+  operation tag_send(tag_t tag, const_bytes data, send_completion on_done = {},
+                     send_flags flags = send_flags::none);
+
+  /// Sends the concatenation of `entries` tagged `tag` (see tag_send).
+  operation tag_send_iov(tag_t tag, std::span<const iov_entry> entries,
+                         send_completion on_done = {}, send_flags flags = send_flags::none);
+
+  /// Sends active message `id` with `header` (at most worker::max_am_header bytes) and `data` to
+  /// the peer's handler for `id`. am_send_flags::reply_endpoint gives that handler a reply
+  /// endpoint. `on_done` as tag_send's.
+  operation am_send(uint16_t id, const_bytes header, const_bytes data,
+                    send_completion on_done = {}, am_send_flags flags = am_send_flags::none);
+
+  /// Sends `data` on this endpoint's byte stream (see the low-level stream_send).
+  operation stream_send(const_bytes data, send_completion on_done = {},
+                        stream_send_flags flags = stream_send_flags::none);
+
+  /// Sends the concatenation of `entries` on the byte stream.
+  operation stream_send_iov(std::span<const iov_entry> entries, send_completion on_done = {},
+                            stream_send_flags flags = stream_send_flags::none);
+
+  /// Receives from the byte stream into `buffer` once at least `min_length` bytes (1 to its
+  /// size; its size for UCP's WAITALL) are there, taking what arrived up to its size (see the
+  /// low-level stream_recv). `on_done` is told the outcome and the bytes written, inside this
+  /// call when enough was buffered already. invalid_param: an empty buffer, or `min_length` 0 or
+  /// above the buffer's size.
+  operation stream_recv(mutable_bytes buffer, length_completion on_done, size_t min_length = 1);
+
+  /// Unpacks a key packed by the peer's worker::rkey_pack (see the low-level rkey_unpack); the
+  /// key is destroyed with the returned handle, or with this endpoint if that goes first.
+  result<rkey_ptr> rkey_unpack(const_bytes packed);
+
+  /// Writes `local` to the peer's memory at `remote_address` in `key`'s region (see the
+  /// low-level put for errors and flushing). `on_done` is told once the data is there; `flags`
+  /// are DAT's completion suppression, fence and unsignalled completion (rma_flags).
+  operation put(const_bytes local, uint64_t remote_address, rkey& key,
+                send_completion on_done = {}, rma_flags flags = rma_flags::none);
+
+  /// Writes the concatenation of `local` to the peer's memory (see put).
+  operation put(std::span<const iov_entry> local, uint64_t remote_address, rkey& key,
+                send_completion on_done = {}, rma_flags flags = rma_flags::none);
+
+  /// Reads the peer's memory at `remote_address` into `local` (see the low-level get).
+  operation get(mutable_bytes local, uint64_t remote_address, rkey& key,
+                send_completion on_done = {}, rma_flags flags = rma_flags::none);
+
+  /// Reads the peer's memory at `remote_address` into `local`, filled in order.
+  operation get(std::span<const iov_entry> local, uint64_t remote_address, rkey& key,
+                send_completion on_done = {}, rma_flags flags = rma_flags::none);
+
+  /// Reads the whole segment `remote` into `local` (length_error when `local` is shorter).
+  operation get(mutable_bytes local, const remote_segment& remote, send_completion on_done = {},
+                rma_flags flags = rma_flags::none);
+
+  /// Reads the whole segment `remote` into `local`, filled in order (see the low-level get).
+  operation get(std::span<const iov_entry> local, const remote_segment& remote,
+                send_completion on_done = {}, rma_flags flags = rma_flags::none);
+
+  /// Completes once every operation started on this endpoint has completed; `on_done` is told.
+  /// (flush() without a completion is the low-level form; comm::operation{ep->flush()} owns it.)
+  operation flush(send_completion on_done);
+
   // -- tagged messages ---------------------------------------------------------------------------
 
   /// Sends `length` bytes tagged `tag`. Eager short, bcopy or zcopy is chosen by size and the
@@ -176,6 +260,74 @@ protected:
   ~endpoint() = default;
   endpoint(const endpoint&) = delete;
   endpoint& operator=(const endpoint&) = delete;
+};
+
+/// An owning handle of an endpoint the user made (worker::connect, worker::accept). Move-only.
+/// Destroying it starts the endpoint's close and the worker finishes it by itself during its
+/// progress: nothing to release or wait for (a peer that never answers holds that close, and the
+/// endpoint, until the worker is destroyed). close() does the same and returns the close as an
+/// operation to wait for. If the worker is destroyed first, the handle becomes empty (the worker
+/// closed the endpoint) and its destruction does nothing.
+///
+/// Endpoints the worker owns (reply endpoints, those stream_poll reports, peer-created ones) are
+/// not to be put in a handle.
+class endpoint_ptr {
+public:
+  /// No endpoint.
+  endpoint_ptr() noexcept = default;
+  /// Takes over `ep`, an endpoint of the low-level worker::connect or worker::accept, which must
+  /// not be closed by hand any more.
+  explicit endpoint_ptr(endpoint* ep) noexcept : ep_(ep) {
+    if (ep_ != nullptr) link();
+  }
+  /// Takes the endpoint of `other`, which becomes empty.
+  endpoint_ptr(endpoint_ptr&& other) noexcept : ep_(other.ep_) {
+    if (ep_ != nullptr) relink(other);
+  }
+  /// Closes this handle's endpoint (as the destructor) and takes that of `other`.
+  endpoint_ptr& operator=(endpoint_ptr&& other) noexcept {
+    if (this != &other) {
+      reset();
+      ep_ = other.ep_;
+      if (ep_ != nullptr) relink(other);
+    }
+    return *this;
+  }
+  endpoint_ptr(const endpoint_ptr&) = delete;
+  endpoint_ptr& operator=(const endpoint_ptr&) = delete;
+  /// Starts the endpoint's close, which the worker finishes by itself.
+  ~endpoint_ptr() { reset(); }
+
+  /// The endpoint, or null.
+  endpoint* get() const noexcept { return ep_; }
+  /// The endpoint (the handle must hold one).
+  endpoint* operator->() const noexcept { return ep_; }
+  /// The endpoint (the handle must hold one).
+  endpoint& operator*() const noexcept { return *ep_; }
+  /// True while the handle holds an endpoint.
+  explicit operator bool() const noexcept { return ep_ != nullptr; }
+
+  /// Closes the endpoint as endpoint::close does (flush, tell the peer, release) and returns the
+  /// close; the handle is empty afterwards. `on_done` is told ok, or the error that ended the
+  /// endpoint. An empty handle gives a done operation (ok).
+  operation close(send_completion on_done = {});
+
+  /// Starts the close of the endpoint (the worker finishes it) and empties the handle.
+  void reset() noexcept {
+    if (ep_ != nullptr) close_detached();
+  }
+
+  /// Gives the endpoint up without closing it: the caller closes it by hand (endpoint::close).
+  endpoint* release() noexcept;
+
+private:
+  friend struct detail::handle_access;
+
+  void link() noexcept;
+  void relink(endpoint_ptr& other) noexcept;
+  void close_detached() noexcept;
+
+  endpoint* ep_ = nullptr;
 };
 
 }  // namespace comm

@@ -2,14 +2,20 @@
 #pragma once
 
 #include <comm/am.hpp>
+#include <comm/bytes.hpp>
+#include <comm/callback.hpp>
 #include <comm/endpoint.hpp>
+#include <comm/flags.hpp>
 #include <comm/listener.hpp>
 #include <comm/memory.hpp>
+#include <comm/operation.hpp>
+#include <comm/result.hpp>
 #include <comm/types.hpp>
 
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -111,18 +117,26 @@ class message;
 /// handlers and requests, and progresses them all. Not thread-safe unless thread_mode::multi
 /// (see thread_mode; signal() is safe from any thread).
 ///
+/// Its operations come in the two forms endpoint describes: the C++ face (result<T>, owning
+/// handles and operations, spans, scoped flags, capturing completions) and the low-level form
+/// (out-parameters, `op` released by hand, C callbacks).
+///
 /// What peers can make a worker hold is bounded by config::limits (unexpected messages, active
-/// messages before delivery, replies a peer does not take, endpoints peers create); a peer that passes one fails the endpoint it came through with exceeds_limit.
+/// messages before delivery, replies a peer does not take, endpoints peers create); a peer that
+/// passes one fails the endpoint it came through with exceeds_limit.
 class worker {
 public:
-  /// Creates a worker on `ctx`, which must outlive it. Null when `params` are invalid or its
-  /// event fds cannot be made (the other form says which).
-  static std::unique_ptr<worker> create(context& ctx, const worker_params& params = {});
-  /// Creates a worker on `ctx`, which must outlive it, into `out`. invalid_param: event_fd is
-  /// neither -1 nor an epoll set that takes the worker's sources; no_resource: with wakeup, its
-  /// event set or signal fd cannot be made (out of file descriptors).
+  /// Creates a worker on `ctx`, which must outlive it. Errors: invalid_param when event_fd is
+  /// neither -1 nor an epoll set that takes the worker's sources; no_resource when, with wakeup,
+  /// its event set or signal fd cannot be made (out of file descriptors).
+  static result<std::unique_ptr<worker>> create(context& ctx, const worker_params& params = {});
+  /// The low-level form of create, into `out` (null on error), for code ported from UCX.
   static status create(context& ctx, const worker_params& params, std::unique_ptr<worker>* out);
-  /// Destroys the worker. Requests the user was given and never released are freed, with one
+  /// Destroys the worker. Its endpoints fail (canceled) and close, operations still running
+  /// complete (canceled: their completions run), and registrations still mapped are unmapped.
+  /// What the C++ face's owners hold becomes empty: each comm::operation is done with its final
+  /// status, each endpoint_ptr, memh_ptr and rkey_ptr holds nothing, and destroying them later
+  /// touches nothing. Requests of the low-level API the user never released are freed, with one
   /// warning on stderr naming how many of each kind (the first few workers of a process, then
   /// every power of two), unless worker_ignore_request_leak is set.
   virtual ~worker() = default;
@@ -148,6 +162,53 @@ public:
   std::vector<uint8_t> address() const;
   /// Decodes a packed worker address; invalid bytes give status::invalid_addr.
   static status query_address(const void* address, size_t length, worker_address_attr* out);
+
+  // -- C++ face (see endpoint for the conventions) -----------------------------------------------
+
+  /// Creates an endpoint to the worker whose packed address is given (see the low-level
+  /// connect). Errors: unreachable, invalid_addr.
+  result<endpoint_ptr> connect(const std::vector<uint8_t>& peer_address);
+  /// Connects to a listener at "host:port" (see the low-level connect): the endpoint comes at
+  /// once, its sends wait for the server's answer. Error: invalid_addr, busy.
+  result<endpoint_ptr> connect(const std::string& address, const endpoint_params& params = {});
+  /// Accepts a connection request on this worker (see the low-level accept). Error: unreachable.
+  result<endpoint_ptr> accept(conn_request* request, const endpoint_params& params = {});
+  /// Listens on params.address (see the low-level listen). Errors: invalid_addr, busy.
+  result<std::unique_ptr<listener>> listen(const listener_params& params);
+
+  /// Registers `region` with the rights `access` (mem_access flags; see the low-level mem_map).
+  /// Errors: invalid_param for an empty region or unknown flags, or the transport's error.
+  result<memh_ptr> mem_map(mutable_bytes region, uint32_t access = mem_access_all);
+  /// The packed remote key of `handle`, for a peer's endpoint::rkey_unpack (see the low-level
+  /// rkey_pack). Error: privileges_violation for a region without remote rights.
+  result<std::vector<uint8_t>> rkey_pack(const memh& handle) const;
+
+  /// Posts a receive into `buffer` for a message whose tag matches `tag` under `mask` (see the
+  /// low-level tag_recv). `on_done` is told ok, message_truncated or canceled with what arrived,
+  /// inside this call when the message was here already.
+  operation tag_recv(mutable_bytes buffer, tag_t tag, tag_t mask,
+                     tag_recv_completion on_done = {});
+  /// Posts a receive into `entries`, filled in order (see tag_recv).
+  operation tag_recv_iov(std::span<const iov_entry> entries, tag_t tag, tag_t mask,
+                         tag_recv_completion on_done = {});
+  /// Receives a message taken by tag_probe into `buffer` (see tag_recv).
+  operation tag_recv_message(message* msg, mutable_bytes buffer,
+                             tag_recv_completion on_done = {});
+
+  /// Installs the handler of AM `id` with scoped flags (see the low-level set_am_handler).
+  status set_am_handler(uint16_t id, am_callback cb, void* arg, am_handler_flags flags);
+  /// Receives the message of `desc` (a rendezvous descriptor or kept data, see the low-level
+  /// am_recv_data) into `buffer`. `on_done` is told the outcome and the bytes written, inside
+  /// this call when that is known at once.
+  operation am_recv_data(void* desc, mutable_bytes buffer, length_completion on_done = {});
+
+  /// Completes once every operation started on every endpoint has completed; `on_done` is told.
+  /// (flush() without a completion is the low-level form; comm::operation{w->flush()} owns it.)
+  operation flush(send_completion on_done);
+
+  /// Fills `out` with endpoints whose byte stream has data no receive waits for (see the
+  /// low-level stream_poll); returns how many.
+  size_t stream_poll(std::span<stream_poll_entry> out);
 
   // -- progress ----------------------------------------------------------------------------------
 
@@ -317,7 +378,7 @@ public:
   /// in_progress while `req` runs, else its final status.
   status request_status(const request* req) const noexcept;
   /// Releases a request; one still running is released when it completes (its callback still
-  /// runs).
+  /// runs). A request owned by a comm::operation is released by that object instead.
   void release(request* req);
   /// Cancels a receive or a send not yet started: report completes it with status::canceled
   /// and calls its callback; force releases it silently. Returns busy if it is past cancelling.
@@ -329,6 +390,7 @@ public:
   status cancel(request* req, cancel_mode mode = cancel_mode::report);
   /// Progresses until `o` is done or `timeout_ms` passed (negative: no limit), then releases its
   /// request. Returns the operation's final status, or timed_out (the request is then canceled).
+  /// A comm::operation waits with operation::wait.
   status wait(op o, int timeout_ms = -1);
 
 protected:
