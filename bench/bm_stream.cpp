@@ -31,8 +31,8 @@ struct stream_pair {
     comm::config cfg = comm::config::from_environment();
     cfg.transports = {transport};
     ctx = std::make_unique<comm::context>(cfg);
-    a = comm::worker::create(*ctx);
-    b = comm::worker::create(*ctx);
+    a = comm::worker::create(*ctx).value();
+    b = comm::worker::create(*ctx).value();
     if (a->connect(b->address(), &ab) != comm::status::ok) std::abort();
     uint8_t byte = 1;
     comm::op s = ab->stream_send(&byte, 1);

@@ -402,7 +402,7 @@ BOOST_DATA_TEST_CASE(offloaded_receives_outlive_the_sender_s_endpoint, each_tran
   p.ab = nullptr;
   p.spin(100);
   BOOST_CHECK_EQUAL(p.posted_in_transport(), 1u);
-  auto c = worker::create(*p.ctx, worker_params{});
+  auto c = worker::create(*p.ctx, worker_params{}).value();
   endpoint* cb = nullptr;
   BOOST_REQUIRE(c->connect(p.b->address(), &cb) == status::ok);
   const auto data = pattern(2048, 80);
