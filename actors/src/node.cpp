@@ -95,7 +95,7 @@ size_t size_from_environment(const char* name, size_t fallback) {
 /// idle worker sleeps at once; an enqueue from another thread wakes it through the condition
 /// variable, and it steals jobs queued at a busy worker every relaxed-sleep-duration (CAF's
 /// 10 ms) instead of every 250 us.
-constexpr const char* moderate_polls_key = "work-stealing.moderate-poll-attempts";
+constexpr char moderate_polls_key[] = "work-stealing.moderate-poll-attempts";
 
 void set_scheduler_defaults(caf::actor_system_config& cfg) {
   if (caf::get_if(&caf::content(cfg), moderate_polls_key) == nullptr) {
