@@ -143,6 +143,9 @@ static_assert(!std::is_constructible_v<send_completion,
 static_assert(!std::is_constructible_v<send_completion, decltype([](int, int) {})>,
               "a completion of the wrong signature is refused");
 static_assert(!std::is_copy_constructible_v<operation> && std::is_move_constructible_v<operation>);
+static_assert(std::is_copy_constructible_v<result<std::vector<uint8_t>>> &&
+              !std::is_copy_constructible_v<result<endpoint_ptr>>,
+              "a result copies as its value does");
 static_assert(!std::is_copy_constructible_v<endpoint_ptr> &&
               std::is_nothrow_move_constructible_v<endpoint_ptr>);
 
