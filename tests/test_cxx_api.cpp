@@ -143,6 +143,9 @@ static_assert(!std::is_constructible_v<send_completion,
 static_assert(!std::is_constructible_v<send_completion, decltype([](int, int) {})>,
               "a completion of the wrong signature is refused");
 static_assert(!std::is_copy_constructible_v<operation> && std::is_move_constructible_v<operation>);
+static_assert(std::is_copy_constructible_v<result<std::vector<uint8_t>>> &&
+              !std::is_copy_constructible_v<result<endpoint_ptr>>,
+              "a result copies as its value does");
 static_assert(!std::is_copy_constructible_v<endpoint_ptr> &&
               std::is_nothrow_move_constructible_v<endpoint_ptr>);
 
@@ -369,6 +372,20 @@ BOOST_DATA_TEST_CASE(streams_take_spans, each_transport(), transport) {
   BOOST_TEST(std::string(in.begin(), in.end()) == text);
   std::array<stream_poll_entry, 4> ready{};
   BOOST_TEST(p.b->stream_poll(ready) == 0u);
+
+  // A rendezvous stream send completes once the peer read it into its receive.
+  const std::vector<uint8_t> big = pattern(200000, 12);
+  int sent = 0;
+  operation s2 = p.ab->stream_send(big, [&](status st) {
+    BOOST_TEST(st == status::ok);
+    ++sent;
+  }, stream_send_flags::force_rndv);
+  std::vector<uint8_t> big_in(big.size());
+  operation r2 = partner->stream_recv(big_in, {}, big_in.size());
+  BOOST_TEST(finish(p, r2) == status::ok);
+  BOOST_TEST(finish(p, s2) == status::ok);
+  BOOST_TEST(sent == 1);
+  BOOST_TEST(big_in == big, boost::test_tools::per_element());
   operation empty = partner->stream_recv(mutable_bytes{}, [&](status st, size_t) {
     BOOST_TEST(st == status::invalid_param);
     ++calls;

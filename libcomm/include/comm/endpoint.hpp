@@ -70,7 +70,9 @@ public:
   operation am_send(uint16_t id, const_bytes header, const_bytes data,
                     send_completion on_done = {}, am_send_flags flags = am_send_flags::none);
 
-  /// Sends `data` on this endpoint's byte stream (see the low-level stream_send).
+  /// Sends `data` on this endpoint's byte stream (see the low-level stream_send). `on_done` is
+  /// told when the buffer may be reused (with stream_send_flags::force_rndv: once the peer read
+  /// it).
   operation stream_send(const_bytes data, send_completion on_done = {},
                         stream_send_flags flags = stream_send_flags::none);
 

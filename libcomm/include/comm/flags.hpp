@@ -27,6 +27,9 @@ enum class stream_send_flags : uint32_t {
   force_immediate = request_force_immediate,   ///< fail with no_resource rather than queue
   force_zcopy = request_force_zcopy,           ///< eager zero copy whatever the thresholds
   force_bcopy = request_force_bcopy,           ///< eager bcopy whatever the thresholds
+  /// Rendezvous: the peer reads the bytes straight into its posted receives (see the low-level
+  /// stream_send).
+  force_rndv = request_force_rndv,
 };
 
 /// Flags of endpoint::am_send.

@@ -68,8 +68,22 @@ public:
     return *this;
   }
 
-  result(const result&) = delete;
-  result& operator=(const result&) = delete;
+  /// Copies the value or the error of `other` (when T is copyable).
+  result(const result& other) requires std::is_copy_constructible_v<T>
+      : has_(other.has_), why_(other.why_) {
+    if (has_) ::new (static_cast<void*>(&value_)) T(other.value_);
+  }
+
+  /// Replaces the content with a copy of that of `other` (when T is copyable).
+  result& operator=(const result& other) requires std::is_copy_constructible_v<T> {
+    if (this != &other) {
+      destroy();
+      has_ = other.has_;
+      why_ = other.why_;
+      if (has_) ::new (static_cast<void*>(&value_)) T(other.value_);
+    }
+    return *this;
+  }
 
   /// Destroys the value, if any.
   ~result() { destroy(); }
