@@ -96,9 +96,11 @@ enum mem_access : uint32_t {
   mem_access_all = mem_local_read | mem_local_write | mem_remote_read | mem_remote_write,
 };
 
-/// Optional parameters of a nonblocking operation (mirrors ucp_request_param_t).
+/// Optional parameters of a nonblocking operation (mirrors ucp_request_param_t). `flags` comes
+/// last: a compiler then zeroes the pointers with aligned 16-byte stores, each of which a later
+/// 8-byte load reads back at once (with `flags` first they were zeroed from offset 4, and reading
+/// `pack` straddled two stores: a store-forwarding stall on every send built from a fresh one).
 struct request_params {
-  uint32_t flags = 0;                      ///< request_flags
   send_callback send_cb = nullptr;         ///< for sends
   tag_recv_callback recv_cb = nullptr;     ///< for tagged receives
   stream_recv_callback stream_recv_cb = nullptr; ///< for stream receives
@@ -108,6 +110,7 @@ struct request_params {
   void* pack_arg = nullptr;                ///< passed to `pack`
   /// Receives: filled when the receive completes at once (no request, no callback).
   tag_recv_info* recv_info = nullptr;
+  uint32_t flags = 0;                      ///< request_flags
 };
 
 /// Result of a nonblocking operation: done (ok, no request), failed (an error, no request), or in
