@@ -28,7 +28,10 @@ namespace utf = boost::unit_test;
 /// Installs the fabric for the whole program and reports what it leaked at exit.
 struct verbs_test_fabric {
   verbs_test_fabric() {
-    td::install({td::roce_device("testdev0", "10.0.0.1"), td::roce_device("testdev1", "10.0.0.2")});
+    // With the test device's model of tag-matching SRQs, so the transport's tag operations
+    // (cap_tag_*) run too.
+    td::install({td::with_tag_matching(td::roce_device("testdev0", "10.0.0.1")),
+                 td::with_tag_matching(td::roce_device("testdev1", "10.0.0.2"))});
     comm::verbs::use_verbs_table(td::table());
     // RC sends, writes and reads complete when the peer's device acknowledges them.
     comm::test::mark_acknowledged_by_device("verbs");
