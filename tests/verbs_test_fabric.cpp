@@ -37,6 +37,9 @@ struct verbs_test_fabric {
     comm::test::mark_acknowledged_by_device("verbs");
     // A READ or WRITE with a bad key is refused by the peer's device and fails the queue pair.
     comm::test::mark_remote_errors_fail_connection("verbs");
+    // A tagged rendezvous is on the receiver's tag-matching SRQ once sent: a cancel cannot
+    // take it back.
+    comm::test::mark_canceled_rendezvous_may_arrive("verbs");
     comm::test::mark_in_process_only(
         "verbs", "runs on the verbs test device, a software stand-in that exists only in this "
                  "process");

@@ -37,8 +37,9 @@ status verbs_ep::ready_to_send(bool needs_credit) const {
 }
 
 status verbs_ep::post_am(ibv_sge* sges, int count, int32_t buffer, unsigned flags,
-                         tl::completion* comp, pin_set* pins, uint64_t imm) {
+                         tl::completion* comp, pin_set* pins, uint64_t imm, bool signal) {
   tx_request req;
+  req.signal = signal;
   req.wr.opcode = IBV_WR_SEND;
   if (imm != 0) {
     // A tagged message's immediate value: the low half here, the high half in the TMH's app_ctx.
@@ -207,7 +208,7 @@ status verbs_ep::tag_ready(bool* ok_to_send) const {
 
 status verbs_ep::post_tagged_copy(ibv_tmh_op opcode, uint32_t app_ctx, tl::tag_t tag,
                                   uint64_t imm, const void* data, size_t length, const void* more,
-                                  size_t more_length) {
+                                  size_t more_length, bool signal) {
   const size_t total = tmh_size + length + more_length;
   alignas(8) uint8_t inline_bytes[inline_limit];
   if (total <= owner_.max_inline() && total <= inline_limit) {
@@ -215,7 +216,7 @@ status verbs_ep::post_tagged_copy(ibv_tmh_op opcode, uint32_t app_ctx, tl::tag_t
     if (length != 0) std::memcpy(inline_bytes + tmh_size, data, length);
     if (more_length != 0) std::memcpy(inline_bytes + tmh_size + length, more, more_length);
     ibv_sge sge{reinterpret_cast<uintptr_t>(inline_bytes), static_cast<uint32_t>(total), 0};
-    return post_am(&sge, 1, -1, IBV_SEND_INLINE, nullptr, nullptr, imm);
+    return post_am(&sge, 1, -1, IBV_SEND_INLINE, nullptr, nullptr, imm, signal);
   }
   const int32_t buffer = owner_.take_tx_buffer();
   if (buffer < 0) return status::no_resource;
@@ -224,7 +225,7 @@ status verbs_ep::post_tagged_copy(ibv_tmh_op opcode, uint32_t app_ctx, tl::tag_t
   if (length != 0) std::memcpy(bytes + tmh_size, data, length);
   if (more_length != 0) std::memcpy(bytes + tmh_size + length, more, more_length);
   ibv_sge sge{reinterpret_cast<uintptr_t>(bytes), static_cast<uint32_t>(total), owner_.tx_lkey()};
-  return post_am(&sge, 1, buffer, 0, nullptr, nullptr, imm);
+  return post_am(&sge, 1, buffer, 0, nullptr, nullptr, imm, signal);
 }
 
 status verbs_ep::tag_eager_short(tl::tag_t tag, const void* data, size_t length) {
@@ -314,8 +315,10 @@ status verbs_ep::tag_rndv_zcopy(tl::tag_t tag, const void* header, size_t header
   uint8_t rvh[rvh_size];
   write_rvh(rvh, reinterpret_cast<uintptr_t>(entries[0].buffer), r.mr ? r.mr->rkey : 0,
             static_cast<uint32_t>(entries[0].length));
+  // Signaled: the SEND is off the queue by the time the peer's FIN comes back, so a flush after
+  // the rendezvous completed has nothing left to wait for.
   const status posted = post_tagged_copy(IBV_TMH_RNDV, id, tag, 0, rvh, rvh_size, header,
-                                         header_length);
+                                         header_length, true);
   if (posted != status::ok) {
     if (r.mr != nullptr) owner_.table().dereg_mr(r.mr);
     return posted;

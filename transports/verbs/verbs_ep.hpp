@@ -62,11 +62,11 @@ public:
 private:
   status ready_to_send(bool needs_credit) const;
   status post_am(ibv_sge* sges, int count, int32_t buffer, unsigned flags,
-                 tl::completion* comp, pin_set* pins, uint64_t imm = 0);
+                 tl::completion* comp, pin_set* pins, uint64_t imm = 0, bool signal = false);
   status tag_ready(bool* ok_to_send) const;
   status post_tagged_copy(ibv_tmh_op opcode, uint32_t app_ctx, tl::tag_t tag, uint64_t imm,
                           const void* data, size_t length, const void* more = nullptr,
-                          size_t more_length = 0);
+                          size_t more_length = 0, bool signal = false);
   void release_rendezvous(uint32_t op_id);
   void rendezvous_ended();
 
