@@ -774,6 +774,10 @@ void verbs_iface::stash_completions() {
 
 void verbs_iface::handle_wc(const work_completion& completion) {
   const ibv_wc& wc = completion.wc;
+  if (completion.staged >= 0) {
+    if (tags_ != nullptr) tags_->deliver_staged(completion.staged);
+    return;
+  }
   if ((wc.wr_id & rx_flag) != 0) {
     handle_receive(completion);
     return;
@@ -802,7 +806,8 @@ void verbs_iface::handle_receive(const work_completion& completion) {
   std::optional<message_header> header;
   if (wc.status == IBV_WC_SUCCESS && tm_) {
     const auto tagged = parse_tagged(bytes, wc.byte_len);
-    if (c != nullptr && tagged && tagged->opcode != IBV_TMH_NO_TAG) {
+    const bool am = tagged && tags_->active_message(*tagged, wc);
+    if (c != nullptr && tagged && tagged->opcode != IBV_TMH_NO_TAG && !am) {
       tags_->handle_tagged(*c, buffer, *tagged, completion);
       return;
     }

@@ -86,7 +86,11 @@ public:
   /// Writes the header of a SEND to `dst` (header_size() bytes) and returns that size.
   size_t write_header(void* dst, message_kind kind, uint8_t am_id, uint16_t credits,
                       uint32_t op_id = 0) {
-    if (prefix_ != 0) write_tmh(dst, IBV_TMH_NO_TAG, 0, 0);
+    if (prefix_ != 0 && kind == message_kind::am) {
+      write_tmh(dst, IBV_TMH_EAGER, am_app_ctx, am_tag);
+    } else if (prefix_ != 0) {
+      write_tmh(dst, IBV_TMH_NO_TAG, 0, 0);
+    }
     return prefix_ + header_writer_->write(static_cast<uint8_t*>(dst) + prefix_, kind, am_id,
                                            credits, op_id);
   }
@@ -125,6 +129,8 @@ public:
   void stash_completions();
   /// Takes the stashed completion with `wr_id` into `*out`; false when there is none.
   bool take_stashed(uint64_t wr_id, work_completion* out);
+  /// The stashed completion with `wr_id`, or null.
+  work_completion* find_stashed(uint64_t wr_id);
   /// Schedules the error handler for `c`'s endpoint (called from progress, never re-entrantly).
   void report_failure(verbs_conn& c);
   /// Has progress() look at `c` for a grant and parked operations until it needs neither.

@@ -138,6 +138,7 @@ uint32_t verbs_tags::find_match(tl::tag_t stag) const {
 verbs_tags::entry verbs_tags::take(uint32_t index) {
   entry& e = entries_[index];
   owner_.md().unpin(e.pins);
+  if (!e.in_device) --software_only_;
   entry out = e;
   out.pins = pin_set{};
   e.ctx = nullptr;
@@ -172,6 +173,33 @@ status verbs_tags::post(tl::tag_t tag, tl::tag_t mask, const tl::iov* entries, s
   if (free_.empty()) return status::exceeds_limit;
   const uint32_t index = free_.back();
   entry& e = entries_[index];
+  // One that would take an active message, and any posted after one the device does not hold,
+  // stay in software.
+  e.in_device = software_only_ == 0 && ((am_tag ^ tag) & mask) != 0;
+  if (e.in_device) {
+    const status st = add_to_device(index, tag, mask, entries, count);
+    if (st != status::ok) return st;
+  } else {
+    ++software_only_;
+  }
+  free_.pop_back();
+  e.ctx = ctx;
+  e.tag = tag & mask;
+  e.mask = mask;
+  e.iov.assign(entries, entries + count);
+  e.capacity = total;
+  e.order = next_order_++;
+  ++e.generation;
+  const uint32_t named = index + 1;
+  std::memcpy(ctx->priv, &named, sizeof(named));
+  std::memcpy(ctx->priv + sizeof(named), &e.generation, sizeof(e.generation));
+  ++posted_;
+  return status::ok;
+}
+
+status verbs_tags::add_to_device(uint32_t index, tl::tag_t tag, tl::tag_t mask,
+                                 const tl::iov* entries, size_t count) {
+  entry& e = entries_[index];
   ibv_sge sges[max_zcopy_iov];
   if (count != 0 && owner_.md().local_sges(entries, count, sges, e.pins) != status::ok) {
     return status::io_error;
@@ -189,19 +217,7 @@ status verbs_tags::post(tl::tag_t tag, tl::tag_t mask, const tl::iov* entries, s
     COMM_LOG(debug, log_name, "tag ADD: %s", std::strerror(error));
     return error == ENOMEM ? status::exceeds_limit : status::io_error;
   }
-  free_.pop_back();
-  e.ctx = ctx;
-  e.tag = tag & mask;
-  e.mask = mask;
-  e.iov.assign(entries, entries + count);
-  e.capacity = total;
-  e.order = next_order_++;
   e.handle = op.tm.handle;
-  ++e.generation;
-  const uint32_t named = index + 1;
-  std::memcpy(ctx->priv, &named, sizeof(named));
-  std::memcpy(ctx->priv + sizeof(named), &e.generation, sizeof(e.generation));
-  ++posted_;
   return status::ok;
 }
 
@@ -221,17 +237,23 @@ bool verbs_tags::delete_from_device(uint32_t handle, uint64_t* wr_id) {
 status verbs_tags::cancel(tl::tag_context* ctx, bool force) {
   const uint32_t index = ctx != nullptr ? find(ctx) : none;
   if (index == none) return status::no_elem;
-  uint64_t wr_id = 0;
-  work_completion match;
-  if (!delete_from_device(entries_[index].handle, &wr_id) ||
-      !wait_for_delete(wr_id, index, &match)) {
-    // The device did not answer: the buffer stays its own until it does (never reused here).
-    return status::io_error;
-  }
-  if (del_status_ != IBV_WC_SUCCESS) {
-    // The device matched it before the DEL: that match ends the receive.
-    if (match.wc.wr_id != 0) match_done(match);
-    return status::no_elem;
+  if (entries_[index].in_device) {
+    uint64_t wr_id = 0;
+    if (!delete_from_device(entries_[index].handle, &wr_id) || !wait_for_delete(wr_id)) {
+      // The device did not answer: the buffer stays its own until it does (never reused here).
+      return status::io_error;
+    }
+    if (del_status_ != IBV_WC_SUCCESS) {
+      // The device matched it before the DEL; its completion is in the stash now.
+      work_completion* match = owner_.find_stashed(wr_id_flag | index);
+      if (match == nullptr || !stage(entries_[index], *match)) {
+        work_completion taken;
+        if (match != nullptr && owner_.take_stashed(wr_id_flag | index, &taken)) {
+          match_done(taken);
+        }
+        return status::no_elem;
+      }
+    }
   }
   take(index);
   ++canceled_;
@@ -239,18 +261,56 @@ status verbs_tags::cancel(tl::tag_context* ctx, bool force) {
   return status::ok;
 }
 
-bool verbs_tags::wait_for_delete(uint64_t wr_id, uint32_t index, work_completion* match) {
+bool verbs_tags::wait_for_delete(uint64_t wr_id) {
   waited_del_ = wr_id;
   del_done_ = false;
-  *match = work_completion{};
   const auto deadline = std::chrono::steady_clock::now() + delete_wait;
-  while (!del_done_ && std::chrono::steady_clock::now() < deadline) {
-    owner_.stash_completions();
-    if (match->wc.wr_id == 0) owner_.take_stashed(wr_id_flag | index, match);
-  }
-  if (!del_done_ && match->wc.wr_id == 0) owner_.take_stashed(wr_id_flag | index, match);
+  while (!del_done_ && std::chrono::steady_clock::now() < deadline) owner_.stash_completions();
   waited_del_ = 0;
   return del_done_;
+}
+
+bool verbs_tags::stage(const entry& e, work_completion& match) {
+  const ibv_wc& wc = match.wc;
+  // Only an eager message (an immediate value, or app_ctx 0) that fit can be handed on whole: a
+  // rendezvous's sender is told already, a request's header and a truncated message's end are
+  // not all there.
+  const bool eager = (wc.wc_flags & IBV_WC_WITH_IMM) != 0 || match.tm.priv == 0;
+  if (wc.status != IBV_WC_SUCCESS || wc.byte_len > e.capacity || !eager) return false;
+  staged_message m;
+  m.tag = match.tm.tag;
+  m.imm = immediate_of(wc, match.tm.priv);
+  m.data = gather(e.iov, wc.byte_len);
+  const int64_t id = next_staged_++;
+  staged_[id] = std::move(m);
+  match.staged = id;
+  ++raced_;
+  if (verbs_conn* conn = owner_.conn_of_qp(wc.qp_num)) conn->receive_reposted();
+  return true;
+}
+
+void verbs_tags::deliver_staged(int64_t id) {
+  const auto found = staged_.find(id);
+  if (found == staged_.end()) return;
+  staged_message m = std::move(found->second);
+  staged_.erase(found);
+  ++unexpected_eager_;
+  if (eager_fn_ == nullptr) {
+    ++dropped_;
+    return;
+  }
+  void* context = nullptr;
+  eager_fn_(eager_arg_, m.data.data(), m.data.size(), tl::tag_flag_first, m.tag, m.imm, &context);
+}
+
+bool verbs_tags::active_message(const tagged_message& m, const ibv_wc& wc) {
+  if (m.opcode != IBV_TMH_EAGER || m.tag != am_tag || m.app_ctx != am_app_ctx ||
+      (wc.wc_flags & IBV_WC_WITH_IMM) != 0) {
+    return false;
+  }
+  ++unexpected_;  // the device counted it
+  sync_due_ = true;
+  return true;
 }
 
 // -- completions of the device --------------------------------------------------------------------
@@ -322,7 +382,8 @@ void verbs_tags::handle_tagged(verbs_conn& conn, uint32_t buffer, const tagged_m
   ++unexpected_;
   sync_due_ = true;
   const uint32_t index = find_match(m.tag);
-  if (index != none && !delete_from_device(entries_[index].handle, nullptr)) {
+  if (index != none && entries_[index].in_device &&
+      !delete_from_device(entries_[index].handle, nullptr)) {
     owner_.return_buffer(conn, buffer);
     conn.fail(status::io_error);
     return;
@@ -484,7 +545,7 @@ void verbs_tags::fetched(tl::completion* comp) {
 }
 
 void verbs_tags::after_poll() {
-  if (sync_due_ && posted_ != 0) {
+  if (sync_due_ && posted_ > software_only_) {
     ibv_ops_wr op{};
     op.opcode = IBV_WR_TAG_SYNC;
     if (post_op(op) == 0) ++syncs_;
@@ -567,9 +628,16 @@ void verbs_iface::fill_tag_attr() {
 
 void verbs_iface::close_tags() { tags_.reset(); }
 
+work_completion* verbs_iface::find_stashed(uint64_t wr_id) {
+  for (work_completion& c : stash_) {
+    if (c.wc.wr_id == wr_id && c.staged < 0) return &c;
+  }
+  return nullptr;
+}
+
 bool verbs_iface::take_stashed(uint64_t wr_id, work_completion* out) {
   for (auto it = stash_.begin(); it != stash_.end(); ++it) {
-    if (it->wc.wr_id != wr_id) continue;
+    if (it->wc.wr_id != wr_id || it->staged >= 0) continue;
     *out = *it;
     stash_.erase(it);
     return true;

@@ -14,8 +14,16 @@
 //     while out of synch the device matches nothing), or goes to the unexpected handlers;
 //   - a rendezvous taken here is fetched with an RDMA READ and acknowledged with an rndv_fin
 //     message (the device sends a FIN for the ones it matched);
+//   - active messages come as EAGER messages with am_tag (verbs_wire.hpp) and count as unexpected
+//     too: the protocol layer may match a tagged message carried in one in software, and the
+//     device must not match a later message to a receive that an earlier active message takes;
+//   - a receive that would accept am_tag, and every receive posted after it while it is posted,
+//     stays in software (the device never sees it): the device only holds receives posted before
+//     any software-only one, so what it matches is what the software would have matched;
 //   - a cancel deletes the buffer and waits for the DEL's completion: when the device matched it
-//     first, its match is delivered instead and the cancel answers no_elem.
+//     first with an eager message that fits, the message is copied out and handed to the
+//     unexpected handler in its place in the completion order, and the cancel succeeds; a
+//     rendezvous or a truncated message is delivered to the receive instead (no_elem).
 // Not thread safe: it belongs to one interface, used by one thread.
 #pragma once
 
@@ -29,6 +37,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace comm::verbs {
@@ -40,6 +49,7 @@ class verbs_conn;
 struct work_completion {
   ibv_wc wc{};          ///< the completion (from an extended CQ: the fields it read)
   ibv_wc_tm_info tm{};  ///< IBV_WC_TM_RECV: the TMH's tag and app_ctx
+  int64_t staged = -1;  ///< a device match a cancel turned into an unexpected message (its id)
 };
 
 /// The posted receives of one interface on its tag-matching SRQ (see the file comment).
@@ -69,6 +79,10 @@ public:
   void handle(const work_completion& c);
   /// Handles `c` at once when it is a list operation's (no callback runs); false otherwise.
   bool take_list_op(const work_completion& c);
+  /// True when `m` (in an ordinary buffer) is an active message; counts it as unexpected.
+  bool active_message(const tagged_message& m, const ibv_wc& wc);
+  /// Hands the device match staged by a cancel to the unexpected handler.
+  void deliver_staged(int64_t id);
   /// An EAGER, RNDV or FIN message that landed in receive buffer `buffer` from `conn`.
   void handle_tagged(verbs_conn& conn, uint32_t buffer, const tagged_message& m,
                      const work_completion& c);
@@ -98,11 +112,20 @@ private:
     uint64_t order = 0;       ///< post order
     uint32_t generation = 0;  ///< bumped at every post
     uint32_t handle = 0;      ///< the device's handle of its tagged buffer
+    bool in_device = false;   ///< on the device's list (else matched in software only)
     pin_set pins;             ///< registrations of its iov while the device may write it
   };
   struct fetch;
+  /// A device match a cancel took back: an unexpected eager message now.
+  struct staged_message {
+    tl::tag_t tag = 0;
+    uint64_t imm = 0;
+    std::vector<uint8_t> data;
+  };
 
   uint32_t find(const tl::tag_context* ctx) const;
+  status add_to_device(uint32_t index, tl::tag_t tag, tl::tag_t mask, const tl::iov* entries,
+                       size_t count);
   uint32_t find_match(tl::tag_t stag) const;
   entry take(uint32_t index);
   int post_op(ibv_ops_wr& op);
@@ -117,7 +140,8 @@ private:
   void start_fetch(verbs_conn& conn, const entry& e, const tagged_message& m);
   bool post_fetch(fetch& f);
   static void fetched(tl::completion* comp);
-  bool wait_for_delete(uint64_t wr_id, uint32_t index, work_completion* match);
+  bool wait_for_delete(uint64_t wr_id);
+  bool stage(const entry& e, work_completion& match);
 
   verbs_iface& owner_;
   size_t max_iov_;
@@ -125,6 +149,9 @@ private:
   std::vector<entry> entries_;
   std::vector<uint32_t> free_;
   size_t posted_ = 0;
+  size_t software_only_ = 0;    ///< posted receives the device does not hold
+  std::unordered_map<int64_t, staged_message> staged_;
+  int64_t next_staged_ = 0;
   uint64_t next_order_ = 1;
   uint64_t next_op_ = 1;
   uint32_t ops_ = 0;            ///< list operations whose completion is not read yet
@@ -147,7 +174,7 @@ private:
   uint64_t canceled_ = 0;
   uint64_t dropped_ = 0;
   uint64_t syncs_ = 0;
-  uint64_t raced_ = 0;
+  uint64_t raced_ = 0;          ///< device matches a cancel turned into unexpected messages
 };
 
 }  // namespace comm::verbs

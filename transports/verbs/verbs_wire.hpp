@@ -90,10 +90,14 @@ inline std::optional<message_header> parse_message_header(const void* data, size
 // -- tag matching: the TM headers rdma-core defines (infiniband/tm_types.h) --------------------
 //
 // With tag-matching SRQs every SEND starts with a 16-byte TMH (opcode, 3 reserved bytes that must
-// be zero, app_ctx and tag, big-endian): NO_TAG in front of the VerbsMessageHeader of an active
-// message, grant, release or rndv_fin; EAGER in front of a tagged eager payload (app_ctx: the high
-// half of a non-zero immediate value, whose low half is the SEND's imm_data; or sw_rndv_app_ctx for
-// a software rendezvous request); RNDV in front of a 16-byte RVH (the sender's address, rkey and
+// be zero, app_ctx and tag, big-endian): NO_TAG in front of the VerbsMessageHeader of a grant,
+// release or rndv_fin; EAGER with tag am_tag and app_ctx am_app_ctx, without an immediate value, in
+// front of the VerbsMessageHeader of an active message (an active message may carry a tagged
+// message the protocol layer matches in software, so it must count as unexpected on the
+// receiver's device, as a NO_TAG one would not: the device then stops matching until the
+// software has seen it); EAGER in front of a tagged eager payload (app_ctx: the high half of a
+// non-zero immediate value, whose low half is the SEND's imm_data; or sw_rndv_app_ctx for a
+// software rendezvous request); RNDV in front of a 16-byte RVH (the sender's address, rkey and
 // length) and the rendezvous header (app_ctx: the sender's operation id); FIN, sent by the
 // receiver's device, with the app_ctx of the RNDV it ends.
 
@@ -105,6 +109,11 @@ static_assert(tmh_size == 16 && rvh_size == 16);
 /// app_ctx of a software rendezvous request (an EAGER TMH sent without an immediate value);
 /// rendezvous operation ids never take it.
 inline constexpr uint32_t sw_rndv_app_ctx = UINT32_MAX;
+/// app_ctx of an active message's EAGER TMH (sent without an immediate value).
+inline constexpr uint32_t am_app_ctx = UINT32_MAX - 1;
+/// Tag of an active message's EAGER TMH. Posted receives that would accept it are never given to
+/// the device (verbs_tag.hpp), so the device never matches an active message.
+inline constexpr uint64_t am_tag = 0xa11c'e5e7'a6f0'0d1eull;
 
 /// Writes a TMH to `dst` (tmh_size bytes).
 inline void write_tmh(void* dst, ibv_tmh_op opcode, uint32_t app_ctx, uint64_t tag) {
