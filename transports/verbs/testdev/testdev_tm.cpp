@@ -21,6 +21,8 @@
 //     and app_ctx as tm_info, imm_data with IBV_WC_WITH_IMM, the QP number of the connection).
 //     A READ the sender's memory refuses fails the sender's SEND (IBV_WC_REM_OP_ERR) and both QPs
 //     go to error; the tagged buffer stays on the list.
+//   - a TMH whose reserved bytes are not zero, of an unknown opcode, or too short is matched
+//     against nothing and counts as nothing.
 //   - no match: the whole message, TMH included, lands in an ordinary buffer of the SRQ
 //     (IBV_WC_TM_NO_TAG for NO_TAG messages, IBV_WC_RECV otherwise); EAGER and RNDV ones count as
 //     unexpected, and carry IBV_WC_TM_SYNC_REQ when the list is not empty (the device stops
@@ -278,12 +280,15 @@ struct tmh_view {
   uint8_t opcode = IBV_TMH_NO_TAG;
   uint32_t app_ctx = 0;
   uint64_t tag = 0;
+  bool valid = false;  ///< long enough, reserved bytes zero
 };
 
 tmh_view read_tmh(const std::vector<uint8_t>& bytes) {
+  if (bytes.size() < sizeof(ibv_tmh)) return tmh_view{};
   ibv_tmh h{};
   std::memcpy(&h, bytes.data(), sizeof(h));
-  return tmh_view{h.opcode, be32toh(h.app_ctx), be64toh(h.tag)};
+  const bool reserved_zero = h.reserved[0] == 0 && h.reserved[1] == 0 && h.reserved[2] == 0;
+  return tmh_view{h.opcode, be32toh(h.app_ctx), be64toh(h.tag), reserved_zero};
 }
 
 /// The earliest tagged buffer (in the order they were added) whose tag takes `tag`, or -1.
@@ -394,8 +399,7 @@ tm_outcome land_unexpected(fabric& f, qp_obj& qp, qp_obj& r, srq_obj& srq, const
   const recv_wqe receive = std::move(srq.wqes.front());
   srq.wqes.pop_front();
   uint64_t copied = 0;
-  const bool tagged = bytes.size() >= sizeof(ibv_tmh) &&
-                      (h.opcode == IBV_TMH_EAGER || h.opcode == IBV_TMH_RNDV);
+  const bool tagged = h.valid && (h.opcode == IBV_TMH_EAGER || h.opcode == IBV_TMH_RNDV);
   ibv_wc wc = make_wc(receive.wr_id, IBV_WC_SUCCESS, r.pub.qp_num);
   if (!scatter(f, *srq.pd, receive.sge, bytes.data(), bytes.size(), &copied) ||
       copied < bytes.size()) {
@@ -403,8 +407,7 @@ tm_outcome land_unexpected(fabric& f, qp_obj& qp, qp_obj& r, srq_obj& srq, const
     f.push_cqe(*r.recv_cq, wc, &srq.slots, 1, false);
     return tm_outcome::failed;
   }
-  wc.opcode = bytes.size() >= sizeof(ibv_tmh) && h.opcode == IBV_TMH_NO_TAG ? IBV_WC_TM_NO_TAG
-                                                                             : IBV_WC_RECV;
+  wc.opcode = h.valid && h.opcode == IBV_TMH_NO_TAG ? IBV_WC_TM_NO_TAG : IBV_WC_RECV;
   wc.byte_len = static_cast<uint32_t>(bytes.size());
   wc.src_qp = qp.pub.qp_num;
   if (wqe.opcode == IBV_WR_SEND_WITH_IMM) {
@@ -425,10 +428,11 @@ tm_outcome land_unexpected(fabric& f, qp_obj& qp, qp_obj& r, srq_obj& srq, const
 tm_outcome tm_deliver(fabric& f, qp_obj& qp, qp_obj& r, const send_wqe& wqe,
                       const std::vector<uint8_t>& bytes) {
   srq_obj& srq = *r.srq;
-  const tmh_view h = bytes.size() >= sizeof(ibv_tmh) ? read_tmh(bytes) : tmh_view{};
+  const tmh_view h = read_tmh(bytes);
   const bool in_synch = srq.sw_unexpected == srq.hw_unexpected;
-  const bool eager = h.opcode == IBV_TMH_EAGER && bytes.size() >= sizeof(ibv_tmh);
-  const bool rndv = h.opcode == IBV_TMH_RNDV && bytes.size() >= sizeof(ibv_tmh) + sizeof(ibv_rvh) &&
+  const bool eager = h.valid && h.opcode == IBV_TMH_EAGER;
+  const bool rndv = h.valid && h.opcode == IBV_TMH_RNDV &&
+                    bytes.size() >= sizeof(ibv_tmh) + sizeof(ibv_rvh) &&
                     bytes.size() <= srq.max_rndv_hdr;
   const int found = in_synch && (eager || rndv) ? find_match(srq, h.tag) : -1;
   if (found < 0) return land_unexpected(f, qp, r, srq, h, bytes, wqe);
