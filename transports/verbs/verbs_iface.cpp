@@ -811,6 +811,11 @@ void verbs_iface::handle_receive(const work_completion& completion) {
       tags_->handle_tagged(*c, buffer, *tagged, completion);
       return;
     }
+    if (c == nullptr && tagged && !am) {
+      tags_->count_unexpected(*tagged);  // from a connection gone: the device counted it
+      repost(buffer);
+      return;
+    }
     if (tagged && wc.byte_len >= header_size()) {
       header = parse_message_header(bytes + prefix_, wc.byte_len - prefix_, tl::am_id_count);
     }

@@ -303,6 +303,12 @@ void verbs_tags::deliver_staged(int64_t id) {
   eager_fn_(eager_arg_, m.data.data(), m.data.size(), tl::tag_flag_first, m.tag, m.imm, &context);
 }
 
+void verbs_tags::count_unexpected(const tagged_message& m) {
+  if (m.opcode != IBV_TMH_EAGER && m.opcode != IBV_TMH_RNDV) return;
+  ++unexpected_;
+  sync_due_ = true;
+}
+
 bool verbs_tags::active_message(const tagged_message& m, const ibv_wc& wc) {
   if (m.opcode != IBV_TMH_EAGER || m.tag != am_tag || m.app_ctx != am_app_ctx ||
       (wc.wc_flags & IBV_WC_WITH_IMM) != 0) {

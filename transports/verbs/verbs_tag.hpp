@@ -81,6 +81,8 @@ public:
   bool take_list_op(const work_completion& c);
   /// True when `m` (in an ordinary buffer) is an active message; counts it as unexpected.
   bool active_message(const tagged_message& m, const ibv_wc& wc);
+  /// Counts `m` as unexpected when the device did (an EAGER or RNDV message nobody will handle).
+  void count_unexpected(const tagged_message& m);
   /// Hands the device match staged by a cancel to the unexpected handler.
   void deliver_staged(int64_t id);
   /// An EAGER, RNDV or FIN message that landed in receive buffer `buffer` from `conn`.
