@@ -1,8 +1,8 @@
 // Fuzzes the verbs transport's wire parsers (transports/verbs/verbs_wire.hpp): the header in front
 // of every SEND a peer posts, the handshake in a peer's rdmacm private data, an interface address
 // from the bootstrap, and a message with a TM header (TMH, and the RVH of a rendezvous) as it
-// lands in a receive buffer of a tag-matching SRQ. They need no device: the bytes are what the wire or the address
-// exchange delivered.
+// lands in a receive buffer of a tag-matching SRQ. They need no device: the bytes are what the
+// wire or the address exchange delivered.
 //
 // Input: one byte choosing the parser, then the bytes as they arrived (copied 8-byte aligned, as in
 // a receive buffer; the handshake parser promises to cope without alignment and gets them one byte
@@ -91,7 +91,8 @@ void fuzz_handshake(const uint8_t* data, size_t size) {
 
 bool same_address(const iface_address_record& a, const iface_address_record& b) {
   return a.link_layer == b.link_layer && a.iface_id == b.iface_id &&
-         a.tag_matching == b.tag_matching && std::memcmp(&a.listener, &b.listener, sizeof(a.listener)) == 0;
+         a.tag_matching == b.tag_matching &&
+         std::memcmp(&a.listener, &b.listener, sizeof(a.listener)) == 0;
 }
 
 void fuzz_iface_address(const uint8_t* data, size_t size) {

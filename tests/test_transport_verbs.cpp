@@ -1469,7 +1469,9 @@ struct tm_receive : tl::tag_context {
       r->length = length;
     };
   }
-  status post(tl::iface& iface, tl::tag_t tag) { return iface.tag_recv_zcopy(tag, ~0ull, &entry, 1, this); }
+  status post(tl::iface& iface, tl::tag_t tag) {
+    return iface.tag_recv_zcopy(tag, ~0ull, &entry, 1, this);
+  }
 };
 
 /// Unexpected eager messages an interface handed over.

@@ -1402,7 +1402,9 @@ BOOST_AUTO_TEST_CASE(tagged_buffers_match_in_the_order_added_and_the_list_is_bou
 
 BOOST_AUTO_TEST_CASE(an_unexpected_message_stops_matching_until_the_software_synchronises) {
   tm_pair f;
-  for (int i = 0; i < 4; ++i) BOOST_REQUIRE_EQUAL(post_receive(T, f.b, 4096 + i * 256, 256, 50 + i), 0);
+  for (int i = 0; i < 4; ++i) {
+    BOOST_REQUIRE_EQUAL(post_receive(T, f.b, 4096 + i * 256, 256, 50 + i), 0);
+  }
   // Nothing listed: the message lands whole, TMH included, in an ordinary buffer.
   BOOST_REQUIRE_EQUAL(f.send(tm_message(IBV_TMH_EAGER, 0, 5, {4, 5}), 1), 0);
   auto got = poll_n(T, f.b.recv_cq, 1);
@@ -1444,7 +1446,9 @@ BOOST_AUTO_TEST_CASE(an_unexpected_message_stops_matching_until_the_software_syn
 
 BOOST_AUTO_TEST_CASE(a_matched_rendezvous_is_read_from_the_sender_and_answered_with_a_fin) {
   tm_pair f;
-  for (int i = 0; i < 2; ++i) BOOST_REQUIRE_EQUAL(post_receive(T, f.b, 4096 + i * 256, 256, 50 + i), 0);
+  for (int i = 0; i < 2; ++i) {
+    BOOST_REQUIRE_EQUAL(post_receive(T, f.b, 4096 + i * 256, 256, 50 + i), 0);
+  }
   BOOST_REQUIRE_EQUAL(post_receive(T, f.a, 40000, 64, 70), 0);  // where the FIN lands
   fill(f.a.buf.bytes.data() + 8192, 3000, 3);
   BOOST_REQUIRE_EQUAL(f.add(9, ~0ull, 16384, 4096, 10, 0), 0);
