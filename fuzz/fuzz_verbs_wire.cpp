@@ -32,7 +32,7 @@ void fuzz_message_header(const uint8_t* data, size_t size) {
   if (!h) return;
   require(size >= message_header_size, "a header accepted from fewer bytes than it has");
   require(h->kind == message_kind::am || h->kind == message_kind::grant ||
-              h->kind == message_kind::release,
+              h->kind == message_kind::release || h->kind == message_kind::rndv_fin,
           "a header of an unknown kind");
   require(h->kind != message_kind::am || h->am_id < am_ids, "an am header with a bad am id");
   alignas(8) uint8_t again[message_header_size];
