@@ -445,7 +445,9 @@ BOOST_DATA_TEST_CASE(tag_limits_agree_with_the_flags_and_the_rest_answer_unsuppo
   BOOST_TEST(((attr.caps & tl::cap_tag_any) == tl::cap_tag_any), "all four tag flags");
   BOOST_TEST(t.eager.max_short > 0u);
   BOOST_TEST(t.eager.max_bcopy >= t.eager.max_short);
-  BOOST_TEST(t.eager.max_zcopy > t.eager.max_bcopy, "zcopy beyond one FIFO element");
+  // shm and self take zcopy sends beyond one FIFO element (delivered unexpected in fragments);
+  // verbs as large as one receive buffer, where an unexpected one lands whole.
+  BOOST_TEST(t.eager.max_zcopy >= t.eager.max_bcopy);
   BOOST_TEST(t.eager.max_iov >= 1u);
   BOOST_TEST(t.rndv.max_zcopy >= t.eager.max_zcopy);
   BOOST_TEST(t.rndv.max_hdr >= 64u);
@@ -584,9 +586,15 @@ BOOST_DATA_TEST_CASE(fragments_of_messages_from_two_senders_keep_their_own_conte
   const auto ea = split(a, 2);
   const auto eb = split(b, 2);
   completion_probe da, db;
-  BOOST_TEST(ep2->tag_eager_zcopy(2, 22, eb.data(), eb.size(), &db) == status::in_progress);
-  BOOST_TEST(p.ep->tag_eager_zcopy(1, 11, ea.data(), ea.size(), &da) == status::in_progress);
-  BOOST_TEST(progress_until({p.sender.get(), other.get(), p.receiver.get()},
+  const iface_list all{p.sender.get(), other.get(), p.receiver.get()};
+  // no_resource while a connection is still being set up (verbs): retried.
+  BOOST_TEST(retry_while_busy(all, [&] {
+               return ep2->tag_eager_zcopy(2, 22, eb.data(), eb.size(), &db);
+             }) == status::in_progress);
+  BOOST_TEST(retry_while_busy(all, [&] {
+               return p.ep->tag_eager_zcopy(1, 11, ea.data(), ea.size(), &da);
+             }) == status::in_progress);
+  BOOST_TEST(progress_until(all,
                             [&] { return da.calls == 1 && db.calls == 1; }));
   BOOST_TEST(da.result == status::ok);
   BOOST_TEST(db.result == status::ok);
@@ -809,8 +817,10 @@ BOOST_DATA_TEST_CASE(an_unexpected_rendezvous_gives_address_length_and_key_to_fe
   const tl::iov entry{data.data(), data.size()};
   completion_probe done;
   uint64_t handle = 0;
-  BOOST_REQUIRE(p.ep->tag_rndv_zcopy(0x42, header.data(), header.size(), &entry, 1, &done,
-                                     &handle) == status::in_progress);
+  BOOST_REQUIRE(retry_while_busy(p.both(), [&] {
+                  return p.ep->tag_rndv_zcopy(0x42, header.data(), header.size(), &entry, 1,
+                                              &done, &handle);
+                }) == status::in_progress);
   BOOST_TEST(progress_until(p.both(), [&] { return p.unexpected.rendezvous.size() == 1; }));
   const auto& r = p.unexpected.rendezvous[0];
   BOOST_TEST(r.tag == 0x42u);
@@ -850,7 +860,12 @@ BOOST_DATA_TEST_CASE(an_unexpected_rendezvous_gives_address_length_and_key_to_fe
   BOOST_REQUIRE(p.receiver->memory_domain()->rkey_unpack(r.rkey.data(), r.rkey.size(), &stale) ==
                 status::ok);
   completion_probe refused;
-  const status again = back->get_zcopy(&into, 1, r.address, stale, &refused);
+  status again = back->get_zcopy(&into, 1, r.address, stale, &refused);
+  if (again == status::in_progress) {
+    // Refused by the sender's device (RC: the error fails the connection).
+    BOOST_TEST(progress_until(p.both(), [&] { return refused.calls == 1; }));
+    again = refused.result;
+  }
   BOOST_TEST(is_error(again), "get with the key of a canceled rendezvous: " << again);
   p.receiver->memory_domain()->rkey_release(&stale);
 }
@@ -863,13 +878,23 @@ BOOST_DATA_TEST_CASE(a_rendezvous_canceled_before_the_receiver_looked_is_never_s
   const tl::iov entry{data.data(), data.size()};
   completion_probe done;
   uint64_t handle = 0;
-  BOOST_REQUIRE(p.ep->tag_rndv_zcopy(0x66, "h", 1, &entry, 1, &done, &handle) ==
-                status::in_progress);
+  BOOST_REQUIRE(retry_while_busy(p.both(), [&] {
+                  return p.ep->tag_rndv_zcopy(0x66, "h", 1, &entry, 1, &done, &handle);
+                }) == status::in_progress);
   BOOST_TEST(p.ep->tag_rndv_cancel(handle) == status::ok);
   BOOST_TEST(p.ep->tag_rndv_cancel(handle) == status::no_elem);
   // Posted after the cancel, before the receiver progressed: it does not take the canceled one.
   posted recv(data.size());
   BOOST_REQUIRE(recv.post(*p.receiver, 0x66) == status::ok);
+  if (comm::test::canceled_rendezvous_may_arrive(transport)) {
+    // The receiver's device holds it already: the receive may take it, and its fetch fails.
+    progress_until(p.both(), [&] { return recv.done(); }, 5s);
+    BOOST_TEST_MESSAGE(transport << ": the canceled rendezvous reached the receiver; its fetch "
+                                 << (recv.done() ? to_string(recv.result) : "was not tried"));
+    BOOST_TEST((!recv.done() || is_error(recv.result)), "never delivered as data");
+    BOOST_TEST(done.calls == 0, "a canceled rendezvous never completes");
+    return;
+  }
   progress_rounds(p.both(), 2000);
   BOOST_TEST(!recv.done());
   BOOST_TEST(p.unexpected.rendezvous.empty());
@@ -894,7 +919,8 @@ BOOST_DATA_TEST_CASE(a_rendezvous_request_reaches_the_receives_rndv_callback_or_
   pair p(transport);
   if (!runs_over(*p.receiver, transport)) return;
   const auto header = pattern(100, 5);
-  posted recv(64);
+  // Room for the whole header: a device that matches the request puts it in the receive's iov.
+  posted recv(128);
   BOOST_REQUIRE(recv.post(*p.receiver, 0x10, 0xf0) == status::ok);
   BOOST_TEST(retry_while_busy(p.both(), [&] {
                return p.ep->tag_rndv_request(0x1a, header.data(), header.size());
@@ -927,9 +953,12 @@ BOOST_DATA_TEST_CASE(flush_waits_for_rendezvous_and_eager_zcopy, each_transport(
   if (!runs_over(*p.receiver, transport)) return;
   const auto data = pattern(20'000, 6);
   const tl::iov entry{data.data(), data.size()};
+  const tl::iov eager{data.data(), std::min(data.size(), p.sender->attr().tag.eager.max_zcopy)};
   completion_probe z, r, flushed;
   uint64_t handle = 0;
-  BOOST_REQUIRE(p.ep->tag_eager_zcopy(1, 0, &entry, 1, &z) == status::in_progress);
+  BOOST_REQUIRE(retry_while_busy(p.both(), [&] {
+                  return p.ep->tag_eager_zcopy(1, 0, &eager, 1, &z);
+                }) == status::in_progress);
   BOOST_REQUIRE(p.ep->tag_rndv_zcopy(2, nullptr, 0, &entry, 1, &r, &handle) ==
                 status::in_progress);
   BOOST_TEST(p.ep->flush(&flushed) == status::in_progress);
@@ -955,8 +984,21 @@ BOOST_DATA_TEST_CASE(event_fd_wakes_a_sender_for_its_rendezvous_completion, each
   BOOST_REQUIRE(recv.post(*p.receiver, 3) == status::ok);
   completion_probe done;
   uint64_t handle = 0;
-  BOOST_REQUIRE(p.ep->tag_rndv_zcopy(3, nullptr, 0, &entry, 1, &done, &handle) ==
-                status::in_progress);
+  BOOST_REQUIRE(retry_while_busy(p.both(), [&] {
+                  return p.ep->tag_rndv_zcopy(3, nullptr, 0, &entry, 1, &done, &handle);
+                }) == status::in_progress);
+  if (comm::test::acknowledged_by_device(transport)) {
+    // The receiver's device matches and fetches it without the receiver's progress: the sender
+    // may be told at once. If it was not yet, its event fd wakes it when it is.
+    BOOST_TEST(progress_until({p.sender.get()}, [&] {
+      return done.calls == 1 || p.sender->event_arm() == status::ok;
+    }));
+    if (done.calls == 0) BOOST_TEST(readable(p.sender->event_fd(), 10000));
+    BOOST_TEST(progress_until({p.sender.get()}, [&] { return done.calls == 1; }));
+    BOOST_TEST(progress_until({p.receiver.get()}, [&] { return recv.done(); }));
+    BOOST_TEST((recv.buffer == data));
+    return;
+  }
   BOOST_TEST(progress_until({p.sender.get()}, [&] { return p.sender->event_arm() == status::ok; }));
   BOOST_TEST(!readable(p.sender->event_fd(), 0));
   BOOST_TEST(progress_until({p.receiver.get()}, [&] { return recv.done(); }));
@@ -972,11 +1014,19 @@ BOOST_DATA_TEST_CASE(destroying_an_endpoint_cancels_its_rendezvous, each_transpo
   const tl::iov entry{data.data(), data.size()};
   completion_probe done;
   uint64_t handle = 0;
-  BOOST_REQUIRE(p.ep->tag_rndv_zcopy(9, nullptr, 0, &entry, 1, &done, &handle) ==
-                status::in_progress);
+  BOOST_REQUIRE(retry_while_busy(p.both(), [&] {
+                  return p.ep->tag_rndv_zcopy(9, nullptr, 0, &entry, 1, &done, &handle);
+                }) == status::in_progress);
   p.ep.reset();
   posted recv(data.size());
   BOOST_REQUIRE(recv.post(*p.receiver, 9) == status::ok);
+  if (comm::test::canceled_rendezvous_may_arrive(transport)) {
+    // The receiver's device holds it already: the receive may take it, and its fetch fails.
+    progress_until(p.both(), [&] { return recv.done(); }, 5s);
+    BOOST_TEST((!recv.done() || is_error(recv.result)), "never delivered as data");
+    BOOST_TEST(done.calls == 0);
+    return;
+  }
   progress_rounds(p.both(), 2000);
   BOOST_TEST(!recv.done());
   BOOST_TEST(done.calls == 0);

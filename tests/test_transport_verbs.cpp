@@ -1348,13 +1348,10 @@ BOOST_AUTO_TEST_CASE(a_handshake_that_is_not_one_is_rejected) {
   BOOST_REQUIRE(s.deliver_to_b(1));
 }
 
-BOOST_AUTO_TEST_CASE(a_peer_sending_garbage_loses_its_connection_and_nobody_else_does) {
-  two_sides s(small_config(), {td::roce_device("testdev0", "10.0.0.1"),
-                               td::roce_device("testdev1", "10.0.0.2"),
-                               td::roce_device("testdev2", "10.0.0.3")});
-  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
-  {
-    raw_peer peer("testdev2");
+namespace {
+
+/// Connects `peer` to `s.b` with a good handshake and brings its QP to RTS towards b's.
+void connect_raw(two_sides& s, raw_peer& peer) {
     const verbs::encoded_handshake h = verbs::encode_handshake(peer.good_handshake());
     peer.connect(*s.b, h.bytes, sizeof(h.bytes));
     std::vector<uint8_t> data;
@@ -1382,6 +1379,18 @@ BOOST_AUTO_TEST_CASE(a_peer_sending_garbage_loses_its_connection_and_nobody_else
                                        IBV_QP_MIN_RNR_TIMER) == 0);
     BOOST_REQUIRE(comm::test::verbs::to_rts(peer.t, peer.e, 0) == 0);
     BOOST_REQUIRE(peer.t.establish(peer.id) == 0);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_peer_sending_garbage_loses_its_connection_and_nobody_else_does) {
+  two_sides s(small_config(), {td::roce_device("testdev0", "10.0.0.1"),
+                               td::roce_device("testdev1", "10.0.0.2"),
+                               td::roce_device("testdev2", "10.0.0.3")});
+  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
+  {
+    raw_peer peer("testdev2");
+    connect_raw(s, peer);
     BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == 2; }));
     // A valid message first: delivered.
     alignas(8) uint8_t bytes[verbs::message_header_size + 8] = {};
@@ -1428,4 +1437,261 @@ BOOST_AUTO_TEST_CASE(a_connection_is_not_shared_before_both_sides_are_establishe
   bc.reset();
   cb.reset();
   c.reset();
+}
+
+// -- tag matching (the verbs test device's model of tag-matching SRQs) ----------------------------
+
+namespace {
+
+/// Two RoCE test devices with tag-matching SRQs.
+std::vector<td::device_spec> two_tm_devices() {
+  return {td::with_tag_matching(td::roce_device("testdev0", "10.0.0.1"), 16),
+          td::with_tag_matching(td::roce_device("testdev1", "10.0.0.2"), 16)};
+}
+
+/// A posted receive that records its callbacks.
+struct tm_receive : tl::tag_context {
+  std::vector<uint8_t> buffer;
+  tl::iov entry{};
+  int consumed = 0;
+  int completions = 0;
+  status result = status::ok;
+  uint64_t imm = 0;
+  size_t length = 0;
+
+  explicit tm_receive(size_t size) : buffer(size, 0xee), entry{buffer.data(), size} {
+    tag_consumed = [](tl::tag_context* self) { ++static_cast<tm_receive*>(self)->consumed; };
+    completed = [](tl::tag_context* self, tl::tag_t, uint64_t imm, size_t length, status st) {
+      auto* r = static_cast<tm_receive*>(self);
+      ++r->completions;
+      r->result = st;
+      r->imm = imm;
+      r->length = length;
+    };
+  }
+  status post(tl::iface& iface, tl::tag_t tag) {
+    return iface.tag_recv_zcopy(tag, ~0ull, &entry, 1, this);
+  }
+};
+
+/// Unexpected eager messages an interface handed over.
+struct tm_unexpected {
+  struct message {
+    tl::tag_t tag;
+    uint64_t imm;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<message> messages;
+  void install(tl::iface& iface) {
+    const auto eager = [](void* arg, void* data, size_t length, unsigned, tl::tag_t tag,
+                          uint64_t imm, void**) {
+      const auto* p = static_cast<const uint8_t*>(data);
+      static_cast<tm_unexpected*>(arg)->messages.push_back({tag, imm, {p, p + length}});
+      return status::ok;
+    };
+    BOOST_REQUIRE(iface.set_tag_handlers(eager, this, nullptr, nullptr) == status::ok);
+  }
+};
+
+size_t pack_bytes(void* dest, void* arg) {
+  const auto* bytes = static_cast<const std::vector<uint8_t>*>(arg);
+  std::memcpy(dest, bytes->data(), bytes->size());
+  return bytes->size();
+}
+
+/// The number before `what` in `text` ("3 matched by the device"), or -1.
+long count_before(const std::string& text, const std::string& what) {
+  const size_t at = text.find(" " + what);
+  if (at == std::string::npos) return -1;
+  size_t start = at;
+  while (start > 0 && std::isdigit(static_cast<unsigned char>(text[start - 1]))) --start;
+  return start == at ? -1 : std::stol(text.substr(start, at - start));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(tag_matching_is_offered_only_over_a_device_with_tag_matching_srqs) {
+  {
+    two_sides plain;  // devices without tm_caps
+    BOOST_TEST((plain.a->attr().caps & tl::cap_tag_any) == 0u);
+    BOOST_TEST(plain.a->info().find("the device offers none") != std::string::npos);
+  }
+  {
+    two_sides tm(small_config(), two_tm_devices());
+    const tl::iface_attr& attr = tm.a->attr();
+    BOOST_TEST((attr.caps & tl::cap_tag_any) == tl::cap_tag_any);
+    BOOST_TEST(attr.tag.recv.max_outstanding == 16u, "the SRQ's max_num_tags");
+    BOOST_TEST(attr.tag.rndv.max_hdr == 160u - 32u, "max_rndv_hdr_size less TMH and RVH");
+    BOOST_TEST(attr.tag.eager.max_bcopy == small_config().segment_size - 16u);
+    BOOST_TEST(attr.max_bcopy == small_config().segment_size - 32u, "AMs behind TMH and header");
+    BOOST_TEST(tm.a->info().find("used: a tag-matching SRQ") != std::string::npos, tm.a->info());
+    // The AM path still works behind the TMH.
+    BOOST_REQUIRE(tm.ab->am_short(3, nullptr, 0, "hello", 5) == status::ok);
+    BOOST_REQUIRE(tm.deliver_to_b(1));
+  }
+  {
+    // COMM_VERBS_TM=0: the device's tag matching is left alone.
+    verbs::verbs_config off = small_config();
+    off.tag_matching = false;
+    two_sides s(off, two_tm_devices());
+    BOOST_TEST((s.a->attr().caps & tl::cap_tag_any) == 0u);
+    BOOST_TEST(s.a->info().find("not used (COMM_VERBS_TM=0)") != std::string::npos, s.a->info());
+  }
+  {
+    // One interface with tag matching and one without frame SENDs differently: unreachable.
+    std::vector<td::device_spec> devices = two_tm_devices();
+    devices.push_back(td::roce_device("testdev2", "10.0.0.3"));
+    two_sides s(small_config(), devices);
+    auto plain = s.open("testdev2:1");
+    BOOST_TEST(!s.a->is_reachable(plain->device_address(), plain->iface_address()));
+    std::unique_ptr<tl::ep> ep;
+    BOOST_TEST(s.a->create_ep(plain->device_address(), plain->iface_address(), ep) ==
+               status::unreachable);
+    BOOST_TEST(plain->create_ep(s.a->device_address(), s.a->iface_address(), ep) ==
+               status::unreachable);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_device_matches_posted_receives_and_software_takes_what_it_missed) {
+  two_sides s(small_config(), two_tm_devices());
+  tm_unexpected unexpected;
+  unexpected.install(*s.b);
+  const td::counters before = td::stats();
+  // Posted first: the device matches it.
+  tm_receive r1(64);
+  BOOST_REQUIRE(r1.post(*s.b, 5) == status::ok);
+  std::vector<uint8_t> data = pattern(40, 1);
+  BOOST_REQUIRE(s.ab->tag_eager_bcopy(5, 0x0000000700000009ull, pack_bytes, &data) == 40);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return r1.completions == 1; }));
+  BOOST_TEST(r1.consumed == 1);
+  BOOST_TEST(r1.result == status::ok);
+  BOOST_TEST(r1.imm == 0x0000000700000009ull, "imm_data and the TMH's app_ctx");
+  BOOST_TEST((std::vector<uint8_t>(r1.buffer.begin(), r1.buffer.begin() + 40) == data));
+  BOOST_TEST(td::stats().tm_matched == before.tm_matched + 1);
+  BOOST_TEST(count_before(s.b->info(), "matched by the device") == 1, s.b->info());
+  // Sent first, posted before b looked: the device put it in a receive buffer (unexpected) and
+  // does not match the receive posted after it; b's software gives it to that receive.
+  data = pattern(30, 2);
+  BOOST_REQUIRE(s.ab->tag_eager_bcopy(6, 0, pack_bytes, &data) == 30);
+  tm_receive r2(64), r3(64);
+  BOOST_REQUIRE(r2.post(*s.b, 6) == status::ok);
+  BOOST_REQUIRE(r3.post(*s.b, 6) == status::ok);
+  std::vector<uint8_t> second = pattern(20, 3);
+  BOOST_REQUIRE(s.ab->tag_eager_bcopy(6, 0, pack_bytes, &second) == 20);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return r3.completions == 1; }));
+  BOOST_TEST(r2.completions == 1);
+  BOOST_TEST((std::vector<uint8_t>(r2.buffer.begin(), r2.buffer.begin() + 30) == data),
+             "the earlier message takes the earlier receive");
+  BOOST_TEST((std::vector<uint8_t>(r3.buffer.begin(), r3.buffer.begin() + 20) == second));
+  BOOST_TEST(td::stats().tm_unexpected >= before.tm_unexpected + 2,
+             "out of synch until b reported the unexpected message");
+  BOOST_TEST(count_before(s.b->info(), "in software") == 2, s.b->info());
+  BOOST_TEST(unexpected.messages.empty());
+  // An active message in between also counts as unexpected: the device stops matching until b
+  // has seen it (a message behind it must not take a receive it could).
+  tm_receive r4(64);
+  BOOST_REQUIRE(r4.post(*s.b, 7) == status::ok);
+  BOOST_REQUIRE(s.ab->am_short(3, nullptr, 0, "am", 2) == status::ok);
+  BOOST_REQUIRE(s.ab->tag_eager_short(7, "x", 1) == status::ok);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return r4.completions == 1; }));
+  BOOST_TEST(s.at_b.messages.size() == 1u);
+  BOOST_TEST(count_before(s.b->info(), "in software") == 3, s.b->info());
+  BOOST_TEST(s.b->info().find("tag: 0 of 16") != std::string::npos, s.b->info());
+}
+
+BOOST_AUTO_TEST_CASE(a_cancel_that_loses_to_the_device_hands_the_message_on_unexpected) {
+  two_sides s(small_config(), two_tm_devices());
+  tm_unexpected unexpected;
+  unexpected.install(*s.b);
+  for (const bool force : {true, false}) {
+    BOOST_TEST_CONTEXT("force " << force) {
+      unexpected.messages.clear();
+      tm_receive r(64);
+      BOOST_REQUIRE(r.post(*s.b, 9) == status::ok);
+      // The device matches at once; b has not read the completion when it cancels.
+      std::vector<uint8_t> data = pattern(24, 4);
+      BOOST_REQUIRE(s.ab->tag_eager_bcopy(9, 0x1234, pack_bytes, &data) == 24);
+      BOOST_TEST(s.b->tag_recv_cancel(&r, force) == status::ok);
+      BOOST_TEST(r.consumed == 0);
+      BOOST_TEST(r.completions == (force ? 0 : 1));
+      if (!force) BOOST_TEST(r.result == status::canceled);
+      // The message is handed on as unexpected, in its place.
+      BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()},
+                                   [&] { return unexpected.messages.size() == 1; }));
+      BOOST_TEST(unexpected.messages[0].tag == 9u);
+      BOOST_TEST(unexpected.messages[0].imm == 0x1234u);
+      BOOST_TEST((unexpected.messages[0].bytes == data));
+      BOOST_TEST(s.b->tag_recv_cancel(&r, force) == status::no_elem);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_rendezvous_the_device_matched_is_read_and_finished_by_the_device) {
+  two_sides s(small_config(), two_tm_devices());
+  const td::counters before = td::stats();
+  std::vector<uint8_t> data = pattern(100'000, 5);
+  tm_receive r(data.size());
+  BOOST_REQUIRE(r.post(*s.b, 11) == status::ok);
+  completion_probe done;
+  uint64_t handle = 0;
+  const tl::iov entry{data.data(), data.size()};
+  BOOST_REQUIRE(s.ab->tag_rndv_zcopy(11, "hdr", 3, &entry, 1, &done, &handle) ==
+                status::in_progress);
+  // The device reads and sends the FIN: the sender completes without b's progress.
+  BOOST_REQUIRE(progress_until({s.a.get()}, [&] { return done.calls == 1; }));
+  BOOST_TEST(td::stats().tm_fins == before.tm_fins + 1);
+  BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return r.completions == 1; }));
+  BOOST_TEST(r.result == status::ok);
+  BOOST_TEST(r.length == data.size());
+  BOOST_TEST((r.buffer == data));
+  BOOST_TEST(s.ab->tag_rndv_cancel(handle) == status::no_elem);
+}
+
+BOOST_AUTO_TEST_CASE(a_peer_sending_bad_tm_headers_loses_its_connection_and_nobody_else_does) {
+  std::vector<td::device_spec> devices = two_tm_devices();
+  devices.push_back(td::with_tag_matching(td::roce_device("testdev2", "10.0.0.3")));
+  two_sides s(small_config(), devices);
+  auto& b = static_cast<verbs::verbs_iface&>(*s.b);
+  tm_unexpected unexpected;
+  unexpected.install(*s.b);
+  tm_receive posted(64);
+  BOOST_REQUIRE(posted.post(*s.b, 0x77) == status::ok);
+  /// A TMH with `opcode`, then `extra` bytes.
+  const auto message = [](uint8_t opcode, uint32_t app_ctx, size_t extra, uint8_t reserved) {
+    std::vector<uint8_t> bytes(verbs::tmh_size + extra, 0);
+    verbs::write_tmh(bytes.data(), static_cast<ibv_tmh_op>(opcode), app_ctx, 0x77);
+    bytes[1] = reserved;
+    return bytes;
+  };
+  const std::vector<std::vector<uint8_t>> bad = {
+      message(IBV_TMH_EAGER, 0, 8, 1),     // a reserved byte set
+      message(9, 0, 8, 0),                 // an unknown opcode
+      message(IBV_TMH_RNDV, 5, 8, 0),      // a rendezvous shorter than its RVH
+      message(IBV_TMH_FIN, 5, 4, 0),       // a FIN with a payload
+      message(IBV_TMH_FIN, 0, 0, 0),       // a FIN for no operation
+      message(IBV_TMH_NO_TAG, 0, 4, 0),    // NO_TAG without a whole header behind it
+      std::vector<uint8_t>(8, 0),          // shorter than a TMH
+  };
+  uint64_t id = 1;
+  for (const std::vector<uint8_t>& bytes : bad) {
+    BOOST_TEST_CONTEXT("message " << id) {
+      raw_peer peer("testdev2");
+      connect_raw(s, peer);
+      BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == 2; }));
+      BOOST_REQUIRE(comm::test::verbs::post(peer.t, peer.e.qp, IBV_WR_SEND,
+                                            {ibv_sge{reinterpret_cast<uintptr_t>(bytes.data()),
+                                                     static_cast<uint32_t>(bytes.size()), 0}},
+                                            id++, IBV_SEND_INLINE) == 0);
+      BOOST_REQUIRE(progress_until({s.b.get()}, [&] { return b.connections() == 1; }));
+      BOOST_TEST(peer.next_event(*s.b) == RDMA_CM_EVENT_DISCONNECTED);
+    }
+  }
+  BOOST_TEST(s.failures_b.entries.empty(), "no endpoint of b was involved");
+  BOOST_TEST(posted.completions == 0, "no bad message took the posted receive");
+  BOOST_TEST(unexpected.messages.empty());
+  BOOST_TEST(b.rx_posted() == small_config().rx_buffers, "every receive buffer went back");
+  // b keeps serving a good peer, with tag matching.
+  BOOST_REQUIRE(s.ab->tag_eager_short(0x77, "ok", 2) == status::ok);
+  BOOST_REQUIRE(progress_until({s.a.get(), s.b.get()}, [&] { return posted.completions == 1; }));
+  BOOST_TEST(posted.result == status::ok);
 }

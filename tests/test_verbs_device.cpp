@@ -2,7 +2,8 @@
 // verbs transport uses it: discovery, memory registration, the RC state machine, SEND/RECV with
 // immediates, gather lists and inline data, ordering, SRQ consumption, RNR, RDMA WRITE/READ with
 // their protection checks, reads in flight, completion channels, CQ overrun, flushes, async events
-// and injected faults. Every wait is bounded; nothing asserts on timing.
+// and injected faults, and the test device's model of tag-matching SRQs and extended CQs. Every
+// wait is bounded; nothing asserts on timing.
 #define BOOST_TEST_MODULE verbs_test_device
 #include <boost/test/unit_test.hpp>
 
@@ -10,7 +11,11 @@
 #include "verbs_util.hpp"
 
 #include <arpa/inet.h>
+#include <endian.h>
 #include <fcntl.h>
+#include <infiniband/tm_types.h>
+
+#include <cstring>
 
 #include <atomic>
 #include <functional>
@@ -1157,6 +1162,334 @@ BOOST_AUTO_TEST_CASE(a_blocking_receiver_and_a_sender_on_two_threads_see_every_m
   BOOST_REQUIRE_EQUAL(received.size(), messages);
   for (uint32_t i = 0; i < messages; ++i) BOOST_TEST_REQUIRE(received[i] == i);
   BOOST_TEST(poll_n(T, p.a.send_cq, outstanding).size() == outstanding);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// -- tag matching: the test device's model of TM-SRQs ---------------------------------------------
+
+namespace {
+
+/// One completion read from an extended CQ.
+struct tm_completion {
+  uint64_t wr_id = 0;
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  ibv_wc_opcode opcode = IBV_WC_SEND;
+  uint32_t byte_len = 0;
+  unsigned flags = 0;
+  ibv_wc_tm_info tm{};
+};
+
+/// Reads `n` completions from `cq` (bounded wait); returns what arrived.
+std::vector<tm_completion> poll_ex(ibv_cq_ex* cq, size_t n) {
+  std::vector<tm_completion> out;
+  eventually([&] {
+    ibv_poll_cq_attr attr{};
+    int rc = T.start_poll(cq, &attr);
+    if (rc != 0) return out.size() >= n;
+    while (rc == 0) {
+      tm_completion c;
+      c.wr_id = cq->wr_id;
+      c.status = cq->status;
+      if (c.status == IBV_WC_SUCCESS) {
+        c.opcode = T.wc_read_opcode(cq);
+        c.byte_len = T.wc_read_byte_len(cq);
+        c.flags = T.wc_read_wc_flags(cq);
+        if (c.opcode == IBV_WC_TM_RECV) T.wc_read_tm_info(cq, &c.tm);
+      }
+      out.push_back(c);
+      rc = T.next_poll(cq);
+    }
+    T.end_poll(cq);
+    return out.size() >= n;
+  }, 2s);
+  return out;
+}
+
+/// A TMH with `opcode`, `app_ctx` and `tag`, then `rest`.
+std::vector<uint8_t> tm_message(uint8_t opcode, uint32_t app_ctx, uint64_t tag,
+                                const std::vector<uint8_t>& rest = {}) {
+  ibv_tmh h{};
+  h.opcode = opcode;
+  h.app_ctx = htobe32(app_ctx);
+  h.tag = htobe64(tag);
+  std::vector<uint8_t> out(sizeof(h) + rest.size());
+  std::memcpy(out.data(), &h, sizeof(h));
+  if (!rest.empty()) std::memcpy(out.data() + sizeof(h), rest.data(), rest.size());
+  return out;
+}
+
+/// An RVH for `length` bytes at `address` under `rkey`, then `header` bytes.
+std::vector<uint8_t> rvh(uint64_t address, uint32_t rkey, uint32_t length, size_t header) {
+  ibv_rvh r{};
+  r.va = htobe64(address);
+  r.rkey = htobe32(rkey);
+  r.len = htobe32(length);
+  std::vector<uint8_t> out(sizeof(r) + header, 0x5a);
+  std::memcpy(out.data(), &r, sizeof(r));
+  return out;
+}
+
+/// A TM-SRQ on testdev1 (4 tagged buffers, 2 SGEs, 64-byte rendezvous requests), its extended
+/// CQ, and a connected pair: a on testdev0 (plain), b on testdev1 on the TM-SRQ.
+struct tm_pair : two_devices {
+  ibv_pd* pd = nullptr;
+  ibv_cq_ex* cq = nullptr;
+  ibv_srq* srq = nullptr;
+  endpoint a, b;
+
+  tm_pair()
+      : two_devices({td::roce_device("testdev0", "10.0.0.1"),
+                     td::with_tag_matching(td::roce_device("testdev1", "10.0.0.2"), 4, 2, 64)}) {
+    pd = T.alloc_pd(c1);
+    ibv_cq_init_attr_ex cq_attr{};
+    cq_attr.cqe = 64;
+    cq_attr.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_TM_INFO};
+    cq = T.create_cq_ex(c1, &cq_attr);
+    BOOST_REQUIRE(cq != nullptr);
+    ibv_srq_init_attr_ex attr{};
+    attr.attr.max_wr = 8;
+    attr.attr.max_sge = 1;
+    attr.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ |
+                     IBV_SRQ_INIT_ATTR_TM;
+    attr.srq_type = IBV_SRQT_TM;
+    attr.pd = pd;
+    attr.cq = ibv_cq_ex_to_cq(cq);
+    attr.tm_cap.max_num_tags = 4;
+    attr.tm_cap.max_ops = 8;
+    srq = T.create_srq_ex(c1, &attr);
+    BOOST_REQUIRE(srq != nullptr);
+    build(T, a, c0);
+    build(T, b, c1, {}, srq, pd);
+    BOOST_REQUIRE_EQUAL(connect(T, a, b), 0);
+  }
+  ~tm_pair() {
+    a.release();
+    b.release();
+    BOOST_CHECK_EQUAL(T.destroy_srq(srq), 0);
+    BOOST_CHECK_EQUAL(T.destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+    BOOST_CHECK_EQUAL(T.dealloc_pd(pd), 0);
+  }
+
+  /// ADD of a tagged buffer over b's [offset, offset + length): the post's answer; `*handle`.
+  int add(uint64_t tag, uint64_t mask, size_t offset, uint32_t length, uint64_t recv_wr_id,
+          uint32_t unexpected, uint32_t* handle = nullptr) {
+    ibv_sge sge = b.buf.sge(offset, length);
+    ibv_ops_wr op{};
+    op.wr_id = 1000 + recv_wr_id;
+    op.opcode = IBV_WR_TAG_ADD;
+    op.flags = IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC;
+    op.tm.unexpected_cnt = unexpected;
+    op.tm.add.recv_wr_id = recv_wr_id;
+    op.tm.add.sg_list = &sge;
+    op.tm.add.num_sge = 1;
+    op.tm.add.tag = tag;
+    op.tm.add.mask = mask;
+    ibv_ops_wr* bad = nullptr;
+    const int rc = T.post_srq_ops(srq, &op, &bad);
+    if (handle != nullptr) *handle = op.tm.handle;
+    return rc;
+  }
+  /// A DEL or SYNC (signaled).
+  int op(ibv_ops_wr_opcode opcode, uint32_t handle, uint32_t unexpected, uint64_t wr_id) {
+    ibv_ops_wr o{};
+    o.wr_id = wr_id;
+    o.opcode = opcode;
+    o.flags = IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC;
+    o.tm.handle = handle;
+    o.tm.unexpected_cnt = unexpected;
+    ibv_ops_wr* bad = nullptr;
+    return T.post_srq_ops(srq, &o, &bad);
+  }
+  /// Sends `bytes` from a (inline when short).
+  int send(const std::vector<uint8_t>& bytes, uint64_t wr_id) {
+    std::memcpy(a.buf.bytes.data() + 32768, bytes.data(), bytes.size());
+    return post(T, a.qp, IBV_WR_SEND,
+                {a.buf.sge(32768, static_cast<uint32_t>(bytes.size()))}, wr_id);
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(tag_matching)
+
+BOOST_AUTO_TEST_CASE(only_a_device_given_tag_matching_reports_it_and_makes_tm_srqs) {
+  tm_pair f;
+  ibv_device_attr_ex plain{}, tm{};
+  BOOST_REQUIRE_EQUAL(T.query_device_ex(f.c0, nullptr, &plain), 0);
+  BOOST_REQUIRE_EQUAL(T.query_device_ex(f.c1, nullptr, &tm), 0);
+  BOOST_TEST(plain.tm_caps.max_num_tags == 0u);
+  BOOST_TEST(tm.tm_caps.max_num_tags == 4u);
+  BOOST_TEST(tm.tm_caps.max_sge == 2u);
+  BOOST_TEST(tm.tm_caps.max_rndv_hdr_size == 64u);
+  BOOST_TEST((tm.tm_caps.flags & IBV_TM_CAP_RC) != 0u);
+  ibv_pd* pd = T.alloc_pd(f.c0);
+  ibv_cq* cq = T.create_cq(f.c0, 8, nullptr, nullptr, 0);
+  ibv_srq_init_attr_ex attr{};
+  attr.attr.max_wr = 4;
+  attr.attr.max_sge = 1;
+  attr.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ |
+                   IBV_SRQ_INIT_ATTR_TM;
+  attr.srq_type = IBV_SRQT_TM;
+  attr.pd = pd;
+  attr.cq = cq;
+  attr.tm_cap.max_num_tags = 2;
+  attr.tm_cap.max_ops = 2;
+  errno = 0;
+  BOOST_TEST(T.create_srq_ex(f.c0, &attr) == nullptr);
+  BOOST_TEST(errno == EOPNOTSUPP, "no tag matching on testdev0");
+  T.destroy_cq(cq);
+  T.dealloc_pd(pd);
+  // Beyond the device's max_num_tags: refused.
+  attr.pd = f.pd;
+  attr.cq = ibv_cq_ex_to_cq(f.cq);
+  attr.tm_cap.max_num_tags = 5;
+  errno = 0;
+  BOOST_TEST(T.create_srq_ex(f.c1, &attr) == nullptr);
+  BOOST_TEST(errno == EINVAL);
+  BOOST_TEST(T.destroy_cq(ibv_cq_ex_to_cq(f.cq)) == EBUSY, "its TM-SRQ completes into it");
+}
+
+BOOST_AUTO_TEST_CASE(tagged_buffers_match_in_the_order_added_and_the_list_is_bounded) {
+  tm_pair f;
+  uint32_t handles[4] = {};
+  BOOST_REQUIRE_EQUAL(f.add(0x12, ~0ull, 0, 16, 10, 0, &handles[0]), 0);
+  BOOST_REQUIRE_EQUAL(f.add(0x30, 0xf0, 16, 16, 11, 0, &handles[1]), 0);  // any 0x3?
+  BOOST_REQUIRE_EQUAL(f.add(0x34, ~0ull, 32, 16, 12, 0, &handles[2]), 0);
+  BOOST_REQUIRE_EQUAL(f.add(0, 0, 48, 4, 13, 0, &handles[3]), 0);  // anything, 4 bytes
+  BOOST_TEST(f.add(0x99, ~0ull, 64, 16, 14, 0) == ENOMEM, "max_num_tags is 4");
+  auto adds = poll_ex(f.cq, 4);
+  BOOST_REQUIRE_EQUAL(adds.size(), 4u);
+  for (const tm_completion& c : adds) BOOST_TEST(c.opcode == IBV_WC_TM_ADD);
+  // 0x34 goes to the buffer added earlier whose mask takes it, not the exact one after it.
+  BOOST_REQUIRE_EQUAL(f.send(tm_message(IBV_TMH_EAGER, 7, 0x34, {1, 2, 3}), 1), 0);
+  auto m = poll_ex(f.cq, 1);
+  BOOST_REQUIRE_EQUAL(m.size(), 1u);
+  BOOST_TEST(m[0].opcode == IBV_WC_TM_RECV);
+  BOOST_TEST(m[0].wr_id == 11u);
+  BOOST_TEST(m[0].byte_len == 3u);
+  BOOST_TEST(m[0].flags == unsigned{IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID});
+  BOOST_TEST(m[0].tm.tag == 0x34u);
+  BOOST_TEST(m[0].tm.priv == 7u);
+  BOOST_TEST(f.b.buf.bytes[16] == 1);
+  BOOST_TEST(f.b.buf.bytes[18] == 3);
+  // Longer than the buffer: cut to it, byte_len the message's.
+  BOOST_REQUIRE_EQUAL(f.send(tm_message(IBV_TMH_EAGER, 0, 0x77, std::vector<uint8_t>(10, 9)), 2),
+                      0);
+  m = poll_ex(f.cq, 1);
+  BOOST_REQUIRE_EQUAL(m.size(), 1u);
+  BOOST_TEST(m[0].wr_id == 13u);
+  BOOST_TEST(m[0].byte_len == 10u);
+  BOOST_TEST(f.b.buf.bytes[51] == 9);
+  BOOST_TEST(f.b.buf.bytes[52] == 0, "nothing past the tagged buffer");
+  // A matched buffer is gone: its DEL fails; a listed one's succeeds; the list has room again.
+  BOOST_REQUIRE_EQUAL(f.op(IBV_WR_TAG_DEL, handles[1], 0, 21), 0);
+  BOOST_REQUIRE_EQUAL(f.op(IBV_WR_TAG_DEL, handles[2], 0, 22), 0);
+  auto dels = poll_ex(f.cq, 2);
+  BOOST_REQUIRE_EQUAL(dels.size(), 2u);
+  BOOST_TEST(dels[0].wr_id == 21u);
+  BOOST_TEST(dels[0].status == IBV_WC_TM_ERR);
+  BOOST_TEST(dels[1].status == IBV_WC_SUCCESS);
+  BOOST_TEST(dels[1].opcode == IBV_WC_TM_DEL);
+  BOOST_TEST(f.add(0x99, ~0ull, 64, 16, 14, 0) == 0);
+  BOOST_TEST(poll_ex(f.cq, 1).size() == 1u);
+  // At most max_ops operations whose completions are unread.
+  int posted = 0;
+  while (posted < 20 && f.op(IBV_WR_TAG_SYNC, 0, 0, 100 + posted) == 0) ++posted;
+  BOOST_TEST(posted == 8, "max_ops of the SRQ");
+  BOOST_TEST(poll_ex(f.cq, 8).size() == 8u);
+}
+
+BOOST_AUTO_TEST_CASE(an_unexpected_message_stops_matching_until_the_software_synchronises) {
+  tm_pair f;
+  for (int i = 0; i < 4; ++i) {
+    BOOST_REQUIRE_EQUAL(post_receive(T, f.b, 4096 + i * 256, 256, 50 + i), 0);
+  }
+  // Nothing listed: the message lands whole, TMH included, in an ordinary buffer.
+  BOOST_REQUIRE_EQUAL(f.send(tm_message(IBV_TMH_EAGER, 0, 5, {4, 5}), 1), 0);
+  auto got = poll_n(T, f.b.recv_cq, 1);
+  BOOST_REQUIRE_EQUAL(got.size(), 1u);
+  BOOST_TEST(got[0].opcode == IBV_WC_RECV);
+  BOOST_TEST(got[0].byte_len == 18u);
+  BOOST_TEST((got[0].wc_flags & IBV_WC_TM_SYNC_REQ) == 0u, "no tagged buffer was listed");
+  // Added with the count the software had before it saw that message: out of synch, no match.
+  BOOST_REQUIRE_EQUAL(f.add(5, ~0ull, 0, 16, 10, 0), 0);
+  BOOST_REQUIRE_EQUAL(f.send(tm_message(IBV_TMH_EAGER, 0, 5, {6}), 2), 0);
+  got = poll_n(T, f.b.recv_cq, 1);
+  BOOST_REQUIRE_EQUAL(got.size(), 1u);
+  BOOST_TEST(got[0].byte_len == 17u);
+  BOOST_TEST((got[0].wc_flags & IBV_WC_TM_SYNC_REQ) != 0u, "the device asks for a sync");
+  // NO_TAG messages do not count; SYNC with the two unexpected ones: matching resumes.
+  BOOST_REQUIRE_EQUAL(f.send(tm_message(IBV_TMH_NO_TAG, 0, 0, {1}), 3), 0);
+  got = poll_n(T, f.b.recv_cq, 1);
+  BOOST_REQUIRE_EQUAL(got.size(), 1u);
+  BOOST_TEST(got[0].opcode == IBV_WC_TM_NO_TAG);
+  BOOST_REQUIRE_EQUAL(f.op(IBV_WR_TAG_SYNC, 0, 2, 30), 0);
+  BOOST_REQUIRE_EQUAL(f.send(tm_message(IBV_TMH_EAGER, 0, 5, {7}), 4), 0);
+  auto m = poll_ex(f.cq, 3);  // ADD, SYNC, the match
+  BOOST_REQUIRE_EQUAL(m.size(), 3u);
+  BOOST_TEST(m[1].opcode == IBV_WC_TM_SYNC);
+  BOOST_TEST(m[2].opcode == IBV_WC_TM_RECV);
+  BOOST_TEST(m[2].wr_id == 10u);
+  BOOST_TEST(f.b.buf.bytes[0] == 7);
+  // A TMH with a reserved byte set matches nothing and counts as nothing.
+  BOOST_REQUIRE_EQUAL(f.add(5, ~0ull, 0, 16, 11, 2), 0);
+  std::vector<uint8_t> bad = tm_message(IBV_TMH_EAGER, 0, 5, {8});
+  bad[2] = 1;
+  BOOST_REQUIRE_EQUAL(f.send(bad, 5), 0);
+  BOOST_TEST(poll_n(T, f.b.recv_cq, 1).size() == 1u);
+  BOOST_REQUIRE_EQUAL(f.send(tm_message(IBV_TMH_EAGER, 0, 5, {9}), 6), 0);
+  m = poll_ex(f.cq, 2);
+  BOOST_REQUIRE_EQUAL(m.size(), 2u);
+  BOOST_TEST(m[1].wr_id == 11u, "still in synch: matched");
+}
+
+BOOST_AUTO_TEST_CASE(a_matched_rendezvous_is_read_from_the_sender_and_answered_with_a_fin) {
+  tm_pair f;
+  for (int i = 0; i < 2; ++i) {
+    BOOST_REQUIRE_EQUAL(post_receive(T, f.b, 4096 + i * 256, 256, 50 + i), 0);
+  }
+  BOOST_REQUIRE_EQUAL(post_receive(T, f.a, 40000, 64, 70), 0);  // where the FIN lands
+  fill(f.a.buf.bytes.data() + 8192, 3000, 3);
+  BOOST_REQUIRE_EQUAL(f.add(9, ~0ull, 16384, 4096, 10, 0), 0);
+  BOOST_REQUIRE_EQUAL(
+      f.send(tm_message(IBV_TMH_RNDV, 55, 9, rvh(f.a.buf.addr(8192), f.a.buf.mr->rkey, 3000, 8)),
+             1),
+      0);
+  auto m = poll_ex(f.cq, 2);
+  BOOST_REQUIRE_EQUAL(m.size(), 2u);
+  BOOST_TEST(m[1].opcode == IBV_WC_TM_RECV);
+  BOOST_TEST(m[1].byte_len == 3000u);
+  BOOST_TEST(m[1].tm.priv == 55u);
+  BOOST_TEST(holds(f.b.buf.bytes.data() + 16384, 3000, 3));
+  auto fin = poll_n(T, f.a.recv_cq, 1);
+  BOOST_REQUIRE_EQUAL(fin.size(), 1u);
+  BOOST_TEST(fin[0].byte_len == 16u);
+  BOOST_TEST(f.a.buf.bytes[40000] == IBV_TMH_FIN);
+  uint32_t app_ctx = 0;
+  std::memcpy(&app_ctx, f.a.buf.bytes.data() + 40004, 4);
+  BOOST_TEST(be32toh(app_ctx) == 55u);
+  BOOST_TEST(poll_n(T, f.a.send_cq, 1).size() == 1u, "the SEND itself completed");
+  // A request longer than max_rndv_hdr_size (64) is not matched: it lands whole.
+  BOOST_REQUIRE_EQUAL(f.add(9, ~0ull, 16384, 4096, 11, 0), 0);
+  BOOST_REQUIRE_EQUAL(
+      f.send(tm_message(IBV_TMH_RNDV, 56, 9, rvh(f.a.buf.addr(8192), f.a.buf.mr->rkey, 3000, 40)),
+             2),
+      0);
+  auto landed = poll_n(T, f.b.recv_cq, 1);
+  BOOST_REQUIRE_EQUAL(landed.size(), 1u);
+  BOOST_TEST(landed[0].byte_len == 72u);
+  // A key the sender's memory refuses: the SEND fails, both QPs to error, the buffer stays.
+  BOOST_REQUIRE_EQUAL(f.op(IBV_WR_TAG_SYNC, 0, 1, 31), 0);
+  BOOST_REQUIRE_EQUAL(f.send(tm_message(IBV_TMH_RNDV, 57, 9, rvh(f.a.buf.addr(8192), 0xdead, 100,
+                                                                 0)),
+                             3),
+                      0);
+  auto failed = poll_n(T, f.a.send_cq, 2);  // the long request's, then this one's
+  BOOST_REQUIRE_EQUAL(failed.size(), 2u);
+  BOOST_TEST(failed[0].status == IBV_WC_SUCCESS);
+  BOOST_TEST(failed[1].status == IBV_WC_REM_OP_ERR);
+  BOOST_TEST(state_of(T, f.b.qp) == IBV_QPS_ERR);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -50,7 +50,13 @@ std::vector<std::pair<const char*, const void*>> members(const comm::verbs::api&
           COMM_MEMBER(connect),              COMM_MEMBER(establish),
           COMM_MEMBER(accept),               COMM_MEMBER(reject),
           COMM_MEMBER(disconnect),           COMM_MEMBER(get_cm_event),
-          COMM_MEMBER(ack_cm_event),         COMM_MEMBER(query_device_ex)};
+          COMM_MEMBER(ack_cm_event),         COMM_MEMBER(query_device_ex),
+          COMM_MEMBER(create_cq_ex),         COMM_MEMBER(start_poll),
+          COMM_MEMBER(next_poll),            COMM_MEMBER(end_poll),
+          COMM_MEMBER(wc_read_opcode),       COMM_MEMBER(wc_read_byte_len),
+          COMM_MEMBER(wc_read_imm_data),     COMM_MEMBER(wc_read_qp_num),
+          COMM_MEMBER(wc_read_wc_flags),     COMM_MEMBER(wc_read_tm_info),
+          COMM_MEMBER(create_srq_ex),        COMM_MEMBER(post_srq_ops)};
 #undef COMM_MEMBER
 }
 
@@ -60,6 +66,7 @@ BOOST_AUTO_TEST_CASE(the_rdma_core_table_is_filled_completely) {
   BOOST_TEST(R.size == sizeof(comm::verbs::api));
   BOOST_TEST(std::string(R.backend) == "rdma-core");
   BOOST_TEST(comm::verbs::provides(R, &comm::verbs::api::query_device_ex));
+  BOOST_TEST(comm::verbs::provides(R, &comm::verbs::api::post_srq_ops));
   for (const auto& [name, pointer] : members(R)) {
     BOOST_TEST_CONTEXT(name) { BOOST_TEST(pointer != nullptr); }
   }

@@ -118,6 +118,25 @@ inline bool acknowledged_by_device(const std::string& name) {
   return device_ack_marks().count(name) != 0;
 }
 
+/// Transports marked with mark_canceled_rendezvous_may_arrive().
+inline std::set<std::string>& canceled_rendezvous_marks() {
+  static std::set<std::string> marks;
+  return marks;
+}
+
+/// Marks `name` as a transport whose tagged rendezvous reaches the receiver's device when it is
+/// sent (a tag-matching SRQ), so a tag_rndv_cancel (or destroying the endpoint) cannot take it
+/// back: the receiver may still match it, and its fetch then fails (the sender's registration is
+/// gone). Unmarked transports never show the receiver a rendezvous canceled before it looked.
+inline void mark_canceled_rendezvous_may_arrive(const std::string& name) {
+  canceled_rendezvous_marks().insert(name);
+}
+
+/// True when `name` was marked with mark_canceled_rendezvous_may_arrive().
+inline bool canceled_rendezvous_may_arrive(const std::string& name) {
+  return canceled_rendezvous_marks().count(name) != 0;
+}
+
 /// Transports marked with mark_remote_errors_fail_connection().
 inline std::set<std::string>& remote_error_marks() {
   static std::set<std::string> marks;

@@ -28,12 +28,18 @@ namespace utf = boost::unit_test;
 /// Installs the fabric for the whole program and reports what it leaked at exit.
 struct verbs_test_fabric {
   verbs_test_fabric() {
-    td::install({td::roce_device("testdev0", "10.0.0.1"), td::roce_device("testdev1", "10.0.0.2")});
+    // With the test device's model of tag-matching SRQs, so the transport's tag operations
+    // (cap_tag_*) run too.
+    td::install({td::with_tag_matching(td::roce_device("testdev0", "10.0.0.1")),
+                 td::with_tag_matching(td::roce_device("testdev1", "10.0.0.2"))});
     comm::verbs::use_verbs_table(td::table());
     // RC sends, writes and reads complete when the peer's device acknowledges them.
     comm::test::mark_acknowledged_by_device("verbs");
     // A READ or WRITE with a bad key is refused by the peer's device and fails the queue pair.
     comm::test::mark_remote_errors_fail_connection("verbs");
+    // A tagged rendezvous is on the receiver's tag-matching SRQ once sent: a cancel cannot
+    // take it back.
+    comm::test::mark_canceled_rendezvous_may_arrive("verbs");
     comm::test::mark_in_process_only(
         "verbs", "runs on the verbs test device, a software stand-in that exists only in this "
                  "process");

@@ -9,8 +9,10 @@ $Cxx.namespace("comm::wire::schema");
 
 struct VerbsMessageHeader { # in front of every SEND; the AM payload follows (8-byte aligned)
   amId    @0 :UInt8;        # active-message id (< am_id_count), kind am only
-  kind    @1 :UInt8;        # verbs::message_kind: 1 am, 2 grant, 3 release; others are refused
+  kind    @1 :UInt8;        # verbs::message_kind: 1 am, 2 grant, 3 release, 4 rndv_fin; others
+                            # are refused
   credits @2 :UInt16;       # receive buffers the sender reposted for the receiver since its last
+  opId    @3 :UInt32;       # kind 4 (rndv_fin): the rendezvous (the RNDV's TMH app_ctx) it ends
 }
 
 struct VerbsHandshake {     # one side's half of a connection, in rdmacm private data (client: in
@@ -36,4 +38,5 @@ struct VerbsIfaceAddress {  # the interface address: who the interface is and wh
   scopeId   @5 :UInt32;     # its IPv6 scope (link-local addresses)
   address6a @6 :UInt64;     # its IPv6 address: bytes 0-7 and 8-15 as in memory
   address6b @7 :UInt64;
+  tagMatching @8 :Bool;     # its SRQ matches tags (a TM-SRQ): every SEND to it starts with a TMH
 }

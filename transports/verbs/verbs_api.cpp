@@ -43,6 +43,36 @@ int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input
   return ibv_query_device_ex(context, input, attr);
 }
 
+ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
+  return ibv_create_cq_ex(context, attr);
+}
+
+int start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) { return ibv_start_poll(cq, attr); }
+
+int next_poll(ibv_cq_ex* cq) { return ibv_next_poll(cq); }
+
+void end_poll(ibv_cq_ex* cq) { ibv_end_poll(cq); }
+
+ibv_wc_opcode wc_read_opcode(ibv_cq_ex* cq) { return ibv_wc_read_opcode(cq); }
+
+uint32_t wc_read_byte_len(ibv_cq_ex* cq) { return ibv_wc_read_byte_len(cq); }
+
+__be32 wc_read_imm_data(ibv_cq_ex* cq) { return ibv_wc_read_imm_data(cq); }
+
+uint32_t wc_read_qp_num(ibv_cq_ex* cq) { return ibv_wc_read_qp_num(cq); }
+
+unsigned int wc_read_wc_flags(ibv_cq_ex* cq) { return ibv_wc_read_wc_flags(cq); }
+
+void wc_read_tm_info(ibv_cq_ex* cq, ibv_wc_tm_info* tm_info) { ibv_wc_read_tm_info(cq, tm_info); }
+
+ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) {
+  return ibv_create_srq_ex(context, attr);
+}
+
+int post_srq_ops(ibv_srq* srq, ibv_ops_wr* op, ibv_ops_wr** bad_op) {
+  return ibv_post_srq_ops(srq, op, bad_op);
+}
+
 uint16_t get_src_port(rdma_cm_id* id) { return rdma_get_src_port(id); }
 
 uint16_t get_dst_port(rdma_cm_id* id) { return rdma_get_dst_port(id); }
@@ -108,6 +138,18 @@ const api rdma_core_table{
     .get_cm_event = rdma_get_cm_event,
     .ack_cm_event = rdma_ack_cm_event,
     .query_device_ex = query_device_ex,
+    .create_cq_ex = create_cq_ex,
+    .start_poll = start_poll,
+    .next_poll = next_poll,
+    .end_poll = end_poll,
+    .wc_read_opcode = wc_read_opcode,
+    .wc_read_byte_len = wc_read_byte_len,
+    .wc_read_imm_data = wc_read_imm_data,
+    .wc_read_qp_num = wc_read_qp_num,
+    .wc_read_wc_flags = wc_read_wc_flags,
+    .wc_read_tm_info = wc_read_tm_info,
+    .create_srq_ex = create_srq_ex,
+    .post_srq_ops = post_srq_ops,
 };
 
 std::string list_failure(int error) {

@@ -10,6 +10,7 @@
 // -1 and errno, or NULL and errno; see the man pages).
 #pragma once
 
+#include <infiniband/tm_types.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
@@ -177,6 +178,40 @@ struct api {
   /// offers through IBV_SRQT_TM shared receive queues); 0 or an errno value.
   int (*query_device_ex)(ibv_context* context, const ibv_query_device_ex_input* input,
                          ibv_device_attr_ex* attr);
+
+  // -- tag matching (TM-SRQs) and extended CQs: added with them; check provides() --
+
+  /// ibv_create_cq_ex (IBV_WC_EX_WITH_TM_INFO among the wc_flags, so completions of a
+  /// tag-matching SRQ can be read): NULL and errno on failure. ibv_cq_ex_to_cq gives the handle
+  /// the ibv_cq members above take (req_notify_cq, get_cq_event, destroy_cq).
+  ibv_cq_ex* (*create_cq_ex)(ibv_context* context, ibv_cq_init_attr_ex* cq_attr);
+  /// ibv_start_poll: 0 with the first completion current (cq->wr_id, cq->status), ENOENT when
+  /// the CQ is empty, or an errno value. end_poll must follow unless it returned ENOENT.
+  int (*start_poll)(ibv_cq_ex* cq, ibv_poll_cq_attr* attr);
+  /// ibv_next_poll: 0 with the next completion current, ENOENT when there is none.
+  int (*next_poll)(ibv_cq_ex* cq);
+  /// ibv_end_poll: the completions read are consumed.
+  void (*end_poll)(ibv_cq_ex* cq);
+  /// ibv_wc_read_opcode of the current completion (successful ones only).
+  ibv_wc_opcode (*wc_read_opcode)(ibv_cq_ex* cq);
+  /// ibv_wc_read_byte_len of the current completion.
+  uint32_t (*wc_read_byte_len)(ibv_cq_ex* cq);
+  /// ibv_wc_read_imm_data of the current completion (valid with IBV_WC_WITH_IMM).
+  __be32 (*wc_read_imm_data)(ibv_cq_ex* cq);
+  /// ibv_wc_read_qp_num of the current completion.
+  uint32_t (*wc_read_qp_num)(ibv_cq_ex* cq);
+  /// ibv_wc_read_wc_flags of the current completion (IBV_WC_WITH_IMM, IBV_WC_TM_MATCH,
+  /// IBV_WC_TM_DATA_VALID, IBV_WC_TM_SYNC_REQ...).
+  unsigned int (*wc_read_wc_flags)(ibv_cq_ex* cq);
+  /// ibv_wc_read_tm_info of the current completion: the tag and app_ctx of its TMH.
+  void (*wc_read_tm_info)(ibv_cq_ex* cq, ibv_wc_tm_info* tm_info);
+  /// ibv_create_srq_ex (IBV_SRQT_TM with tm_cap and the CQ of its list operations): NULL and
+  /// errno on failure.
+  ibv_srq* (*create_srq_ex)(ibv_context* context, ibv_srq_init_attr_ex* srq_init_attr_ex);
+  /// ibv_post_srq_ops (IBV_WR_TAG_ADD, IBV_WR_TAG_DEL, IBV_WR_TAG_SYNC on a TM-SRQ; an ADD's
+  /// handle is written back into its tm.handle): 0 or an errno value, with *bad_op the first
+  /// operation not posted.
+  int (*post_srq_ops)(ibv_srq* srq, ibv_ops_wr* op, ibv_ops_wr** bad_op);
 };
 
 /// True when `table` was filled by code that knew `member` (its size reaches past it).

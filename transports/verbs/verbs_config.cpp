@@ -19,6 +19,7 @@ status verbs_config::parse(const tl::options& opts, const verbs_config& base, ve
   c.rnr_retry = static_cast<uint8_t>(reader.number(rnr_retry_knob, c.rnr_retry, 0, 7));
   c.connect_timeout_ms =
       static_cast<int>(reader.number(connect_timeout_knob, c.connect_timeout_ms, 1, 600000));
+  c.tag_matching = reader.number(tm_knob, c.tag_matching ? 1 : 0, 0, 1) != 0;
   const status st = reader.result(why);
   if (st != status::ok) return st;
   if (c.rx_buffers < 2u * c.credits) {

@@ -34,6 +34,7 @@ struct verbs_config {
   uint8_t rnr_retry = 7;         ///< RNR retries (7: for ever)
   uint8_t min_rnr_timer = 12;    ///< RNR back-off asked of peers (12: 0.64 ms)
   int connect_timeout_ms = 2000; ///< address and route resolution
+  bool tag_matching = true;      ///< use the device's tag-matching SRQs when it offers them
 
   /// `base` with the knobs `opts` sets applied, into `*out`: ok, or invalid_param with the
   /// refusal (variable, value, what it accepts) in `*why`.
@@ -82,11 +83,16 @@ inline constexpr tl::knob rnr_retry_knob{
 inline constexpr tl::knob connect_timeout_knob{
     "COMM_VERBS_CONNECT_TIMEOUT", "ms for rdmacm address and route resolution, 1..600000",
     "2000"};
+/// COMM_VERBS_TM.
+inline constexpr tl::knob tm_knob{
+    "COMM_VERBS_TM",
+    "1: use the device's tag-matching SRQs (cap_tag_*) when it offers them, 0: never", "1"};
 /// Every knob of verbs.
-inline constexpr std::array<tl::knob, 12> verbs_knobs{
+inline constexpr std::array<tl::knob, 13> verbs_knobs{
     device_knob,     rx_buffers_knob, seg_size_knob,    tx_buffers_knob,
     tx_queue_knob,   credits_knob,    inline_knob,      reg_cache_knob,
-    ack_timeout_knob, retry_count_knob, rnr_retry_knob, connect_timeout_knob};
+    ack_timeout_knob, retry_count_knob, rnr_retry_knob, connect_timeout_knob,
+    tm_knob};
 
 /// COMM_VERBS_DEVICE as `opts` sets it, empty when unset (a refusal of the other knobs is
 /// check_options' to report).

@@ -1,5 +1,6 @@
 #include "verbs/verbs_conn.hpp"
 
+#include "verbs/verbs_ep.hpp"
 #include "verbs/verbs_iface.hpp"
 
 #include <comm/log.hpp>
@@ -62,6 +63,8 @@ void verbs_conn::established() {
 void verbs_conn::fail(status reason) {
   if (state_ == conn_state::failed) return;
   abort_operations(reason);
+  fins_due_.clear();
+  if (ep != nullptr) ep->fail_rendezvous(reason);
   COMM_LOG(info, log_name, "connection %llu (qp %u) failed: %s",
            static_cast<unsigned long long>(serial_), qp_->qp_num, to_string(reason));
   owner_.report_failure(*this);
@@ -207,22 +210,37 @@ status verbs_conn::send_grant() {
   return st;
 }
 
-status verbs_conn::send_credit_free(message_kind kind) {
+void verbs_conn::send_fin(uint32_t op_id) {
+  if (state_ == conn_state::failed) return;
+  fins_due_.push_back(op_id);
+  if (!send_due_fins()) owner_.watch(*this);
+}
+
+bool verbs_conn::send_due_fins() {
+  while (!fins_due_.empty()) {
+    if (send_credit_free(message_kind::rndv_fin, fins_due_.front()) != status::ok) return false;
+    fins_due_.pop_front();
+  }
+  return true;
+}
+
+status verbs_conn::send_credit_free(message_kind kind, uint32_t op_id) {
   const status st = can_post(false);
   if (st != status::ok) return st;
   tx_request req;
-  alignas(8) uint8_t header[message_header_size];
-  ibv_sge sge{reinterpret_cast<uintptr_t>(header), message_header_size, 0};
+  const auto size = static_cast<uint32_t>(owner_.header_size());
+  alignas(8) uint8_t header[tmh_size + message_header_size];
+  ibv_sge sge{reinterpret_cast<uintptr_t>(header), size, 0};
   uint8_t* dst = header;
-  if (owner_.max_inline() >= message_header_size) {
+  if (owner_.max_inline() >= size) {
     req.wr.send_flags = IBV_SEND_INLINE;
   } else {
     req.buffer = owner_.take_tx_buffer();
     if (req.buffer < 0) return status::no_resource;
     dst = owner_.tx_buffer(req.buffer);
-    sge = ibv_sge{reinterpret_cast<uintptr_t>(dst), message_header_size, owner_.tx_lkey()};
+    sge = ibv_sge{reinterpret_cast<uintptr_t>(dst), size, owner_.tx_lkey()};
   }
-  owner_.write_header(dst, kind, 0, take_credits_to_return());
+  owner_.write_header(dst, kind, 0, take_credits_to_return(), op_id);
   req.wr.opcode = IBV_WR_SEND;
   req.wr.sg_list = &sge;
   req.wr.num_sge = 1;
@@ -234,8 +252,8 @@ bool verbs_conn::pending_can_run() const {
 }
 
 bool verbs_conn::needs_watching() const {
-  return state_ != conn_state::failed &&
-         (rx_to_return_ >= grant_threshold() || !pending.empty() || release_due_);
+  return state_ != conn_state::failed && (rx_to_return_ >= grant_threshold() || !pending.empty() ||
+                                          release_due_ || !fins_due_.empty());
 }
 
 }  // namespace comm::verbs

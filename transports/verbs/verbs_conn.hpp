@@ -146,6 +146,11 @@ public:
   bool grant_due() const;
   /// Sends an explicit grant; ok, or no_resource when no slot is free.
   status send_grant();
+  /// Tells the peer its rendezvous `op_id` was fetched (an rndv_fin message), now or, without a
+  /// send slot, from progress().
+  void send_fin(uint32_t op_id);
+  /// Sends the rndv_fin messages waiting for a slot; false while some still wait.
+  bool send_due_fins();
   /// True when parked operations may be able to run now.
   bool pending_can_run() const;
   /// True while it has a grant or a release to send or parked operations, and has not failed.
@@ -160,8 +165,9 @@ private:
   bool wants_signal(const tx_request& req) const;
   /// Credits waiting to be returned that justify an explicit grant.
   uint32_t grant_threshold() const;
-  /// Sends a message of `kind` (grant or release) with the credits to return; needs no credit.
-  status send_credit_free(message_kind kind);
+  /// Sends a message of `kind` (grant, release or rndv_fin) with the credits to return; needs no
+  /// credit.
+  status send_credit_free(message_kind kind, uint32_t op_id = 0);
 
   verbs_iface& owner_;
   uint64_t serial_;
@@ -188,6 +194,7 @@ private:
   bool fence_next_ = false;
   uint64_t grants_sent_ = 0;
   std::deque<tx_entry> outstanding_;
+  std::deque<uint32_t> fins_due_;  ///< rndv_fin messages waiting for a send slot
 };
 
 /// The status of a failed work completion.

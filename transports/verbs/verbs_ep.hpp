@@ -8,6 +8,9 @@
 
 #include <comm/transport/transport.hpp>
 
+#include <unordered_map>
+#include <vector>
+
 namespace comm::verbs {
 
 class verbs_iface;
@@ -35,6 +38,21 @@ public:
   void pending_purge(void (*cb)(tl::pending_req* req, void* arg), void* arg) override;
   status flush(tl::completion* comp) override;
   status fence() override;
+  status tag_eager_short(tl::tag_t tag, const void* data, size_t length) override;
+  ssize_t tag_eager_bcopy(tl::tag_t tag, uint64_t imm, tl::pack_fn pack, void* arg) override;
+  status tag_eager_zcopy(tl::tag_t tag, uint64_t imm, const tl::iov* entries, size_t count,
+                         tl::completion* comp) override;
+  status tag_rndv_zcopy(tl::tag_t tag, const void* header, size_t header_length,
+                        const tl::iov* entries, size_t count, tl::completion* comp,
+                        uint64_t* handle) override;
+  status tag_rndv_cancel(uint64_t handle) override;
+  status tag_rndv_request(tl::tag_t tag, const void* header, size_t header_length) override;
+
+  /// The peer fetched rendezvous `op_id` (its device's FIN, or its software's rndv_fin): its
+  /// completion is told `st` and its registration released. Unknown ids (canceled) are ignored.
+  void rndv_finished(uint32_t op_id, status st);
+  /// The connection failed: every rendezvous completes with `reason`.
+  void fail_rendezvous(status reason);
 
   /// The connection (for tests and the interface).
   verbs_conn* conn() const { return conn_; }
@@ -44,12 +62,26 @@ public:
 private:
   status ready_to_send(bool needs_credit) const;
   status post_am(ibv_sge* sges, int count, int32_t buffer, unsigned flags,
-                 tl::completion* comp, pin_set* pins);
+                 tl::completion* comp, pin_set* pins, uint64_t imm = 0, bool signal = false);
+  status tag_ready(bool* ok_to_send) const;
+  status post_tagged_copy(ibv_tmh_op opcode, uint32_t app_ctx, tl::tag_t tag, uint64_t imm,
+                          const void* data, size_t length, const void* more = nullptr,
+                          size_t more_length = 0, bool signal = false);
+  void release_rendezvous(uint32_t op_id);
+  void rendezvous_ended();
+
+  /// A rendezvous announced and not yet fetched or canceled.
+  struct rendezvous {
+    tl::completion* comp = nullptr;  ///< told when the peer fetched it
+    ibv_mr* mr = nullptr;            ///< the registration of its buffer (null when empty)
+  };
   status rdma(ibv_wr_opcode opcode, const tl::iov* entries, size_t count, uint64_t remote_address,
               const tl::remote_key& key, tl::completion* comp);
 
   verbs_iface& owner_;
   verbs_conn* conn_;
+  std::unordered_map<uint32_t, rendezvous> rendezvous_;  ///< by operation id (the handle)
+  std::vector<tl::completion*> flush_waiters_;  ///< flushes waiting for the rendezvous
 };
 
 }  // namespace comm::verbs

@@ -22,6 +22,8 @@ namespace {
 constexpr const char* log_name = "verbs";
 /// wr_id bit of receive work requests (sends carry their sequence number).
 constexpr uint64_t rx_flag = 1ull << 63;
+/// wr_id bit of tag-matching list operations and of tagged buffers (verbs_tag.hpp).
+constexpr uint64_t tm_flag = verbs_tags::wr_id_flag;
 /// Completions taken from the CQ at once.
 constexpr int poll_batch = 16;
 /// Backlog of the connection listener.
@@ -135,12 +137,16 @@ bool verbs_iface::open_device() {
   }
   max_rd_atom_ = static_cast<uint8_t>(std::clamp(device_attr_.max_qp_rd_atom, 1, 255));
   max_init_rd_atom_ = static_cast<uint8_t>(std::clamp(device_attr_.max_qp_init_rd_atom, 1, 255));
-  // What tag matching the device offers (tag-matching SRQs), for info(): the transport does not
-  // drive it yet, so it reports no cap_tag_* flags whatever the device says.
+  // What tag matching the device offers (tag-matching SRQs): used when it covers RC QPs and the
+  // table has the TM entry points.
   ibv_device_attr_ex extended{};
   if (provides(t_, &api::query_device_ex) && t_.query_device_ex(ctx_, nullptr, &extended) == 0) {
     tm_caps_ = extended.tm_caps;
   }
+  tm_ = config_.tag_matching && tm_caps_.max_num_tags >= 2 && tm_caps_.max_ops >= 2 &&
+        tm_caps_.max_sge >= 1 && (tm_caps_.flags & IBV_TM_CAP_RC) != 0 &&
+        tm_caps_.max_rndv_hdr_size > tmh_size + rvh_size && provides(t_, &api::post_srq_ops);
+  prefix_ = tm_ ? tmh_size : 0;
   return true;
 }
 
@@ -153,16 +159,30 @@ bool verbs_iface::open_queues() {
   comp_channel_ = pd_ != nullptr ? t_.create_comp_channel(ctx_) : nullptr;
   const size_t cqe = config_.rx_buffers + max_connections() * config_.tx_queue;
   const int cq_size = static_cast<int>(std::min<size_t>(cqe, device_attr_.max_cqe));
-  cq_ = comp_channel_ != nullptr ? t_.create_cq(ctx_, cq_size, this, comp_channel_, 0) : nullptr;
+  if (tm_ && comp_channel_ != nullptr) {
+    // Tag-matching completions carry the TMH's tag and app_ctx: an extended CQ reads them.
+    ibv_cq_init_attr_ex cq_attr{};
+    cq_attr.cqe = static_cast<uint32_t>(cq_size);
+    cq_attr.cq_context = this;
+    cq_attr.channel = comp_channel_;
+    cq_attr.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_TM_INFO};
+    cq_ex_ = t_.create_cq_ex(ctx_, &cq_attr);
+    cq_ = cq_ex_ != nullptr ? ibv_cq_ex_to_cq(cq_ex_) : nullptr;
+  } else if (comp_channel_ != nullptr) {
+    cq_ = t_.create_cq(ctx_, cq_size, this, comp_channel_, 0);
+  }
   if (cq_ == nullptr) {
     COMM_LOG(error, log_name, "PD, completion channel or CQ of %d entries: %s", cq_size,
              std::strerror(errno));
     return false;
   }
-  ibv_srq_init_attr srq_attr{};
-  srq_attr.attr.max_wr = static_cast<uint32_t>(config_.rx_buffers);
-  srq_attr.attr.max_sge = 1;
-  srq_ = t_.create_srq(pd_, &srq_attr);
+  srq_ = tm_ ? create_tm_srq() : nullptr;
+  if (!tm_) {
+    ibv_srq_init_attr srq_attr{};
+    srq_attr.attr.max_wr = static_cast<uint32_t>(config_.rx_buffers);
+    srq_attr.attr.max_sge = 1;
+    srq_ = t_.create_srq(pd_, &srq_attr);
+  }
   if (srq_ == nullptr) {
     COMM_LOG(error, log_name, "SRQ of %zu receives: %s", config_.rx_buffers, std::strerror(errno));
     return false;
@@ -239,13 +259,13 @@ void verbs_iface::fill_attr() {
   tl::iface_attr& a = attr_;
   a.caps = tl::cap_am_bcopy | tl::cap_am_zcopy | tl::cap_put_zcopy | tl::cap_get_zcopy |
            tl::cap_pending | tl::cap_event_fd | tl::cap_connect_to_iface | tl::cap_peer_failure;
-  if (max_inline_ > message_header_size) {
+  if (max_inline_ > header_size()) {
     a.caps |= tl::cap_am_short;
-    a.max_short = std::min<size_t>(max_inline_, 1024) - message_header_size;
+    a.max_short = std::min<size_t>(max_inline_, 1024) - header_size();
   }
-  a.max_bcopy = seg_ - message_header_size;
+  a.max_bcopy = seg_ - header_size();
   a.max_hdr = 128;
-  a.max_zcopy = seg_ - message_header_size - a.max_hdr;
+  a.max_zcopy = seg_ - header_size() - a.max_hdr;
   const int sges = std::min(device_attr_.max_sge, static_cast<int>(max_zcopy_iov) + 1);
   a.max_iov = static_cast<size_t>(std::max(1, sges - 1));
   a.max_get_zcopy = port_attr_.max_msg_sz;
@@ -255,10 +275,12 @@ void verbs_iface::fill_attr() {
   a.latency_ns = port_.link_layer == IBV_LINK_LAYER_INFINIBAND ? 800 : 1300;
   a.bandwidth_bytes_per_s = port_bandwidth(port_attr_);
   a.priority = 1;
+  if (tm_) fill_tag_attr();
 }
 
 void verbs_iface::close_everything() {
   while (!conns_.empty()) destroy_conn(*conns_.begin()->second);
+  close_tags();
   if (listener_ != nullptr) t_.destroy_id(listener_);
   if (cm_channel_ != nullptr) t_.destroy_event_channel(cm_channel_);
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
@@ -443,6 +465,7 @@ std::vector<uint8_t> verbs_iface::iface_address() const {
   iface_address_record rec;
   rec.link_layer = port_.link_layer;
   rec.iface_id = iface_id_;
+  rec.tag_matching = tm_;
   std::memcpy(&rec.listener, &listen_address_,
               listen_address_.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
   return encode_iface_address(rec);
@@ -454,7 +477,8 @@ bool verbs_iface::is_reachable(const std::vector<uint8_t>& device_address,
   if (device_address != this->device_address() || !parse_iface_address(iface_address, &rec)) {
     return false;
   }
-  return rec.link_layer == port_.link_layer;
+  // Both sides frame every SEND the same way: with a TMH for a tag-matching SRQ, without one else.
+  return rec.link_layer == port_.link_layer && rec.tag_matching == tm_;
 }
 
 status verbs_iface::create_ep(const std::vector<uint8_t>& device_address,
@@ -693,24 +717,73 @@ bool verbs_iface::repost(uint32_t buffer) {
   return true;
 }
 
+int verbs_iface::read_cq(work_completion* out, int max) {
+  if (cq_ex_ == nullptr) {
+    ibv_wc wc[poll_batch];
+    const int n = t_.poll_cq(cq_, std::min(max, poll_batch), wc);
+    for (int i = 0; i < n; ++i) out[i] = work_completion{wc[i], {}};
+    return n;
+  }
+  ibv_poll_cq_attr attr{};
+  int n = 0;
+  int more = t_.start_poll(cq_ex_, &attr);
+  if (more == ENOENT) return 0;
+  if (more != 0) return -more;
+  while (more == 0 && n < max) {
+    work_completion& c = out[n++];
+    c = work_completion{};
+    c.wc.wr_id = cq_ex_->wr_id;
+    c.wc.status = cq_ex_->status;
+    c.wc.qp_num = t_.wc_read_qp_num(cq_ex_);
+    if (c.wc.status == IBV_WC_SUCCESS) {
+      c.wc.opcode = t_.wc_read_opcode(cq_ex_);
+      c.wc.byte_len = t_.wc_read_byte_len(cq_ex_);
+      c.wc.wc_flags = t_.wc_read_wc_flags(cq_ex_);
+      if ((c.wc.wc_flags & IBV_WC_WITH_IMM) != 0) c.wc.imm_data = t_.wc_read_imm_data(cq_ex_);
+      if (c.wc.opcode == IBV_WC_TM_RECV) t_.wc_read_tm_info(cq_ex_, &c.tm);
+    }
+    if (n < max) more = t_.next_poll(cq_ex_);
+  }
+  t_.end_poll(cq_ex_);
+  return n;
+}
+
 unsigned verbs_iface::poll_cq() {
-  ibv_wc wc[poll_batch];
-  const int n = t_.poll_cq(cq_, poll_batch, wc);
+  work_completion wc[poll_batch];
+  const int n = read_cq(wc, poll_batch);
   for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+  if (tags_ != nullptr) tags_->after_poll();
   return n > 0 ? static_cast<unsigned>(n) : 0;
 }
 
 unsigned verbs_iface::handle_stash() {
   if (stash_.empty()) return 0;
-  std::vector<ibv_wc> stashed;
+  std::vector<work_completion> stashed;
   stashed.swap(stash_);
-  for (const ibv_wc& wc : stashed) handle_wc(wc);
+  for (const work_completion& wc : stashed) handle_wc(wc);
   return static_cast<unsigned>(stashed.size());
 }
 
-void verbs_iface::handle_wc(const ibv_wc& wc) {
+void verbs_iface::stash_completions() {
+  work_completion wc[poll_batch];
+  const int n = read_cq(wc, poll_batch);
+  for (int i = 0; i < n; ++i) {
+    if (tags_ == nullptr || !tags_->take_list_op(wc[i])) stash_.push_back(wc[i]);
+  }
+}
+
+void verbs_iface::handle_wc(const work_completion& completion) {
+  const ibv_wc& wc = completion.wc;
+  if (completion.staged >= 0) {
+    if (tags_ != nullptr) tags_->deliver_staged(completion.staged);
+    return;
+  }
   if ((wc.wr_id & rx_flag) != 0) {
-    handle_receive(wc);
+    handle_receive(completion);
+    return;
+  }
+  if ((wc.wr_id & tm_flag) != 0) {
+    if (tags_ != nullptr) tags_->handle(completion);
     return;
   }
   verbs_conn* c = conn_of_qp(wc.qp_num);
@@ -724,13 +797,29 @@ void verbs_iface::handle_wc(const ibv_wc& wc) {
   if (c != nullptr) c->send_completed(wc.wr_id, wc.status);
 }
 
-void verbs_iface::handle_receive(const ibv_wc& wc) {
+void verbs_iface::handle_receive(const work_completion& completion) {
+  const ibv_wc& wc = completion.wc;
   const auto buffer = static_cast<uint32_t>(wc.wr_id & ~rx_flag);
   --rx_posted_;
   verbs_conn* c = conn_of_qp(wc.qp_num);
   const uint8_t* bytes = rx_pool_ + static_cast<size_t>(buffer) * seg_;
   std::optional<message_header> header;
-  if (wc.status == IBV_WC_SUCCESS) {
+  if (wc.status == IBV_WC_SUCCESS && tm_) {
+    const auto tagged = parse_tagged(bytes, wc.byte_len);
+    const bool am = tagged && tags_->active_message(*tagged, wc);
+    if (c != nullptr && tagged && tagged->opcode != IBV_TMH_NO_TAG && !am) {
+      tags_->handle_tagged(*c, buffer, *tagged, completion);
+      return;
+    }
+    if (c == nullptr && tagged && !am) {
+      tags_->count_unexpected(*tagged);  // from a connection gone: the device counted it
+      repost(buffer);
+      return;
+    }
+    if (tagged && wc.byte_len >= header_size()) {
+      header = parse_message_header(bytes + prefix_, wc.byte_len - prefix_, tl::am_id_count);
+    }
+  } else if (wc.status == IBV_WC_SUCCESS) {
     header = parse_message_header(bytes, wc.byte_len, tl::am_id_count);
   }
   if (c == nullptr || !header) {
@@ -750,7 +839,12 @@ void verbs_iface::handle_receive(const ibv_wc& wc) {
     handle_release(*c);
     return;
   }
-  deliver(*c, header->am_id, buffer, wc.byte_len - message_header_size);
+  if (header->kind == message_kind::rndv_fin) {
+    if (repost(buffer)) c->receive_reposted();
+    if (c->ep != nullptr) c->ep->rndv_finished(header->op_id, status::ok);
+    return;
+  }
+  deliver(*c, header->am_id, buffer, wc.byte_len - header_size());
 }
 
 void verbs_iface::handle_release(verbs_conn& c) {
@@ -762,31 +856,41 @@ void verbs_iface::handle_release(verbs_conn& c) {
 }
 
 void verbs_iface::deliver(verbs_conn& c, tl::am_id id, uint32_t buffer, size_t length) {
-  uint8_t* data = rx_pool_ + static_cast<size_t>(buffer) * seg_ + message_header_size;
+  uint8_t* data = rx_pool_ + static_cast<size_t>(buffer) * seg_ + header_size();
   const handler& h = handlers_[id];
   status st = status::ok;
   if (h.fn == nullptr) {
     ++dropped_;
     COMM_LOG(debug, log_name, "message for am id %u without a handler dropped", id);
   } else {
-    const unsigned flags = rx_lent_count_ < max_am_descs() ? tl::am_flag_desc : 0;
+    const unsigned flags = can_lend() ? tl::am_flag_desc : 0;
     st = h.fn(h.arg, data, length, flags);
     if (st == status::in_progress && flags != 0) {
-      rx_owner_[buffer] = c.qp()->qp_num;
-      rx_lent_[buffer] = true;
-      ++rx_lent_count_;
+      lend(c, buffer);
       return;
     }
   }
   if (repost(buffer)) c.receive_reposted();
 }
 
+void verbs_iface::lend(verbs_conn& c, uint32_t buffer) {
+  rx_owner_[buffer] = c.qp()->qp_num;
+  rx_lent_[buffer] = true;
+  ++rx_lent_count_;
+}
+
+void verbs_iface::return_buffer(verbs_conn& c, uint32_t buffer) {
+  if (repost(buffer)) c.receive_reposted();
+}
+
 size_t verbs_iface::max_am_descs() const { return std::max<size_t>(1, config_.credits / 2); }
 
 void verbs_iface::release_am_desc(void* data) {
-  const auto* p = static_cast<uint8_t*>(data) - message_header_size;
+  // An active message's data follows its header; an unexpected tagged message's, its TMH.
+  const auto* p = static_cast<uint8_t*>(data);
+  const size_t offset = p >= rx_pool_ ? static_cast<size_t>(p - rx_pool_) % seg_ : 0;
   const bool in_pool = p >= rx_pool_ && p < rx_pool_ + config_.rx_buffers * seg_ &&
-                       static_cast<size_t>(p - rx_pool_) % seg_ == 0;
+                       (offset == header_size() || (tm_ && offset == tmh_size));
   const auto buffer = in_pool ? static_cast<uint32_t>(static_cast<size_t>(p - rx_pool_) / seg_) : 0;
   if (!in_pool || !rx_lent_[buffer]) {
     COMM_LOG(error, log_name, "release_am_desc: %p is not a descriptor kept from this interface",
@@ -845,6 +949,7 @@ unsigned verbs_iface::serve_watched() {
     if (found == conns_.end()) continue;
     verbs_conn& c = *found->second;
     if (c.grant_due()) c.send_grant();
+    c.send_due_fins();
     if (c.release_due()) c.send_release();
     if (c.pending_can_run()) n += c.pending.dispatch();
     if (c.needs_watching()) {
@@ -891,10 +996,8 @@ status verbs_iface::event_arm() {
   }
   if (t_.req_notify_cq(cq_, 0) != 0) return status::io_error;
   armed_ = true;
-  stash_.resize(poll_batch);
-  const int n = t_.poll_cq(cq_, poll_batch, stash_.data());
-  stash_.resize(n > 0 ? static_cast<size_t>(n) : 0);
-  if (n > 0) return status::busy;
+  stash_completions();
+  if (!stash_.empty()) return status::busy;
   if (readable(cm_channel_->fd) || readable(ctx_->async_fd)) return status::busy;
   return status::ok;
 }
@@ -925,8 +1028,10 @@ std::string verbs_iface::info() const {
   } else {
     out << "tag matching: the device offers " << tm_caps_.max_num_tags << " tags (max_ops "
         << tm_caps_.max_ops << ", max_sge " << tm_caps_.max_sge << ", rendezvous header "
-        << tm_caps_.max_rndv_hdr_size << " B), not used by this transport: no cap_tag_* flags\n";
+        << tm_caps_.max_rndv_hdr_size << " B), "
+        << (tm_ ? "used: a tag-matching SRQ" : "not used (COMM_VERBS_TM=0)") << "\n";
   }
+  if (tags_ != nullptr) out << tags_->info();
   return out.str();
 }
 

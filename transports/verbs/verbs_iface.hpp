@@ -9,6 +9,7 @@
 #include "verbs/verbs_conn.hpp"
 #include "verbs/verbs_device.hpp"
 #include "verbs/verbs_md.hpp"
+#include "verbs/verbs_tag.hpp"
 
 #include <comm/transport/transport.hpp>
 
@@ -50,6 +51,11 @@ public:
                    const std::vector<uint8_t>& iface_address,
                    std::unique_ptr<tl::ep>& out) override;
   void release_am_desc(void* data) override;
+  status set_tag_handlers(tl::tag_unexp_eager_fn eager, void* eager_arg,
+                          tl::tag_unexp_rndv_fn rndv, void* rndv_arg) override;
+  status tag_recv_zcopy(tl::tag_t tag, tl::tag_t tag_mask, const tl::iov* entries, size_t count,
+                        tl::tag_context* ctx) override;
+  status tag_recv_cancel(tl::tag_context* ctx, bool force) override;
   tl::md* memory_domain() override { return md_.get(); }
   std::string info() const override;
 
@@ -74,10 +80,57 @@ public:
   uint32_t tx_lkey() const { return tx_mr_->lkey; }
   /// Largest inline send the QPs take.
   uint32_t max_inline() const { return max_inline_; }
-  /// Writes the header of a SEND to `dst` (message_header_size bytes) and returns that size.
-  size_t write_header(void* dst, message_kind kind, uint8_t am_id, uint16_t credits) {
-    return header_writer_->write(dst, kind, am_id, credits);
+  /// Bytes in front of an active message's payload: a NO_TAG TMH when the SRQs match tags, then
+  /// the VerbsMessageHeader.
+  size_t header_size() const { return prefix_ + message_header_size; }
+  /// Writes the header of a SEND to `dst` (header_size() bytes) and returns that size.
+  size_t write_header(void* dst, message_kind kind, uint8_t am_id, uint16_t credits,
+                      uint32_t op_id = 0) {
+    if (prefix_ != 0 && kind == message_kind::am) {
+      write_tmh(dst, IBV_TMH_EAGER, am_app_ctx, am_tag);
+    } else if (prefix_ != 0) {
+      write_tmh(dst, IBV_TMH_NO_TAG, 0, 0);
+    }
+    return prefix_ + header_writer_->write(static_cast<uint8_t*>(dst) + prefix_, kind, am_id,
+                                           credits, op_id);
   }
+  /// True when the SRQ is a tag-matching one (cap_tag_*).
+  bool tag_matching() const { return tm_; }
+  /// The tag matching (null without it).
+  verbs_tags* tags() { return tags_.get(); }
+  /// The SRQ.
+  ibv_srq* srq() const { return srq_; }
+  /// The protection domain.
+  ibv_pd* pd() const { return pd_; }
+  /// What the device's tag matching allows.
+  const ibv_tm_caps& tm_caps() const { return tm_caps_; }
+  /// A new rendezvous operation id (never 0 or sw_rndv_app_ctx).
+  uint32_t next_rndv_id() {
+    if (++next_rndv_id_ == 0 || next_rndv_id_ == sw_rndv_app_ctx) next_rndv_id_ = 1;
+    return next_rndv_id_;
+  }
+  /// Receive buffer `index` (of segment size).
+  uint8_t* rx_buffer(uint32_t index) { return rx_pool_ + static_cast<size_t>(index) * seg_; }
+  /// True when a handler may keep one more receive buffer.
+  bool can_lend() const { return rx_lent_count_ < max_am_descs(); }
+  /// A handler keeps receive buffer `buffer` of `c` until release_am_desc.
+  void lend(verbs_conn& c, uint32_t buffer);
+  /// Reposts receive buffer `buffer` of `c` and counts the credit to return.
+  void return_buffer(verbs_conn& c, uint32_t buffer);
+  /// Reposts receive buffer `buffer` (no credit: the device, not the peer's software, used it).
+  bool repost(uint32_t buffer);
+  /// The connection of QP `qp_num`, or null.
+  verbs_conn* conn_of_qp(uint32_t qp_num);
+  /// Reads the connection events and async events waiting (a message about to be fetched from a
+  /// peer may come from one that is gone).
+  unsigned poll_events();
+  /// Reads completions into the stash (handled by the next progress()), taking tag-matching list
+  /// operations at once: they run no callback.
+  void stash_completions();
+  /// Takes the stashed completion with `wr_id` into `*out`; false when there is none.
+  bool take_stashed(uint64_t wr_id, work_completion* out);
+  /// The stashed completion with `wr_id`, or null.
+  work_completion* find_stashed(uint64_t wr_id);
   /// Schedules the error handler for `c`'s endpoint (called from progress, never re-entrantly).
   void report_failure(verbs_conn& c);
   /// Has progress() look at `c` for a grant and parked operations until it needs neither.
@@ -122,14 +175,16 @@ private:
   /// max_connections().
   size_t max_am_descs() const;
   unsigned poll_cq();
+  int read_cq(work_completion* out, int max);
   unsigned handle_stash();
-  void handle_wc(const ibv_wc& wc);
-  void handle_receive(const ibv_wc& wc);
+  void handle_wc(const work_completion& c);
+  void handle_receive(const work_completion& c);
+  ibv_srq* create_tm_srq();
+  void fill_tag_attr();
+  void close_tags();
   void deliver(verbs_conn& c, tl::am_id id, uint32_t buffer, size_t length);
   void handle_release(verbs_conn& c);
-  bool repost(uint32_t buffer);
   void drain_cq_events();
-  unsigned poll_events();
   unsigned poll_cm_events();
   void handle_cm_event(cm_event_copy& copy);
   void handle_connect_request(const cm_event_copy& copy);
@@ -141,7 +196,6 @@ private:
   void report_failures();
   void reap_closed();
   void fail_all(status reason);
-  verbs_conn* conn_of_qp(uint32_t qp_num);
   verbs_conn* conn_of_id(rdma_cm_id* id);
   verbs_conn* claimable_conn(uint64_t peer_iface_id);
   verbs_conn& add_conn(std::unique_ptr<verbs_conn> c);
@@ -156,7 +210,12 @@ private:
 
   ibv_context* ctx_ = nullptr;
   ibv_device_attr device_attr_{};
-  ibv_tm_caps tm_caps_{};  ///< the device's tag matching (not used: no cap_tag_* flags)
+  ibv_tm_caps tm_caps_{};  ///< the device's tag matching
+  bool tm_ = false;        ///< the SRQ is a tag-matching one (cap_tag_*)
+  size_t prefix_ = 0;      ///< bytes of TMH in front of every SEND (tmh_size with tm_)
+  ibv_cq_ex* cq_ex_ = nullptr;  ///< cq_ as an extended CQ (with tm_)
+  std::unique_ptr<verbs_tags> tags_;
+  uint32_t next_rndv_id_ = 0;
   ibv_port_attr port_attr_{};
   gid_choice gid_;
   ibv_pd* pd_ = nullptr;
@@ -185,7 +244,7 @@ private:
   bool armed_ = false;
   unsigned tick_ = 0;
   bool in_progress_ = false;
-  std::vector<ibv_wc> stash_;  // completions event_arm() found, handled by the next progress()
+  std::vector<work_completion> stash_;  // completions read ahead, handled by the next progress()
 
   struct handler {
     tl::am_handler_fn fn = nullptr;

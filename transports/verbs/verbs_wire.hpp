@@ -6,6 +6,8 @@
 #pragma once
 
 #include <comm/wire/codec.hpp>
+#include <endian.h>
+#include <infiniband/tm_types.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 
@@ -25,6 +27,7 @@ enum class message_kind : uint8_t {
   am = 1,     ///< an active message: header, then the payload
   grant = 2,  ///< credits only (sent when the receiver has nothing to piggy-back them on)
   release = 3,  ///< credits, and: the sender has no endpoint on this connection any more
+  rndv_fin = 4,  ///< credits, and: the rendezvous op_id was fetched (the receiver's software did)
 };
 
 /// Bytes of the encoded VerbsMessageHeader in front of every SEND; the AM payload follows at this
@@ -38,17 +41,20 @@ struct message_header {
   uint8_t am_id = 0;     ///< active-message id (kind am)
   message_kind kind = message_kind::am;  ///< what the SEND carries
   uint16_t credits = 0;  ///< receive buffers the sender reposted for the receiver since last
+  uint32_t op_id = 0;    ///< the rendezvous a rndv_fin ends
 };
 
 /// Encodes SEND headers with one long-lived builder (one per interface; not thread-safe).
 class message_header_writer {
 public:
   /// Writes the header of a SEND to `dst` (message_header_size bytes) and returns that size.
-  size_t write(void* dst, message_kind kind, uint8_t am_id, uint16_t credits) {
+  size_t write(void* dst, message_kind kind, uint8_t am_id, uint16_t credits,
+               uint32_t op_id = 0) {
     auto& f = writer_.fields();
     f.setAmId(am_id);
     f.setKind(static_cast<uint8_t>(kind));
     f.setCredits(credits);
+    f.setOpId(op_id);
     return writer_.copy_to(dst);
   }
 
@@ -67,15 +73,119 @@ inline std::optional<message_header> parse_message_header(const void* data, size
   message_header h;
   h.am_id = reader->getAmId();
   h.credits = reader->getCredits();
+  h.op_id = reader->getOpId();
   const uint8_t kind = reader->getKind();
   if (kind == static_cast<uint8_t>(message_kind::am)) {
     if (h.am_id >= am_id_count) return std::nullopt;
+  } else if (kind == static_cast<uint8_t>(message_kind::rndv_fin)) {
+    if (h.op_id == 0) return std::nullopt;
   } else if (kind != static_cast<uint8_t>(message_kind::grant) &&
              kind != static_cast<uint8_t>(message_kind::release)) {
     return std::nullopt;
   }
   h.kind = static_cast<message_kind>(kind);
   return h;
+}
+
+// -- tag matching: the TM headers rdma-core defines (infiniband/tm_types.h) --------------------
+//
+// With tag-matching SRQs every SEND starts with a 16-byte TMH (opcode, 3 reserved bytes that must
+// be zero, app_ctx and tag, big-endian): NO_TAG in front of the VerbsMessageHeader of a grant,
+// release or rndv_fin; EAGER with tag am_tag and app_ctx am_app_ctx, without an immediate value, in
+// front of the VerbsMessageHeader of an active message (an active message may carry a tagged
+// message the protocol layer matches in software, so it must count as unexpected on the
+// receiver's device, as a NO_TAG one would not: the device then stops matching until the
+// software has seen it); EAGER in front of a tagged eager payload (app_ctx: the high half of a
+// non-zero immediate value, whose low half is the SEND's imm_data; or sw_rndv_app_ctx for a
+// software rendezvous request); RNDV in front of a 16-byte RVH (the sender's address, rkey and
+// length) and the rendezvous header (app_ctx: the sender's operation id); FIN, sent by the
+// receiver's device, with the app_ctx of the RNDV it ends.
+
+/// Bytes of a TMH.
+inline constexpr size_t tmh_size = sizeof(ibv_tmh);
+/// Bytes of an RVH.
+inline constexpr size_t rvh_size = sizeof(ibv_rvh);
+static_assert(tmh_size == 16 && rvh_size == 16);
+/// app_ctx of a software rendezvous request (an EAGER TMH sent without an immediate value);
+/// rendezvous operation ids never take it.
+inline constexpr uint32_t sw_rndv_app_ctx = UINT32_MAX;
+/// app_ctx of an active message's EAGER TMH (sent without an immediate value).
+inline constexpr uint32_t am_app_ctx = UINT32_MAX - 1;
+/// Tag of an active message's EAGER TMH. Posted receives that would accept it are never given to
+/// the device (verbs_tag.hpp), so the device never matches an active message.
+inline constexpr uint64_t am_tag = 0xa11c'e5e7'a6f0'0d1eull;
+
+/// Writes a TMH to `dst` (tmh_size bytes).
+inline void write_tmh(void* dst, ibv_tmh_op opcode, uint32_t app_ctx, uint64_t tag) {
+  ibv_tmh h{};
+  h.opcode = static_cast<uint8_t>(opcode);
+  h.app_ctx = htobe32(app_ctx);
+  h.tag = htobe64(tag);
+  std::memcpy(dst, &h, sizeof(h));
+}
+
+/// Writes an RVH to `dst` (rvh_size bytes).
+inline void write_rvh(void* dst, uint64_t address, uint32_t rkey, uint32_t length) {
+  ibv_rvh h{};
+  h.va = htobe64(address);
+  h.rkey = htobe32(rkey);
+  h.len = htobe32(length);
+  std::memcpy(dst, &h, sizeof(h));
+}
+
+/// A message with a TMH as it landed in an ordinary receive buffer, after validation.
+struct tagged_message {
+  ibv_tmh_op opcode = IBV_TMH_NO_TAG;  ///< what follows the TMH
+  uint32_t app_ctx = 0;                ///< the TMH's app_ctx
+  uint64_t tag = 0;                    ///< the TMH's tag
+  const uint8_t* payload = nullptr;    ///< after the TMH (and the RVH of a RNDV)
+  size_t payload_length = 0;           ///< its bytes
+  uint64_t address = 0;                ///< RNDV: the sender's buffer
+  uint32_t rkey = 0;                   ///< RNDV: its rkey
+  uint32_t length = 0;                 ///< RNDV: its length
+};
+
+/// Validates the `length` bytes at `data` as a message with a TMH: at least a TMH, reserved bytes
+/// zero, a known opcode, a RNDV long enough for its RVH, a FIN with nothing after the TMH and a
+/// non-zero app_ctx. Nothing when they are not one.
+inline std::optional<tagged_message> parse_tagged(const void* data, size_t length) {
+  if (data == nullptr || length < tmh_size) return std::nullopt;
+  ibv_tmh h;
+  std::memcpy(&h, data, sizeof(h));
+  if (h.reserved[0] != 0 || h.reserved[1] != 0 || h.reserved[2] != 0) return std::nullopt;
+  tagged_message m;
+  m.app_ctx = be32toh(h.app_ctx);
+  m.tag = be64toh(h.tag);
+  m.payload = static_cast<const uint8_t*>(data) + tmh_size;
+  m.payload_length = length - tmh_size;
+  switch (h.opcode) {
+    case IBV_TMH_NO_TAG:
+    case IBV_TMH_EAGER:
+      break;
+    case IBV_TMH_FIN:
+      if (m.payload_length != 0 || m.app_ctx == 0 || m.app_ctx == sw_rndv_app_ctx) {
+        return std::nullopt;
+      }
+      break;
+    case IBV_TMH_RNDV: {
+      if (m.payload_length < rvh_size || m.app_ctx == 0 || m.app_ctx == sw_rndv_app_ctx) {
+        return std::nullopt;
+      }
+      ibv_rvh r;
+      std::memcpy(&r, m.payload, sizeof(r));
+      m.address = be64toh(r.va);
+      m.rkey = be32toh(r.rkey);
+      m.length = be32toh(r.len);
+      if (m.address + m.length < m.address) return std::nullopt;
+      m.payload += rvh_size;
+      m.payload_length -= rvh_size;
+      break;
+    }
+    default:
+      return std::nullopt;
+  }
+  m.opcode = static_cast<ibv_tmh_op>(h.opcode);
+  return m;
 }
 
 /// One side's half of a connection handshake (client: in CONNECT; server: in ACCEPT), decoded.
@@ -153,6 +263,7 @@ struct iface_address_record {
   uint8_t link_layer = 0;      ///< IBV_LINK_LAYER_*
   uint64_t iface_id = 0;       ///< the interface
   sockaddr_in6 listener{};     ///< its rdmacm listener (a sockaddr_in in the first bytes for IPv4)
+  bool tag_matching = false;   ///< its SRQ matches tags: SENDs to it start with a TMH
 };
 
 /// Encodes an interface address.
@@ -161,6 +272,7 @@ inline std::vector<uint8_t> encode_iface_address(const iface_address_record& rec
   auto& f = writer.fields();
   f.setIfaceId(rec.iface_id);
   f.setLinkLayer(rec.link_layer);
+  f.setTagMatching(rec.tag_matching);
   const bool ipv6 = rec.listener.sin6_family == AF_INET6;
   f.setIpv6(ipv6);
   f.setPort(rec.listener.sin6_port);
@@ -194,6 +306,7 @@ inline bool parse_iface_address(const std::vector<uint8_t>& bytes, iface_address
   *out = iface_address_record{};
   out->iface_id = r->getIfaceId();
   out->link_layer = r->getLinkLayer();
+  out->tag_matching = r->getTagMatching();
   if (r->getIpv6()) {
     out->listener.sin6_family = AF_INET6;
     out->listener.sin6_port = r->getPort();

@@ -168,11 +168,17 @@ struct cqe {
   ibv_wc wc{};
   uint32_t* slots = nullptr;  ///< a QP's send/receive queue or an SRQ: occupancy to lower
   uint32_t covers = 0;        ///< slots freed when polled (unsignaled sends before it, plus one)
+  ibv_wc_tm_info tm{};        ///< the TMH's tag and app_ctx (TM-SRQ completions)
 };
 
 /// A completion queue.
 struct cq_obj {
   ibv_cq pub{};
+  ibv_cq_ex ex{};               ///< the handle of an extended CQ (ibv_create_cq_ex)
+  bool extended = false;        ///< created by create_cq_ex: its handle is &ex
+  std::optional<cqe> current;   ///< the completion start_poll/next_poll made current
+  /// The handle the user holds.
+  ibv_cq* handle() { return extended ? reinterpret_cast<ibv_cq*>(&ex) : &pub; }
   context_obj* ctx = nullptr;
   channel_obj* channel = nullptr;
   std::deque<cqe> entries;
@@ -191,6 +197,16 @@ struct recv_wqe {
   std::vector<ibv_sge> sge;
 };
 
+/// A tagged buffer on a TM-SRQ's list (the test device's model of tag matching).
+struct tag_entry {
+  bool used = false;
+  uint64_t tag = 0;
+  uint64_t mask = 0;
+  uint64_t recv_wr_id = 0;
+  std::vector<ibv_sge> sge;
+  uint64_t order = 0;  ///< when it was added: matching goes by it
+};
+
 /// A shared receive queue.
 struct srq_obj {
   ibv_srq pub{};
@@ -202,6 +218,16 @@ struct srq_obj {
   uint32_t slots = 0;  ///< posted and not yet freed by a polled completion
   size_t qps = 0;      ///< QPs attached
   event_count async_events;
+  // -- a TM-SRQ (IBV_SRQT_TM): the test device's model of tag matching --
+  bool tm = false;
+  cq_obj* tm_cq = nullptr;         ///< where list operations and matches complete
+  std::vector<tag_entry> tags;     ///< max_num_tags entries; the index is the handle
+  uint32_t max_ops = 0;
+  uint32_t ops = 0;                ///< list operations whose completion is not polled yet
+  uint64_t next_order = 1;
+  uint32_t hw_unexpected = 0;      ///< tagged messages it put in ordinary buffers
+  uint32_t sw_unexpected = 0;      ///< the count the latest synchronising operation reported
+  uint32_t max_rndv_hdr = 0;       ///< largest rendezvous request it matches
 };
 
 /// Where a send work request is.
@@ -229,6 +255,7 @@ struct send_wqe {
   bool awaiting_answer = false;      ///< sent, nobody answered; a timeout is running
   clock::time_point not_before{};    ///< next attempt (RNR or ACK timer)
   clock::time_point response_due{};  ///< an RDMA READ's response
+  bool internal = false;             ///< sent by the device itself (a TM rendezvous FIN): no CQE
 };
 
 /// A reliable-connected queue pair.
@@ -367,7 +394,8 @@ class fabric {
   /// Puts `cq` in error: IBV_EVENT_CQ_ERR; its QPs fail once the current operation is done.
   void overrun(cq_obj& cq);
   /// Writes a completion into `cq`; arms its channel; overruns it when full.
-  void push_cqe(cq_obj& cq, const ibv_wc& wc, uint32_t* slots, uint32_t covers, bool solicited);
+  void push_cqe(cq_obj& cq, const ibv_wc& wc, uint32_t* slots, uint32_t covers, bool solicited,
+                ibv_wc_tm_info tm = {});
   /// The context rdmacm uses on `dev` (opened on first use).
   context_obj& rdmacm_context(device_obj& dev);
   /// The MR registered under `key`, or null.
@@ -487,5 +515,19 @@ void fill_qp(api& table);
 void fill_wire(api& table);
 /// Fills the rdmacm entries.
 void fill_cm(api& table);
+/// Fills the extended-CQ and tag-matching entries (create_cq_ex, polling, TM-SRQs).
+void fill_tm(api& table);
+
+/// Where a SEND to a QP on a TM-SRQ went (testdev_tm.cpp).
+enum class tm_outcome {
+  delivered,  ///< into a tagged buffer (matched) or an ordinary one
+  not_ready,  ///< no ordinary buffer posted: receiver not ready
+  failed,     ///< a matched rendezvous whose READ the requester's memory refused
+};
+
+/// Delivers `bytes`, the whole message of `wqe` from `requester`, to `responder`, whose SRQ is a
+/// TM-SRQ: its TMH is matched against the tagged buffers, or the message lands in an ordinary one.
+tm_outcome tm_deliver(fabric& f, qp_obj& requester, qp_obj& responder, const send_wqe& wqe,
+                      const std::vector<uint8_t>& bytes);
 
 }  // namespace comm::verbs::testdev::detail

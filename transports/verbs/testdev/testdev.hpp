@@ -37,6 +37,9 @@ struct device_limits {
   int max_srq_sge = 16;               ///< scatter entries per SRQ receive
   uint32_t max_inline_data = 256;     ///< inline bytes a QP may ask for
   uint32_t max_msg_sz = 1u << 30;     ///< largest message (ibv_port_attr::max_msg_sz)
+  /// Tag matching offered through IBV_SRQT_TM shared receive queues (ibv_device_attr_ex::tm_caps,
+  /// the test device's model of them: see README). All zero, the default, offers none.
+  ibv_tm_caps tm{};
 };
 
 /// One port of a test device. An Ethernet (RoCE) port has GIDs derived from its addresses (RoCE v1
@@ -59,6 +62,12 @@ device_spec roce_device(const std::string& name, const std::string& address);
 
 /// A device with one InfiniBand port that owns `address` (its IPoIB address, for rdmacm).
 device_spec ib_device(const std::string& name, const std::string& address);
+
+/// `spec` with tag matching (the test device's model of TM-SRQs): `max_num_tags` tagged buffers
+/// per list, 64 list operations outstanding, `max_sge` scatter entries per tagged buffer, and
+/// rendezvous requests of at most `max_rndv_hdr_size` bytes (TMH, RVH and header) matched.
+device_spec with_tag_matching(device_spec spec, uint32_t max_num_tags = 128, uint32_t max_sge = 4,
+                              uint32_t max_rndv_hdr_size = 160);
 
 /// The verbs table of the test device.
 const api& table() noexcept;
@@ -101,6 +110,9 @@ struct counters {
   uint64_t rnr_naks = 0;        ///< receiver-not-ready answers to SENDs
   uint64_t ack_timeouts = 0;    ///< transport timeouts (no answer from the responder)
   uint64_t read_responses = 0;  ///< RDMA READ responses delivered
+  uint64_t tm_matched = 0;      ///< tagged messages a TM-SRQ matched to a tagged buffer
+  uint64_t tm_unexpected = 0;   ///< tagged messages a TM-SRQ put in an ordinary buffer
+  uint64_t tm_fins = 0;         ///< rendezvous FIN messages the device sent
 };
 
 /// The counters since install().

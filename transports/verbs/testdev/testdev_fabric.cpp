@@ -253,6 +253,17 @@ device_spec ib_device(const std::string& name, const std::string& address) {
   return one_port_device(name, IBV_LINK_LAYER_INFINIBAND, IBV_MTU_4096, address);
 }
 
+device_spec with_tag_matching(device_spec spec, uint32_t max_num_tags, uint32_t max_sge,
+                              uint32_t max_rndv_hdr_size) {
+  ibv_tm_caps& tm = spec.limits.tm;
+  tm.max_num_tags = max_num_tags;
+  tm.max_ops = 64;
+  tm.max_sge = max_sge;
+  tm.max_rndv_hdr_size = max_rndv_hdr_size;
+  tm.flags = IBV_TM_CAP_RC;
+  return spec;
+}
+
 void install(const std::vector<device_spec>& devices) {
   auto created = std::make_unique<fabric>(devices);
   fabric* expected = nullptr;

@@ -45,13 +45,13 @@ void fabric::overrun(cq_obj& cq) {
 }
 
 void fabric::push_cqe(cq_obj& cq, const ibv_wc& wc, uint32_t* slots, uint32_t covers,
-                      bool solicited) {
+                      bool solicited, ibv_wc_tm_info tm) {
   if (cq.overrun || cq.ctx->dead) return;
   if (cq.entries.size() >= cq.capacity) {
     overrun(cq);
     return;
   }
-  cq.entries.push_back(cqe{wc, slots, covers});
+  cq.entries.push_back(cqe{wc, slots, covers, tm});
   const bool wanted = !cq.solicited_only || solicited || wc.status != IBV_WC_SUCCESS;
   if (cq.armed && wanted) {
     cq.armed = false;
@@ -211,13 +211,20 @@ int query_device(ibv_context* handle, ibv_device_attr* attr) {
   return 0;
 }
 
-/// The extended attributes: the basic ones, and no tag matching (tm_caps all zero): the test
-/// device has no IBV_SRQT_TM shared receive queues.
+/// The extended attributes: the basic ones, and the tag matching the device was given
+/// (device_limits::tm; all zero, the default: none).
 int query_device_ex(ibv_context* handle, const ibv_query_device_ex_input* input,
                     ibv_device_attr_ex* attr) {
   if (attr == nullptr || (input != nullptr && input->comp_mask != 0)) return EINVAL;
   *attr = ibv_device_attr_ex{};
-  return query_device(handle, &attr->orig_attr);
+  const int error = query_device(handle, &attr->orig_attr);
+  if (error != 0) return error;
+  locked_fabric f;
+  context_obj* ctx = f ? find(f->contexts, handle) : nullptr;
+  if (ctx == nullptr) return EINVAL;
+  attr->tm_caps = ctx->dev->limits.tm;
+  if (attr->tm_caps.max_num_tags != 0) attr->tm_caps.flags |= IBV_TM_CAP_RC;
+  return 0;
 }
 
 int query_port(ibv_context* handle, uint8_t port_num, ibv_port_attr* attr) {
@@ -490,7 +497,7 @@ int get_cq_event(ibv_comp_channel* handle, ibv_cq** cq_out, void** cq_context) {
       cq_obj* cq = nullptr;
       if (channel->events.pop(cq)) {
         ++cq->comp_events.got;
-        *cq_out = &cq->pub;
+        *cq_out = cq->handle();
         if (cq_context != nullptr) *cq_context = cq->pub.cq_context;
         return 0;
       }
@@ -555,6 +562,7 @@ int destroy_srq(ibv_srq* handle) {
   if (srq == nullptr) return EINVAL;
   if (srq->qps != 0) return EBUSY;
   if (!srq->pd->ctx->dead && srq->async_events.unacked()) return EBUSY;
+  if (srq->tm_cq != nullptr) --srq->tm_cq->qps;
   drop_async_events(*srq->pd->ctx, handle);
   --srq->pd->children;
   f->srqs.erase(handle);

@@ -13,6 +13,7 @@ api make_table() {
   detail::fill_qp(t);
   detail::fill_wire(t);
   detail::fill_cm(t);
+  detail::fill_tm(t);
   t.wc_status_str = ibv_wc_status_str;
   t.event_type_str = ibv_event_type_str;
   t.cm_event_str = rdma_event_str;

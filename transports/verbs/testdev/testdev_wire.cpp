@@ -254,8 +254,25 @@ result receiver_not_ready(fabric& f, qp_obj& qp, send_wqe& wqe, const qp_obj& r,
   return reached(outcome::blocked);
 }
 
+/// A SEND to a QP on a TM-SRQ: matched against its tagged buffers or landing in an ordinary one
+/// (testdev_tm.cpp).
+result deliver_tagged(fabric& f, qp_obj& qp, send_wqe& wqe, qp_obj& r,
+                      const std::vector<span>& source, clock::time_point now) {
+  std::vector<uint8_t> bytes(wqe.length);
+  if (!bytes.empty()) copy_spans(source, {span{bytes.data(), bytes.size()}}, wqe.length);
+  switch (tm_deliver(f, qp, r, wqe, bytes)) {
+    case tm_outcome::delivered:
+      return reached(outcome::done);
+    case tm_outcome::not_ready:
+      return receiver_not_ready(f, qp, wqe, r, now);
+    default:
+      return failure(IBV_WC_REM_OP_ERR, &r);
+  }
+}
+
 result deliver_send(fabric& f, qp_obj& qp, send_wqe& wqe, qp_obj& r,
                     const std::vector<span>& source, clock::time_point now) {
+  if (r.srq != nullptr && r.srq->tm) return deliver_tagged(f, qp, wqe, r, source, now);
   if (receives_of(r).empty()) return receiver_not_ready(f, qp, wqe, r, now);
   const recv_wqe receive = take_receive(f, r);
   uint32_t* slots = r.srq ? &r.srq->slots : &r.rq_slots;
@@ -478,7 +495,9 @@ void fabric::complete_in_order(qp_obj& qp) {
   while (!qp.sq.empty() && qp.sq.front().where == stage::done) {
     const send_wqe& wqe = qp.sq.front();
     const bool ok = wqe.status == IBV_WC_SUCCESS;
-    if (!ok || qp.sig_all || (wqe.flags & IBV_SEND_SIGNALED) != 0) {
+    if (wqe.internal) {
+      // Sent by the device itself (a TM rendezvous FIN): no completion, no slot.
+    } else if (!ok || qp.sig_all || (wqe.flags & IBV_SEND_SIGNALED) != 0) {
       ibv_wc wc = make_wc(wqe.wr_id, wqe.status, qp.pub.qp_num);
       if (ok) wc.opcode = completion_opcode(wqe.opcode);
       if (ok && wqe.opcode == IBV_WR_RDMA_READ) wc.byte_len = static_cast<uint32_t>(wqe.length);
