@@ -10,14 +10,16 @@
 //
 // So when idle_spin has said for a while that the thread shares its core with whoever sends it
 // work, or that its offers of the core keep giving another thread a time slice (a CAF worker
-// streaming to this process from the same core, another program), the thread moves itself to another core of its affinity mask (the mask stays what it was:
-// the thread is only placed) and counts the turns that did work per unit of time there. It stays
-// when that rate is at least the rate before the move, and goes back otherwise (the other core was
-// held by a program that leaves it a smaller share than the hand-overs cost, or the peer moved at
-// the same time). A failed move doubles the wait before the next attempt (with a jitter, so that
-// the two progress threads of a pair do not keep moving together). A thread pinned to one core,
-// by node_params::cpus or by its process's mask, never moves; a thread that slept is placed anew
-// by the kernel when it wakes, which ends a trial without going back.
+// streaming to this process from the same core, another program), the thread moves itself to
+// another core of its affinity mask (the mask stays what it was: the thread is only placed) and
+// counts the turns that did work per unit of time there. It stays when that rate is at least the
+// rate before the move, and goes back otherwise (the other core was held by a program that leaves
+// it a smaller share than the hand-overs cost, or the peer moved at the same time). A failed move
+// doubles the wait before the next attempt (with a jitter, so that the two progress threads of a
+// pair do not keep moving together); after a move that paid, the thread stays at least
+// min_backoff. A thread pinned to one core, by node_params::cpus or by its process's mask, never
+// moves; a thread that slept is placed anew by the kernel when it wakes, which ends a trial
+// without going back.
 #pragma once
 
 #include <chrono>
