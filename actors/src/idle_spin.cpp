@@ -40,6 +40,7 @@ void idle_spin::offer(clock::time_point now) {
 void idle_spin::offered(std::chrono::nanoseconds took) noexcept {
   if (took > long_offer) {
     // Another program's time slice: offering often would only give it more.
+    ++long_offers_;
     sharing_ = false;
     quick_offers_ = 0;
     last_ = last_offer::none;

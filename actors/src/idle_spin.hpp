@@ -53,6 +53,9 @@ public:
   /// True while the thread offers its core on every idle turn.
   bool sharing() const noexcept { return sharing_; }
 
+  /// Offers so far that gave another program its time slice (longer than long_offer).
+  uint64_t long_offers() const noexcept { return long_offers_; }
+
   /// An offer that returns within this found nobody waiting for the core.
   static constexpr std::chrono::nanoseconds quick_offer{1000};
   /// An offer that takes longer than this was another program's time slice.
@@ -79,6 +82,7 @@ private:
   clock::time_point offered_{};
   unsigned idle_turns_ = 0;
   unsigned quick_offers_ = 0;
+  uint64_t long_offers_ = 0;
   last_offer last_ = last_offer::none;
   bool sharing_ = false;
 };

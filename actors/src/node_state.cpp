@@ -1,6 +1,7 @@
 // The node's lifecycle, its progress thread, and the public API's entry points (see
 // node_state.hpp for the threading rules).
 #include "node_state.hpp"
+#include "core_move.hpp"
 #include "idle_spin.hpp"
 
 #include <comm/log.hpp>
@@ -141,16 +142,26 @@ void node_state::run() {
   pthread_setname_np(pthread_self(), "comm.progress");
   pin(params_.cpus);
   idle_spin spin;
+  core_move mover(generation_ ^ static_cast<uint64_t>(::getpid()));
+  const bool movable = may_move();
+  int left_cpu = -1;
   while (!stopping_.load(std::memory_order_acquire)) {
-    if (turn() != 0) {
+    const bool busy = turn() != 0;
+    if (busy) {
       spin.busy();
-      continue;
+    } else {
+      // A send in flight (a large frame the peer is fetching) means an answer is likely on its
+      // way: waiting for it asleep would add a wake-up to every hop of a large ping-pong.
+      const auto spin_time = in_flight_.get() != 0 ? std::max(params_.spin_time, in_flight_spin)
+                                                   : params_.spin_time;
+      if (spin.idle(spin_time) == idle_spin::action::sleep && sleep()) mover.slept();
     }
-    // A send in flight (a large frame the peer is fetching) means an answer is likely on its
-    // way: waiting for it asleep would add a wake-up to every hop of a large ping-pong.
-    const auto spin_time = in_flight_.get() != 0 ? std::max(params_.spin_time, in_flight_spin)
-                                                 : params_.spin_time;
-    if (spin.idle(spin_time) == idle_spin::action::sleep) sleep();
+    if (!movable) continue;
+    switch (mover.turn(busy, spin.sharing(), spin.long_offers())) {
+      case core_move::action::leave: left_cpu = move_off(); break;
+      case core_move::action::go_back: move_back(left_cpu); break;
+      case core_move::action::stay: break;
+    }
   }
   shut_down();
 }
@@ -181,21 +192,22 @@ size_t node_state::progress_locked() {
   return n;
 }
 
-void node_state::sleep() {
-  if (!try_acquire()) return;  // another thread is sending: not idle
+bool node_state::sleep() {
+  if (!try_acquire()) return false;  // another thread is sending: not idle
   sleeping_.store(true, std::memory_order_seq_cst);
   const bool busy = !outbox_.empty() || !unit_.idle() || stopping_.load() ||
                     worker_->arm() != comm::status::ok;
   release();
   if (busy) {
     sleeping_.store(false, std::memory_order_relaxed);
-    return;
+    return false;
   }
   epoll_event events[2];
   ::epoll_wait(epoll_fd_, events, 2, max_sleep_ms);
   sleeping_.store(false, std::memory_order_relaxed);
   uint64_t count = 0;
   [[maybe_unused]] ssize_t n = ::read(wake_fd_, &count, sizeof(count));
+  return true;
 }
 
 void node_state::wake() {

@@ -138,7 +138,7 @@ private:
   bool on_progress_thread() const noexcept;
   size_t turn();
   size_t progress_locked();
-  void sleep();
+  bool sleep();
   void wake();
   void shut_down();
   bool try_acquire() noexcept;

@@ -111,7 +111,10 @@ struct node_params {
   /// Limit on establishing a connection and on the answer to a lookup.
   std::chrono::milliseconds connect_timeout{5000};
   /// Cores the progress thread is pinned to, and the worker's resources placed for
-  /// (worker_params::cpus); empty: not pinned, not placed.
+  /// (worker_params::cpus); empty: not pinned, not placed. A progress thread allowed more than one
+  /// core (by this list or its process's mask) moves itself to another of them when it finds it
+  /// shares its core with the thread that sends it work, and stays there only if it does more
+  /// work per second (actors/README.md, "Delivery"); its mask is never changed.
   std::vector<int> cpus;
   /// Bytes of frames one connection may have waiting for an earlier frame of it (a large one
   /// still being fetched), counted with their attachments and a bookkeeping overhead per frame
