@@ -496,6 +496,65 @@ BOOST_DATA_TEST_CASE(zcopy_completions_come_in_issue_order, each_transport(), tr
   BOOST_TEST(progress_until({receiver.get()}, [&] { return got.size() == count; }));
 }
 
+BOOST_DATA_TEST_CASE(a_zcopy_without_a_completion_is_done_once_a_later_one_or_a_flush_is,
+                     each_transport(), transport) {
+  auto sender = open_iface(transport);
+  auto receiver = open_iface(transport);
+  auto ep = connect(*sender, *receiver);
+  const iface_list both = {sender.get(), receiver.get()};
+  const auto flush_all = [&] {
+    completion_probe flushed;
+    const status st = ep->flush(&flushed);
+    if (st != status::in_progress) return st;
+    if (!progress_until(both, [&] { return flushed.calls == 1; })) return status::timed_out;
+    return flushed.result;
+  };
+  if (has(*sender, tl::cap_am_zcopy)) {
+    recorder got;
+    got.install(*receiver, 5);
+    const auto first = pattern(std::min<size_t>(sender->attr().max_zcopy, 5000), 21);
+    const auto second = pattern(100, 22);
+    const std::vector<tl::iov> one{{first.data(), first.size()}}, two{{second.data(), 100}};
+    status st = retry_while_busy(
+        both, [&] { return ep->am_zcopy(5, nullptr, 0, one.data(), one.size(), nullptr); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    // Completions come in issue order: once the later one completes, the first is done too.
+    completion_probe later;
+    st = retry_while_busy(both, [&] { return start_zcopy(*ep, 5, {}, two, later); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    BOOST_TEST(progress_until(both, [&] { return later.calls == 1; }));
+    BOOST_TEST(later.result == status::ok);
+    st = retry_while_busy(
+        both, [&] { return ep->am_zcopy(5, nullptr, 0, two.data(), two.size(), nullptr); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    BOOST_TEST(flush_all() == status::ok);
+    BOOST_TEST(progress_until({receiver.get()}, [&] { return got.size() == 3; }));
+    BOOST_REQUIRE(got.size() == 3u);
+    BOOST_TEST((got.messages[0].bytes == first));
+    BOOST_TEST((got.messages[2].bytes == second));
+  }
+  if (!has(*sender, tl::cap_put_zcopy) && !has(*sender, tl::cap_get_zcopy)) return;
+  remote_region region(*sender, *receiver, 4096);
+  if (has(*sender, tl::cap_put_zcopy)) {
+    const auto x = pattern(1000, 31);
+    const tl::iov entry{x.data(), x.size()};
+    const status st = retry_while_busy(
+        both, [&] { return ep->put_zcopy(&entry, 1, region.at(100), region.key, nullptr); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    BOOST_TEST(flush_all() == status::ok);
+    BOOST_TEST(std::equal(x.begin(), x.end(), region.bytes.begin() + 100));
+  }
+  if (has(*sender, tl::cap_get_zcopy)) {
+    std::vector<uint8_t> into(1000, 0xee);
+    const tl::iov entry{into.data(), into.size()};
+    const status st = retry_while_busy(
+        both, [&] { return ep->get_zcopy(&entry, 1, region.at(2000), region.key, nullptr); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    BOOST_TEST(flush_all() == status::ok);
+    BOOST_TEST(std::equal(into.begin(), into.end(), region.bytes.begin() + 2000));
+  }
+}
+
 BOOST_DATA_TEST_CASE(flush_of_an_idle_endpoint_and_fence_between_sends, each_transport(),
                      transport) {
   auto sender = open_iface(transport);
