@@ -228,6 +228,9 @@ struct iface_attr {
   double latency_ns = 0;        ///< one-way latency estimate
   double bandwidth_bytes_per_s = 0; ///< bandwidth estimate
   unsigned priority = 0;        ///< tie breaker when choosing lanes: higher wins
+  /// Reaches only interfaces on this machine (self, shm): a network-only worker address
+  /// (comm::address_net_only) leaves it out.
+  bool node_local = false;
 };
 
 /// Memory registered with a memory domain.
