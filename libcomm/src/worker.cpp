@@ -293,7 +293,9 @@ request* worker_impl::alloc_request(const request_ops& ops, const request_params
   if (free_requests.empty()) {
     request_chunks.emplace_back(new request[request_chunk_size]);
     for (size_t i = 0; i < request_chunk_size; ++i) {
-      free_requests.push_back(&request_chunks.back()[i]);
+      request& fresh = request_chunks.back()[i];
+      fresh.iov.reserve(request::reserved_iov_entries);  // whichever post gets it, no allocation
+      free_requests.push_back(&fresh);
     }
   }
   request* req = free_requests.back();
