@@ -1019,6 +1019,11 @@ BOOST_DATA_TEST_CASE(every_tagged_send_answers_no_resource_when_full_and_parked_
   unexpected.install(*receiver);
   auto ep = connect(*sender, *receiver);
   const iface_list both{sender.get(), receiver.get()};
+  // A first message, so that a connection still being set up (no_resource too) is up.
+  BOOST_REQUIRE(retry_while_busy(both, [&] { return ep->tag_eager_short(49, "w", 1); }) ==
+                status::ok);
+  BOOST_REQUIRE(progress_until(both, [&] { return unexpected.messages.size() == 1; }));
+  unexpected.messages.clear();
   // Numbered short sends until the receiver's queue is full (nobody progresses it).
   uint64_t seq = 0;
   while (seq < 100'000 && ep->tag_eager_short(50, &seq, sizeof(seq)) == status::ok) ++seq;
@@ -1125,6 +1130,12 @@ struct two_way {
     if (!has_tags(*a)) return;
     ab = connect(*a, *b);
     ba = connect(*b, *a);
+    // One message each way (no handlers yet: dropped), so that connections still being set up
+    // are up before the chain starts.
+    const iface_list both{a.get(), b.get()};
+    retry_while_busy(both, [&] { return ab->tag_eager_short(100, "w", 1); });
+    retry_while_busy(both, [&] { return ba->tag_eager_short(100, "w", 1); });
+    progress_rounds(both, 200);
   }
   /// Records that callback `step` runs and checks it runs inside a call of `iface`.
   void ran(const std::string& step, const tl::iface& iface) {
