@@ -3,7 +3,8 @@
 // software stand-in for RDMA hardware, installed by verbs_test_fabric.cpp; nothing measured here
 // says anything about RDMA). Resolve, then connect; a pack callback that sees the device name and
 // refuses; query and its limits; the client's and the server's notify; disconnect from either
-// side with both callbacks; reject; a server that never answers; a peer that dies mid-handshake
+// side with both callbacks, and none for a connection not yet connected; a listener's user_data
+// and backlog; reject; a server that never answers; a peer that dies mid-handshake
 // (a process killed for tcp; for verbs, whose test device lives in this process only, its
 // connection manager destroyed, which the test device shows as its process exiting). Every case
 // checks that nothing leaks: descriptors, and the test device's objects.
@@ -21,7 +22,12 @@
 
 #include <comm/transport/transport.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -169,8 +175,9 @@ struct flow_log final : tl::cm_flow_handler {
 /// The connection manager's own events: requests kept for the test; the short handshake's
 /// outcomes counted (a flow never reports them).
 struct requests final : tl::cm_handler {
-  void on_request(tl::cm_listener*, std::unique_ptr<tl::cm_conn> conn, const uint8_t* data,
+  void on_request(tl::cm_listener* from, std::unique_ptr<tl::cm_conn> conn, const uint8_t* data,
                   size_t length) override {
+    listener_data.push_back(from == nullptr ? nullptr : from->user_data);
     conns.push_back(std::move(conn));
     data_seen.emplace_back(data, data + length);
   }
@@ -179,6 +186,7 @@ struct requests final : tl::cm_handler {
 
   std::vector<std::unique_ptr<tl::cm_conn>> conns;
   std::vector<std::vector<uint8_t>> data_seen;
+  std::vector<void*> listener_data;  ///< the user_data of the listener each request came to
   int short_outcomes = 0;
 };
 
@@ -700,6 +708,192 @@ BOOST_DATA_TEST_CASE(a_client_that_never_notifies_times_the_server_out, places, 
     BOOST_TEST(client_log.connects == 1);
     p.client->close(c);
     p.server->close(s);
+    p.reset();
+  }
+  BOOST_TEST(leaks.none());
+}
+
+BOOST_DATA_TEST_CASE(a_connection_not_yet_connected_is_never_told_on_disconnect, places, name) {
+  leak_check leaks;
+  {
+    cm_pair p(place_named(name));
+    BOOST_TEST_CONTEXT("the client closes before the server answered") {
+      flow_log client_log, server_log;
+      tl::cm_conn* c = p.request(client_log, bytes_of("request"));
+      p.client->close(c);
+      tl::cm_conn* s = p.answer(server_log, bytes_of("reply"), 1000);
+      BOOST_REQUIRE(p.progress_until([&] { return server_log.notifies == 1; }));
+      BOOST_TEST(server_log.notify_result != status::ok);
+      p.progress_for(100);
+      BOOST_TEST(server_log.disconnects == 0);
+      BOOST_TEST(server_log.notifies == 1);
+      BOOST_TEST(client_log.connects + client_log.disconnects == 0, "closed: untold");
+      p.server->close(s);
+    }
+    BOOST_TEST_CONTEXT("the client closes after on_connect, before it notifies") {
+      flow_log client_log, server_log;
+      tl::cm_conn* c = p.request(client_log, bytes_of("request"));
+      tl::cm_conn* s = p.answer(server_log, bytes_of("reply"), 1000);
+      BOOST_REQUIRE(p.progress_until([&] { return client_log.connects == 1; }));
+      BOOST_REQUIRE_EQUAL(client_log.connect_result, status::ok);
+      p.client->close(c);
+      BOOST_REQUIRE(p.progress_until([&] { return server_log.notifies == 1; }));
+      BOOST_TEST(server_log.notify_result != status::ok);
+      p.progress_for(100);
+      BOOST_TEST(server_log.disconnects == 0, "the server never was connected");
+      BOOST_TEST(client_log.disconnects == 0);
+      p.server->close(s);
+    }
+    BOOST_TEST_CONTEXT("the server rejects") {
+      flow_log client_log;
+      tl::cm_conn* c = p.request(client_log, bytes_of("request"));
+      p.server_events.conns.back()->reject();
+      p.server_events.conns.clear();
+      BOOST_REQUIRE(p.progress_until([&] { return client_log.connects == 1; }));
+      BOOST_TEST(client_log.connect_result == status::rejected);
+      p.progress_for(100);
+      BOOST_TEST(client_log.disconnects == 0);
+      BOOST_TEST(c->disconnect() == status::not_connected, "over, never connected");
+      p.client->close(c);
+    }
+    p.reset();
+  }
+  BOOST_TEST(leaks.none());
+}
+
+BOOST_DATA_TEST_CASE(a_listeners_user_data_comes_with_its_requests, places, name) {
+  leak_check leaks;
+  {
+    cm_pair p(place_named(name));
+    std::unique_ptr<tl::cm_listener> second;
+    BOOST_REQUIRE(p.server->listen(p.place.host + ":0", 16, second) == status::ok);
+    int first_mark = 1, second_mark = 2;
+    p.listener->user_data = &first_mark;
+    second->user_data = &second_mark;
+    const std::string second_address = p.place.host + ":" + std::to_string(second->port());
+    for (const bool to_second : {true, false, true}) {
+      flow_log log;
+      tl::cm_client_params params;
+      params.address = to_second ? second_address : p.address();
+      params.handler = &log;
+      log.then = [](tl::cm_conn* conn) { conn->connect(given(bytes_of("hello"))); };
+      tl::cm_conn* c = nullptr;
+      BOOST_REQUIRE(p.client->resolve(params, &c) == status::ok);
+      const size_t before = p.server_events.conns.size();
+      BOOST_REQUIRE(p.progress_until([&] { return p.server_events.conns.size() > before; }));
+      BOOST_TEST(p.server_events.listener_data.back() ==
+                 static_cast<void*>(to_second ? &second_mark : &first_mark));
+      p.server_events.conns.clear();  // rejected
+      BOOST_REQUIRE(p.progress_until([&] { return log.connects == 1; }));
+      p.client->close(c);
+    }
+    BOOST_TEST(p.listener->requests() == 1u);
+    BOOST_TEST(second->requests() == 2u);
+    second.reset();
+    p.reset();
+  }
+  BOOST_TEST(leaks.none());
+}
+
+// -- the listen backlog ---------------------------------------------------------------------------
+
+namespace cm_flow_test {
+
+/// Plain TCP connects to `host` ("127.0.0.1" or "[::1]") and `port`, one after another, each
+/// given up to `wait_ms` to complete while nobody accepts; returns how many completed. The
+/// sockets are closed before it returns.
+int plain_connects(const std::string& host, uint16_t port, int count, int wait_ms) {
+  const bool v6 = host.front() == '[';
+  sockaddr_storage to{};
+  socklen_t length = 0;
+  if (v6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&to);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(port);
+    ::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &a->sin6_addr);
+    length = sizeof(*a);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&to);
+    a->sin_family = AF_INET;
+    a->sin_port = htons(port);
+    ::inet_pton(AF_INET, host.c_str(), &a->sin_addr);
+    length = sizeof(*a);
+  }
+  std::vector<int> fds;
+  int completed = 0;
+  for (int i = 0; i < count; ++i) {
+    const int fd = ::socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    fds.push_back(fd);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&to), length) == 0) {
+      ++completed;
+      continue;
+    }
+    pollfd pfd{fd, POLLOUT, 0};
+    int error = 0;
+    socklen_t error_length = sizeof(error);
+    if (::poll(&pfd, 1, wait_ms) == 1 &&
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_length) == 0 && error == 0) {
+      ++completed;
+    }
+  }
+  for (const int fd : fds) ::close(fd);
+  return completed;
+}
+
+}  // namespace cm_flow_test
+
+BOOST_DATA_TEST_CASE(the_listen_backlog_bounds_the_requests_waiting_to_be_taken, places, name) {
+  leak_check leaks;
+  {
+    cm_pair p(place_named(name));
+    std::unique_ptr<tl::cm_listener> one, most;
+    BOOST_REQUIRE(p.server->listen(p.place.host + ":0", 1, one) == status::ok);
+    BOOST_REQUIRE(p.server->listen(p.place.host + ":0", 0, most) == status::ok);  // the maximum
+    if (p.place.transport == "tcp") {
+      // The backlog is the kernel's queue of connections the server has not taken yet (it takes
+      // them in progress(), which nobody calls here): one waiting, and the one the kernel allows
+      // beyond it; the others stay unanswered. Without a backlog all get through.
+      BOOST_TEST(plain_connects(p.place.host, one->port(), 6, 300) <= 2);
+      BOOST_TEST(plain_connects(p.place.host, most->port(), 6, 2000) == 6);
+    } else {
+      // verbs: requests handed over and not answered yet fill the backlog; one more is refused.
+      flow_log held, refused;
+      tl::cm_client_params params;
+      params.address = p.place.host + ":" + std::to_string(one->port());
+      params.handler = &held;
+      held.then = [](tl::cm_conn* conn) { conn->connect(given(bytes_of("first"))); };
+      tl::cm_conn *a = nullptr, *b = nullptr;
+      BOOST_REQUIRE(p.client->resolve(params, &a) == status::ok);
+      BOOST_REQUIRE(p.progress_until([&] { return p.server_events.conns.size() == 1; }));
+      params.handler = &refused;
+      refused.then = [](tl::cm_conn* conn) { conn->connect(given(bytes_of("second"))); };
+      BOOST_REQUIRE(p.client->resolve(params, &b) == status::ok);
+      BOOST_REQUIRE(p.progress_until([&] { return refused.connects == 1; }));
+      BOOST_TEST(refused.connect_result == status::rejected);
+      BOOST_TEST(p.server_events.conns.size() == 1u);
+      p.server_events.conns.clear();
+      BOOST_REQUIRE(p.progress_until([&] { return held.connects == 1; }));
+      p.client->close(a);
+      p.client->close(b);
+    }
+    // Once the server takes what waits, requests come through again.
+    p.progress_for(100);
+    p.server_events.conns.clear();
+    flow_log later;
+    tl::cm_client_params params;
+    params.address = p.place.host + ":" + std::to_string(one->port());
+    params.handler = &later;
+    later.then = [](tl::cm_conn* conn) { conn->connect(given(bytes_of("later"))); };
+    tl::cm_conn* c = nullptr;
+    BOOST_REQUIRE(p.client->resolve(params, &c) == status::ok);
+    BOOST_TEST(p.progress_until([&] { return !p.server_events.conns.empty(); }));
+    p.server_events.conns.clear();
+    BOOST_TEST(p.progress_until([&] { return later.connects == 1; }));
+    BOOST_TEST(later.connect_result == status::rejected);
+    p.client->close(c);
+    one.reset();
+    most.reset();
     p.reset();
   }
   BOOST_TEST(leaks.none());

@@ -496,6 +496,65 @@ BOOST_DATA_TEST_CASE(zcopy_completions_come_in_issue_order, each_transport(), tr
   BOOST_TEST(progress_until({receiver.get()}, [&] { return got.size() == count; }));
 }
 
+BOOST_DATA_TEST_CASE(a_zcopy_without_a_completion_is_done_once_a_later_one_or_a_flush_is,
+                     each_transport(), transport) {
+  auto sender = open_iface(transport);
+  auto receiver = open_iface(transport);
+  auto ep = connect(*sender, *receiver);
+  const iface_list both = {sender.get(), receiver.get()};
+  const auto flush_all = [&] {
+    completion_probe flushed;
+    const status st = ep->flush(&flushed);
+    if (st != status::in_progress) return st;
+    if (!progress_until(both, [&] { return flushed.calls == 1; })) return status::timed_out;
+    return flushed.result;
+  };
+  if (has(*sender, tl::cap_am_zcopy)) {
+    recorder got;
+    got.install(*receiver, 5);
+    const auto first = pattern(std::min<size_t>(sender->attr().max_zcopy, 5000), 21);
+    const auto second = pattern(100, 22);
+    const std::vector<tl::iov> one{{first.data(), first.size()}}, two{{second.data(), 100}};
+    status st = retry_while_busy(
+        both, [&] { return ep->am_zcopy(5, nullptr, 0, one.data(), one.size(), nullptr); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    // Completions come in issue order: once the later one completes, the first is done too.
+    completion_probe later;
+    st = retry_while_busy(both, [&] { return start_zcopy(*ep, 5, {}, two, later); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    BOOST_TEST(progress_until(both, [&] { return later.calls == 1; }));
+    BOOST_TEST(later.result == status::ok);
+    st = retry_while_busy(
+        both, [&] { return ep->am_zcopy(5, nullptr, 0, two.data(), two.size(), nullptr); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    BOOST_TEST(flush_all() == status::ok);
+    BOOST_TEST(progress_until({receiver.get()}, [&] { return got.size() == 3; }));
+    BOOST_REQUIRE(got.size() == 3u);
+    BOOST_TEST((got.messages[0].bytes == first));
+    BOOST_TEST((got.messages[2].bytes == second));
+  }
+  if (!has(*sender, tl::cap_put_zcopy) && !has(*sender, tl::cap_get_zcopy)) return;
+  remote_region region(*sender, *receiver, 4096);
+  if (has(*sender, tl::cap_put_zcopy)) {
+    const auto x = pattern(1000, 31);
+    const tl::iov entry{x.data(), x.size()};
+    const status st = retry_while_busy(
+        both, [&] { return ep->put_zcopy(&entry, 1, region.at(100), region.key, nullptr); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    BOOST_TEST(flush_all() == status::ok);
+    BOOST_TEST(std::equal(x.begin(), x.end(), region.bytes.begin() + 100));
+  }
+  if (has(*sender, tl::cap_get_zcopy)) {
+    std::vector<uint8_t> into(1000, 0xee);
+    const tl::iov entry{into.data(), into.size()};
+    const status st = retry_while_busy(
+        both, [&] { return ep->get_zcopy(&entry, 1, region.at(2000), region.key, nullptr); });
+    BOOST_TEST_REQUIRE((st == status::ok || st == status::in_progress), to_string(st));
+    BOOST_TEST(flush_all() == status::ok);
+    BOOST_TEST(std::equal(into.begin(), into.end(), region.bytes.begin() + 2000));
+  }
+}
+
 BOOST_DATA_TEST_CASE(flush_of_an_idle_endpoint_and_fence_between_sends, each_transport(),
                      transport) {
   auto sender = open_iface(transport);
@@ -784,6 +843,90 @@ BOOST_DATA_TEST_CASE(no_resource_parks_requests_and_resumes_them_in_order, each_
   BOOST_TEST(progress_until({receiver.get(), sender.get()},
                             [&] { return ep->pending_add(&extra) == status::busy; }));
   BOOST_TEST(ep->am_short(1, &seq, sizeof(seq), nullptr, 0) == status::ok);
+}
+
+// Seed 004: when send resources are shared (here a receiver's queue, which three endpoints of
+// one interface fill together), a parked request is called when its endpoint's turn comes, by
+// the transport's policy: every endpoint gets its turn, and each one's requests go in order.
+BOOST_DATA_TEST_CASE(endpoints_sharing_a_receivers_queue_each_get_their_turn_in_order,
+                     each_transport(), transport) {
+  auto sender = open_iface(transport);
+  auto receiver = open_iface(transport, 8);
+  recorder got;
+  got.install(*receiver, 1);
+  // Declared before the endpoints, so that they go first (a parked request must outlive them).
+  std::vector<std::vector<numbered_send>> parked(3);
+  std::vector<std::unique_ptr<tl::ep>> eps;
+  for (int k = 0; k < 3; ++k) eps.push_back(connect(*sender, *receiver));
+  // Endpoint k sends (k << 32) | i: the i-th message of endpoint k.
+  const auto word = [](uint64_t k, uint64_t i) { return k << 32 | i; };
+  std::vector<uint64_t> next(eps.size(), 0);
+  // Fill through the first endpoint; see which others are refused too (resources shared).
+  uint64_t filled = 0;
+  for (; filled < 1'000'000; ++filled) {
+    const uint64_t w = word(0, next[0]);
+    if (eps[0]->am_short(1, &w, sizeof(w), nullptr, 0) != status::ok) break;
+    ++next[0];
+  }
+  BOOST_TEST_REQUIRE(filled < 1'000'000u, "never answered no_resource");
+  std::vector<bool> refused(eps.size(), true);
+  for (size_t k = 1; k < eps.size(); ++k) {
+    const uint64_t w = word(k, next[k]);
+    const status st = eps[k]->am_short(1, &w, sizeof(w), nullptr, 0);
+    refused[k] = st == status::no_resource;
+    if (st == status::ok) ++next[k];
+  }
+  BOOST_TEST_MESSAGE(transport << ": the receiver's queue is shared by the endpoints: "
+                               << (refused[1] && refused[2] ? "yes" : "no"));
+  // Park ten requests on every endpoint (taking turns); every endpoint is called back, and each
+  // one's messages arrive in its own order.
+  std::vector<std::vector<bool>> was_parked(eps.size(), std::vector<bool>(10, false));
+  for (auto& list : parked) list.resize(10);
+  for (int i = 0; i < 10; ++i) {
+    for (size_t k = 0; k < eps.size(); ++k) {
+      numbered_send& req = parked[k][i];
+      req.ep = eps[k].get();
+      req.seq = word(k, next[k]++);
+      const status st = eps[k]->pending_add(&req);
+      // An endpoint whose own resources are free may say "send now" (busy): then it sends.
+      if (st == status::busy) {
+        BOOST_TEST(eps[k]->am_short(1, &req.seq, sizeof(req.seq), nullptr, 0) == status::ok);
+      } else {
+        BOOST_TEST(st == status::ok);
+        was_parked[k][i] = true;
+      }
+    }
+  }
+  uint64_t total = 0;
+  for (uint64_t n : next) total += n;
+  // verbs: known bug, reported and not asserted: sends on new endpoints answer no_resource while
+  // their connections are set up, and the requests parked on the second and third endpoint are
+  // never called back once they are (docs/seed_coverage.md, seed 004).
+  const bool known_bug = transport == "verbs";
+  const bool all = progress_until({receiver.get(), sender.get()},
+                                  [&] { return got.size() == total; }, known_bug ? 2s : 20s);
+  if (!known_bug) BOOST_TEST(all);
+  progress_rounds({receiver.get(), sender.get()}, 200);
+  std::vector<uint64_t> seen(eps.size(), 0);
+  for (const auto& m : got.messages) {
+    const uint64_t w = comm::test::sequence_of(m.bytes), k = w >> 32, i = w & 0xffffffffu;
+    BOOST_REQUIRE(k < eps.size());
+    BOOST_TEST(i == seen[k], "endpoint " << k << " message " << i << " in order");
+    seen[k] = i + 1;
+  }
+  for (size_t k = 0; k < eps.size(); ++k) {
+    BOOST_TEST_MESSAGE(transport << ": endpoint " << k << " delivered " << seen[k] << " of "
+                                 << next[k]);
+    if (known_bug) continue;
+    BOOST_TEST(seen[k] == next[k], "endpoint " << k << ": " << seen[k] << " of " << next[k]);
+    for (int i = 0; i < 10; ++i) {
+      if (was_parked[k][i]) BOOST_TEST(parked[k][i].calls >= 1, "endpoint " << k << " called");
+    }
+  }
+  if (known_bug && got.size() != total) BOOST_TEST_MESSAGE(sender->info());
+  std::vector<tl::pending_req*> purged;
+  for (auto& ep : eps) ep->pending_purge(&collect_purged, &purged);
+  if (!known_bug) BOOST_TEST(purged.empty());
 }
 
 BOOST_DATA_TEST_CASE(pending_purge_hands_back_every_parked_request_in_order, each_transport(),

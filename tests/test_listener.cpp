@@ -1,6 +1,7 @@
 // Client-server connections in one process: listen, connection requests with private data both
-// ways, accept (also on another worker), reject, unreachable, timeouts, authentication, hostile
-// bytes at the listener, disconnects, and a connect/exchange/close loop that must not leak. Over
+// ways, accept (also on another worker, or by the listener itself), reject, unreachable,
+// timeouts, authentication, hostile bytes at the listener, disconnects, and a
+// connect/exchange/close loop that must not leak. Over
 // IPv6 too: [::1] and [::] listeners, clients by IPv6 literal and by names with IPv6 addresses
 // (a private resolver), a tcp lane over ::1.
 #define BOOST_TEST_MODULE listener
@@ -320,6 +321,51 @@ BOOST_AUTO_TEST_CASE(accept_on_another_worker_of_the_context) {
   BOOST_TEST(cep->peer_name() == "second");
   BOOST_TEST(tag_exchange(*cli.w, cep, *second, 64, 5));
   BOOST_TEST(tag_exchange(*second, sep, *cli.w, 64, 6));
+}
+
+BOOST_AUTO_TEST_CASE(a_listener_with_an_accept_handler_makes_the_endpoints_itself) {
+  ep_events se, first, second;  // outlive the workers, whose destruction still reports to them
+  context ctx(config_with({"shm", "tcp"}));
+  worker_params wp;
+  wp.name = "server";
+  auto w = worker::create(ctx, wp).value();
+  /// What the accept handler was given.
+  struct accepted_t {
+    std::vector<endpoint*> eps;
+  } accepted;
+  listener_params lp;
+  lp.address = "127.0.0.1:0";
+  lp.on_accept = [](void* arg, endpoint* ep) {
+    static_cast<accepted_t*>(arg)->eps.push_back(ep);
+  };
+  lp.accept_arg = &accepted;
+  lp.accept_params = params_for(se, "from the server");
+  std::unique_ptr<listener> l;
+  BOOST_REQUIRE_EQUAL(w->listen(lp, &l), status::ok);
+  const std::string address = "127.0.0.1:" + std::to_string(l->port());
+  client cli(config_with({"shm", "tcp"}));
+  endpoint *a = nullptr, *b = nullptr;
+  BOOST_REQUIRE_EQUAL(cli.w->connect(address, params_for(first, "one"), &a), status::ok);
+  BOOST_REQUIRE_EQUAL(cli.w->connect(address, params_for(second, "two"), &b), status::ok);
+  BOOST_REQUIRE(run(*w, *cli.w, [&] {
+    return first.connects == 1 && second.connects == 1 && se.connects == 2;
+  }));
+  BOOST_TEST(accepted.eps.size() == 2u);
+  BOOST_TEST(l->requests() == 2u);
+  BOOST_TEST(std::string(first.peer_data.begin(), first.peer_data.end()) == "from the server");
+  BOOST_TEST(std::string(second.peer_data.begin(), second.peer_data.end()) == "from the server");
+  BOOST_TEST(first.errors + second.errors + se.errors == 0);
+  // The endpoints it made carry traffic both ways.
+  BOOST_REQUIRE(accepted.eps.size() == 2u);
+  BOOST_TEST(tag_exchange(*cli.w, a, *w, 100, 11));
+  BOOST_TEST(tag_exchange(*w, accepted.eps[0], *cli.w, 100, 12));
+  BOOST_TEST(tag_exchange(*w, accepted.eps[1], *cli.w, 100, 13));
+  // Private data too large for the endpoints it would make is refused at listen.
+  listener_params too_big = lp;
+  too_big.accept_params.private_data.assign(max_private_data + 1, 0);
+  std::unique_ptr<listener> refused;
+  BOOST_TEST(w->listen(too_big, &refused) == status::exceeds_limit);
+  BOOST_TEST(!refused);
 }
 
 BOOST_AUTO_TEST_CASE(reject_fails_the_client_endpoint_and_its_sends) {

@@ -1,15 +1,54 @@
 // RMA through the protocol layer: registration, keys, put and get with DAT's RDMA-read semantics
 // (iov filled in order, cookie, completion suppression, fence, bounded outstanding reads), bad
 // ranges and keys, flush, posts on a failed endpoint (flushed), access rights (local misuse and a
-// hostile reader with a forged key), remote segments, and the outstanding-reads limit exchanged
-// at connection. Runs over every transport present.
+// hostile reader with a forged key), remote segments, the outstanding-reads limit exchanged at
+// connection, one cookie on two reads, the iov array the caller's again when a post returns, no
+// allocation per post once the request pool is warm (operator new is counted here), and the
+// optimal alignment. Runs over every transport present.
 #define BOOST_TEST_MODULE rma
 #include "fixture.hpp"
+#include "test_util.hpp"
+
+#include "verbs/testdev/testdev.hpp"
+#include "verbs/verbs_component.hpp"
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <new>
+
+// Every allocation through operator new is counted while this thread's `counting` is set and
+// it is not inside the verbs test device (the case about allocation per post).
+namespace {
+std::atomic<uint64_t> allocations{0};
+thread_local bool counting = false;
+thread_local bool in_test_device = false;
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (counting && !in_test_device) allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t size) { return operator new(size); }
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  if (counting && !in_test_device) allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(size == 0 ? 1 : size);
+}
+void* operator new[](std::size_t size, const std::nothrow_t& tag) noexcept {
+  return operator new(size, tag);
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 using namespace comm;
 using namespace comm::test;
@@ -49,6 +88,41 @@ rkey* forged_key(worker_pair& p, memh* handle, uint32_t access, uint64_t length)
 rkey* key_served_by_owner(worker_pair& p, memh* handle) {
   return reencoded_key(p, handle, [](auto bundle) { bundle.initEntries(0); });
 }
+
+/// The verbs test device's post_send, called by marked_post_send.
+decltype(comm::verbs::api::post_send) device_post_send = nullptr;
+
+/// The verbs test device's table, except that its post_send marks the thread as inside the
+/// device while it runs: what the software stand-in allocates for its work queues (a NIC's
+/// post_send allocates nothing) is not counted as the post's. Installed while the case that
+/// counts allocations runs over verbs.
+const comm::verbs::api& marked_device_table() {
+  static const comm::verbs::api table = [] {
+    comm::verbs::api t = comm::verbs::testdev::table();
+    device_post_send = t.post_send;
+    t.post_send = [](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+      in_test_device = true;
+      const int result = device_post_send(qp, wr, bad);
+      in_test_device = false;
+      return result;
+    };
+    return t;
+  }();
+  return table;
+}
+
+/// Runs the registered verbs transport over marked_device_table() while it lives.
+struct marked_device {
+  explicit marked_device(const std::string& transport) : active(transport == "verbs") {
+    if (active) comm::verbs::use_verbs_table(marked_device_table());
+  }
+  ~marked_device() {
+    if (active) comm::verbs::use_verbs_table(comm::verbs::testdev::table());
+  }
+  marked_device(const marked_device&) = delete;
+  marked_device& operator=(const marked_device&) = delete;
+  bool active;
+};
 
 /// Posts 64 gets of 1 KiB in a row from `region` (pattern `seed`), more than any transport's
 /// outstanding-read limit, and checks that they complete in posting order with their data.
@@ -132,6 +206,153 @@ BOOST_DATA_TEST_CASE(put_then_get_round_trip_sizes, each_transport(), transport)
       ++seed;
     }
   }
+}
+
+BOOST_DATA_TEST_CASE(two_reads_may_carry_the_same_cookie, each_transport(), transport) {
+  worker_pair p(transport);
+  remote_region region(p, 8192, 12);
+  std::vector<uint8_t> x(4096), y(4096);
+  /// What the callback was told, in order: the request and the status.
+  struct seen_t {
+    std::vector<std::pair<request*, status>> calls;
+  } seen;
+  request_params params;
+  params.flags = request_no_immediate_completion;
+  params.user_data = &seen;  // one cookie for both reads
+  params.send_cb = [](request* req, status st, void* cookie) {
+    static_cast<seen_t*>(cookie)->calls.emplace_back(req, st);
+  };
+  const iov_entry into_x{x.data(), x.size()}, into_y{y.data(), y.size()};
+  op first = p.ab->get(&into_x, 1, region.address(0), region.key, params);
+  op second = p.ab->get(&into_y, 1, region.address(4096), region.key, params);
+  BOOST_REQUIRE(first.pending());
+  BOOST_REQUIRE(second.pending());
+  BOOST_REQUIRE(p.until([&] { return seen.calls.size() == 2; }));
+  BOOST_TEST(seen.calls[0].first == first.req);
+  BOOST_TEST(seen.calls[1].first == second.req);
+  BOOST_TEST(seen.calls[0].second == status::ok);
+  BOOST_TEST(seen.calls[1].second == status::ok);
+  BOOST_TEST(first_mismatch(x.data(), x.size(), 12, 0) == -1);
+  BOOST_TEST(first_mismatch(y.data(), y.size(), 12, 4096) == -1);
+  p.spin(100);
+  BOOST_TEST(seen.calls.size() == 2u);
+  p.a->release(first.req);
+  p.a->release(second.req);
+}
+
+BOOST_DATA_TEST_CASE(the_iov_array_is_the_callers_again_when_the_post_returns, each_transport(),
+                     transport) {
+  worker_pair p(transport);
+  remote_region region(p, 8192, 13);
+  // Served by b's worker: the data moves only once b progresses, after the posts returned.
+  rkey* served = key_served_by_owner(p, region.handle);
+  std::vector<uint8_t> target(6000, 0xEE), decoy(6000, 0x11);
+  const std::vector<uint8_t> source = pattern(3000, 14);
+  auto read_array = std::make_unique<iov_entry[]>(3);
+  read_array[0] = {target.data(), 1000};
+  read_array[1] = {target.data() + 2000, 1000};
+  read_array[2] = {target.data() + 4000, 1000};
+  auto write_array = std::make_unique<iov_entry[]>(2);
+  write_array[0] = {const_cast<uint8_t*>(source.data()), 1500};
+  write_array[1] = {const_cast<uint8_t*>(source.data()) + 1500, 1500};
+  send_tracker read_done, write_done;
+  op get = p.ab->get(read_array.get(), 3, region.address(100), served,
+                     send_params(read_done, request_no_immediate_completion));
+  op put = p.ab->put(write_array.get(), 2, region.address(5000), served,
+                     send_params(write_done, request_no_immediate_completion));
+  BOOST_REQUIRE(get.pending());
+  BOOST_REQUIRE(put.pending());
+  // The arrays are reused for something else and freed before anything moved.
+  BOOST_TEST(read_done.calls + write_done.calls == 0);
+  for (int i = 0; i < 3; ++i) read_array[i] = {decoy.data() + i, 1};
+  for (int i = 0; i < 2; ++i) write_array[i] = {decoy.data() + 10 + i, 1};
+  read_array.reset();
+  write_array.reset();
+  BOOST_REQUIRE(p.until([&] { return read_done.calls == 1 && write_done.calls == 1; }));
+  BOOST_TEST(read_done.st == status::ok);
+  BOOST_TEST(write_done.st == status::ok);
+  BOOST_TEST(first_mismatch(target.data(), 1000, 13, 100) == -1);
+  BOOST_TEST(first_mismatch(target.data() + 2000, 1000, 13, 1100) == -1);
+  BOOST_TEST(first_mismatch(target.data() + 4000, 1000, 13, 2100) == -1);
+  BOOST_TEST((target[1000] == 0xEE && target[3999] == 0xEE && target[5000] == 0xEE));
+  BOOST_TEST(std::equal(source.begin(), source.end(), region.bytes.begin() + 5000));
+  BOOST_TEST(std::all_of(decoy.begin(), decoy.end(), [](uint8_t b) { return b == 0x11; }));
+  p.a->release(get.req);
+  p.a->release(put.req);
+  p.ab->rkey_destroy(served);
+}
+
+BOOST_DATA_TEST_CASE(a_post_allocates_nothing_once_the_pool_is_warm, each_transport(),
+                     transport) {
+  const marked_device device(transport);  // verbs: the test device's own allocations not counted
+  worker_pair p(transport);
+  constexpr size_t n = 24, size = 2048;
+  remote_region region(p, n * size, 15);
+  const remote_segment whole = p.ab->rkey_segment(region.key);
+  // The local buffers are registered, as DAT's local iov is (LMRs): one slab for the two-entry
+  // reads, one for the whole-segment reads, one holding what the puts write (the region's own
+  // bytes: the writes change nothing the reads could see).
+  std::vector<uint8_t> halves_slab(n * size), wholes_slab(n * n * size);
+  std::vector<uint8_t> original = pattern(n * size, 15);
+  std::vector<memh_ptr> maps;
+  for (auto* slab : {&halves_slab, &wholes_slab, &original}) {
+    maps.push_back(p.a->mem_map(mutable_bytes(slab->data(), slab->size())).value());
+  }
+  std::vector<op> ops(3 * n);
+  // n of each kind in flight at once.
+  const auto post_all = [&] {
+    const uint64_t before = allocations.load();
+    counting = true;
+    for (size_t i = 0; i < n; ++i) {
+      uint8_t* half = halves_slab.data() + i * size;
+      const iov_entry halves[] = {{half, size / 2}, {half + size / 2, size / 2}};
+      ops[3 * i] = p.ab->get(halves, 2, region.address(i * size), region.key);
+      const iov_entry all{wholes_slab.data() + i * n * size, n * size};
+      ops[3 * i + 1] = p.ab->get(&all, 1, whole);
+      const iov_entry from[] = {{original.data() + i * size, size / 2},
+                                {original.data() + i * size + size / 2, size / 2}};
+      ops[3 * i + 2] = p.ab->put(from, 2, region.address(i * size), region.key);
+    }
+    counting = false;
+    return allocations.load() - before;
+  };
+  const auto finish_all = [&] {
+    for (op& o : ops) BOOST_TEST(p.finish(o) == status::ok);
+  };
+  const uint64_t cold = post_all();
+  finish_all();
+  const uint64_t warm = post_all();
+  finish_all();
+  BOOST_TEST_MESSAGE(transport << ": " << cold << " allocations in the first " << 3 * n
+                               << " posts, " << warm << " once warm");
+  if (transport == "verbs") {
+    // Known gap, not asserted: the verbs transport's list of posted work requests (a std::deque
+    // in verbs_conn) allocates a block every few posts. docs/seed_coverage.md says so.
+    BOOST_TEST_MESSAGE("verbs: " << warm << " allocations once warm are its send queue's");
+  } else {
+    BOOST_TEST(warm == 0u);
+  }
+  BOOST_TEST(first_mismatch(halves_slab.data() + 3 * size, size, 15, 3 * size) == -1);
+  BOOST_TEST(first_mismatch(wholes_slab.data() + 5 * n * size, n * size, 15) == -1);
+}
+
+BOOST_DATA_TEST_CASE(the_optimal_alignment_is_a_power_of_two_and_a_get_there_fills_it,
+                     each_transport(), transport) {
+  worker_pair p(transport);
+  const size_t align = p.a->optimal_alignment();
+  BOOST_TEST(align >= alignof(std::max_align_t));
+  BOOST_TEST((align & (align - 1)) == 0u, align << " is a power of two");
+  BOOST_TEST(align <= static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
+  BOOST_TEST(p.b->optimal_alignment() == align, "a property of the machine");
+  // Buffers at that alignment work as any other.
+  remote_region region(p, 4 * align, 3);
+  void* raw = std::aligned_alloc(align, 4 * align);
+  BOOST_REQUIRE(raw != nullptr);
+  BOOST_TEST(reinterpret_cast<uintptr_t>(raw) % align == 0u);
+  const iov_entry entry{raw, 4 * align};
+  BOOST_TEST(p.finish(p.ab->get(&entry, 1, region.address(), region.key)) == status::ok);
+  BOOST_TEST(first_mismatch(raw, 4 * align, 3) == -1);
+  std::free(raw);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -4,7 +4,10 @@
 // them must match posted receives in post order by tag and mask, deliver eager short, bcopy and
 // zcopy messages into them (or to the unexpected handler, in FIRST/MORE fragments beyond one FIFO
 // element), fetch a rendezvous into a matching receive or hand its address, length and key to the
-// unexpected handler, and cancel receives and rendezvous as the seed says. Cases needing another
+// unexpected handler, and cancel receives and rendezvous as the seed says; every tagged send
+// answers no_resource on a full queue and parked ones resume in order; callbacks run inside
+// their interface's progress (or post, or cancel) and may send, post and cancel themselves; an
+// eager zcopy of no entries is an empty message. Cases needing another
 // process skip transports whose interfaces another process cannot reach, and say so. The shm cases
 // at the end write malformed tagged cells into a receiver's FIFO.
 // Every wait is bounded in iterations and time; nothing asserts on timing.
@@ -53,14 +56,16 @@ namespace tagtest {
 
 // -- interfaces and progress ----------------------------------------------------------------------
 
-/// Opens an interface of `transport` on its first device.
-std::unique_ptr<tl::iface> open_iface(const std::string& transport) {
+/// Opens an interface of `transport` on its first device (`fifo_size` receive queue entries, 0
+/// for the transport's default).
+std::unique_ptr<tl::iface> open_iface(const std::string& transport, size_t fifo_size = 0) {
   tl::component* component = comm::test::find_component(transport);
   if (component == nullptr || component->devices().empty()) {
     throw std::runtime_error("no device for " + transport);
   }
   tl::iface_params params;
   params.device = component->devices().front();
+  params.fifo_size = fifo_size;
   std::unique_ptr<tl::iface> iface;
   const status st = component->open(params, iface);
   if (st != status::ok) throw std::runtime_error("open " + transport + ": " + to_string(st));
@@ -1032,6 +1037,260 @@ BOOST_DATA_TEST_CASE(destroying_an_endpoint_cancels_its_rendezvous, each_transpo
   BOOST_TEST(done.calls == 0);
   const std::string released = transport + ": md: 0 regions registered";
   BOOST_TEST(p.sender->info().find(released) != std::string::npos, p.sender->info());
+}
+
+// -- resources ----------------------------------------------------------------------------------
+
+namespace tagtest {
+
+/// A parked tag_eager_short carrying its sequence number; counts how often it was dispatched.
+struct parked_tag_send : tl::pending_req {
+  tl::ep* ep = nullptr;
+  tl::tag_t tag = 0;
+  uint64_t seq = 0;
+  int calls = 0;
+  parked_tag_send() {
+    func = [](tl::pending_req* self) {
+      auto* req = static_cast<parked_tag_send*>(self);
+      ++req->calls;
+      return req->ep->tag_eager_short(req->tag, &req->seq, sizeof(req->seq));
+    };
+  }
+};
+
+}  // namespace tagtest
+
+BOOST_DATA_TEST_CASE(every_tagged_send_answers_no_resource_when_full_and_parked_ones_resume,
+                     each_transport(), transport) {
+  auto sender = open_iface(transport);
+  auto receiver = open_iface(transport, 8);  // a small receive queue fills quickly
+  if (!runs_over(*receiver, transport)) return;
+  unexpected_log unexpected;
+  unexpected.install(*receiver);
+  auto ep = connect(*sender, *receiver);
+  const iface_list both{sender.get(), receiver.get()};
+  // A first message, so that a connection still being set up (no_resource too) is up.
+  BOOST_REQUIRE(retry_while_busy(both, [&] { return ep->tag_eager_short(49, "w", 1); }) ==
+                status::ok);
+  BOOST_REQUIRE(progress_until(both, [&] { return unexpected.messages.size() == 1; }));
+  unexpected.messages.clear();
+  // Numbered short sends until the receiver's queue is full (nobody progresses it).
+  uint64_t seq = 0;
+  while (seq < 100'000 && ep->tag_eager_short(50, &seq, sizeof(seq)) == status::ok) ++seq;
+  BOOST_TEST_REQUIRE(seq < 100'000u, "never answered no_resource");
+  BOOST_TEST(seq > 0u);
+  // Every tagged send answers no_resource now, and none of them is delivered later.
+  BOOST_TEST(ep->tag_eager_short(51, &seq, sizeof(seq)) == status::no_resource);
+  auto bytes = pattern(16, 4);
+  BOOST_TEST(ep->tag_eager_bcopy(51, 1, &pack_vector, &bytes) ==
+             static_cast<ssize_t>(status::no_resource));
+  const tl::iov entry{bytes.data(), bytes.size()};
+  completion_probe zcopy_done, rndv_done;
+  BOOST_TEST(ep->tag_eager_zcopy(51, 1, &entry, 1, &zcopy_done) == status::no_resource);
+  uint64_t handle = 0;
+  BOOST_TEST(ep->tag_rndv_zcopy(51, "h", 1, &entry, 1, &rndv_done, &handle) ==
+             status::no_resource);
+  BOOST_TEST(ep->tag_rndv_request(51, "h", 1) == status::no_resource);
+  // Parked tagged sends go out after the ones queued before, in order.
+  std::vector<parked_tag_send> parked(10);
+  for (auto& req : parked) {
+    req.ep = ep.get();
+    req.tag = 50;
+    req.seq = seq++;
+    BOOST_TEST(ep->pending_add(&req) == status::ok);
+  }
+  BOOST_TEST(ep->tag_eager_short(50, &seq, sizeof(seq)) == status::no_resource,
+             "a send does not overtake parked ones");
+  BOOST_TEST(progress_until(both, [&] { return unexpected.messages.size() == seq; }));
+  progress_rounds(both, 200);
+  BOOST_REQUIRE(unexpected.messages.size() == seq);
+  for (uint64_t i = 0; i < seq; ++i) {
+    const auto& m = unexpected.messages[i];
+    BOOST_TEST_CONTEXT("message " << i) {
+      BOOST_TEST(m.tag == 50u);
+      BOOST_TEST(comm::test::sequence_of(m.bytes) == i);
+    }
+  }
+  for (const auto& req : parked) BOOST_TEST(req.calls >= 1);
+  BOOST_TEST(unexpected.rendezvous.empty());
+  BOOST_TEST(zcopy_done.calls == 0);
+  BOOST_TEST(rndv_done.calls == 0);
+  // Room again and nothing parked: sends go at once, and nothing stays registered.
+  BOOST_TEST(ep->tag_eager_short(52, &seq, sizeof(seq)) == status::ok);
+  BOOST_TEST(progress_until(both, [&] { return unexpected.messages.size() == seq + 1; }));
+  const std::string released = transport + ": md: 0 regions registered";
+  BOOST_TEST(sender->info().find(released) != std::string::npos, sender->info());
+}
+
+BOOST_DATA_TEST_CASE(an_eager_zcopy_of_no_entries_is_an_empty_message, each_transport(),
+                     transport) {
+  pair p(transport);
+  if (!runs_over(*p.receiver, transport)) return;
+  posted recv(8);
+  BOOST_REQUIRE(recv.post(*p.receiver, 21) == status::ok);
+  completion_probe done;
+  const status st = retry_while_busy(
+      p.both(), [&] { return p.ep->tag_eager_zcopy(21, 0x55, nullptr, 0, &done); });
+  BOOST_TEST((st == status::ok || st == status::in_progress), to_string(st));
+  if (st == status::in_progress) {
+    BOOST_TEST(progress_until(p.both(), [&] { return done.calls == 1; }));
+    BOOST_TEST(done.result == status::ok);
+  }
+  BOOST_TEST(progress_until(p.both(), [&] { return recv.done(); }));
+  BOOST_TEST(recv.completions == 1);
+  BOOST_TEST(recv.result == status::ok);
+  BOOST_TEST(recv.stag == 21u);
+  BOOST_TEST(recv.imm == 0x55u);
+  BOOST_TEST(recv.length == 0u);
+  BOOST_TEST(recv.buffer[0] == 0xee, "nothing written");
+  // Unexpected: one fragment, FIRST without MORE, no bytes.
+  BOOST_REQUIRE(retry_while_busy(p.both(), [&] {
+    return p.ep->tag_eager_zcopy(22, 0x66, nullptr, 0, nullptr);
+  }) != status::no_resource);
+  BOOST_TEST(progress_until(p.both(), [&] { return p.unexpected.messages.size() == 1; }));
+  BOOST_REQUIRE(p.unexpected.messages.size() == 1u);
+  const auto& m = p.unexpected.messages[0];
+  BOOST_TEST(m.tag == 22u);
+  BOOST_TEST(m.imm == 0x66u);
+  BOOST_TEST(m.bytes.empty());
+  BOOST_TEST((m.flags == std::vector<unsigned>{tl::tag_flag_first}));
+  completion_probe flushed;
+  if (p.ep->flush(&flushed) == status::in_progress) {
+    BOOST_TEST(progress_until(p.both(), [&] { return flushed.calls == 1; }));
+  }
+}
+
+// -- callbacks and the progress that runs them ----------------------------------------------------
+
+namespace tagtest {
+
+/// Two interfaces with an endpoint each way, progressed only through progress_until(), which
+/// records whose progress() (or post or cancel call) is running: every callback checks that it
+/// runs inside a call of the interface it belongs to, on the test's thread.
+struct two_way {
+  std::unique_ptr<tl::iface> a, b;
+  std::unique_ptr<tl::ep> ab, ba;
+  const tl::iface* inside = nullptr;  ///< the interface whose call is running
+  std::thread::id thread = std::this_thread::get_id();
+  int wrong_context = 0;              ///< callbacks outside their interface's calls
+  std::vector<std::string> steps;     ///< callbacks in the order they ran
+
+  explicit two_way(const std::string& transport)
+      : a(open_iface(transport)), b(open_iface(transport)) {
+    if (!has_tags(*a)) return;
+    ab = connect(*a, *b);
+    ba = connect(*b, *a);
+    // One message each way (no handlers yet: dropped), so that connections still being set up
+    // are up before the chain starts.
+    const iface_list both{a.get(), b.get()};
+    retry_while_busy(both, [&] { return ab->tag_eager_short(100, "w", 1); });
+    retry_while_busy(both, [&] { return ba->tag_eager_short(100, "w", 1); });
+    progress_rounds(both, 200);
+  }
+  /// Records that callback `step` runs and checks it runs inside a call of `iface`.
+  void ran(const std::string& step, const tl::iface& iface) {
+    steps.push_back(step);
+    if (inside != &iface || std::this_thread::get_id() != thread) {
+      ++wrong_context;
+      BOOST_TEST_MESSAGE(step << " ran outside its interface's progress");
+    }
+  }
+  /// Runs `call` (a post or a cancel on `iface`) marked as inside `iface`.
+  template <typename F> auto on(tl::iface& iface, F call) {
+    const tl::iface* before = inside;
+    inside = &iface;
+    auto result = call();
+    inside = before;
+    return result;
+  }
+  /// Progresses both interfaces once each, marking whose progress runs.
+  void round() {
+    on(*a, [&] { return a->progress(); });
+    on(*b, [&] { return b->progress(); });
+  }
+  /// Rounds until `done()`, bounded as tagtest::progress_until.
+  bool progress_until(const std::function<bool()>& done) {
+    return tagtest::progress_until({}, [&] {
+      round();
+      return done();
+    });
+  }
+};
+
+/// What the chain of callbacks shares.
+struct chain {
+  two_way* w = nullptr;
+  posted* second = nullptr;  ///< posted on b by the ping handler
+  posted* spare = nullptr;   ///< posted on b by the test, canceled from a callback
+  int pings = 0;
+};
+
+/// b's unexpected eager handler: on the ping, posts a receive and answers from inside.
+status on_ping(void* arg, void* data, size_t length, unsigned, tl::tag_t stag, uint64_t,
+               void**) {
+  auto* c = static_cast<chain*>(arg);
+  c->w->ran("ping", *c->w->b);
+  ++c->pings;
+  if (stag != 1 || length != 4 || std::memcmp(data, "ping", 4) != 0) return status::ok;
+  // Post a receive and send an answer, both from inside the handler.
+  if (c->second->post(*c->w->b, 2) != status::ok) c->w->steps.push_back("post failed");
+  if (c->w->ba->tag_eager_short(3, "pong", 4) != status::ok) c->w->steps.push_back("send failed");
+  return status::ok;
+}
+
+}  // namespace tagtest
+
+BOOST_DATA_TEST_CASE(callbacks_run_inside_their_interfaces_progress_and_may_send_and_post,
+                     each_transport(), transport) {
+  two_way w(transport);
+  if (!runs_over(*w.a, transport)) return;
+  posted pong(8), second(8), last(128), spare(8);
+  completion_probe zcopy_done;
+  const std::vector<uint8_t> tail = pattern(100, 12);
+  const tl::iov tail_entry{tail.data(), tail.size()};
+  chain c{&w, &second, &spare};
+  BOOST_REQUIRE(w.b->set_tag_handlers(&on_ping, &c, nullptr, nullptr) == status::ok);
+  BOOST_REQUIRE(spare.post(*w.b, 99) == status::ok);
+  // a's answer arrives: from its completion, post the last receive and send to the second.
+  pong.on_complete = [&] {
+    w.ran("pong", *w.a);
+    if (last.post(*w.a, 4) != status::ok) w.steps.push_back("post failed");
+    auto bytes = pattern(6, 13);
+    if (w.ab->tag_eager_bcopy(2, 7, &pack_vector, &bytes) != 6) w.steps.push_back("send failed");
+  };
+  // b's second receive completes: cancel the spare (its callback runs inside the cancel) and
+  // send a zcopy whose completion b's progress reports.
+  second.on_complete = [&] {
+    w.ran("second", *w.b);
+    if (w.b->tag_recv_cancel(&spare, false) != status::ok) w.steps.push_back("cancel failed");
+    zcopy_done.on_call = [&] { w.ran("zcopy", *w.b); };
+    const status st = w.ba->tag_eager_zcopy(4, 9, &tail_entry, 1, &zcopy_done);
+    if (st != status::in_progress) w.steps.push_back(std::string("zcopy ") + to_string(st));
+  };
+  spare.on_complete = [&] { w.ran("spare", *w.b); };
+  last.on_complete = [&] { w.ran("last", *w.a); };
+  BOOST_REQUIRE(w.on(*w.a, [&] { return pong.post(*w.a, 3); }) == status::ok);
+  BOOST_REQUIRE(w.ab->tag_eager_short(1, "ping", 4) == status::ok);
+  BOOST_TEST(w.progress_until([&] { return last.done() && zcopy_done.calls == 1; }));
+  for (int i = 0; i < 200; ++i) w.round();  // nothing more runs
+  BOOST_TEST(w.wrong_context == 0);
+  BOOST_TEST(c.pings == 1);
+  BOOST_TEST(pong.completions == 1);
+  BOOST_TEST((pong.first(4) == std::vector<uint8_t>{'p', 'o', 'n', 'g'}));
+  BOOST_TEST(second.completions == 1);
+  BOOST_TEST(second.imm == 7u);
+  BOOST_TEST((second.first(6) == pattern(6, 13)));
+  BOOST_TEST(spare.completions == 1);
+  BOOST_TEST(spare.result == status::canceled);
+  BOOST_TEST(last.completions == 1);
+  BOOST_TEST(last.imm == 9u);
+  BOOST_TEST(last.length == tail.size());
+  BOOST_TEST((last.first(tail.size()) == tail));
+  const std::vector<std::string> order{"ping", "pong", "second", "spare", "zcopy", "last"};
+  const std::vector<std::string> order_late{"ping", "pong", "second", "spare", "last", "zcopy"};
+  std::string steps;
+  for (const std::string& step : w.steps) steps += step + " ";
+  BOOST_TEST((w.steps == order || w.steps == order_late), "steps: " << steps);
 }
 
 // -- between processes ----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 // Worker wakeup and fence (seed 003, UCP worker): signal from another thread while one is blocked
 // in wait or polling the event fd, a signal before wait, an external epoll set, the events mask,
-// user_data, default names, thread modes (SERIALIZED from two threads under the user's mutex),
-// the warning for requests the user leaked, and worker::fence on every lane. Runs over every
-// transport present (verbs on the verbs test device, a software stand-in).
+// user_data, default names, network-only addresses, request_info, thread modes (SERIALIZED from
+// two threads under the user's mutex), the warning for requests the user leaked, and
+// worker::fence on every lane. Runs over every transport present (verbs on the verbs test
+// device, a software stand-in).
 #define BOOST_TEST_MODULE worker_wakeup
 #include "fixture.hpp"
 #include "test_util.hpp"
@@ -465,6 +466,86 @@ BOOST_AUTO_TEST_CASE(user_data_and_thread_mode_are_readable) {
                 std::string::npos);
   }
   BOOST_CHECK(worker::create(ctx).value()->user_data() == nullptr);
+}
+
+BOOST_AUTO_TEST_CASE(a_network_only_address_leaves_out_the_transports_of_this_machine) {
+  config cfg = config::from_environment();
+  cfg.transports = transports_under_test();
+  context ctx(cfg);
+  auto a = worker::create(ctx).value();
+  auto b = worker::create(ctx).value();
+  worker_address_attr full, net;
+  const std::vector<uint8_t> full_bytes = b->address(), net_bytes = b->address(address_net_only);
+  BOOST_REQUIRE(worker::query_address(full_bytes.data(), full_bytes.size(), &full) == status::ok);
+  BOOST_REQUIRE(worker::query_address(net_bytes.data(), net_bytes.size(), &net) == status::ok);
+  BOOST_TEST(net.uid == full.uid);
+  BOOST_TEST(net.name == full.name);
+  const auto has = [](const worker_address_attr& attr, const std::string& name) {
+    return std::find(attr.transports.begin(), attr.transports.end(), name) != attr.transports.end();
+  };
+  for (const std::string& name : full.transports) {
+    const bool local = name == "self" || name == "shm";
+    BOOST_TEST(has(net, name) == !local, name);
+  }
+  for (const std::string& name : net.transports) BOOST_TEST(has(full, name), name);
+  if (!has(full, "tcp")) return;  // the network lane below needs tcp
+  // Between two workers of one process, the full address picks a machine-local lane (self
+  // first); the network-only one a network lane.
+  endpoint *local = nullptr, *remote = nullptr;
+  BOOST_REQUIRE(a->connect(full_bytes, &local) == status::ok);
+  BOOST_REQUIRE(a->connect(net_bytes, &remote) == status::ok);
+  const std::string local_lane(local->transport()), remote_lane(remote->transport());
+  BOOST_TEST((local_lane == "self" || local_lane == "shm"), local_lane);
+  BOOST_TEST((remote_lane != "self" && remote_lane != "shm"), remote_lane);
+  std::vector<uint8_t> got(5);
+  op recv = b->tag_recv(got.data(), got.size(), 9, ~tag_t{0});
+  const char text[] = "hello";
+  op sent = remote->tag_send(9, text, 5);
+  BOOST_TEST(spin_until([&] { a->progress(); b->progress(); },
+                        [&] { return b->request_status(recv.req) != status::in_progress; }));
+  BOOST_TEST(b->request_status(recv.req) == status::ok);
+  BOOST_TEST(std::memcmp(got.data(), text, 5) == 0);
+  b->release(recv.req);
+  if (sent.req != nullptr) a->release(sent.req);
+}
+
+BOOST_DATA_TEST_CASE(request_info_names_the_kind_endpoint_bytes_and_status, each_transport(),
+                     transport) {
+  worker_pair p(transport);
+  BOOST_TEST(p.a->request_info(nullptr) == "null request");
+  std::vector<uint8_t> in(100), out(100, 7);
+  op recv = p.b->tag_recv(in.data(), in.size(), 5, ~tag_t{0});
+  BOOST_REQUIRE(recv.req != nullptr);
+  const std::string waiting = p.b->request_info(recv.req);
+  BOOST_TEST(waiting.rfind("tag_recv", 0) == 0u, waiting);
+  BOOST_TEST(waiting.find("100 B in 1 entry") != std::string::npos, waiting);
+  BOOST_TEST(waiting.find("in progress") != std::string::npos, waiting);
+  request_params params;
+  params.flags = request_no_immediate_completion;
+  iov_entry entries[] = {{out.data(), 60}, {out.data() + 60, 40}};
+  op send = p.ab->tag_send_iov(5, entries, 2, params);
+  BOOST_REQUIRE(send.req != nullptr);
+  const std::string sending = p.a->request_info(send.req);
+  BOOST_TEST(sending.rfind("tag_send on ep ", 0) == 0u, sending);
+  BOOST_TEST(sending.find("-> b via " + transport) != std::string::npos, sending);
+  BOOST_TEST(sending.find("100 B in 2 entries") != std::string::npos, sending);
+  BOOST_TEST(p.until([&] {
+    return p.a->request_status(send.req) != status::in_progress &&
+           p.b->request_status(recv.req) != status::in_progress;
+  }));
+  const std::string ok = std::string(", ") + to_string(status::ok);
+  BOOST_TEST(p.b->request_info(recv.req).find(ok) != std::string::npos,
+             p.b->request_info(recv.req));
+  BOOST_TEST(p.a->request_info(send.req).find(ok) != std::string::npos,
+             p.a->request_info(send.req));
+  // A canceled receive says so.
+  op lost = p.b->tag_recv(in.data(), in.size(), 6, ~tag_t{0});
+  BOOST_REQUIRE(p.b->cancel(lost.req) == status::ok);
+  BOOST_TEST(p.b->request_info(lost.req).find(to_string(status::canceled)) != std::string::npos,
+             p.b->request_info(lost.req));
+  p.a->release(send.req);
+  p.b->release(recv.req);
+  p.b->release(lost.req);
 }
 
 BOOST_DATA_TEST_CASE(serialized_worker_used_from_two_threads, each_transport(), transport) {

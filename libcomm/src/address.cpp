@@ -71,21 +71,27 @@ uint32_t worker_impl::reads_accepted(const tl::iface_attr& attr) const {
   return static_cast<uint32_t>(std::clamp<size_t>(limit, 1, UINT32_MAX));
 }
 
-std::vector<uint8_t> worker_impl::packed_address() const {
+std::vector<uint8_t> worker_impl::packed_address(unsigned flags) const {
+  const auto offered = [&](const lane_iface& li) {
+    return (flags & address_net_only) == 0 || !li.iface->attr().node_local;
+  };
   capnp::MallocMessageBuilder message;
   auto address = message.initRoot<wire::schema::WorkerAddress>();
   address.setUid(uid_);
   address.setName(params.name);
   address.setClientId(params.client_id);
-  auto list = address.initTransports(static_cast<unsigned>(ifaces.size()));
-  for (size_t i = 0; i < ifaces.size(); ++i) {
-    auto entry = list[static_cast<unsigned>(i)];
-    entry.setName(std::string(ifaces[i].component->name()));
-    auto device = ifaces[i].iface->device_address();
-    auto iface = ifaces[i].iface->iface_address();
+  const auto count = std::count_if(ifaces.begin(), ifaces.end(), offered);
+  auto list = address.initTransports(static_cast<unsigned>(count));
+  unsigned n = 0;
+  for (const lane_iface& li : ifaces) {
+    if (!offered(li)) continue;
+    auto entry = list[n++];
+    entry.setName(std::string(li.component->name()));
+    auto device = li.iface->device_address();
+    auto iface = li.iface->iface_address();
     entry.setDevice(kj::arrayPtr(device.data(), device.size()));
     entry.setIface(kj::arrayPtr(iface.data(), iface.size()));
-    entry.setReadsIn(reads_accepted(ifaces[i].iface->attr()));
+    entry.setReadsIn(reads_accepted(li.iface->attr()));
   }
   auto words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();

@@ -144,9 +144,24 @@ public:
     if (w_ != nullptr) w_->note_events(~0u);  // a connection request ends any wait
     if (params_.on_request != nullptr) {
       params_.on_request(params_.arg, raw);
+    } else if (params_.on_accept != nullptr && w_ != nullptr) {
+      accept_itself(raw);
     } else {
       reject(raw);
     }
+  }
+
+  /// Accepts `request` on the listener's worker and tells on_accept the new endpoint (worker's
+  /// accept rejects the request when it fails).
+  void accept_itself(conn_request* request) {
+    endpoint* ep = nullptr;
+    const status st = static_cast<worker&>(*w_).accept(request, params_.accept_params, &ep);
+    if (st != status::ok) {
+      COMM_LOG(warn, "listener", "%s: accepting a connection request failed: %s",
+               w_->params.name.c_str(), to_string(st));
+      return;
+    }
+    params_.on_accept(params_.accept_arg, ep);
   }
 
   /// Removes `request` from the unanswered ones; false if it is not one of them.
@@ -307,6 +322,7 @@ status worker::listen(const listener_params& params, std::unique_ptr<listener>* 
   worker_impl& w = impl(*this);
   worker_impl::guard g(w);
   if (out == nullptr) return status::invalid_param;
+  if (params.accept_params.private_data.size() > max_private_data) return status::exceeds_limit;
   status st = w.open_cm();
   if (st != status::ok) return st;
   std::unique_ptr<tl::cm_listener> socket;

@@ -113,6 +113,10 @@ static_assert(std::is_trivially_copyable_v<request_fields> &&
 /// the worker's pool; its buffers keep their capacity across reuse.
 class request : public request_fields {
 public:
+  /// iov entries every pooled request has room for from its creation, so that a post of up to
+  /// that many entries allocates nothing whichever free request it gets.
+  static constexpr size_t reserved_iov_entries = 4;
+
   std::vector<iov_entry> iov;             ///< the user's data: what is sent, received or moved
   std::vector<uint8_t> header;            ///< an active message's user header (sent or received)
   std::vector<uint8_t> wire;              ///< an encoded protocol message kept until it is sent

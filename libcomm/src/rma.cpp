@@ -635,16 +635,21 @@ remote_segment endpoint::rkey_segment(rkey* key) const noexcept {
 op endpoint::get(const iov_entry* local, size_t count, const remote_segment& remote,
                  const request_params& params) {
   if (count > 0 && local == nullptr) return op{status::invalid_param, nullptr};
-  // The segment's length decides: the entries it reaches, the last one cut where it ends.
-  std::vector<iov_entry> used;
+  // The segment's length decides: the entries it reaches, the last one cut where it ends. The
+  // cut list stays on the stack for the usual entry counts, so that a post allocates nothing.
+  constexpr size_t stack_entries = 16;
+  iov_entry on_stack[stack_entries];
+  std::vector<iov_entry> on_heap(count > stack_entries ? count : 0);
+  iov_entry* used = count > stack_entries ? on_heap.data() : on_stack;
+  size_t n = 0;
   uint64_t left = remote.length;
   for (size_t i = 0; i < count && left != 0; ++i) {
     const size_t take = static_cast<size_t>(std::min<uint64_t>(local[i].length, left));
-    used.push_back({local[i].buffer, take});
+    used[n++] = {local[i].buffer, take};
     left -= take;
   }
   if (left != 0) return op{status::length_error, nullptr};
-  return get(used.data(), used.size(), remote.address, remote.key, params);
+  return get(used, n, remote.address, remote.key, params);
 }
 
 

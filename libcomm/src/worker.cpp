@@ -293,7 +293,9 @@ request* worker_impl::alloc_request(const request_ops& ops, const request_params
   if (free_requests.empty()) {
     request_chunks.emplace_back(new request[request_chunk_size]);
     for (size_t i = 0; i < request_chunk_size; ++i) {
-      free_requests.push_back(&request_chunks.back()[i]);
+      request& fresh = request_chunks.back()[i];
+      fresh.iov.reserve(request::reserved_iov_entries);  // whichever post gets it, no allocation
+      free_requests.push_back(&fresh);
     }
   }
   request* req = free_requests.back();
@@ -418,10 +420,17 @@ uint64_t worker::client_id() const noexcept { return impl(*this).params.client_i
 void* worker::user_data() const noexcept { return impl(*this).params.user_data; }
 unsigned worker::wakeup_events() const noexcept { return impl(*this).params.events; }
 
-std::vector<uint8_t> worker::address() const {
+std::vector<uint8_t> worker::address(unsigned flags) const {
   worker_impl& w = const_cast<worker_impl&>(impl(*this));
   worker_impl::guard g(w);
-  return w.packed_address();
+  return w.packed_address(flags);
+}
+
+size_t worker::optimal_alignment() const noexcept {
+  // The cache line: what the kernel says, else a common size; always a power of two >= 8.
+  const long line = ::sysconf(_SC_LEVEL1_DCACHE_LINESIZE);
+  if (line >= 8 && line <= 4096 && (line & (line - 1)) == 0) return static_cast<size_t>(line);
+  return 64;
 }
 
 unsigned worker::progress() {
@@ -641,6 +650,24 @@ status worker::request_status(const request* req) const noexcept {
   if (req == nullptr) return status::invalid_param;
   worker_impl::guard g(const_cast<worker_impl&>(impl(*this)));
   return req->finished ? req->st : status::in_progress;
+}
+
+std::string worker::request_info(const request* req) const {
+  if (req == nullptr) return "null request";
+  worker_impl::guard g(const_cast<worker_impl&>(impl(*this)));
+  std::ostringstream out;
+  out << (req->ops != nullptr ? req->ops->name : "request");
+  if (req->ep != nullptr) {
+    out << " on ep " << req->ep->id << " -> " << req->ep->peer_name() << " via "
+        << req->ep->transport();
+  }
+  size_t bytes = 0;
+  for (const iov_entry& e : req->iov) bytes += e.length;
+  out << ", " << bytes << " B in " << req->iov.size()
+      << (req->iov.size() == 1 ? " entry" : " entries") << ", "
+      << (req->finished ? to_string(req->st) : "in progress");
+  if (req->released) out << " (released)";
+  return out.str();
 }
 
 void worker::release(request* req) {

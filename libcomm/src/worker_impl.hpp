@@ -349,7 +349,7 @@ public:
   /// invalid_addr for bad bytes.
   status connect_lane(endpoint_impl* ep, const void* address, size_t length);
   void destroy_ep(endpoint_impl* ep);
-  std::vector<uint8_t> packed_address() const;
+  std::vector<uint8_t> packed_address(unsigned flags = 0) const;
   /// RDMA reads a peer may have outstanding per endpoint on an interface with `attr`
   /// (advertised in our address).
   uint32_t reads_accepted(const tl::iface_attr& attr) const;

@@ -202,6 +202,7 @@ self_iface::self_iface(const iface_params& params) {
   attr_.latency_ns = 50;
   attr_.bandwidth_bytes_per_s = 10e9;
   attr_.priority = 20;
+  attr_.node_local = true;
 
   {
     registry& reg = the_registry();

@@ -189,6 +189,7 @@ shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
   attr_.latency_ns = 100;
   attr_.bandwidth_bytes_per_s = 10e9;
   attr_.priority = 10;
+  attr_.node_local = true;
 }
 
 void shm_iface::place_segment(std::span<const unsigned> nodes) {

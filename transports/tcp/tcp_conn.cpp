@@ -985,9 +985,7 @@ void tcp_conn::fail_rma(status reason) {
 }
 
 void tcp_conn::orphan_rma(tcp_ep* ep) {
-  rma_waiting_.erase(std::remove_if(rma_waiting_.begin(), rma_waiting_.end(),
-                                    [&](const rma_op& op) { return op.ep == ep; }),
-                     rma_waiting_.end());
+  rma_waiting_.remove_if([&](const rma_op& op) { return op.ep == ep; });
   for (rma_op& op : rma_sent_) {
     if (op.ep == ep) op.ep = nullptr;
   }

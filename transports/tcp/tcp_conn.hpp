@@ -30,6 +30,7 @@
 #pragma once
 
 #include "base/auth.hpp"
+#include "base/ring_queue.hpp"
 #include "tcp/tcp_buffer.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
@@ -408,8 +409,9 @@ private:
   bool ack_urgent_ = false;      ///< a zcopy frame was delivered since then
 
   // put and get
-  std::deque<rma_op> rma_waiting_;  ///< ours, not on the wire yet
-  std::deque<rma_op> rma_sent_;     ///< ours, on the wire, unanswered (max_rma_in_flight)
+  // Rings, not deques: a put or get queued on a warm connection allocates nothing.
+  ring_queue<rma_op> rma_waiting_;  ///< ours, not on the wire yet
+  ring_queue<rma_op> rma_sent_;     ///< ours, on the wire, unanswered (max_rma_in_flight)
   uint64_t rma_numbered_ = 0;       ///< operations of ours put on the wire
   struct rma_result {
     tcp_ep* ep;

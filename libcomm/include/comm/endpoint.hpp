@@ -92,7 +92,7 @@ public:
   result<rkey_ptr> rkey_unpack(const_bytes packed);
 
   /// Writes `local` to the peer's memory at `remote_address` in `key`'s region (see the
-  /// low-level put for errors and flushing). `on_done` is told once the data is there; `flags`
+  /// low-level put for errors, flushing and the iov array, copied at the call). `on_done` is told once the data is there; `flags`
   /// are DAT's completion suppression, fence and unsignalled completion (rma_flags).
   operation put(const_bytes local, uint64_t remote_address, rkey& key,
                 send_completion on_done = {}, rma_flags flags = rma_flags::none);
@@ -197,7 +197,10 @@ public:
   /// Completes once the data is in the peer's memory. Out-of-region addresses give
   /// PROTECTION_ERROR, a range running past the region LENGTH_ERROR, a region the peer did not
   /// open to remote writes PRIVILEGES_VIOLATION. On an endpoint that failed or is closing the
-  /// put is flushed: its request completes with FLUSHED and its callback runs.
+  /// put is flushed: its request completes with FLUSHED and its callback runs. The array `local`
+  /// is copied at the call (the caller may reuse or free it on return); the buffers it points
+  /// to belong to the operation until it completes. A post allocates nothing once the worker's
+  /// request pool is warm.
   op put(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,
          const request_params& params = {});
 
@@ -208,12 +211,15 @@ public:
   /// endpoint never exceed what the peer accepts (advertised in its address at connection, at
   /// most COMM_RMA_READS_IN) nor what the local transport allows: the rest wait in order.
   /// Errors as put (PRIVILEGES_VIOLATION: the region is closed to remote reads); flushed as put.
+  /// As put, the array `local` is copied at the call, its buffers are the operation's until it
+  /// completes, and a post allocates nothing once the pool is warm.
   op get(const iov_entry* local, size_t count, uint64_t remote_address, rkey* key,
          const request_params& params = {});
 
   /// Reads the whole remote segment `remote` (its length, not the iov's, says how much) into the
   /// local iov, filled in order: the entries before the segment's end are filled, the one where
   /// it ends partially, the rest untouched. LENGTH_ERROR when the iov is shorter than the segment.
+  /// The array is copied at the call, as above.
   op get(const iov_entry* local, size_t count, const remote_segment& remote,
          const request_params& params = {});
 

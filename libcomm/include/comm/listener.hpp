@@ -43,15 +43,11 @@ using conn_request_callback = void (*)(void* arg, conn_request* request);
 using connect_callback = void (*)(void* arg, endpoint* ep, const uint8_t* private_data,
                                   size_t length);
 
-/// Parameters of worker::listen (ucp_listener_params_t).
-struct listener_params {
-  /// "host:port" or ":port" to listen on. Port 0 picks a free port (see listener::port). Empty
-  /// or "0.0.0.0" means every interface, which without an auth key is narrowed to loopback.
-  std::string address;
-  int backlog = 0;                        ///< listen(2) backlog; 0 for the system maximum
-  conn_request_callback on_request = nullptr; ///< told about each connection request
-  void* arg = nullptr;                    ///< passed to on_request
-};
+/// Called on the listener's worker (inside progress) with each endpoint a listener created by
+/// itself (listener_params::on_accept; ucp_listener_accept_callback_t). The endpoint is the
+/// user's, as one from worker::accept: its on_connect (accept_params) tells when it is
+/// established.
+using accept_callback = void (*)(void* arg, endpoint* ep);
 
 /// Parameters of a client connect or a server accept.
 struct endpoint_params {
@@ -65,6 +61,24 @@ struct endpoint_params {
   connect_callback on_connect = nullptr;  ///< told when the connection is established
   void* connect_arg = nullptr;            ///< passed to on_connect
   int timeout_ms = 10000;                 ///< connection establishment limit (ENDPOINT_TIMEOUT)
+};
+
+/// Parameters of worker::listen (ucp_listener_params_t). Set one of on_request (the user
+/// answers each request) and on_accept (the listener accepts each itself); with neither, every
+/// request is rejected.
+struct listener_params {
+  /// "host:port" or ":port" to listen on. Port 0 picks a free port (see listener::port). Empty
+  /// or "0.0.0.0" means every interface, which without an auth key is narrowed to loopback.
+  std::string address;
+  int backlog = 0;                        ///< listen(2) backlog; 0 for the system maximum
+  conn_request_callback on_request = nullptr; ///< told about each connection request
+  void* arg = nullptr;                    ///< passed to on_request
+  /// Without on_request: the listener accepts every request on its own worker with
+  /// `accept_params` and tells the endpoint here (ucp_listener_accept_handler). A request the
+  /// accept fails for (unreachable client) is rejected with that status, untold.
+  accept_callback on_accept = nullptr;
+  void* accept_arg = nullptr;             ///< passed to on_accept
+  endpoint_params accept_params;          ///< the endpoints on_accept gets are made with these
 };
 
 /// Largest private data a connect or accept may carry.

@@ -65,6 +65,13 @@ enum worker_flags : uint64_t {
   worker_ignore_request_leak = 1u << 0,
 };
 
+/// Flags of worker::address (ucp_worker_address_flags_t).
+enum address_flags : unsigned {
+  /// Only the network transports (not self or shm, which reach this machine alone): for a peer
+  /// that is known to run elsewhere, or to force a network lane between workers of one machine.
+  address_net_only = 1u << 0,
+};
+
 /// Parameters of worker::create (ucp_worker_params_t).
 struct worker_params {
   thread_mode mode = thread_mode::single;  ///< thread safety
@@ -158,8 +165,12 @@ public:
   /// Largest user header of an active message.
   size_t max_am_header() const noexcept;
   /// The packed address of this worker, to give to peers (ucp_worker_get_address; the vector's
-  /// destruction is the release).
-  std::vector<uint8_t> address() const;
+  /// destruction is the release). `flags` (address_flags) narrow what it offers.
+  std::vector<uint8_t> address(unsigned flags = 0) const;
+  /// The alignment (a power of two, in bytes) at which the buffers of sends, receives, puts and
+  /// gets move best (DAT's optimal buffer alignment): the cache line of this machine, on which
+  /// copies and the transports' transfers never split a line at either end.
+  size_t optimal_alignment() const noexcept;
   /// Decodes a packed worker address; invalid bytes give status::invalid_addr.
   static status query_address(const void* address, size_t length, worker_address_attr* out);
 
@@ -377,6 +388,10 @@ public:
 
   /// in_progress while `req` runs, else its final status.
   status request_status(const request* req) const noexcept;
+  /// One line describing `req` for logs and debugging (ucp_request_query's debug string): its
+  /// kind (tag_send, tag_recv, am_send, get, put, stream_send, flush, ...), its endpoint and
+  /// peer, its bytes and iov entries, and its status. "null request" for a null `req`.
+  std::string request_info(const request* req) const;
   /// Releases a request; one still running is released when it completes (its callback still
   /// runs). A request owned by a comm::operation is released by that object instead.
   void release(request* req);

@@ -43,7 +43,9 @@ struct iov {
 
 /// Completion of an operation that finishes later (zcopy, flush). `count` is the number of
 /// outstanding operations still to finish; `func` runs when it drops to zero, with the first error
-/// seen, or status::ok.
+/// seen, or status::ok. Every zcopy operation (am, put, get, tagged eager) accepts a null
+/// completion (UCT's `req == NULL`): the caller then learns that it finished from a completion of
+/// a later operation on the same endpoint (completions come in issue order) or from ep::flush.
 struct completion {
   void (*func)(completion* self) = nullptr;  ///< called once `count` reaches zero
   int count = 0;                             ///< operations still outstanding
@@ -226,6 +228,9 @@ struct iface_attr {
   double latency_ns = 0;        ///< one-way latency estimate
   double bandwidth_bytes_per_s = 0; ///< bandwidth estimate
   unsigned priority = 0;        ///< tie breaker when choosing lanes: higher wins
+  /// Reaches only interfaces on this machine (self, shm): a network-only worker address
+  /// (comm::address_net_only) leaves it out.
+  bool node_local = false;
 };
 
 /// Memory registered with a memory domain.
