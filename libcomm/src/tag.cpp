@@ -280,7 +280,11 @@ void tag_protocol::out_of_room(endpoint_impl* ep) {
 // -- receiving -----------------------------------------------------------------------------------
 
 void tag_protocol::post(request* req, tag_recv_state& s) {
-  offload.try_post(req, s);
+  if (offload.receives_offloaded()) {
+    offload.try_post(req, s);
+  } else {
+    s.expected.offloaded = false;
+  }
   w.matcher.post_expected(&s.expected);
 }
 
