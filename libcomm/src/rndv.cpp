@@ -23,11 +23,11 @@ void resume_close(endpoint_impl* ep) {
   if (ep->state == endpoint_impl::phase::closing && ep->lane) ep->complete_in_order();
 }
 
-/// Encodes a Cap'n Proto message into `out`.
+/// Encodes a Cap'n Proto message into `out` (flat array format), with no copy in between.
 void encode(capnp::MessageBuilder& message, std::vector<uint8_t>& out) {
-  auto words = capnp::messageToFlatArray(message);
-  auto bytes = words.asBytes();
-  out.assign(bytes.begin(), bytes.end());
+  out.resize(capnp::computeSerializedSizeInWords(message) * sizeof(capnp::word));
+  kj::ArrayOutputStream stream(kj::arrayPtr(out.data(), out.size()));
+  capnp::writeMessage(stream, message);
 }
 
 size_t pack_wire(void* dest, void* arg) {
@@ -60,7 +60,8 @@ rndv_protocol::rndv_protocol(worker_impl& owner, unsigned index) : protocol(owne
 
 status rndv_protocol::encode_rts(request* req, rndv_send& r, const rts_fields& fields) {
   endpoint_impl& ep = *req->ep;
-  std::vector<uint8_t> packed;
+  std::vector<uint8_t>& packed = packed_key_;
+  packed.clear();
   if (tl::md* md = ep.lane_iface->memory_domain()) {
     if (ep.lane_attr->caps & tl::cap_get_zcopy) {
       status st = md->mem_reg(req->iov[0].buffer, r.length, &r.reg);
@@ -70,7 +71,7 @@ status rndv_protocol::encode_rts(request* req, rndv_send& r, const rts_fields& f
       if (st != status::ok) return st;
     }
   }
-  capnp::MallocMessageBuilder message;
+  capnp::MallocMessageBuilder message(kj::arrayPtr(rts_scratch_, rts_scratch_words));
   auto rts = message.initRoot<wire::schema::RndvRts>();
   rts.setDstEp(ep.remote_id);
   rts.setIsAm(fields.is_am);

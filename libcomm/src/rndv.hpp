@@ -25,6 +25,8 @@
 
 #include "worker_impl.hpp"
 
+#include <capnp/common.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
@@ -98,6 +100,10 @@ struct rndv_fetch {
 };
 
 /// The rendezvous module (see the top of this file).
+/// Words an announcement fits in without a heap segment: the fields, a memory domain's packed
+/// key and a short user header.
+inline constexpr size_t rts_scratch_words = 64;
+
 class rndv_protocol final : public protocol {
 public:
   rndv_protocol(worker_impl& w, unsigned index);
@@ -168,6 +174,10 @@ private:
   std::unordered_set<rndv_fetch*> getting_;         ///< fetches with gets in flight
   uint64_t next_id_ = 1;                            ///< next id in those tables
   wire::header_writer<wire::schema::RndvData> hdr_data_; ///< header of pushed data
+  /// Words of the first segment of every announcement (capnp re-zeroes what a message used), so
+  /// that building one allocates nothing; a larger one continues in the heap.
+  capnp::word rts_scratch_[rts_scratch_words] = {};
+  std::vector<uint8_t> packed_key_;  ///< the key of the announcement being built (reused)
 };
 
 }  // namespace comm::detail
