@@ -99,11 +99,11 @@ struct rndv_fetch {
   bool remote_valid = false;       ///< `remote` must be released
 };
 
-/// The rendezvous module (see the top of this file).
 /// Words an announcement fits in without a heap segment: the fields, a memory domain's packed
 /// key and a short user header.
 inline constexpr size_t rts_scratch_words = 64;
 
+/// The rendezvous module (see the top of this file).
 class rndv_protocol final : public protocol {
 public:
   rndv_protocol(worker_impl& w, unsigned index);
