@@ -163,6 +163,9 @@ private:
   static void on_fetched(tl::completion* comp);
   /// Ends a fetch: releases the key, acknowledges the sender, tells the receiving module.
   void finish_fetch(rndv_fetch& f);
+  /// Tells the sender of `sreq` on `ep` how its rendezvous ended (RndvAts): at once when nothing
+  /// waits on the endpoint, else queued behind what does.
+  void acknowledge(endpoint_impl* ep, uint64_t sreq, status outcome);
   /// The announced send `sreq` that peer `ep` answers for, or null (a protocol error when it is
   /// another endpoint's or not announced).
   rndv_send* answered_send(endpoint_impl* ep, uint64_t sreq);
@@ -174,6 +177,7 @@ private:
   std::unordered_set<rndv_fetch*> getting_;         ///< fetches with gets in flight
   uint64_t next_id_ = 1;                            ///< next id in those tables
   wire::header_writer<wire::schema::RndvData> hdr_data_; ///< header of pushed data
+  wire::header_writer<wire::schema::RndvAts> hdr_ats_;   ///< header of acknowledgements
   /// Words of the first segment of every announcement (capnp re-zeroes what a message used), so
   /// that building one allocates nothing; a larger one continues in the heap.
   capnp::word rts_scratch_[rts_scratch_words] = {};
