@@ -11,6 +11,8 @@
 #include "worker_impl.hpp"
 
 #include <comm/context.hpp>
+#include <comm/memory.hpp>
+#include <comm/transport/shared_heap.hpp>
 #include <comm/transport/transport.hpp>
 #include <comm/worker.hpp>
 
@@ -274,6 +276,120 @@ BOOST_AUTO_TEST_CASE(an_shm_interface_places_its_segment_and_says_where) {
   std::unique_ptr<tl::iface> unplaced;
   BOOST_TEST_REQUIRE(component_named("shm").open(params, unplaced) == status::ok);
   BOOST_TEST(contains(unplaced->info(), "placement on NUMA nodes 900 failed"), unplaced->info());
+}
+
+/// Writes and reads back every page of `block` (`length` bytes): the memory is usable.
+bool usable(void* block, size_t length) {
+  auto* bytes = static_cast<volatile uint8_t*>(block);
+  for (size_t i = 0; i < length; i += 4096) bytes[i] = static_cast<uint8_t>(i >> 12 | 1);
+  for (size_t i = 0; i < length; i += 4096) {
+    if (bytes[i] != static_cast<uint8_t>(i >> 12 | 1)) return false;
+  }
+  return true;
+}
+
+BOOST_AUTO_TEST_CASE(shared_heap_blocks_go_to_the_nodes_asked_for) {
+  const tl::shared_heap_stats before = tl::shared_heap_snapshot();
+  // A slab-sized block and a block with a segment of its own, on node 0 and unplaced.
+  for (size_t length : {size_t{100}, size_t{3} << 20}) {
+    BOOST_TEST_CONTEXT("length " << length) {
+      void* placed = tl::shared_alloc(length, nodes{0});
+      void* unplaced = tl::shared_alloc(length, nodes{});
+      void* plain = tl::shared_alloc(length);
+      BOOST_TEST_REQUIRE(placed != nullptr);
+      BOOST_TEST_REQUIRE(unplaced != nullptr);
+      BOOST_TEST_REQUIRE(plain != nullptr);
+      BOOST_TEST(tl::numa_policy_nodes(placed) == nodes{0});
+      BOOST_TEST(tl::numa_policy_nodes(unplaced).empty());  // never in a bound segment
+      BOOST_TEST(tl::numa_policy_nodes(plain).empty());
+      BOOST_TEST(usable(placed, length));
+      BOOST_TEST(usable(unplaced, length));
+      for (void* block : {placed, unplaced, plain}) tl::shared_free(block);
+    }
+  }
+  const tl::shared_heap_stats after = tl::shared_heap_snapshot();
+  BOOST_TEST(after.bound_segments > before.bound_segments);
+  BOOST_TEST(after.placement_failures == before.placement_failures);
+  BOOST_TEST(after.fallbacks == before.fallbacks);
+}
+
+BOOST_AUTO_TEST_CASE(a_freed_large_block_is_reused_only_for_its_own_nodes) {
+  const size_t length = size_t{2} << 20;
+  void* unplaced = tl::shared_alloc(length);
+  BOOST_TEST_REQUIRE(unplaced != nullptr);
+  tl::shared_free(unplaced);  // cached for reuse by the unplaced
+  void* placed = tl::shared_alloc(length, nodes{0});
+  BOOST_TEST_REQUIRE(placed != nullptr);
+  BOOST_TEST(tl::numa_policy_nodes(placed) == nodes{0});
+  void* again = tl::shared_alloc(length);
+  BOOST_TEST(tl::numa_policy_nodes(again).empty());
+  tl::shared_free(placed);
+  void* placed_again = tl::shared_alloc(length, nodes{0});  // the cached bound segment
+  BOOST_TEST(placed_again == placed);
+  BOOST_TEST(tl::numa_policy_nodes(placed_again) == nodes{0});
+  tl::shared_free(again);
+  tl::shared_free(placed_again);
+}
+
+BOOST_AUTO_TEST_CASE(a_node_the_machine_lacks_leaves_a_usable_unbound_block) {
+  const tl::shared_heap_stats before = tl::shared_heap_snapshot();
+  void* block = tl::shared_alloc(1 << 20, nodes{900});
+  BOOST_TEST_REQUIRE(block != nullptr);
+  BOOST_TEST(tl::numa_policy_nodes(block).empty());
+  BOOST_TEST(usable(block, 1 << 20));
+  const tl::shared_heap_stats after = tl::shared_heap_snapshot();
+  BOOST_TEST(after.placement_failures == before.placement_failures + 1);
+  BOOST_TEST(after.fallbacks == before.fallbacks);  // still a shared segment
+  tl::shared_free(block);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_allocates_on_the_nodes_of_its_cpus) {
+  config cfg = config::from_environment();
+  cfg.transports = {"shm"};
+  context ctx(cfg);
+  worker_params wp;
+  wp.cpus = {0};
+  auto placed = worker::create(ctx, wp).value();
+  auto unplaced = worker::create(ctx, {}).value();
+  for (size_t length : {size_t{64}, size_t{1} << 20}) {
+    void* near = placed->mem_alloc(length);
+    void* anywhere = unplaced->mem_alloc(length);
+    BOOST_TEST_REQUIRE(near != nullptr);
+    BOOST_TEST_REQUIRE(anywhere != nullptr);
+    BOOST_TEST(tl::numa_policy_nodes(near) == nodes{0});
+    BOOST_TEST(tl::numa_policy_nodes(anywhere).empty());
+    mem_free(near);
+    mem_free(anywhere);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_placed_on_a_synthetic_machine_allocates_on_its_nodes) {
+  // The worker's placement as it would be on a two-node machine (cores 0-1 on node 0, 2-3 on
+  // node 1): node 0 exists here and binds; node 1 does not, and the block is still made.
+  const auto topo = load("one_package_two_numa_roce.xml");
+  config cfg = config::from_environment();
+  cfg.transports = {"shm"};
+  context ctx(cfg);
+  auto w = worker::create(ctx, {}).value();
+  detail::impl(*w).placement = detail::place_worker(topo, {1});
+  void* near = w->mem_alloc(8192);
+  BOOST_TEST_REQUIRE(near != nullptr);
+  BOOST_TEST(tl::numa_policy_nodes(near) == nodes{0});
+  mem_free(near);
+
+  detail::impl(*w).placement = detail::place_worker(topo, {2, 3});
+  BOOST_TEST(detail::impl(*w).placement.numa_nodes == nodes{1});
+  const uint64_t failures = tl::shared_heap_snapshot().placement_failures;
+  void* far = w->mem_alloc(8192);
+  BOOST_TEST_REQUIRE(far != nullptr);
+  BOOST_TEST(usable(far, 8192));
+  if (tl::single_numa_node()) {
+    BOOST_TEST(tl::numa_policy_nodes(far).empty());
+    BOOST_TEST(tl::shared_heap_snapshot().placement_failures == failures + 1);
+  } else {
+    BOOST_TEST(tl::numa_policy_nodes(far) == nodes{1});
+  }
+  mem_free(far);
 }
 
 BOOST_AUTO_TEST_CASE(cpus_place_a_worker_without_pinning_the_caller) {

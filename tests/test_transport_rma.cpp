@@ -8,6 +8,7 @@
 #include "tl_helpers.hpp"
 #include <boost/test/unit_test.hpp>
 
+#include <comm/transport/shared_heap.hpp>
 #include <comm/transport/transport.hpp>
 
 #include "../transports/base/rkey.hpp"
@@ -156,16 +157,21 @@ struct exported {
 };
 
 /// In a child: opens an shm iface, registers `buffer` and sends addresses, key and base.
-void export_buffer(const channel& ch, tl::iface& iface, std::vector<uint8_t>& buffer,
+void export_buffer(const channel& ch, tl::iface& iface, void* buffer, size_t length,
                    tl::mem_handle** handle) {
   tl::md& md = *iface.memory_domain();
-  if (md.mem_reg(buffer.data(), buffer.size(), handle) != status::ok) throw std::runtime_error("reg");
+  if (md.mem_reg(buffer, length, handle) != status::ok) throw std::runtime_error("reg");
   std::vector<uint8_t> key;
   if (md.rkey_pack(*handle, key) != status::ok) throw std::runtime_error("pack");
   ch.send(iface.device_address());
   ch.send(iface.iface_address());
   ch.send(key);
-  ch.send_word(address_of(buffer.data()));
+  ch.send_word(address_of(buffer));
+}
+
+void export_buffer(const channel& ch, tl::iface& iface, std::vector<uint8_t>& buffer,
+                   tl::mem_handle** handle) {
+  export_buffer(ch, iface, buffer.data(), buffer.size(), handle);
 }
 
 bool import_buffer(const channel& ch, exported* out) {
@@ -758,6 +764,45 @@ BOOST_AUTO_TEST_CASE(a_put_to_a_dead_peer_is_a_connection_reset) {
   const tl::iov entry{&value, sizeof(value)};
   BOOST_TEST(ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr) == status::connection_reset);
   BOOST_TEST(progress_until(*survivor, [&] { return failures.entries.size() == 1; }));
+  ep.reset();
+  ::waitpid(child, nullptr, 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_put_into_a_dead_peers_shared_block_fails_its_endpoint_soon_after) {
+  // Into a shared-heap block the put is a copy through our own mapping of the peer's segment, no
+  // system call and no stranger's memory: a peer that died meanwhile is found by the interface's
+  // liveness check, which fails the endpoint; later puts are refused.
+  channel to_parent;
+  const pid_t child = fork_child([&]() -> int {
+    auto iface = open_iface("shm");
+    void* block = tl::shared_alloc(4096);
+    tl::mem_handle* handle = nullptr;
+    export_buffer(to_parent, *iface, block, 4096, &handle);
+    std::this_thread::sleep_for(30s);
+    return 0;
+  });
+  BOOST_REQUIRE(child > 0);
+  exported remote;
+  BOOST_REQUIRE(import_buffer(to_parent, &remote));
+  auto survivor = open_iface("shm");
+  failure_log failures;
+  failures.install(*survivor);
+  auto ep = connect(*survivor, remote.device, remote.address);
+  unpacked key(*survivor->memory_domain(), remote.rkey);
+  BOOST_REQUIRE(key.result == status::ok);
+  const uint64_t value = 1;
+  const tl::iov entry{&value, sizeof(value)};
+  BOOST_TEST(ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr) == status::ok);
+  BOOST_TEST(survivor->info().find("0 gets, 1 puts;") != std::string::npos, survivor->info());
+  BOOST_REQUIRE(::kill(child, SIGKILL) == 0);
+  siginfo_t info{};
+  BOOST_REQUIRE(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT) == 0);
+  const status late = ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr);
+  BOOST_TEST((late == status::ok || late == status::connection_reset), to_string(late));
+  BOOST_TEST(progress_until(*survivor, [&] { return failures.entries.size() == 1; }));
+  BOOST_REQUIRE(failures.entries.size() == 1u);
+  BOOST_TEST(failures.entries[0].reason == status::connection_reset);
+  BOOST_TEST(ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr) == status::connection_reset);
   ep.reset();
   ::waitpid(child, nullptr, 0);
 }

@@ -192,26 +192,15 @@ void worker_impl::destroy_ep(endpoint_impl* ep) {
   }
 }
 
-endpoint_impl* worker_impl::find_ep(uint32_t id) const {
-  const uint32_t index = id & 0xFFFFFu;
-  if (index >= ep_table.size()) return nullptr;
-  endpoint_impl* ep = ep_table[index];
-  return (ep != nullptr && ep->id == id) ? ep : nullptr;
-}
-
-endpoint_impl* worker_impl::receiving_ep(uint32_t id, const char* what) {
-  endpoint_impl* ep = find_ep(id);
-  if (ep == nullptr) {
-    if (id != 0 && std::find(closed_ids.begin(), closed_ids.end(), id) != closed_ids.end()) {
-      ++late_messages;
-      COMM_LOG(debug, "worker", "%s: %s (endpoint %u, closed): dropped", params.name.c_str(),
-               what, id);
-      return nullptr;
-    }
-    protocol_error(nullptr, what);
+endpoint_impl* worker_impl::unknown_receiving_ep(uint32_t id, const char* what) {
+  if (id != 0 && std::find(closed_ids.begin(), closed_ids.end(), id) != closed_ids.end()) {
+    ++late_messages;
+    COMM_LOG(debug, "worker", "%s: %s (endpoint %u, closed): dropped", params.name.c_str(), what,
+             id);
     return nullptr;
   }
-  return ep->state == endpoint_impl::phase::failed ? nullptr : ep;
+  protocol_error(nullptr, what);
+  return nullptr;
 }
 
 }  // namespace detail

@@ -23,11 +23,11 @@ void resume_close(endpoint_impl* ep) {
   if (ep->state == endpoint_impl::phase::closing && ep->lane) ep->complete_in_order();
 }
 
-/// Encodes a Cap'n Proto message into `out`.
+/// Encodes a Cap'n Proto message into `out` (flat array format), with no copy in between.
 void encode(capnp::MessageBuilder& message, std::vector<uint8_t>& out) {
-  auto words = capnp::messageToFlatArray(message);
-  auto bytes = words.asBytes();
-  out.assign(bytes.begin(), bytes.end());
+  out.resize(capnp::computeSerializedSizeInWords(message) * sizeof(capnp::word));
+  kj::ArrayOutputStream stream(kj::arrayPtr(out.data(), out.size()));
+  capnp::writeMessage(stream, message);
 }
 
 size_t pack_wire(void* dest, void* arg) {
@@ -60,7 +60,8 @@ rndv_protocol::rndv_protocol(worker_impl& owner, unsigned index) : protocol(owne
 
 status rndv_protocol::encode_rts(request* req, rndv_send& r, const rts_fields& fields) {
   endpoint_impl& ep = *req->ep;
-  std::vector<uint8_t> packed;
+  std::vector<uint8_t>& packed = packed_key_;
+  packed.clear();
   if (tl::md* md = ep.lane_iface->memory_domain()) {
     if (ep.lane_attr->caps & tl::cap_get_zcopy) {
       status st = md->mem_reg(req->iov[0].buffer, r.length, &r.reg);
@@ -70,7 +71,7 @@ status rndv_protocol::encode_rts(request* req, rndv_send& r, const rts_fields& f
       if (st != status::ok) return st;
     }
   }
-  capnp::MallocMessageBuilder message;
+  capnp::MallocMessageBuilder message(kj::arrayPtr(rts_scratch_, rts_scratch_words));
   auto rts = message.initRoot<wire::schema::RndvRts>();
   rts.setDstEp(ep.remote_id);
   rts.setIsAm(fields.is_am);
@@ -398,6 +399,23 @@ void rndv_protocol::release_fetch(rndv_fetch& f) {
   }
 }
 
+void rndv_protocol::acknowledge(endpoint_impl* ep, uint64_t sreq, status outcome) {
+  auto& h = hdr_ats_.fields();
+  h.setDstEp(ep->remote_id);
+  h.setSreqId(sreq);
+  h.setStatus(static_cast<int16_t>(outcome));
+  // Nothing waits before it: straight to the transport, without a request or a copy (counted
+  // as the queued control messages are: not at all).
+  if (short_path_open(*ep, hdr_ats_.size()) &&
+      ep->lane->am_short(wire_id(rndv_msg::ats), hdr_ats_.bytes(), hdr_ats_.size(), nullptr, 0) ==
+          status::ok) {
+    return;
+  }
+  const auto* bytes = static_cast<const uint8_t*>(hdr_ats_.bytes());
+  w.queue_control(ep, wire_id(rndv_msg::ats),
+                  std::vector<uint8_t>(bytes, bytes + hdr_ats_.size()));
+}
+
 void rndv_protocol::finish_fetch(rndv_fetch& f) {
   endpoint_impl* ep = f.ep;
   request* req = f.req;
@@ -409,13 +427,7 @@ void rndv_protocol::finish_fetch(rndv_fetch& f) {
   if (req->st == status::in_progress && f.comp.result != status::ok) req->st = f.comp.result;
   const status outcome = req->st == status::in_progress ? status::ok : req->st;
   if (ep->state != endpoint_impl::phase::failed) {
-    const uint32_t remote = ep->remote_id;
-    const uint64_t sreq = f.sreq;
-    send_control<wire::schema::RndvAts>(ep, rndv_msg::ats, [&](auto h) {
-      h.setDstEp(remote);
-      h.setSreqId(sreq);
-      h.setStatus(static_cast<int16_t>(outcome));
-    });
+    acknowledge(ep, f.sreq, outcome);
   }
   ep->counters_.bytes_received += f.take;
   f.done(req, outcome);
@@ -459,12 +471,7 @@ void rndv_protocol::on_cancel(const uint8_t* data, size_t length) {
   const bool dropped = module_of<tag_protocol>(w).drop_announcement(*ep, sreq) ||
                        module_of<am_protocol>(w).drop_announcement(*ep, sreq);
   if (!dropped) return;
-  const uint32_t remote = ep->remote_id;
-  send_control<wire::schema::RndvAts>(ep, rndv_msg::ats, [&](auto a) {
-    a.setDstEp(remote);
-    a.setSreqId(sreq);
-    a.setStatus(static_cast<int16_t>(status::canceled));
-  });
+  acknowledge(ep, sreq, status::canceled);
 }
 
 void rndv_protocol::on_refuse(const uint8_t* data, size_t length) {

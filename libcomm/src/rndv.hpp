@@ -25,6 +25,8 @@
 
 #include "worker_impl.hpp"
 
+#include <capnp/common.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
@@ -97,6 +99,10 @@ struct rndv_fetch {
   bool remote_valid = false;       ///< `remote` must be released
 };
 
+/// Words an announcement fits in without a heap segment: the fields, a memory domain's packed
+/// key and a short user header.
+inline constexpr size_t rts_scratch_words = 64;
+
 /// The rendezvous module (see the top of this file).
 class rndv_protocol final : public protocol {
 public:
@@ -157,6 +163,9 @@ private:
   static void on_fetched(tl::completion* comp);
   /// Ends a fetch: releases the key, acknowledges the sender, tells the receiving module.
   void finish_fetch(rndv_fetch& f);
+  /// Tells the sender of `sreq` on `ep` how its rendezvous ended (RndvAts): at once when nothing
+  /// waits on the endpoint, else queued behind what does.
+  void acknowledge(endpoint_impl* ep, uint64_t sreq, status outcome);
   /// The announced send `sreq` that peer `ep` answers for, or null (a protocol error when it is
   /// another endpoint's or not announced).
   rndv_send* answered_send(endpoint_impl* ep, uint64_t sreq);
@@ -168,6 +177,11 @@ private:
   std::unordered_set<rndv_fetch*> getting_;         ///< fetches with gets in flight
   uint64_t next_id_ = 1;                            ///< next id in those tables
   wire::header_writer<wire::schema::RndvData> hdr_data_; ///< header of pushed data
+  wire::header_writer<wire::schema::RndvAts> hdr_ats_;   ///< header of acknowledgements
+  /// Words of the first segment of every announcement (capnp re-zeroes what a message used), so
+  /// that building one allocates nothing; a larger one continues in the heap.
+  capnp::word rts_scratch_[rts_scratch_words] = {};
+  std::vector<uint8_t> packed_key_;  ///< the key of the announcement being built (reused)
 };
 
 }  // namespace comm::detail

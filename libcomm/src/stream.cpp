@@ -158,15 +158,6 @@ bool live(worker_impl& w, const endpoint_impl* ep) { return w.find_ep(ep->id) ==
 /// bench/bm_stream's unposted case).
 constexpr size_t keep_desc_max = 65536;
 
-/// True when the descriptor of `from` may be kept for `length` of its bytes: the transport lends
-/// it, its descriptors are small, and at least half of one is stream bytes (smaller payloads are
-/// copied into shared blocks instead).
-bool keepable(size_t length, tl::iface* from, unsigned flags) {
-  if (from == nullptr || !(flags & tl::am_flag_desc)) return false;
-  const size_t size = from->attr().max_bcopy;
-  return size <= keep_desc_max && length * 2 >= size;
-}
-
 /// What `length` buffered bytes count against the limits: a block of at least min_block, or a
 /// kept descriptor counted as at least its interface's max_bcopy.
 size_t block_cost(size_t length, tl::iface* kept_from) {
@@ -253,6 +244,12 @@ void stream_protocol::uncharge(ep_state& s, size_t cost) {
 
 // -- arrival -------------------------------------------------------------------------------------
 
+bool stream_protocol::keepable(size_t length, const arrival* from) {
+  if (from == nullptr || from->from == nullptr || !(from->flags & tl::am_flag_desc)) return false;
+  const size_t size = from->from->attr().max_bcopy;
+  return size <= keep_desc_max && length * 2 >= size;
+}
+
 status stream_protocol::on_data(tl::iface* from, uint8_t* data, size_t length, unsigned flags) {
   size_t used = 0;
   auto h = wire::read_header<wire::schema::StreamData>(data, length, &used);
@@ -268,7 +265,8 @@ status stream_protocol::on_data(tl::iface* from, uint8_t* data, size_t length, u
   }
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += length - used;
-  return take(ep, data + used, length - used, arrival{from, data, flags});
+  const arrival lent{from, data, flags};
+  return take(ep, data + used, length - used, (flags & tl::am_flag_desc) ? &lent : nullptr);
 }
 
 status stream_protocol::on_first(tl::iface* from, uint8_t* data, size_t length, unsigned flags) {
@@ -294,7 +292,8 @@ status stream_protocol::on_first(tl::iface* from, uint8_t* data, size_t length, 
   ep->counters_.bytes_received += payload;
   // What the fragments will bring is not allocated ahead: each is buffered as it comes.
   ep->rx = rx_message{this, h->getMsgId(), total, payload};
-  return take(ep, data + used, payload, arrival{from, data, flags});
+  const arrival lent{from, data, flags};
+  return take(ep, data + used, payload, (flags & tl::am_flag_desc) ? &lent : nullptr);
 }
 
 status stream_protocol::on_fragment(tl::iface* from, uint8_t* data, size_t length,
@@ -305,15 +304,17 @@ status stream_protocol::on_fragment(tl::iface* from, uint8_t* data, size_t lengt
   if (ep == nullptr) return status::ok;
   ep->rx.received += bytes;
   if (ep->rx.received == ep->rx.total) ep->rx = rx_message{};
-  return take(ep, payload, bytes, arrival{from, data, flags});
+  const arrival lent{from, data, flags};
+  return take(ep, payload, bytes, (flags & tl::am_flag_desc) ? &lent : nullptr);
 }
 
 status stream_protocol::take(endpoint_impl* ep, const uint8_t* data, size_t length,
-                             const arrival& from) {
+                             const arrival* from) {
   auto& s = state_of<ep_state>(*ep);
   ++counters_.fragments;
   if (length == 0) return status::ok;
   if (s.fetch != nullptr || !s.held.empty()) return hold(ep, s, data, length, from);
+  if (s.recv_head == nullptr) return buffer(ep, s, data, length, from);
   bool alive = true;
   const size_t taken = fill_receives(ep, s, data, length, &alive);
   // A completion callback may have closed the endpoint or failed it: what is left goes nowhere.
@@ -345,12 +346,12 @@ size_t stream_protocol::fill_receives(endpoint_impl* ep, ep_state& s, const uint
   return taken;
 }
 
-bool stream_protocol::make_block(const uint8_t* data, size_t length, const arrival& from,
+bool stream_protocol::make_block(const uint8_t* data, size_t length, const arrival* from,
                                  stream_block* out) {
-  if (keepable(length, from.from, from.flags)) {
-    const size_t offset = static_cast<size_t>(data - from.desc);
-    *out = stream_block{from.desc, 0, offset, offset + length, from.from,
-                        block_cost(length, from.from)};
+  if (keepable(length, from)) {
+    const size_t offset = static_cast<size_t>(data - from->desc);
+    *out = stream_block{from->desc, 0, offset, offset + length, from->from,
+                        block_cost(length, from->from)};
     ++kept_descs_;
     ++counters_.kept_descs;
     counters_.kept_bytes += length;
@@ -366,9 +367,9 @@ bool stream_protocol::make_block(const uint8_t* data, size_t length, const arriv
 }
 
 status stream_protocol::buffer(endpoint_impl* ep, ep_state& s, const uint8_t* data,
-                               size_t length, const arrival& from) {
+                               size_t length, const arrival* from) {
   w.note_events(wakeup_rx);  // bytes wait for a receive: worker::wait for rx ends
-  const bool keep = keepable(length, from.from, from.flags);
+  const bool keep = keepable(length, from);
   if (!keep && !s.blocks.empty() && s.blocks.back().desc_iface == nullptr) {
     // Small payloads share the last block while it has room.
     stream_block& last = s.blocks.back();
@@ -382,7 +383,7 @@ status stream_protocol::buffer(endpoint_impl* ep, ep_state& s, const uint8_t* da
   }
   status result = status::ok;
   if (length != 0) {
-    if (!charge(ep, s, block_cost(length, keep ? from.from : nullptr))) return status::ok;
+    if (!charge(ep, s, block_cost(length, keep ? from->from : nullptr))) return status::ok;
     stream_block b;
     if (!make_block(data, length, from, &b)) {
       uncharge(s, block_cost(length, nullptr));
@@ -398,9 +399,9 @@ status stream_protocol::buffer(endpoint_impl* ep, ep_state& s, const uint8_t* da
 }
 
 status stream_protocol::hold(endpoint_impl* ep, ep_state& s, const uint8_t* data, size_t length,
-                             const arrival& from) {
-  const bool keep = keepable(length, from.from, from.flags);
-  const size_t cost = block_cost(length, keep ? from.from : nullptr);
+                             const arrival* from) {
+  const bool keep = keepable(length, from);
+  const size_t cost = block_cost(length, keep ? from->from : nullptr);
   if (!charge(ep, s, cost)) return status::ok;
   held_item item;
   if (!make_block(data, length, from, &item.bytes)) {
@@ -861,21 +862,27 @@ op endpoint::stream_send(const void* buffer, size_t length, const request_params
                                   request_force_bcopy | request_force_rndv;
   constexpr size_t header = wire::header_size<wire::schema::StreamData>();
   // The common small send: straight to the transport, no request (as tag_send does); one that
-  // fits a bcopy as well.
+  // fits a bcopy as well. (Two separate paths: joined, the short one's result went through
+  // memory and cost the 8-byte message rate a store-forwarding stall.)
   if (!(params.flags & slow_flags) && params.pack == nullptr &&
       (buffer != nullptr || length == 0)) {
-    const bool fits_short = detail::short_path_open(ep, header + length);
-    if (fits_short || detail::bcopy_path_open(ep, header + length)) {
+    const tl::am_id id = detail::wire_id(detail::stream_msg::data);
+    if (detail::short_path_open(ep, header + length)) {
       auto& writer = module_of<stream_protocol>(w).hdr_data;
       writer.fields().setDstEp(ep.remote_id);
-      const tl::am_id id = detail::wire_id(detail::stream_msg::data);
       op result;
-      const bool settled =
-          fits_short ? detail::try_send_short(ep, id, writer.bytes(), header, buffer, length,
-                                              params.flags, &result)
-                     : detail::try_send_bcopy(ep, id, writer.bytes(), header, buffer, length,
-                                              params.flags, &result);
-      if (settled) return result;
+      if (detail::try_send_short(ep, id, writer.bytes(), header, buffer, length, params.flags,
+                                 &result)) {
+        return result;
+      }
+    } else if (detail::bcopy_path_open(ep, header + length)) {
+      auto& writer = module_of<stream_protocol>(w).hdr_data;
+      writer.fields().setDstEp(ep.remote_id);
+      op result;
+      if (detail::try_send_bcopy(ep, id, writer.bytes(), header, buffer, length, params.flags,
+                                 &result)) {
+        return result;
+      }
     }
   }
   iov_entry entry{const_cast<void*>(buffer), length};

@@ -150,7 +150,8 @@ private:
     /// into the buffer, as it would have been had the read ended first.
     bool may_read_ahead = false;
   };
-  /// Where the payload of a transport message came from, to keep it as a descriptor.
+  /// Where the payload of a transport message came from, to keep it as a descriptor (handlers
+  /// pass one only when the transport lends the data).
   struct arrival {
     tl::iface* from = nullptr;  ///< the delivering interface (null: cannot be kept)
     uint8_t* desc = nullptr;    ///< what its handler was given
@@ -162,7 +163,7 @@ private:
   status on_fragment(tl::iface* from, uint8_t* data, size_t length, unsigned flags);
   /// Appends `length` bytes that arrived on `ep` to its stream: into the posted receives, then
   /// into the buffer (or held behind a read under way). in_progress when the descriptor was kept.
-  status take(endpoint_impl* ep, const uint8_t* data, size_t length, const arrival& from);
+  status take(endpoint_impl* ep, const uint8_t* data, size_t length, const arrival* from);
   /// Fills the receives posted on `ep` from `data`; returns the bytes they took. False in
   /// `*alive` when a completion callback closed or failed the endpoint.
   size_t fill_receives(endpoint_impl* ep, ep_state& s, const uint8_t* data, size_t length,
@@ -170,13 +171,17 @@ private:
   /// Buffers `length` bytes for `ep` within the limits (else fails it): keeps the descriptor
   /// when it may, else copies. in_progress when the descriptor was kept.
   status buffer(endpoint_impl* ep, ep_state& s, const uint8_t* data, size_t length,
-                const arrival& from);
+                const arrival* from);
   /// Holds `length` bytes that arrived while a read is under way on `ep`.
   status hold(endpoint_impl* ep, ep_state& s, const uint8_t* data, size_t length,
-              const arrival& from);
+              const arrival* from);
   /// Makes a block for `length` bytes at `data`: the descriptor when it may be kept, else a
   /// copy; false when no memory.
-  bool make_block(const uint8_t* data, size_t length, const arrival& from, stream_block* out);
+  bool make_block(const uint8_t* data, size_t length, const arrival* from, stream_block* out);
+  /// True when the descriptor `from` came in may be kept for `length` of its bytes: the
+  /// transport lent it, its descriptors are small, and at least half of one is stream bytes
+  /// (smaller payloads are copied into shared blocks instead).
+  static bool keepable(size_t length, const arrival* from);
   /// Charges `cost` bytes for `ep` against the stream limits; false, with `ep` failed, when that
   /// would pass one.
   bool charge(endpoint_impl* ep, ep_state& s, size_t cost);

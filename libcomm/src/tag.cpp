@@ -280,7 +280,11 @@ void tag_protocol::out_of_room(endpoint_impl* ep) {
 // -- receiving -----------------------------------------------------------------------------------
 
 void tag_protocol::post(request* req, tag_recv_state& s) {
-  offload.try_post(req, s);
+  if (offload.receives_offloaded()) {
+    offload.try_post(req, s);
+  } else {
+    s.expected.offloaded = false;
+  }
   w.matcher.post_expected(&s.expected);
 }
 
@@ -298,8 +302,10 @@ tag_expected* tag_protocol::take_expected(tag_t tag) {
   return e;
 }
 
-void tag_protocol::deliver(endpoint_impl* ep, tag_t tag, uint64_t imm, const uint8_t* data,
-                           size_t length) {
+[[gnu::always_inline]] inline void tag_protocol::deliver_message(endpoint_impl* ep, tag_t tag,
+                                                                 uint64_t imm,
+                                                                 const uint8_t* data,
+                                                                 size_t length) {
   if (tag_expected* e = take_expected(tag)) {
     request* req = recv_of(e);
     tag_recv_state& s = match(req, tag, imm);
@@ -314,6 +320,11 @@ void tag_protocol::deliver(endpoint_impl* ep, tag_t tag, uint64_t imm, const uin
   msg->received = length;
   w.matcher.add_unexpected(msg);
   w.note_events(wakeup_tag_recv | wakeup_rx);
+}
+
+void tag_protocol::deliver(endpoint_impl* ep, tag_t tag, uint64_t imm, const uint8_t* data,
+                           size_t length) {
+  deliver_message(ep, tag, imm, data, length);
 }
 
 tag_recv_state& tag_protocol::match(request* req, tag_t tag, uint64_t imm) {
@@ -353,7 +364,7 @@ void tag_protocol::receive_eager(const uint8_t* data, size_t length, bool with_i
   if (ep == nullptr) return;
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += length - used;
-  deliver(ep, tag, imm, data + used, length - used);
+  deliver_message(ep, tag, imm, data + used, length - used);
 }
 
 void tag_protocol::on_eager_first(const uint8_t* data, size_t length) {

@@ -140,6 +140,9 @@ public:
   wire::header_writer<wire::schema::TagEagerFirst> hdr_tag_first;
 
 private:
+  /// deliver's body, inlined into the eager receive path (defined and used in tag.cpp only).
+  inline void deliver_message(endpoint_impl* ep, tag_t tag, uint64_t imm, const uint8_t* data,
+                              size_t length);
   void on_eager(const uint8_t* data, size_t length);
   void on_eager_imm(const uint8_t* data, size_t length);
   void on_eager_first(const uint8_t* data, size_t length);

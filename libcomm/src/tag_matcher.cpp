@@ -59,20 +59,28 @@ tag_matcher::~tag_matcher() = default;
 void tag_matcher::post_expected(tag_expected* e) noexcept {
   assert(!e->queued());
   e->sn = ++expected_sn_;
-  if (!e->offloaded && e->mask == tag_mask_full) ++bucket_of(e->tag).software;
-  list_of(e).push_back(e);
+  if (e->mask == tag_mask_full) {
+    bucket& b = bucket_of(e->tag);
+    b.software += !e->offloaded;
+    b.expected.push_back(e);
+  } else {
+    wildcards_.push_back(e);
+  }
   ++expected_count_;
 }
 
 tag_expected* tag_matcher::match_expected(tag_t tag) noexcept {
-  tag_expected* e = find_exact(bucket_of(tag).expected.first, tag);
+  bucket& b = bucket_of(tag);
+  tag_expected* e = find_exact(b.expected.first, tag);
   if (!wildcards_.empty()) {
     uint64_t limit = e != nullptr ? e->sn : std::numeric_limits<uint64_t>::max();
-    if (tag_expected* w = find_wildcard(wildcards_.first, tag, limit))
-      e = w;
+    if (tag_expected* w = find_wildcard(wildcards_.first, tag, limit)) {
+      unlink(w);
+      return w;
+    }
   }
   if (e != nullptr)
-    unlink(e);
+    unlink_exact(b, e);
   return e;
 }
 

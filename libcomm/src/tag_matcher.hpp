@@ -205,15 +205,18 @@ private:
   /// @returns the bucket of an exact tag.
   bucket& bucket_of(tag_t tag) const noexcept { return buckets_[hash_tag(tag) & bucket_mask_]; }
 
-  /// @returns the list that holds (or would hold) the posted receive `e`.
-  expected_list& list_of(const tag_expected* e) noexcept {
-    return e->mask == tag_mask_full ? bucket_of(e->tag).expected : wildcards_;
-  }
-
   /// Unlinks the queued receive `e` and marks it not queued.
   void unlink(tag_expected* e) noexcept {
-    if (!e->offloaded && e->mask == tag_mask_full) --bucket_of(e->tag).software;
-    list_of(e).erase(e);
+    if (e->mask == tag_mask_full) return unlink_exact(bucket_of(e->tag), e);
+    wildcards_.erase(e);
+    e->sn = 0;
+    --expected_count_;
+  }
+
+  /// Unlinks the queued exact-tag receive `e` of bucket `b` (its tag's) and marks it not queued.
+  void unlink_exact(bucket& b, tag_expected* e) noexcept {
+    b.software -= !e->offloaded;
+    b.expected.erase(e);
     e->sn = 0;
     --expected_count_;
   }

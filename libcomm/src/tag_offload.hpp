@@ -99,6 +99,9 @@ public:
 
   /// Sends and receives of at least this many bytes may use tag matching.
   size_t thresh() const noexcept { return thresh_; }
+  /// True when receives may go to a transport's tag matching (an interface offers it and the
+  /// threshold is set): without it try_post has nothing to do.
+  bool receives_offloaded() const noexcept { return iface_ != nullptr; }
 
   // -- receives --
 

@@ -333,11 +333,24 @@ public:
   bool make_room_for_peer_ep();
 
   // -- endpoints (address.cpp) -----------------------------------------------------------------
-  endpoint_impl* find_ep(uint32_t id) const;
+  /// The endpoint with id `id`, or null. Inline: every received message looks one up.
+  endpoint_impl* find_ep(uint32_t id) const {
+    const uint32_t index = id & 0xFFFFFu;
+    if (index >= ep_table.size()) return nullptr;
+    endpoint_impl* ep = ep_table[index];
+    return (ep != nullptr && ep->id == id) ? ep : nullptr;
+  }
   /// The endpoint a received message is addressed to. Null when the id names no endpoint (a
   /// protocol error: `what` is logged and counted) and, silently, when the endpoint has already
   /// failed: whatever its peer still sends is dropped.
-  endpoint_impl* receiving_ep(uint32_t id, const char* what);
+  endpoint_impl* receiving_ep(uint32_t id, const char* what) {
+    endpoint_impl* ep = find_ep(id);
+    if (ep == nullptr) [[unlikely]] return unknown_receiving_ep(id, what);
+    return ep->state == endpoint_impl::phase::failed ? nullptr : ep;
+  }
+  /// receiving_ep's answer for an id that names no endpoint: a late message for a closed one
+  /// (dropped, counted) or a protocol error.
+  endpoint_impl* unknown_receiving_ep(uint32_t id, const char* what);
   status create_ep(const void* address, size_t length, bool by_peer, endpoint_impl** out);
   /// A new endpoint with an id but no lane yet (client-server connections pick it later).
   status new_ep(bool by_peer, endpoint_impl** out);

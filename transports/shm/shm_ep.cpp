@@ -256,12 +256,15 @@ status shm_ep::checked_rma(const packed_rkey& key, const remote_key& unpacked,
     return remote_.closed() ? status::connection_reset : st;
   }
   if (total == 0) return status::ok;
-  // A put into a reaped peer's reused pid would write into a stranger: make sure it is alive.
-  if (write && !peer_alive()) [[unlikely]] return status::connection_reset;
+  // Through our mapping of the peer's segment no system call is made: a peer that died meanwhile
+  // leaves a segment nobody reads, which the interface's liveness check reports soon after.
   if (segment_ref segment; segment_of(unpacked, &segment)) {
     const status st = mapped_rma(key, segment, entries, count, remote_address, write);
     if (st != status::unsupported) return st;
   }
+  // CMA names the peer by pid: a put into a reaped peer's reused pid would write into a
+  // stranger, so make sure it is alive.
+  if (write && !peer_alive()) [[unlikely]] return status::connection_reset;
   return cma_transfer(peer_pid(), entries, count, remote_address, total, write);
 }
 

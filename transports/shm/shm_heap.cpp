@@ -1,4 +1,5 @@
 #include "shm/shm_heap.hpp"
+#include "base/membind.hpp"
 
 #include <comm/log.hpp>
 #include <comm/transport/shared_heap.hpp>
@@ -18,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <span>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -63,43 +65,103 @@ struct heap_segment {
   pid_t owner = 0;          ///< the process that created it
   size_t live = 0;          ///< blocks handed out from it
   int size_class = -1;      ///< slab class, or -1: one large block
+  size_t arena = 0;         ///< index of the node set it was made for (heap::arenas_)
+  bool bound = false;       ///< its pages are bound to that node set
 
   uint8_t* data() const { return base + heap_header_bytes; }
   size_t data_bytes() const { return size - heap_header_bytes; }
   heap_header& header() const { return *reinterpret_cast<heap_header*>(base); }
 };
 
-/// Creates, sizes (pages allocated up front), seals and maps a segment with `data_bytes` after its
-/// header; null (logged at debug) when it cannot.
-heap_segment* create_segment(size_t data_bytes, uint64_t id, pid_t owner) {
+/// Sizes `fd` to `size` bytes with every page allocated (out of memory is an error now, never a
+/// SIGBUS in a peer later) and seals it against resizing; fills `*inode`.
+bool size_and_seal(int fd, size_t size, uint64_t* inode) {
+  struct stat st;
+  if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      ::fstat(fd, &st) != 0) {
+    COMM_LOG(debug, log_name, "heap: sizing a %zu-byte segment: %s", size, std::strerror(errno));
+    return false;
+  }
+  *inode = static_cast<uint64_t>(st.st_ino);
+  return true;
+}
+
+/// Maps the allocated and sealed `fd` with its page tables filled (no page fault on first use).
+void* map_populated(int fd, size_t size) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    COMM_LOG(debug, log_name, "heap: mmap of %zu bytes: %s", size, std::strerror(errno));
+    return nullptr;
+  }
+  return p;
+}
+
+/// Counts a placement the kernel refused; the first is a warning, the rest go to debug.
+void report_refused_placement(const placement_outcome& out, std::atomic<uint64_t>& failures) {
+  if (failures.fetch_add(1, std::memory_order_relaxed) == 0) {
+    COMM_LOG(warn, log_name, "heap: segment not placed: %s", out.text.c_str());
+  } else {
+    COMM_LOG(debug, log_name, "heap: segment not placed: %s", out.text.c_str());
+  }
+}
+
+/// Maps `fd` (`size` bytes, still empty) with its pages bound to `nodes` before any exists: the
+/// policy set on a shared mapping stays with the file, so the pages fallocate allocates follow
+/// it. Then seals it and fills the page tables. Null when it cannot; `*bound` says whether the
+/// kernel took the placement (a refused one is counted in `failures`, the memory stays usable).
+void* map_bound(int fd, size_t size, std::span<const unsigned> nodes, uint64_t* inode,
+                bool* bound, std::atomic<uint64_t>& failures) {
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    COMM_LOG(debug, log_name, "heap: ftruncate to %zu bytes: %s", size, std::strerror(errno));
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    COMM_LOG(debug, log_name, "heap: mmap of %zu bytes: %s", size, std::strerror(errno));
+    return nullptr;
+  }
+  const placement_outcome out = bind_to_numa_nodes(p, size, nodes);
+  *bound = out.bound;
+  if (out.st != status::ok) report_refused_placement(out, failures);
+  if (!size_and_seal(fd, size, inode)) {
+    ::munmap(p, size);
+    return nullptr;
+  }
+  if (::madvise(p, size, MADV_POPULATE_WRITE) != 0) {
+    // Kernels before 5.14: touch every page (they are allocated and zero already).
+    auto* bytes = static_cast<volatile uint8_t*>(p);
+    for (size_t offset = 0; offset < size; offset += page_size) bytes[offset] = 0;
+  }
+  return p;
+}
+
+/// Creates, sizes (pages allocated up front, on `nodes` when given), seals and maps a segment with
+/// `data_bytes` after its header; null (logged at debug) when it cannot.
+heap_segment* create_segment(size_t data_bytes, uint64_t id, pid_t owner,
+                             std::span<const unsigned> nodes, std::atomic<uint64_t>& failures) {
   const size_t size = heap_header_bytes + data_bytes;
   const int fd = ::memfd_create("comm-heap", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     COMM_LOG(debug, log_name, "heap: memfd_create: %s", std::strerror(errno));
     return nullptr;
   }
-  struct stat st;
-  // fallocate, not ftruncate: out of memory is an error now, never a SIGBUS in a peer later.
-  if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0 ||
-      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-      ::fstat(fd, &st) != 0) {
-    COMM_LOG(debug, log_name, "heap: sizing a %zu-byte segment: %s", size, std::strerror(errno));
+  uint64_t inode = 0;
+  bool bound = false;
+  void* p = nodes.empty()
+                ? (size_and_seal(fd, size, &inode) ? map_populated(fd, size) : nullptr)
+                : map_bound(fd, size, nodes, &inode, &bound, failures);
+  if (p == nullptr) {
     ::close(fd);
     return nullptr;
   }
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) {
-    COMM_LOG(debug, log_name, "heap: mmap of %zu bytes: %s", size, std::strerror(errno));
-    ::close(fd);
-    return nullptr;
-  }
-  auto* s = new (std::nothrow) heap_segment{static_cast<uint8_t*>(p), size, fd,
-                                            static_cast<uint64_t>(st.st_ino), id, owner};
+  auto* s = new (std::nothrow) heap_segment{static_cast<uint8_t*>(p), size, fd, inode, id, owner};
   if (s == nullptr) {
     ::munmap(p, size);
     ::close(fd);
     return nullptr;
   }
+  s->bound = bound;
   heap_header& h = s->header();
   h.magic = heap_magic;
   h.id = id;
@@ -124,7 +186,8 @@ public:
   /// The heap of this process (created, with its fork handlers, on first use).
   static heap& instance();
 
-  void* alloc(size_t length);
+  /// A block of `length` bytes in a segment bound to `nodes` (sorted, unique; empty: unbound).
+  void* alloc(size_t length, const std::vector<unsigned>& nodes);
   /// Frees a block of ours and returns true; false for a block that is not.
   bool free(void* block);
   bool find(const void* address, size_t length, segment_ref* out);
@@ -132,16 +195,26 @@ public:
   void count_fallback() { fallbacks_.fetch_add(1, std::memory_order_relaxed); }
 
 private:
-  heap() : pid_(::getpid()), salt_(random_salt()) {}
+  heap() : pid_(::getpid()), salt_(random_salt()) { arenas_.push_back({}); }
 
   struct slot {
     void* block;
     heap_segment* segment;
   };
+  /// The segments made for one set of NUMA nodes: its free slab slots per class (arena 0: no
+  /// nodes). Arenas are only added, so their indices stay valid.
+  struct arena {
+    std::vector<unsigned> nodes;
+    std::vector<slot> free_slots[class_count];
+  };
 
-  void* alloc_small(unsigned size_class);
-  void* alloc_large(size_t data_bytes);
-  heap_segment* take_cached(size_t data_bytes);
+  size_t arena_of(const std::vector<unsigned>& nodes);
+  void* alloc_small(unsigned size_class, const std::vector<unsigned>& nodes);
+  void* alloc_large(size_t data_bytes, const std::vector<unsigned>& nodes);
+  /// A segment of `data_bytes` for arena `arena`, whose node set is `nodes`.
+  heap_segment* make_segment(size_t data_bytes, uint64_t id, pid_t owner, size_t arena,
+                             std::span<const unsigned> nodes);
+  heap_segment* take_cached(size_t data_bytes, size_t arena);
   void cache_or_drop(heap_segment* s, std::vector<heap_segment*>& doomed);
   void drop(heap_segment* s, std::vector<heap_segment*>& doomed);
   void* hand_out(void* block, heap_segment* s);
@@ -156,13 +229,14 @@ private:
   std::mutex mutex_;
   std::map<uintptr_t, heap_segment*> segments_;        ///< every segment, by base address
   std::unordered_map<void*, heap_segment*> blocks_;    ///< blocks handed out
-  std::vector<slot> free_slots_[class_count];          ///< free slab slots per class
+  std::vector<arena> arenas_;                          ///< per node set, [0]: unbound
   std::vector<heap_segment*> cached_;                  ///< freed large blocks, oldest first
   size_t cached_bytes_ = 0;
   pid_t pid_;
   uint64_t salt_;
   uint64_t counter_ = 0;
   std::atomic<uint64_t> fallbacks_{0};
+  std::atomic<uint64_t> placement_failures_{0};
 };
 
 heap* heap::the_heap = nullptr;
@@ -182,19 +256,35 @@ void* heap::hand_out(void* block, heap_segment* s) {
   return block;
 }
 
-void* heap::alloc(size_t length) {
+void* heap::alloc(size_t length, const std::vector<unsigned>& nodes) {
   if (length > max_heap_segment - heap_header_bytes) return nullptr;
   const size_t need = std::max<size_t>(length, 1);
-  if (need <= max_small_block) return alloc_small(class_of(need));
-  return alloc_large(round_up(need, page_size));
+  if (need <= max_small_block) return alloc_small(class_of(need), nodes);
+  return alloc_large(round_up(need, page_size), nodes);
 }
 
-void* heap::alloc_small(unsigned size_class) {
+size_t heap::arena_of(const std::vector<unsigned>& nodes) {
+  for (size_t i = 0; i < arenas_.size(); ++i) {
+    if (arenas_[i].nodes == nodes) return i;
+  }
+  arenas_.push_back({nodes, {}});
+  return arenas_.size() - 1;
+}
+
+heap_segment* heap::make_segment(size_t data_bytes, uint64_t id, pid_t owner, size_t arena,
+                                 std::span<const unsigned> nodes) {
+  heap_segment* s = create_segment(data_bytes, id, owner, nodes, placement_failures_);
+  if (s != nullptr) s->arena = arena;
+  return s;
+}
+
+void* heap::alloc_small(unsigned size_class, const std::vector<unsigned>& nodes) {
   std::lock_guard lock(mutex_);
-  std::vector<slot>& slots = free_slots_[size_class];
+  const size_t arena = arena_of(nodes);
+  std::vector<slot>& slots = arenas_[arena].free_slots[size_class];
   if (slots.empty()) {
     // Slabs are small: made under the lock, so two threads never make one each.
-    heap_segment* s = create_segment(slab_bytes, next_id(), pid_);
+    heap_segment* s = make_segment(slab_bytes, next_id(), pid_, arena, nodes);
     if (s == nullptr) return nullptr;
     s->size_class = static_cast<int>(size_class);
     segments_.emplace(reinterpret_cast<uintptr_t>(s->base), s);
@@ -208,26 +298,29 @@ void* heap::alloc_small(unsigned size_class) {
   return hand_out(taken.block, taken.segment);
 }
 
-void* heap::alloc_large(size_t data_bytes) {
+void* heap::alloc_large(size_t data_bytes, const std::vector<unsigned>& nodes) {
   uint64_t id;
   pid_t owner;
+  size_t arena;
   {
     std::lock_guard lock(mutex_);
-    if (heap_segment* s = take_cached(data_bytes)) return hand_out(s->data(), s);
+    arena = arena_of(nodes);
+    if (heap_segment* s = take_cached(data_bytes, arena)) return hand_out(s->data(), s);
     id = next_id();
     owner = pid_;
   }
   // A fresh large segment costs its page allocation: made outside the lock.
-  heap_segment* s = create_segment(data_bytes, id, owner);
+  heap_segment* s = make_segment(data_bytes, id, owner, arena, nodes);
   if (s == nullptr) return nullptr;
   std::lock_guard lock(mutex_);
   segments_.emplace(reinterpret_cast<uintptr_t>(s->base), s);
   return hand_out(s->data(), s);
 }
 
-heap_segment* heap::take_cached(size_t data_bytes) {
+heap_segment* heap::take_cached(size_t data_bytes, size_t arena) {
   auto best = cached_.end();
   for (auto it = cached_.begin(); it != cached_.end(); ++it) {
+    if ((*it)->arena != arena) continue;
     const size_t have = (*it)->data_bytes();
     if (have < data_bytes || have / 2 > data_bytes) continue;
     if (best == cached_.end() || have < (*best)->data_bytes()) best = it;
@@ -253,7 +346,7 @@ bool heap::free(void* block) {
     if (s->size_class < 0) {
       cache_or_drop(s, doomed);
     } else if (s->owner == pid_) {
-      free_slots_[s->size_class].push_back({block, s});
+      arenas_[s->arena].free_slots[s->size_class].push_back({block, s});
     } else if (s->live == 0) {
       drop(s, doomed);  // a slab inherited through fork(): never reused here
     }
@@ -305,6 +398,8 @@ shared_heap_stats heap::stats() {
   st.cached_segments = cached_.size();
   st.cached_bytes = cached_bytes_;
   st.fallbacks = fallbacks_.load(std::memory_order_relaxed);
+  for (const auto& [base, s] : segments_) st.bound_segments += s->bound;
+  st.placement_failures = placement_failures_.load(std::memory_order_relaxed);
   return st;
 }
 
@@ -314,7 +409,9 @@ void heap::forked_child() {
   pid_ = ::getpid();
   salt_ = random_salt();
   std::vector<heap_segment*> doomed;
-  for (std::vector<slot>& slots : free_slots_) slots.clear();
+  for (arena& a : arenas_) {
+    for (std::vector<slot>& slots : a.free_slots) slots.clear();
+  }
   for (heap_segment* s : cached_) drop(s, doomed);
   cached_.clear();
   cached_bytes_ = 0;
@@ -337,10 +434,15 @@ bool heap_find(const void* address, size_t length, segment_ref* out) {
 
 namespace comm::tl {
 
-void* shared_alloc(size_t length) noexcept {
+void* shared_alloc(size_t length) noexcept { return shared_alloc(length, {}); }
+
+void* shared_alloc(size_t length, std::span<const unsigned> numa_nodes) noexcept {
   shm::heap& h = shm::heap::instance();
   try {
-    if (void* block = h.alloc(length)) return block;
+    std::vector<unsigned> nodes(numa_nodes.begin(), numa_nodes.end());
+    std::sort(nodes.begin(), nodes.end());
+    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+    if (void* block = h.alloc(length, nodes)) return block;
   } catch (const std::bad_alloc&) {
   }
   // No segment (no memfd, no fds, no memory for one): plain page-aligned memory, freed by

@@ -9,6 +9,9 @@
 //                 two from a page) cut into equal slots; freed slots go back to their class.
 //   large blocks  get a segment each; freed ones are cached for reuse by size (bounded by bytes
 //                 and count), the oldest released first.
+// Placement: a segment asked for NUMA nodes (shared_alloc's numa_nodes, a worker's cpus) is bound
+// to them before its pages are allocated. Each node set has its own slabs, and a cached large
+// segment is reused only for the node set it was made for.
 // Releasing a segment (unmap and close) first sets `released` in its header, so a peer still
 // holding a mapping finds out at its next access and fails it (io_error, as CMA's EFAULT would).
 //

@@ -40,6 +40,11 @@ bool mapped_segments::released(const uint8_t* base) {
 
 uint8_t* mapped_segments::map(pid_t pid, int pidfd, const segment_ref& ref) {
   const key k{pid, ref.id};
+  // The segment used last is at the front: operations on one buffer skip the index.
+  if (!lru_.empty() && lru_.front().k == k) {
+    const entry& e = lru_.front();
+    return (e.size == ref.size && e.inode == ref.inode) ? e.base : nullptr;
+  }
   if (const auto found = index_.find(k); found != index_.end()) {
     const entry& e = *found->second;
     if (e.size != ref.size || e.inode != ref.inode) return nullptr;  // not the segment we mapped

@@ -20,8 +20,9 @@ namespace comm {
 /// Thread-safe; null without memory.
 void* mem_alloc(size_t length) noexcept;
 
-/// Frees a block of mem_alloc, or data taken over with worker::am_data_detach (whichever
-/// allocator it came from; anything else must be a malloc'd block, which goes to std::free).
+/// Frees a block of mem_alloc or worker::mem_alloc, or data taken over with
+/// worker::am_data_detach (whichever allocator it came from; anything else must be a malloc'd
+/// block, which goes to std::free).
 /// Thread-safe, and valid after every context and worker is gone. Null is ignored.
 void mem_free(void* block) noexcept;
 

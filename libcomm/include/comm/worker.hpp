@@ -305,6 +305,12 @@ public:
   status mem_map(void* address, size_t length, memh** out, uint32_t access = mem_access_all);
   /// Releases a registration; remote keys packed from it stop working (PROTECTION_ERROR).
   status mem_unmap(memh* handle);
+  /// Allocates as comm::mem_alloc (host-shareable, page aligned, freed with comm::mem_free), with
+  /// the pages bound to the NUMA nodes of this worker's cpus (worker_params::cpus), as its shm
+  /// receive segments are. Without cpus, or cores this machine lacks, it is comm::mem_alloc. A
+  /// placement the kernel refuses leaves a valid block where the kernel puts it (logged).
+  /// Thread-safe; null without memory.
+  void* mem_alloc(size_t length) const noexcept;
   /// Appends the packed remote key of `handle` to `out`, for a peer's endpoint::rkey_unpack. The
   /// key carries the region (address and length: the segment a peer reads, endpoint::rkey_segment)
   /// and its remote rights; PRIVILEGES_VIOLATION for a region without remote rights.

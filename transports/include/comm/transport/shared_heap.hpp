@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace comm::tl {
 
@@ -13,6 +14,14 @@ namespace comm::tl {
 /// first use takes no page faults. Falls back to plain page-aligned heap memory when no segment
 /// can be made (no memfd, out of file descriptors). Thread-safe; null without memory.
 void* shared_alloc(size_t length) noexcept;
+
+/// Allocates as shared_alloc(length), in a segment whose pages are bound to the NUMA nodes
+/// `numa_nodes` (OS indices, as iface_params::numa_nodes) before they are allocated. Empty
+/// `numa_nodes` is shared_alloc(length): the pages go where the kernel's default policy puts
+/// them. Blocks for different node sets never share a segment. When the kernel refuses the
+/// placement (a node this machine lacks), the block is still made, unbound, and the refusal is
+/// counted (shared_heap_stats::placement_failures) and logged.
+void* shared_alloc(size_t length, std::span<const unsigned> numa_nodes) noexcept;
 
 /// Frees a block of shared_alloc, or any block of malloc/posix_memalign (handed to std::free).
 /// Thread-safe, valid at any time (also after every interface is closed). Null is ignored.
@@ -25,6 +34,8 @@ struct shared_heap_stats {
   size_t cached_segments = 0; ///< freed large blocks kept for reuse
   size_t cached_bytes = 0;    ///< bytes of those
   uint64_t fallbacks = 0;     ///< allocations served by the plain heap instead
+  size_t bound_segments = 0;  ///< segments (live, cached and slabs) bound to NUMA nodes
+  uint64_t placement_failures = 0;  ///< segments asked for NUMA nodes that the kernel refused
 };
 
 /// A snapshot of the shared heap's counters.
