@@ -1118,7 +1118,9 @@ BOOST_DATA_TEST_CASE(every_tagged_send_answers_no_resource_when_full_and_parked_
   // Room again and nothing parked: sends go at once, and nothing stays registered.
   BOOST_TEST(ep->tag_eager_short(52, &seq, sizeof(seq)) == status::ok);
   BOOST_TEST(progress_until(both, [&] { return unexpected.messages.size() == seq + 1; }));
-  const std::string released = transport + ": md: 0 regions registered";
+  // Each transport words its registrations its own way (verbs: user and cached ones).
+  const std::string released =
+      transport == "verbs" ? "registrations 0 user" : transport + ": md: 0 regions registered";
   BOOST_TEST(sender->info().find(released) != std::string::npos, sender->info());
 }
 
