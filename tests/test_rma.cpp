@@ -325,13 +325,7 @@ BOOST_DATA_TEST_CASE(a_post_allocates_nothing_once_the_pool_is_warm, each_transp
   finish_all();
   BOOST_TEST_MESSAGE(transport << ": " << cold << " allocations in the first " << 3 * n
                                << " posts, " << warm << " once warm");
-  if (transport == "verbs") {
-    // Known gap, not asserted: the verbs transport's list of posted work requests (a std::deque
-    // in verbs_conn) allocates a block every few posts. docs/seed_coverage.md says so.
-    BOOST_TEST_MESSAGE("verbs: " << warm << " allocations once warm are its send queue's");
-  } else {
-    BOOST_TEST(warm == 0u);
-  }
+  BOOST_TEST(warm == 0u);
   BOOST_TEST(first_mismatch(halves_slab.data() + 3 * size, size, 15, 3 * size) == -1);
   BOOST_TEST(first_mismatch(wholes_slab.data() + 5 * n * size, n * size, 15) == -1);
 }

@@ -187,9 +187,10 @@ void verbs_conn::receive_reposted() {
 }
 
 bool verbs_conn::holds_user_memory() const {
-  return std::any_of(outstanding_.begin(), outstanding_.end(), [](const tx_entry& e) {
-    return e.comp != nullptr || e.pins.count != 0 || e.read;
-  });
+  for (const tx_entry& e : outstanding_) {
+    if (e.comp != nullptr || e.pins.count != 0 || e.read) return true;
+  }
+  return false;
 }
 
 void verbs_conn::release() {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "base/pending_queue.hpp"
+#include "base/ring_queue.hpp"
 #include "verbs/verbs_md.hpp"
 #include "verbs/verbs_wire.hpp"
 
@@ -193,7 +194,7 @@ private:
   uint32_t max_reads_ = 1;
   bool fence_next_ = false;
   uint64_t grants_sent_ = 0;
-  std::deque<tx_entry> outstanding_;
+  tl::ring_queue<tx_entry> outstanding_;  ///< posted, in posting order (storage reused)
   std::deque<uint32_t> fins_due_;  ///< rndv_fin messages waiting for a send slot
 };
 
