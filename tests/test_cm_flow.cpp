@@ -876,6 +876,22 @@ BOOST_DATA_TEST_CASE(the_listen_backlog_bounds_the_requests_waiting_to_be_taken,
       BOOST_REQUIRE(p.progress_until([&] { return held.connects == 1; }));
       p.client->close(a);
       p.client->close(b);
+      // A backlog of 0 is the component's maximum (as rdma_listen's), not one: two requests
+      // left unanswered both reach the server.
+      flow_log first, second;
+      params.address = p.place.host + ":" + std::to_string(most->port());
+      params.handler = &first;
+      first.then = [](tl::cm_conn* conn) { conn->connect(given(bytes_of("one"))); };
+      BOOST_REQUIRE(p.client->resolve(params, &a) == status::ok);
+      params.handler = &second;
+      second.then = [](tl::cm_conn* conn) { conn->connect(given(bytes_of("two"))); };
+      BOOST_REQUIRE(p.client->resolve(params, &b) == status::ok);
+      BOOST_TEST(p.progress_until([&] { return p.server_events.conns.size() == 2; }));
+      BOOST_TEST(first.connects == 0);
+      BOOST_TEST(second.connects == 0);
+      p.server_events.conns.clear();
+      p.client->close(a);
+      p.client->close(b);
     }
     // Once the server takes what waits, requests come through again.
     p.progress_for(100);

@@ -300,7 +300,7 @@ status rdmacm_cm::listen(const std::string& address, int backlog,
   rdma_cm_id* id = nullptr;
   if (t_.create_id(channel_, &id, nullptr, RDMA_PS_TCP) != 0) return status::io_error;
   if (t_.bind_addr(id, reinterpret_cast<sockaddr*>(&bound)) != 0 ||
-      t_.listen(id, std::max(1, backlog)) != 0) {
+      t_.listen(id, std::max(0, backlog)) != 0) {  // 0: rdma_listen's (the kernel's) maximum
     const int error = errno;
     t_.destroy_id(id);
     COMM_LOG(warn, log_name, "listen on %s: %s", address.c_str(), std::strerror(error));
