@@ -867,22 +867,18 @@ op endpoint::stream_send(const void* buffer, size_t length, const request_params
   if (!(params.flags & slow_flags) && params.pack == nullptr &&
       (buffer != nullptr || length == 0)) {
     const tl::am_id id = detail::wire_id(detail::stream_msg::data);
+    auto& writer = module_of<stream_protocol>(w).hdr_data;
+    writer.fields().setDstEp(ep.remote_id);
+    op result;
     if (detail::short_path_open(ep, header + length)) {
-      auto& writer = module_of<stream_protocol>(w).hdr_data;
-      writer.fields().setDstEp(ep.remote_id);
-      op result;
       if (detail::try_send_short(ep, id, writer.bytes(), header, buffer, length, params.flags,
                                  &result)) {
         return result;
       }
-    } else if (detail::bcopy_path_open(ep, header + length)) {
-      auto& writer = module_of<stream_protocol>(w).hdr_data;
-      writer.fields().setDstEp(ep.remote_id);
-      op result;
-      if (detail::try_send_bcopy(ep, id, writer.bytes(), header, buffer, length, params.flags,
-                                 &result)) {
-        return result;
-      }
+    } else if (detail::bcopy_path_open(ep, header + length) &&
+               detail::try_send_bcopy(ep, id, writer.bytes(), header, buffer, length,
+                                      params.flags, &result)) {
+      return result;
     }
   }
   iov_entry entry{const_cast<void*>(buffer), length};
