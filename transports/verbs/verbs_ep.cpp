@@ -101,14 +101,11 @@ status verbs_ep::am_zcopy(tl::am_id id, const void* header, size_t header_length
   }
   const status st = ready_to_send(true);
   if (st != status::ok) return st;
-  const int32_t buffer = owner_.take_tx_buffer();
-  if (buffer < 0) return status::no_resource;
   ibv_sge sges[max_zcopy_iov + 1];
   pin_set pins;
-  if (owner_.md().local_sges(entries, count, sges + 1, pins) != status::ok) {
-    owner_.return_tx_buffer(buffer);
-    return status::io_error;
-  }
+  int32_t buffer = -1;
+  const status taken = take_zcopy_resources(entries, count, sges, pins, &buffer);
+  if (taken != status::ok) return taken;
   uint8_t* bytes = owner_.tx_buffer(buffer);
   const size_t h = write_am_header(bytes, id, owner_, *conn_);
   if (header_length != 0) std::memcpy(bytes + h, header, header_length);
@@ -159,6 +156,17 @@ status verbs_ep::put_zcopy(const tl::iov* entries, size_t count, uint64_t remote
 status verbs_ep::get_zcopy(const tl::iov* entries, size_t count, uint64_t remote_address,
                            const tl::remote_key& key, tl::completion* comp) {
   return rdma(IBV_WR_RDMA_READ, entries, count, remote_address, key, comp);
+}
+
+status verbs_ep::take_zcopy_resources(const tl::iov* entries, size_t count, ibv_sge* sges,
+                                      pin_set& pins, int32_t* buffer) {
+  *buffer = owner_.take_tx_buffer();
+  if (*buffer < 0) return status::no_resource;
+  if (owner_.md().local_sges(entries, count, sges + 1, pins) != status::ok) {
+    owner_.return_tx_buffer(*buffer);
+    return status::io_error;
+  }
+  return status::ok;
 }
 
 status verbs_ep::pending_add(tl::pending_req* req) {
@@ -272,14 +280,11 @@ status verbs_ep::tag_eager_zcopy(tl::tag_t tag, uint64_t imm, const tl::iov* ent
   bool ok = false;
   const status st = tag_ready(&ok);
   if (!ok) return st;
-  const int32_t buffer = owner_.take_tx_buffer();
-  if (buffer < 0) return status::no_resource;
   ibv_sge sges[max_zcopy_iov + 1];
   pin_set pins;
-  if (owner_.md().local_sges(entries, count, sges + 1, pins) != status::ok) {
-    owner_.return_tx_buffer(buffer);
-    return status::io_error;
-  }
+  int32_t buffer = -1;
+  const status taken = take_zcopy_resources(entries, count, sges, pins, &buffer);
+  if (taken != status::ok) return taken;
   uint8_t* bytes = owner_.tx_buffer(buffer);
   write_tmh(bytes, IBV_TMH_EAGER, static_cast<uint32_t>(imm >> 32), tag);
   sges[0] = ibv_sge{reinterpret_cast<uintptr_t>(bytes), tmh_size, owner_.tx_lkey()};

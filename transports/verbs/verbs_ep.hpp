@@ -61,6 +61,11 @@ public:
 
 private:
   status ready_to_send(bool needs_credit) const;
+  /// Takes a send buffer for a zcopy's header and the local keys of `entries` (into sges[1..]),
+  /// pinning what they need; no_resource without a buffer, io_error (buffer returned) when the
+  /// memory cannot be registered.
+  status take_zcopy_resources(const tl::iov* entries, size_t count, ibv_sge* sges, pin_set& pins,
+                              int32_t* buffer);
   status post_am(ibv_sge* sges, int count, int32_t buffer, unsigned flags,
                  tl::completion* comp, pin_set* pins, uint64_t imm = 0, bool signal = false);
   status tag_ready(bool* ok_to_send) const;
