@@ -424,6 +424,8 @@ node_stats node_state::stats() const {
   s.frames_held = frames_held_.get();
   s.unreadable_messages = unreadable_.get();
   s.peak_bytes_held = peak_bytes_held_.get();
+  s.peak_frames_queued = peak_frames_queued_.get();
+  s.backlog_waits = backlog_waits_.load(std::memory_order_relaxed);
   return s;
 }
 
