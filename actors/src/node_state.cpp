@@ -138,7 +138,7 @@ void node_state::stop() {
 // -- the progress thread -------------------------------------------------------------------------
 
 void node_state::run() {
-  thread_id_ = std::this_thread::get_id();
+  thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
   pthread_setname_np(pthread_self(), "comm.progress");
   pin(params_.cpus);
   idle_spin spin;
@@ -167,7 +167,7 @@ void node_state::run() {
 }
 
 bool node_state::on_progress_thread() const noexcept {
-  return std::this_thread::get_id() == thread_id_;
+  return std::this_thread::get_id() == thread_id_.load(std::memory_order_acquire);
 }
 
 size_t node_state::turn() {

@@ -250,7 +250,7 @@ private:
   std::vector<uint8_t> hello_;                  ///< this node's hello (private data)
 
   std::thread thread_;
-  std::thread::id thread_id_;
+  std::atomic<std::thread::id> thread_id_{};     ///< the progress thread's (set by it)
   std::atomic<bool> busy_{false};                ///< the turn lock (see the file comment)
   std::atomic<std::thread::id> holder_{};       ///< the thread holding it
   std::atomic<unsigned> turn_wanted_{0};        ///< senders waiting for the lock
