@@ -304,9 +304,12 @@ BOOST_AUTO_TEST_CASE(the_limits_come_from_the_environment) {
   const comm::actors::node_params proxies;
   ::setenv("COMM_ACTORS_MAX_QUEUED", "1g", 1);
   const comm::actors::node_params queued;
+  ::setenv("COMM_ACTORS_MAX_BACKLOG", "300", 1);
+  const comm::actors::node_params backlog;
   ::unsetenv("COMM_ACTORS_MAX_HELD");
   ::unsetenv("COMM_ACTORS_MAX_PROXIES");
   ::unsetenv("COMM_ACTORS_MAX_QUEUED");
+  ::unsetenv("COMM_ACTORS_MAX_BACKLOG");
   const comm::actors::node_params unset;
   BOOST_TEST(eight.max_held_bytes == size_t{8} << 20);
   BOOST_TEST(exact.max_held_bytes == 12345u);
@@ -316,4 +319,6 @@ BOOST_AUTO_TEST_CASE(the_limits_come_from_the_environment) {
   BOOST_TEST(unset.max_proxies == size_t{1} << 18);
   BOOST_TEST(queued.max_queued_bytes == size_t{1} << 30);
   BOOST_TEST(unset.max_queued_bytes == size_t{256} << 20);
+  BOOST_TEST(backlog.max_backlog == 300u);
+  BOOST_TEST(unset.max_backlog == 1024u);
 }

@@ -6,6 +6,7 @@
 
 #include "test_actors_scenarios.hpp"
 
+#include <sched.h>
 #include <signal.h>
 
 #include <cstring>
@@ -19,6 +20,25 @@ namespace {
 int run_client(const service_child& service, const client_body& body) {
   const std::string address = service.address;
   return wait_child(fork_child([&] { return client_process(address, body); }));
+}
+
+/// The first core this process may run on.
+int first_allowed_core() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) return cpu;
+  }
+  return 0;
+}
+
+/// Pins the calling process (and the threads it makes later) to `core`.
+bool pin_to(int core) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  return ::sched_setaffinity(0, sizeof(set), &set) == 0;
 }
 
 }  // namespace
@@ -50,6 +70,42 @@ BOOST_AUTO_TEST_CASE(ordering_under_load) {
                                    return check_ordering(s, svc, 4, 100000);
                                  }});
              }) == 0);
+  BOOST_TEST(service.stop() == 0);
+}
+
+// Both nodes on one core, as taskset or a loaded machine puts them: an actor that sends 100,000
+// messages in one go outpaces the service, which only runs when the sender lets it. The frames
+// the service cannot take yet wait in libcomm's queue; without a bound they all did (180,000 of
+// 200,000 in actor_perftest's one-way test, 180 MB, whose freed blocks made one later allocation
+// in a send cost 13 ms and stalled the peer). The sender's thread now waits for the backlog
+// (node_params::max_backlog) and the service gets the core.
+BOOST_AUTO_TEST_CASE(flood_on_one_core_keeps_the_backlog_bounded) {
+  const int core = first_allowed_core();
+  service_child service("127.0.0.1:0", {}, [core] { return pin_to(core); });
+  BOOST_REQUIRE(!service.address.empty());
+  const std::string address = service.address;
+  const pid_t client = fork_child([&] {
+    if (!pin_to(core)) return 3;
+    return client_process(address, [](caf::actor_system& sys, const std::string& at) {
+      std::string failure =
+          run_checks(sys, at, {[](caf::actor_system& s, const caf::actor& svc) {
+                       return check_ordering(s, svc, 1, 100000);
+                     }});
+      if (!failure.empty()) return failure;
+      const comm::actors::node_stats stats = node_of(sys).stats();
+      std::printf("client: peak backlog %llu frames, %llu waits\n",
+                  static_cast<unsigned long long>(stats.peak_frames_queued),
+                  static_cast<unsigned long long>(stats.backlog_waits));
+      // One sender adds at most one frame beyond the limit before it waits.
+      const size_t bound = comm::actors::default_max_backlog() + 1;
+      if (stats.peak_frames_queued > bound) {
+        return "the backlog reached " + std::to_string(stats.peak_frames_queued) +
+               " frames, more than " + std::to_string(bound);
+      }
+      return std::string();
+    });
+  });
+  BOOST_TEST(wait_child(client) == 0);
   BOOST_TEST(service.stop() == 0);
 }
 

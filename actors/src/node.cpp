@@ -132,6 +132,10 @@ size_t default_max_queued_bytes() {
   return size_from_environment("COMM_ACTORS_MAX_QUEUED", size_t{256} << 20);
 }
 
+size_t default_max_backlog() {
+  return size_from_environment("COMM_ACTORS_MAX_BACKLOG", size_t{1} << 10);
+}
+
 size_t default_max_proxies() {
   return size_from_environment("COMM_ACTORS_MAX_PROXIES", size_t{1} << 18);
 }

@@ -138,7 +138,7 @@ void node_state::stop() {
 // -- the progress thread -------------------------------------------------------------------------
 
 void node_state::run() {
-  thread_id_ = std::this_thread::get_id();
+  thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
   pthread_setname_np(pthread_self(), "comm.progress");
   pin(params_.cpus);
   idle_spin spin;
@@ -167,7 +167,7 @@ void node_state::run() {
 }
 
 bool node_state::on_progress_thread() const noexcept {
-  return std::this_thread::get_id() == thread_id_;
+  return std::this_thread::get_id() == thread_id_.load(std::memory_order_acquire);
 }
 
 size_t node_state::turn() {
@@ -424,6 +424,8 @@ node_stats node_state::stats() const {
   s.frames_held = frames_held_.get();
   s.unreadable_messages = unreadable_.get();
   s.peak_bytes_held = peak_bytes_held_.get();
+  s.peak_frames_queued = peak_frames_queued_.get();
+  s.backlog_waits = backlog_waits_.load(std::memory_order_relaxed);
   return s;
 }
 

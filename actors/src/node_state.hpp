@@ -10,12 +10,14 @@
 // sender waiting, lets its next turn pass. A sender that waited in vain (the holder is not
 // running: preempted, or busy with many frames) leaves the frame in the outbox, which the lock's
 // holder empties before it lets go, so frames leave in the order they were made; later senders
-// then go to the outbox at once until the lock changed hands. Work that may not run where it is
-// made (under actor locks) is posted to the outbox and the progress thread woken. Frames arriving
-// from a peer are handled in sequence order inside the progress call; actors they make ready run
-// on the progress thread after it (delivery::progress_thread) or go to CAF's scheduler
-// (delivery::scheduler). Nothing is sent from inside a libcomm callback: frames made there wait
-// in the holder's queue.
+// then go to the outbox at once until the lock changed hands. A sender (not the progress
+// thread) that leaves more than max_backlog frames to one connection in libcomm's queue waits,
+// progressing the worker and offering its core, until the peer took half of them
+// (wait_for_backlog). Work that may not run where it is made (under actor locks) is posted to
+// the outbox and the progress thread woken. Frames arriving from a peer are handled in sequence
+// order inside the progress call; actors they make ready run on the progress thread after it
+// (delivery::progress_thread) or go to CAF's scheduler (delivery::scheduler). Nothing is sent
+// from inside a libcomm callback: frames made there wait in the holder's queue.
 #pragma once
 
 #include "frame.hpp"
@@ -220,6 +222,8 @@ private:
                               const caf::mailbox_element& what);
   void sent_frame(peer& p, const frame_header& h);
   void queue_up(outgoing& item);
+  void unqueue(peer& p, const outgoing& item);
+  void wait_for_backlog(peer& p);
   static void on_sent(comm::request* req, comm::status st, void* user_data);
   void track_request(peer& p, const frame_header& h);
   void prune_requests(peer& p);
@@ -246,7 +250,7 @@ private:
   std::vector<uint8_t> hello_;                  ///< this node's hello (private data)
 
   std::thread thread_;
-  std::thread::id thread_id_;
+  std::atomic<std::thread::id> thread_id_{};     ///< the progress thread's (set by it)
   std::atomic<bool> busy_{false};                ///< the turn lock (see the file comment)
   std::atomic<std::thread::id> holder_{};       ///< the thread holding it
   std::atomic<unsigned> turn_wanted_{0};        ///< senders waiting for the lock
@@ -297,6 +301,8 @@ private:
   std::chrono::steady_clock::time_point last_unreadable_report_{};  ///< lock holder's
   uint64_t unreported_unreadable_ = 0;  ///< dropped since that warning (lock holder's)
   gauge peak_bytes_held_;
+  gauge peak_frames_queued_;                ///< lock holder's
+  std::atomic<uint64_t> backlog_waits_{0};  ///< any sender's
 };
 
 }  // namespace comm::actors::detail

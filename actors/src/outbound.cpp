@@ -12,11 +12,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstring>
 
 namespace comm::actors::detail {
 
 namespace {
+
+/// How long a sender waits for a connection's backlog to shrink at all before it gives up (the
+/// peer takes nothing: stopped, or never reading).
+constexpr std::chrono::milliseconds backlog_stall{100};
 
 /// Actors a thread recently made reachable through one node (actor ids are never reused).
 struct reachable_cache {
@@ -69,13 +75,47 @@ void node_state::forward(const std::shared_ptr<peer>& to, caf::actor_id receiver
     return;
   }
   // Small frames leave from here when the worker is free; others queue for whoever holds it.
-  if (attached.empty() && scratch.size() < buffer_pool::large && send_now(to, h)) return;
-  h.attached = attached.bytes();
-  outgoing* item = new_frame(to, frame_kind::message);
-  item->header = h;
-  item->payload = buffer_pool::detach(scratch);
-  item->attached = std::move(attached);
-  submit(item);
+  if (!attached.empty() || scratch.size() >= buffer_pool::large || !send_now(to, h)) {
+    h.attached = attached.bytes();
+    outgoing* item = new_frame(to, frame_kind::message);
+    item->header = h;
+    item->payload = buffer_pool::detach(scratch);
+    item->attached = std::move(attached);
+    submit(item);
+  }
+  if (to->queued_frames.load(std::memory_order_relaxed) > params_.max_backlog &&
+      !to->backlog_stuck.load(std::memory_order_relaxed)) {
+    wait_for_backlog(*to);
+  }
+}
+
+void node_state::wait_for_backlog(peer& p) {
+  // The progress thread cannot wait for itself; it sends what actors running on it made.
+  if (on_progress_thread() || holds_lock()) return;
+  backlog_waits_.fetch_add(1, std::memory_order_relaxed);
+  const size_t resume_at = params_.max_backlog / 2;
+  size_t least = p.queued_frames.load(std::memory_order_relaxed);
+  auto since = std::chrono::steady_clock::now();
+  while (p.alive.load(std::memory_order_relaxed)) {
+    // The peer may need this very core to take them (both processes on one core).
+    std::this_thread::yield();
+    if (try_acquire()) {
+      progress_locked();
+      release();
+    }
+    const size_t queued = p.queued_frames.load(std::memory_order_relaxed);
+    if (queued <= resume_at) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (queued < least) {
+      least = queued;
+      since = now;
+    } else if (now - since >= backlog_stall) {
+      // The peer takes nothing: max_queued_bytes decides, and senders do not wait again until
+      // it takes a frame.
+      p.backlog_stuck.store(true, std::memory_order_relaxed);
+      return;
+    }
+  }
 }
 
 frame_header node_state::message_header(const peer& to, caf::actor_id receiver,
@@ -206,10 +246,7 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
     if (!on_progress_thread()) wake();
     return true;
   }
-  if (!immediate) {  // not queued after all
-    p.queued_bytes -= queued_cost(item);
-    in_flight_.sub(1);
-  }
+  if (!immediate) unqueue(p, item);  // not queued after all
   if (o.failed()) {
     COMM_LOG(debug, "actors", "send on connection %llu failed: %s",
              static_cast<unsigned long long>(p.serial), comm::to_string(o.st));
@@ -259,6 +296,9 @@ void node_state::queue_up(outgoing& item) {
   peer& p = *item.to;
   item.owner = this;
   in_flight_.add(1);
+  const size_t frames = p.queued_frames.load(std::memory_order_relaxed) + 1;
+  p.queued_frames.store(frames, std::memory_order_relaxed);
+  if (frames > peak_frames_queued_.get()) peak_frames_queued_.set(frames);
   const size_t before = p.queued_bytes;
   p.queued_bytes += queued_cost(item);
   if (before > params_.max_queued_bytes || p.queued_bytes <= params_.max_queued_bytes) return;
@@ -270,10 +310,19 @@ void node_state::queue_up(outgoing& item) {
   });
 }
 
+void node_state::unqueue(peer& p, const outgoing& item) {
+  p.queued_bytes -= queued_cost(item);
+  p.queued_frames.store(p.queued_frames.load(std::memory_order_relaxed) - 1,
+                        std::memory_order_relaxed);
+  if (p.backlog_stuck.load(std::memory_order_relaxed)) {
+    p.backlog_stuck.store(false, std::memory_order_relaxed);
+  }
+  in_flight_.sub(1);
+}
+
 void node_state::on_sent(comm::request*, comm::status, void* user_data) {
   auto* item = static_cast<outgoing*>(user_data);
-  item->to->queued_bytes -= queued_cost(*item);
-  item->owner->in_flight_.sub(1);
+  item->owner->unqueue(*item->to, *item);
   delete item;
 }
 

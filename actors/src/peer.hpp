@@ -87,6 +87,11 @@ struct peer {
   caf::node_id id;              ///< the peer's node id, set before the peer is shared
   std::atomic<size_t> proxies{0};  ///< proxies of the peer's actors made through it, alive
   std::atomic<bool> alive{true};///< false once the connection failed or closed
+  /// Frames waiting in libcomm's send queue (changed by the lock holder, read by any sender).
+  std::atomic<size_t> queued_frames{0};
+  /// A sender waited for the backlog in vain (the peer took nothing): later senders do not wait
+  /// until the peer takes a frame again.
+  std::atomic<bool> backlog_stuck{false};
 
   comm::endpoint* ep = nullptr; ///< the connection's endpoint
   bool ready = false;           ///< the hello arrived: frames may flow

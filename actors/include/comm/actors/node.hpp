@@ -93,6 +93,10 @@ size_t default_max_proxies();
 /// node_params::max_queued_bytes.
 size_t default_max_queued_bytes();
 
+/// The backlog named by COMM_ACTORS_MAX_BACKLOG (a count, as COMM_ACTORS_MAX_PROXIES), else
+/// 1024: see node_params::max_backlog.
+size_t default_max_backlog();
+
 /// Parameters of a node (node::load). Defaults come from the environment where noted; a field
 /// set in code wins.
 struct node_params {
@@ -132,6 +136,14 @@ struct node_params {
   /// and lookups but never reads the answers, or one stopped while local actors send to it) is
   /// closed as for max_held_bytes.
   size_t max_queued_bytes = default_max_queued_bytes();
+  /// Frames to one connection that may wait in libcomm's send queue before a sending actor's
+  /// thread waits for the peer to take some (COMM_ACTORS_MAX_BACKLOG). Above it, a thread other
+  /// than the progress thread that sends to that connection progresses the worker and offers its
+  /// core until half of them left, as long as the peer takes any: a flood from one actor then
+  /// goes at the peer's pace instead of piling up in memory (a burst of 200,000 messages on one
+  /// core had queued 180,000 of them, 180 MB, whose freed blocks later cost a single allocation
+  /// 13 ms). A peer that takes nothing for 100 ms is left to max_queued_bytes.
+  size_t max_backlog = default_max_backlog();
 };
 
 /// Counters of a node (node::stats), for tests and tools.
@@ -147,6 +159,11 @@ struct node_stats {
   uint64_t bytes_received = 0;   ///< payload bytes of those received
   uint64_t frames_held = 0;      ///< frames that arrived before an earlier one (kept for order)
   uint64_t peak_bytes_held = 0;  ///< most bytes one connection held for order at once
+  /// Most frames one connection had waiting in libcomm's send queue at once (see
+  /// node_params::max_backlog).
+  uint64_t peak_frames_queued = 0;
+  /// Times a sending thread waited for a connection's backlog to shrink (node_params::max_backlog).
+  uint64_t backlog_waits = 0;
   /// Messages from other nodes this node could not read (a type it has not registered, or bytes
   /// that do not parse): a request is answered with the error, a response fails its request at
   /// once with it, any other message is dropped with a warning (at most one a second).
