@@ -545,8 +545,8 @@ BOOST_DATA_TEST_CASE(completions_race_a_progress_thread, each_transport(), trans
     if (done % 2 == 1) s = p.ab->tag_send(61, std::span(&value, 1));
     operation r = p.b->tag_recv(std::span(&in, 1), 61, tag_mask_full,
                                 [&, token, value](status st, const tag_recv_info& info) {
-                                  if (st != status::ok || info.length != sizeof(value) ||
-                                      *token != 7) {
+                                  if (st != status::ok || info.length != sizeof(in) ||
+                                      in != value || *token != 7) {
                                     ++wrong;
                                   }
                                   ++completions;
