@@ -9,10 +9,20 @@
 #include <comm/context.hpp>
 #include <comm/worker.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <new>
 #include <vector>
+
+// Under valgrind's callgrind (bench/bm_api_count.sh) each timed loop's instructions are dumped
+// with its iteration count; outside valgrind the client requests are a few no-op instructions.
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define BM_API_CALLGRIND 1
+#else
+#define BM_API_CALLGRIND 0
+#endif
 
 namespace {
 /// Allocations of this thread so far (operator new below counts them).
@@ -74,12 +84,40 @@ struct pair_on {
   comm::endpoint_ptr ab;
 };
 
-/// Reports the allocations per iteration since `before`.
-void report_allocations(benchmark::State& state, size_t before) {
-  state.counters["allocs_per_msg"] =
-      static_cast<double>(allocations - before) / static_cast<double>(state.iterations());
-  state.SetItemsProcessed(state.iterations());
-}
+/// Counts what one timed loop costs: the allocations it makes (always) and, under callgrind,
+/// its instructions. Made right before the loop, finished right after it.
+class loop_cost {
+public:
+  /// Starts counting for the case `variant` on `transport`.
+  loop_cost(benchmark::State& state, const char* variant, const char* transport)
+      : state_(state), variant_(variant), transport_(transport), before_(allocations) {
+#if BM_API_CALLGRIND
+    CALLGRIND_ZERO_STATS;
+#endif
+  }
+  /// Reports the allocations per iteration and, under callgrind, dumps the instructions as
+  /// "bm_api <variant>/<transport>/<range> iterations=<n>" (bench/bm_api_count.sh divides).
+  void finish() {
+#if BM_API_CALLGRIND
+    if (RUNNING_ON_VALGRIND) {
+      char what[160];
+      std::snprintf(what, sizeof what, "bm_api %s/%s/%lld iterations=%lld", variant_,
+                    transport_, static_cast<long long>(state_.range(0)),
+                    static_cast<long long>(state_.iterations()));
+      CALLGRIND_DUMP_STATS_AT(what);
+    }
+#endif
+    state_.counters["allocs_per_msg"] = static_cast<double>(allocations - before_) /
+                                        static_cast<double>(state_.iterations());
+    state_.SetItemsProcessed(state_.iterations());
+  }
+
+private:
+  benchmark::State& state_;
+  const char* variant_;
+  const char* transport_;
+  size_t before_;
+};
 
 /// What the low-level callbacks count.
 struct tally {
@@ -109,7 +147,7 @@ void function_pointers(benchmark::State& state, const char* transport) {
   comm::request_params sp;
   sp.send_cb = on_sent;
   sp.user_data = &t;
-  const size_t before = allocations;
+  loop_cost cost(state, "function_pointers", transport);
   for (auto _ : state) {
     comm::op r = p.b->tag_recv(in.data(), in.size(), 7, comm::tag_mask_full, rp);
     comm::op s = p.ab->tag_send(7, out.data(), out.size(), sp);
@@ -119,7 +157,7 @@ void function_pointers(benchmark::State& state, const char* transport) {
       p.b->release(r.req);
     }
   }
-  report_allocations(state, before);
+  cost.finish();
   benchmark::DoNotOptimize(t);
 }
 
@@ -127,13 +165,13 @@ void function_pointers(benchmark::State& state, const char* transport) {
 void operations(benchmark::State& state, const char* transport) {
   pair_on p(transport);
   std::vector<uint8_t> out(state.range(0)), in(state.range(0));
-  const size_t before = allocations;
+  loop_cost cost(state, "operations", transport);
   for (auto _ : state) {
     comm::operation r = p.b->tag_recv(in, 7, comm::tag_mask_full);
     comm::operation s = p.ab->tag_send(7, out);
     p.until([&] { return r.done(); });
   }
-  report_allocations(state, before);
+  cost.finish();
 }
 
 /// C++ face with capturing completions (four captures: a pointer, two values, a reference).
@@ -143,7 +181,7 @@ void capturing_lambdas(benchmark::State& state, const char* transport) {
   tally t;
   uint64_t step = 1;  // a captured value (not a constant the compiler could fold)
   benchmark::DoNotOptimize(step);
-  const size_t before = allocations;
+  loop_cost cost(state, "capturing_lambdas", transport);
   for (auto _ : state) {
     comm::operation r =
         p.b->tag_recv(in, 7, comm::tag_mask_full,
@@ -155,7 +193,7 @@ void capturing_lambdas(benchmark::State& state, const char* transport) {
     comm::operation s = p.ab->tag_send(7, out, [&t, step](comm::status) { t.sends += step; });
     p.until([&] { return r.done(); });
   }
-  report_allocations(state, before);
+  cost.finish();
   if (t.recvs != static_cast<uint64_t>(state.iterations())) {
     state.SkipWithError("a completion did not run once");
   }

@@ -13,11 +13,13 @@
 #include "rndv.hpp"
 
 #include <array>
+#include <chrono>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 // -- allocation counting -------------------------------------------------------------------------
@@ -514,6 +516,52 @@ BOOST_DATA_TEST_CASE(a_completion_may_reuse_its_operation, each_transport(), tra
     BOOST_REQUIRE(p.until([&] { return received == i + 1; }));
   }
   BOOST_TEST(received == 5);
+}
+
+BOOST_DATA_TEST_CASE(completions_race_a_progress_thread, each_transport(), transport) {
+  // b is a thread_mode::multi worker that another thread progresses all along, so a receive may
+  // complete on that thread while the call that posted it is still binding its completion (the
+  // inline tag_recv keeps the callable in the request after the low-level call returned). Each
+  // completion must run once, on either thread, and its capture must be destroyed once.
+  worker_params multi;
+  multi.mode = thread_mode::multi;
+  worker_pair p(transport, {}, {}, multi);
+  auto token = std::make_shared<int>(7);
+  std::atomic<int> completions{0};
+  std::atomic<int> wrong{0};
+  std::atomic<bool> stop{false};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const auto in_time = [&] { return std::chrono::steady_clock::now() < deadline; };
+  std::thread progress([&] {
+    while (!stop.load(std::memory_order_relaxed) && in_time()) p.b->progress();
+  });
+  constexpr int rounds = 300;
+  uint64_t in = 0;
+  int done = 0;
+  for (; done < rounds && in_time(); ++done) {
+    const uint64_t value = 1000 + done;
+    // Every other round the message is sent first, so that the receive may find it at once.
+    operation s;
+    if (done % 2 == 1) s = p.ab->tag_send(61, std::span(&value, 1));
+    operation r = p.b->tag_recv(std::span(&in, 1), 61, tag_mask_full,
+                                [&, token, value](status st, const tag_recv_info& info) {
+                                  if (st != status::ok || info.length != sizeof(in) ||
+                                      in != value || *token != 7) {
+                                    ++wrong;
+                                  }
+                                  ++completions;
+                                });
+    if (done % 2 == 0) s = p.ab->tag_send(61, std::span(&value, 1));
+    while (!(r.done() && s.done()) && in_time()) p.a->progress();
+    if (!r.done() || r.status() != status::ok || in != value) break;
+  }
+  stop = true;
+  progress.join();
+  BOOST_TEST(done == rounds);
+  BOOST_TEST(completions.load() == done);
+  BOOST_TEST(wrong.load() == 0);
+  BOOST_TEST(token.use_count() == 1, "every completion's captures were destroyed");
+  BOOST_TEST(requests_in_use(*p.b) == 0u);
 }
 
 BOOST_DATA_TEST_CASE(no_allocation_per_operation, each_transport(), transport) {

@@ -2,14 +2,20 @@
 // results (comm::operation, result<T>, the handles) and completions that capture. Each entry point
 // runs the low-level one it mirrors.
 //
-// A completion reaches the low-level call as a C callback (run_send, run_tag_recv, run_length)
-// whose user_data is the callable's slot: first the caller's argument, so that an operation that
-// completes inside the call runs it from there; once the call returned with the operation still
-// running, the callable moves into the request (request::completion) and user_data follows it.
-// Nothing is allocated. An outcome known when the call returns (done or failed at once, no
-// request) runs the callable before returning. Each callable runs at most once: the C callback
-// destroys it once it returned. While it runs its request cannot be freed (worker_impl::complete
-// defers a release made from inside it), so the callable may drop or reassign its operation.
+// A completion reaches the low-level call as a C callback: the run-once entry of the callable's
+// type (callback_ops_of::complete, made in callback.hpp where the type is known, so that a
+// completion is one call, as a low-level callback is) whose user_data is the callable's slot:
+// first the caller's argument, so that an operation that completes inside the call runs it from
+// there; once the call returned with the operation still running, the callable moves into the
+// request (request::completion) and user_data follows it. Nothing is allocated. An outcome known
+// when the call returns (done or failed at once, no request) runs the callable before returning.
+// Each callable runs at most once: the entry destroys it once it returned. While it runs its
+// request cannot be freed (worker_impl::complete defers a release made from inside it), so the
+// callable may drop or reassign its operation.
+//
+// The most common calls (tag_send, tag_send_iov, tag_recv, tag_recv_iov) are inline
+// (comm/face_call.hpp): without a completion they are the low-level call alone; an outcome known
+// at once runs the completion there; one still running calls keep_completion here.
 #include "rma.hpp"
 #include "worker_impl.hpp"
 
@@ -21,43 +27,12 @@ namespace comm {
 
 namespace detail {
 
-/// The slot inside an inline_callback.
-struct callback_access {
-  /// The slot of `cb`.
-  template <class Sig>
-  static callback_slot& slot(inline_callback<Sig>& cb) noexcept {
-    return cb.slot_;
-  }
-};
-
 namespace {
 
-/// Runs the send completion in `slot` (the user_data of a C++ face operation), then destroys
-/// it: each runs once. Called from worker_impl::complete, which keeps the request from being
-/// freed (and so its slot from being reused) until the completion returned.
-void run_send(request*, status st, void* slot) {
-  auto& callable = *static_cast<callback_slot*>(slot);
-  callable.invoke<void(status)>(st);
-  callable.reset();
-}
-
-/// Runs the tagged-receive completion in `slot`, then destroys it.
-void run_tag_recv(request*, status st, const tag_recv_info& info, void* slot) {
-  auto& callable = *static_cast<callback_slot*>(slot);
-  callable.invoke<void(status, const tag_recv_info&)>(st, info);
-  callable.reset();
-}
-
-/// Runs the length completion (stream receive, am_recv_data) in `slot`, then destroys it.
-void run_length(request*, status st, size_t length, void* slot) {
-  auto& callable = *static_cast<callback_slot*>(slot);
-  callable.invoke<void(status, size_t)>(st, length);
-  callable.reset();
-}
-
-/// Moves the callable in `slot` into `req`, which goes on after the call that started it.
-void keep(request* req, callback_slot& slot) {
-  req->completion = std::move(slot);
+/// Moves the callable in `slot` into `req`, which goes on after the call that started it (its
+/// slot is empty: a request's is whenever it is free).
+inline void keep(request* req, callback_slot& slot) {
+  req->completion.take_into_empty(slot);
   req->has_completion = true;
   req->params.user_data = &req->completion;
   req->params.recv_info = nullptr;  // filled during the call only
@@ -69,14 +44,12 @@ void keep(request* req, callback_slot& slot) {
 /// (a success of an unsignalled RMA operation).
 template <class Now>
 operation finish(op o, callback_slot& slot, Now&& now) {
-  if (slot) {
-    if (o.req == nullptr) {
-      now(o.st);
-    } else if (!o.req->finished) {
-      keep(o.req, slot);
-    }
+  if (o.req == nullptr) {
+    if (slot) now(o.st);
+  } else if (!o.req->finished && slot) {
+    keep(o.req, slot);
   }
-  return operation(o);
+  return operation_access::adopt(o);
 }
 
 /// Starts a send-like operation with `call(params)` and the completion `on_done`. With
@@ -87,10 +60,11 @@ operation start_send_like(worker_impl& w, send_completion& on_done, request_para
   if (!on_done) return operation(call(p));
   worker_impl::guard g(w);
   callback_slot& slot = callback_access::slot(on_done);
-  p.send_cb = run_send;
+  const send_callback entry = slot.completion_entry<void(status)>();
+  p.send_cb = entry;
   p.user_data = &slot;
   return finish(call(p), slot, [&](status st) {
-    if (is_error(st) || !failures_only) slot.invoke<void(status)>(st);
+    if (is_error(st) || !failures_only) entry(nullptr, st, &slot);
   });
 }
 
@@ -103,12 +77,11 @@ operation start_tag_recv(worker& w, tag_recv_completion& on_done, Call&& call) {
   worker_impl::guard g(impl(w));
   tag_recv_info info;
   callback_slot& slot = callback_access::slot(on_done);
+  const tag_recv_callback entry = slot.completion_entry<void(status, const tag_recv_info&)>();
   p.recv_info = &info;
-  p.recv_cb = run_tag_recv;
+  p.recv_cb = entry;
   p.user_data = &slot;
-  return finish(call(p), slot, [&](status st) {
-    slot.invoke<void(status, const tag_recv_info&)>(st, info);
-  });
+  return finish(call(p), slot, [&](status st) { entry(nullptr, st, info, &slot); });
 }
 
 /// Request parameters with the low-level bits of `flags`.
@@ -155,22 +128,6 @@ using detail::worker_impl;
 
 // -- endpoint ------------------------------------------------------------------------------------
 
-operation endpoint::tag_send(tag_t tag, const_bytes data, send_completion on_done,
-                             send_flags flags) {
-  request_params p = params_with(flags);
-  return detail::start_send_like(impl(*this).owner, on_done, p, [&](const request_params& rp) {
-    return tag_send(tag, data.data(), data.size(), rp);
-  });
-}
-
-operation endpoint::tag_send_iov(tag_t tag, std::span<const iov_entry> entries,
-                                 send_completion on_done, send_flags flags) {
-  request_params p = params_with(flags);
-  return detail::start_send_like(impl(*this).owner, on_done, p, [&](const request_params& rp) {
-    return tag_send_iov(tag, entries.data(), entries.size(), rp);
-  });
-}
-
 operation endpoint::am_send(uint16_t id, const_bytes header, const_bytes data,
                             send_completion on_done, am_send_flags flags) {
   request_params p = params_with(flags);
@@ -204,11 +161,12 @@ operation endpoint::stream_recv(mutable_bytes buffer, length_completion on_done,
   }
   worker_impl::guard g(impl(*this).owner);
   callback_slot& slot = callback_access::slot(on_done);
-  p.stream_recv_cb = detail::run_length;
+  const stream_recv_callback entry = slot.completion_entry<void(status, size_t)>();
+  p.stream_recv_cb = entry;
   p.user_data = &slot;
   const op o = stream_recv(buffer.data(), buffer.size(), min_length, &received, p);
   return detail::finish(o, slot, [&](status st) {
-    slot.invoke<void(status, size_t)>(st, st == status::ok ? received : size_t{0});
+    entry(nullptr, st, st == status::ok ? received : size_t{0}, &slot);
   });
 }
 
@@ -326,19 +284,30 @@ result<std::vector<uint8_t>> worker::rkey_pack(const memh& handle) const {
   return packed;
 }
 
-operation worker::tag_recv(mutable_bytes buffer, tag_t tag, tag_t mask,
-                           tag_recv_completion on_done) {
-  const iov_entry entry{buffer.data(), buffer.size()};
-  return detail::start_tag_recv(*this, on_done, [&](const request_params& rp) {
-    return tag_recv_iov(&entry, 1, tag, mask, rp);
-  });
+namespace detail {
+namespace {
+/// keep_completion's work: keeps the callable in a request still running, or drops it.
+operation keep_or_drop(op o, callback_slot& slot) noexcept {
+  if (!o.req->finished) {
+    keep(o.req, slot);
+  } else {
+    slot.reset();  // finished without notifying (or it ran, and the slot is empty already)
+  }
+  return operation_access::adopt(o);
 }
 
-operation worker::tag_recv_iov(std::span<const iov_entry> entries, tag_t tag, tag_t mask,
-                               tag_recv_completion on_done) {
-  return detail::start_tag_recv(*this, on_done, [&](const request_params& rp) {
-    return tag_recv_iov(entries.data(), entries.size(), tag, mask, rp);
-  });
+/// keep_completion in thread_mode::multi, under the worker's lock (apart, so that the common
+/// case saves no registers for the lock).
+[[gnu::noinline]] operation keep_completion_locked(op o, callback_slot& slot) noexcept {
+  worker_impl::guard g(*o.req->owner);
+  return keep_or_drop(o, slot);
+}
+}  // namespace
+}  // namespace detail
+
+operation detail::keep_completion(op o, callback_slot& slot) noexcept {
+  if (o.req->owner->params.mode == thread_mode::multi) return keep_completion_locked(o, slot);
+  return keep_or_drop(o, slot);
 }
 
 operation worker::tag_recv_message(message* msg, mutable_bytes buffer,
@@ -362,8 +331,9 @@ operation worker::am_recv_data(void* desc, mutable_bytes buffer, length_completi
   // A request even for an outcome known at once, whose completion tells the length.
   p.flags = request_no_immediate_completion;
   p.user_data = &slot;
-  const op o = am_recv_data(desc, buffer.data(), buffer.size(), detail::run_length, p);
-  return detail::finish(o, slot, [&](status st) { slot.invoke<void(status, size_t)>(st, 0); });
+  const am_recv_data_callback entry = slot.completion_entry<void(status, size_t)>();
+  const op o = am_recv_data(desc, buffer.data(), buffer.size(), entry, p);
+  return detail::finish(o, slot, [&](status st) { entry(nullptr, st, 0, &slot); });
 }
 
 operation worker::flush(send_completion on_done) {

@@ -39,11 +39,19 @@ void operation::relink(operation& other) noexcept {
 }
 
 void operation::release() noexcept {
-  worker_impl& w = *req_->owner;
-  worker_impl::guard g(w);
-  w.release_quietly(req_);
+  request* req = req_;
+  worker_impl& w = *req->owner;
   req_ = nullptr;
   st_ = comm::status::ok;
+  worker_impl::guard g(w);
+  // The common case, a finished operation whose completion is not running, frees its request
+  // here; one still running (or notifying) is released quietly.
+  if (req->finished && !req->notifying) {
+    req->handle = nullptr;
+    w.free_request(req);
+  } else {
+    w.release_quietly(req);
+  }
 }
 
 void operation::detach() noexcept {

@@ -54,6 +54,8 @@ struct operation_access {
   }
   /// The request `o` owns, or null.
   static request* request_of(const operation& o) noexcept { return o.req_; }
+  /// The operation owning the request of `o` (if any): operation(o) with the link inline.
+  static operation adopt(op o) noexcept;
 };
 
 }  // namespace detail
@@ -212,5 +214,17 @@ private:
   }
 #endif
 };
+
+namespace detail {
+
+inline operation operation_access::adopt(op o) noexcept {
+  operation adopted;  // returned in place (the move constructor would relink it otherwise)
+  adopted.st_ = o.st;
+  adopted.req_ = o.req;
+  if (o.req != nullptr) o.req->handle = &adopted;
+  return adopted;
+}
+
+}  // namespace detail
 
 }  // namespace comm

@@ -28,40 +28,31 @@ struct callback_ops {
   void (*destroy)(void* self) noexcept;             ///< destroys the callable at `self`
 };
 
-/// callback_ops plus the call of a callable with signature Sig.
+/// callback_ops plus the calls of a callable with signature Sig.
 template <class Sig>
 struct callback_ops_of;
 
-/// callback_ops plus the call of a callable taking A... and returning R.
+template <class F, class R, class... A>
+struct callback_table;
+
+/// callback_ops plus the calls of a callable taking A... and returning R.
 template <class R, class... A>
 struct callback_ops_of<R(A...)> : callback_ops {
   R (*invoke)(void* self, A... args);  ///< calls the callable at `self`
-};
-
-/// The operations of callable type F with signature R(A...).
-template <class F, class R, class... A>
-struct callback_table {
-  static void relocate(void* to, void* from) noexcept {
-    F* source = std::launder(static_cast<F*>(from));
-    ::new (to) F(std::move(*source));
-    source->~F();
-  }
-  static void destroy(void* self) noexcept { std::launder(static_cast<F*>(self))->~F(); }
-  static R invoke(void* self, A... args) {
-    return std::invoke(*std::launder(static_cast<F*>(self)), std::forward<A>(args)...);
-  }
-  /// Trivially copyable callables (the usual lambda capturing pointers, references and numbers)
-  /// move as bytes and need no destruction.
-  static constexpr bool trivial = std::is_trivially_copyable_v<F>;
-  static constexpr callback_ops_of<R(A...)> ops{
-      {trivial ? nullptr : &relocate, trivial ? nullptr : &destroy}, &invoke};
+  /// Calls the callable in the callback_slot `slot` once, then destroys it and empties the slot.
+  /// Shaped as the low-level C callback of the same arguments (send_callback,
+  /// tag_recv_callback, stream_recv_callback, am_recv_data_callback), so that the library hands
+  /// it to an operation directly, with the slot as user_data: a completion costs one call.
+  void (*complete)(request* req, A... args, void* slot);
 };
 
 /// Storage for one callable of any signature: what an inline_callback holds, and what a
 /// request holds once it has taken a completion over. Moving it moves the callable.
 class callback_slot {
 public:
-  callback_slot() noexcept = default;
+  /// Empty. User-provided, so that a value-initialised slot (a defaulted completion argument,
+  /// `= {}`) sets the table pointer alone rather than zeroing the whole storage too.
+  callback_slot() noexcept {}
   /// Takes the callable of `other`, which becomes empty.
   callback_slot(callback_slot&& other) noexcept { take(other); }
   /// Destroys this callable and takes that of `other`, which becomes empty.
@@ -110,6 +101,22 @@ public:
                                                                    std::forward<Args>(args)...);
   }
 
+  /// The run-once entry (callback_ops_of::complete) of the stored callable, which was stored
+  /// with signature Sig; called with this slot as its last argument.
+  template <class Sig>
+  auto completion_entry() const noexcept {
+    return static_cast<const callback_ops_of<Sig>*>(ops_)->complete;
+  }
+
+  /// Moves the callable of `other` into this slot, which must be empty (a free request's):
+  /// `other` becomes empty.
+  void take_into_empty(callback_slot& other) noexcept { take(other); }
+
+  /// The callable's storage.
+  void* storage() noexcept { return buffer_; }
+  /// Forgets the callable without destroying it (its complete entry destroyed it).
+  void forget() noexcept { ops_ = nullptr; }
+
 private:
   void take(callback_slot& other) noexcept {
     ops_ = other.ops_;
@@ -124,6 +131,32 @@ private:
 
   alignas(std::max_align_t) unsigned char buffer_[inline_callback_capacity];
   const callback_ops* ops_ = nullptr;
+};
+
+/// The operations of callable type F with signature R(A...).
+template <class F, class R, class... A>
+struct callback_table {
+  static void relocate(void* to, void* from) noexcept {
+    F* source = std::launder(static_cast<F*>(from));
+    ::new (to) F(std::move(*source));
+    source->~F();
+  }
+  static void destroy(void* self) noexcept { std::launder(static_cast<F*>(self))->~F(); }
+  static R invoke(void* self, A... args) {
+    return std::invoke(*std::launder(static_cast<F*>(self)), std::forward<A>(args)...);
+  }
+  static void complete(request*, A... args, void* slot) {
+    auto& s = *static_cast<callback_slot*>(slot);
+    F& f = *std::launder(static_cast<F*>(s.storage()));
+    std::invoke(f, std::forward<A>(args)...);
+    if constexpr (!std::is_trivially_destructible_v<F>) f.~F();
+    s.forget();
+  }
+  /// Trivially copyable callables (the usual lambda capturing pointers, references and numbers)
+  /// move as bytes and need no destruction.
+  static constexpr bool trivial = std::is_trivially_copyable_v<F>;
+  static constexpr callback_ops_of<R(A...)> ops{
+      {trivial ? nullptr : &relocate, trivial ? nullptr : &destroy}, &invoke, &complete};
 };
 
 /// Reaches the slot of an inline_callback (the library moves it into the request).
@@ -149,8 +182,9 @@ class inline_callback;
 template <class R, class... A>
 class inline_callback<R(A...)> {
 public:
-  /// No callable.
-  inline_callback() noexcept = default;
+  /// No callable. (User-provided: value-initialising it, as a defaulted completion argument
+  /// does, writes one pointer, not the whole storage.)
+  inline_callback() noexcept {}
   /// No callable.
   inline_callback(std::nullptr_t) noexcept {}
   /// Stores `f`, a callable taking A... and returning R that fits inline
@@ -177,6 +211,17 @@ private:
   friend struct detail::callback_access;
   detail::callback_slot slot_;
 };
+
+namespace detail {
+/// Reaches the slot inside an inline_callback (the library moves it into the request).
+struct callback_access {
+  /// The slot of `cb`.
+  template <class Sig>
+  static callback_slot& slot(inline_callback<Sig>& cb) noexcept {
+    return cb.slot_;
+  }
+};
+}  // namespace detail
 
 /// What a send, put, get, flush or close completion is told: the outcome (ok or an error).
 using send_completion = inline_callback<void(status)>;

@@ -3,6 +3,7 @@
 
 #include <comm/bytes.hpp>
 #include <comm/callback.hpp>
+#include <comm/face_call.hpp>
 #include <comm/flags.hpp>
 #include <comm/memory.hpp>
 #include <comm/operation.hpp>
@@ -337,5 +338,34 @@ private:
 
   endpoint* ep_ = nullptr;
 };
+
+// The C++ face's tagged sends are inline (comm/face_call.hpp): without a completion they cost
+// the low-level call alone; a completion known at once runs here, one still running is kept by
+// its request.
+
+[[gnu::always_inline]] inline operation endpoint::tag_send(tag_t tag, const_bytes data,
+                                                           send_completion on_done,
+                                                           send_flags flags) {
+  if (!on_done && flags == send_flags::none) {
+    return operation(tag_send(tag, data.data(), data.size(), detail::no_request_params));
+  }
+  request_params p = detail::params_of(flags);
+  return detail::run_send_call(on_done, p, [&](const request_params& rp) {
+    return tag_send(tag, data.data(), data.size(), rp);
+  });
+}
+
+[[gnu::always_inline]] inline operation endpoint::tag_send_iov(tag_t tag,
+                                                               std::span<const iov_entry> entries,
+                                                               send_completion on_done,
+                                                               send_flags flags) {
+  if (!on_done && flags == send_flags::none) {
+    return operation(tag_send_iov(tag, entries.data(), entries.size(), detail::no_request_params));
+  }
+  request_params p = detail::params_of(flags);
+  return detail::run_send_call(on_done, p, [&](const request_params& rp) {
+    return tag_send_iov(tag, entries.data(), entries.size(), rp);
+  });
+}
 
 }  // namespace comm

@@ -420,4 +420,22 @@ protected:
   worker& operator=(const worker&) = delete;
 };
 
+// The C++ face's tagged receives are inline, as the sends (comm/face_call.hpp).
+
+[[gnu::always_inline]] inline operation worker::tag_recv(mutable_bytes buffer, tag_t tag,
+                                                         tag_t mask, tag_recv_completion on_done) {
+  const iov_entry entry{buffer.data(), buffer.size()};
+  return detail::run_tag_recv_call(on_done, [&](const request_params& rp) {
+    return tag_recv_iov(&entry, 1, tag, mask, rp);
+  });
+}
+
+[[gnu::always_inline]] inline operation worker::tag_recv_iov(std::span<const iov_entry> entries,
+                                                             tag_t tag, tag_t mask,
+                                                             tag_recv_completion on_done) {
+  return detail::run_tag_recv_call(on_done, [&](const request_params& rp) {
+    return tag_recv_iov(entries.data(), entries.size(), tag, mask, rp);
+  });
+}
+
 }  // namespace comm
