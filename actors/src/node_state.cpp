@@ -424,6 +424,11 @@ node_stats node_state::stats() const {
   s.frames_held = frames_held_.get();
   s.unreadable_messages = unreadable_.get();
   s.peak_bytes_held = peak_bytes_held_.get();
+  s.blobs_lent = blobs_lent_.get();
+  s.lent_now = lent_now_.get();
+  s.lent_bytes_now = lent_bytes_now_.get();
+  s.blobs_borrowed = borrowed_.get();
+  s.borrowed_copied = borrowed_copied_.get();
   return s;
 }
 
