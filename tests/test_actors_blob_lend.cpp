@@ -541,10 +541,9 @@ BOOST_AUTO_TEST_CASE(a_genuine_forged_lend_is_read_in_place_and_released) {
   std::vector<char> payload;
   put_message_start(payload, "@<>+@i32");
   put_int(payload, int32_t{5});
-  const int before = peer.state.frames;
   peer.send_raw(lent_header(peer, kind_message, size, payload).data(), envelope_size + payload.size(),
                 one_lend(42, region.address(), size, region.key, false));
-  peer.progress_until([&] { return peer.state.frames > before || peer.closed(); }, 10);
+  peer.progress_until([&] { return peer.state.last_kind == kind_release || peer.closed(); }, 10);
   BOOST_TEST(!peer.closed());
   BOOST_TEST(peer.state.last_kind == kind_release);
   std::vector<uint64_t> ids;
@@ -554,6 +553,43 @@ BOOST_AUTO_TEST_CASE(a_genuine_forged_lend_is_read_in_place_and_released) {
         for (uint64_t id : r.getIds()) ids.push_back(id);
       }));
   BOOST_TEST(ids == std::vector<uint64_t>{42}, boost::test_tools::per_element());
+  BOOST_TEST(still_serves(node.address));
+  BOOST_TEST(node.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_lend_is_released_once) {
+  holder_child node;
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  const uint64_t svc = peer.lookup(service_name);
+  BOOST_REQUIRE(svc != 0);
+  // A request to echo a 64 KiB blob (sent as a plain attachment): the answer lends it to us.
+  const size_t size = 64 * 1024;
+  std::vector<char> payload;
+  put_message_start(payload, "@<>+@atom+comm::actors::blob");
+  put_int(payload, static_cast<uint64_t>(caf::atom("echo")));
+  put_size(payload, static_cast<uint32_t>(size));
+  peer.send_in_header(kind_message, svc, forged_request_id(9), 2, payload,
+                      std::vector<char>(size, 'e'));
+  peer.progress_until([&] { return peer.state.attached_messages > 0 || peer.closed(); }, 10);
+  BOOST_REQUIRE(!peer.closed());
+  BOOST_REQUIRE(peer.state.last_kind == kind_message);
+  uint64_t id = 0;
+  BOOST_TEST_REQUIRE(comm::wire::read_checked_message<comm::wire::schema::ActorLends>(
+      peer.state.last_payload.data(), peer.state.last_payload.size(),
+      [&](comm::wire::schema::ActorLends::Reader r) {
+        if (r.getRuns().size() == 1 && r.getRuns()[0].getLength() == size) {
+          id = r.getRuns()[0].getId();
+        }
+      }));
+  BOOST_TEST_REQUIRE(id != 0);
+  // The first release is taken, and the connection goes on; the second closes it.
+  auto release = releases({id});
+  auto header = lent_header(peer, kind_release, 0, {});
+  peer.send_raw(header.data(), header.size(), release);
+  BOOST_TEST(peer.lookup(service_name) == svc);
+  BOOST_TEST(!peer.closed());
+  BOOST_TEST(closes(peer, lent_header(peer, kind_release, 0, {}), release));
   BOOST_TEST(still_serves(node.address));
   BOOST_TEST(node.stop() == 0);
 }

@@ -24,7 +24,21 @@ void free_copy(comm::request*, comm::status, void* user_data) {
 
 // -- lending -------------------------------------------------------------------------------------
 
+void node_state::own_borrowed(peer& p, outgoing& item) {
+  // The bytes of a blob borrowed from another node (or from this one over another connection)
+  // lie in a mapping of that node's memory, which this peer can reach only by cross-memory
+  // attach (refused under Yama's ptrace restrictions) over shm: they travel as a copy of this
+  // node's.
+  if (!can_lend(p)) return;  // tcp and verbs read them here, as any of this node's bytes
+  for (blob& run : item.attached.runs) {
+    if (is_borrowed(run.owner()) && !returned_lend(run, p.releases.get())) {
+      run = run.copy();
+    }
+  }
+}
+
 bool node_state::lend_attached(peer& p, outgoing& item) {
+  own_borrowed(p, item);
   const attachment_list& a = item.attached;
   if (!params_.lend_blobs || !can_lend(p) || a.runs.size() > max_lends_per_frame ||
       envelope_writer::size() + item.payload.size() > worker_->max_am_header()) {
