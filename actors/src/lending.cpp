@@ -1,12 +1,15 @@
 // Lent blobs: the sink of releases, borrowed blobs and the lend codecs (see lending.hpp).
 #include "lending.hpp"
 
+#include <comm/log.hpp>
 #include <comm/wire/codec.hpp>
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
 #include "schema/actor.capnp.h"
+
+#include <new>
 
 namespace comm::actors::detail {
 
@@ -23,17 +26,19 @@ void append_message(capnp::MessageBuilder& message, std::vector<char>& out) {
 
 // -- release_sink --------------------------------------------------------------------------------
 
-void release_sink::push(uint64_t id) {
-  bool first = false;
-  {
-    std::lock_guard<std::mutex> g(mtx_);
-    if (closed_) return;
-    first = ids_.empty();
+void release_sink::push(uint64_t id) noexcept {
+  // Notified under the lock: once close() returned, the node (which notify_ posts to) is never
+  // touched again. The task it posts takes every id pushed until it runs.
+  std::lock_guard<std::mutex> g(mtx_);
+  if (closed_) return;
+  try {
     ids_.push_back(id);
+    if (ids_.size() == 1) notify_();
+  } catch (const std::bad_alloc&) {
+    // Out of memory: the lender keeps this lend until the connection ends.
+    COMM_LOG(warn, "actors", "no memory to queue the release of lend %llu",
+             static_cast<unsigned long long>(id));
   }
-  // The notification posts a task for the progress thread, which takes the ids under the lock:
-  // an id pushed after a take() but before that task runs waits for the next notification.
-  if (first) notify_();
 }
 
 std::vector<uint64_t> release_sink::take() {

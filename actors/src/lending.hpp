@@ -45,12 +45,12 @@ inline constexpr size_t max_releases_per_frame = 4096;
 /// thread, until the progress thread sends them back (see the file comment).
 class release_sink {
 public:
-  /// A sink that calls `notify` (with no lock of the caller's held) when it gets its first id
-  /// after being emptied.
+  /// A sink that calls `notify` (under the sink's lock, so it must not call back into the sink)
+  /// when it gets its first id after being emptied.
   explicit release_sink(std::function<void()> notify) : notify_(std::move(notify)) {}
 
   /// Records that lend `id` is let go; nothing once the sink is closed.
-  void push(uint64_t id);
+  void push(uint64_t id) noexcept;
 
   /// Takes the ids recorded so far.
   std::vector<uint64_t> take();
