@@ -20,28 +20,31 @@ void free_copy(comm::request*, comm::status, void* user_data) {
   delete static_cast<blob*>(user_data);
 }
 
-}  // namespace
-
-// -- lending -------------------------------------------------------------------------------------
-
-void node_state::own_borrowed(peer& p, outgoing& item) {
-  // The bytes of a blob borrowed from another node (or from this one over another connection)
-  // lie in a mapping of that node's memory, which this peer can reach only by cross-memory
-  // attach (refused under Yama's ptrace restrictions) over shm: they travel as a copy of this
-  // node's.
+/// Replaces the runs of `item` borrowed from other connections (and, with `returnable`, from `p`
+/// too) by copies of this node's, when `p` is reached over shm.
+void copy_borrowed_runs(peer& p, outgoing& item, bool returnable) {
+  // The bytes of a blob borrowed from another node (or from `p` over another connection) lie in
+  // a mapping of that node's memory, which `p` can reach only by cross-memory attach (refused
+  // under Yama's ptrace restrictions) over shm: they travel as a copy of this node's. Those
+  // borrowed from `p` itself go back by id when the frame is lent (`returnable` false).
   if (!can_lend(p)) return;  // tcp and verbs read them here, as any of this node's bytes
   for (blob& run : item.attached.runs) {
-    if (is_borrowed(run.owner()) && !returned_lend(run, p.releases.get())) {
+    if (is_borrowed(run.owner()) && (returnable || !returned_lend(run, p.releases.get()))) {
       run = run.copy();
     }
   }
 }
 
+}  // namespace
+
+// -- lending -------------------------------------------------------------------------------------
+
 bool node_state::lend_attached(peer& p, outgoing& item) {
-  own_borrowed(p, item);
+  copy_borrowed_runs(p, item, false);
   const attachment_list& a = item.attached;
   if (!params_.lend_blobs || !can_lend(p) || a.runs.size() > max_lends_per_frame ||
       envelope_writer::size() + item.payload.size() > worker_->max_am_header()) {
+    copy_borrowed_runs(p, item, true);
     return false;
   }
   std::vector<lend_descriptor> runs(a.runs.size());
@@ -56,6 +59,7 @@ bool node_state::lend_attached(peer& p, outgoing& item) {
     }
   }
   if (fresh > params_.max_lent_bytes - std::min(p.lends.bytes, params_.max_lent_bytes)) {
+    copy_borrowed_runs(p, item, true);
     return false;  // beyond the limit: copied
   }
   for (size_t i = 0; i < a.runs.size(); ++i) {
@@ -63,6 +67,7 @@ bool node_state::lend_attached(peer& p, outgoing& item) {
     for (size_t j = 0; j < i; ++j) {
       if (!runs[j].returned) take_back(p, runs[j].id);
     }
+    copy_borrowed_runs(p, item, true);
     return false;
   }
   item.lends.clear();

@@ -211,11 +211,9 @@ private:
 
   // -- lent blobs (node_lending.cpp, lending.hpp) -------------------------------------------------
 
-  /// Lends the attachments of `item` to `p` when it can (flag_lent set, `item.lends` filled),
-  /// after own_borrowed.
+  /// Lends the attachments of `item` to `p` when it can (flag_lent set, `item.lends` filled);
+  /// over shm, attachments borrowed from elsewhere become copies first.
   bool lend_attached(peer& p, outgoing& item);
-  /// Replaces the runs of `item` borrowed from other connections by copies of this node's.
-  void own_borrowed(peer& p, outgoing& item);
   /// Registers `run`, packs its key into `d` and enters it in `p`'s table.
   bool lend_one(peer& p, const blob& run, lend_descriptor& d);
   /// Forgets lend `id` of `p`'s table; false when there is none.
