@@ -8,6 +8,10 @@
 //               The attachments (up to 128 KiB, so runs above the 32 KiB threshold occur) are the
 //               payload's last bytes repeated to that length. A message read_message_payload
 //               accepts has the announced element count and writes and reads back the same.
+//   3 lends:    what decode_lends accepts encodes again (encode_lends) and decodes to the same.
+//   4 releases: what decode_releases accepts encodes again and decodes to the same.
+//   5 lent message: as 2, but the attachments arrive as ready runs (lent blobs) of the length
+//               the second header byte picks (32 KiB and up): a run is only taken whole.
 // The node's down-frame reason is fuzzed by fuzz_actor_down.
 #include <comm/actors/blob.hpp>
 
@@ -15,6 +19,7 @@
 #include "actor_env.hpp"
 #include "attachments.hpp"
 #include "frame.hpp"
+#include "lending.hpp"
 #include "payload.hpp"
 #include "seeds.hpp"
 
@@ -60,6 +65,36 @@ void check_hello(const uint8_t* data, size_t size) {
           "a re-encoded hello reads differently");
 }
 
+/// Lends: what decodes encodes again and decodes to the same.
+void check_lends(const uint8_t* data, size_t size) {
+  std::vector<lend_descriptor> lends;
+  if (!decode_lends(data, size, lends)) return;
+  require(!lends.empty() && lends.size() <= max_lends_per_frame, "lends out of bounds accepted");
+  std::vector<char> bytes;
+  encode_lends(lends, bytes);
+  std::vector<lend_descriptor> again;
+  require(decode_lends(bytes.data(), bytes.size(), again) && again.size() == lends.size(),
+          "re-encoded lends are refused");
+  for (size_t i = 0; i < lends.size(); ++i) {
+    require(again[i].id == lends[i].id && again[i].address == lends[i].address &&
+                again[i].length == lends[i].length && again[i].returned == lends[i].returned &&
+                again[i].key == lends[i].key,
+            "re-encoded lends read differently");
+  }
+}
+
+/// Releases: what decodes encodes again and decodes to the same.
+void check_releases(const uint8_t* data, size_t size) {
+  std::vector<uint64_t> ids;
+  if (!decode_releases(data, size, ids)) return;
+  require(!ids.empty(), "a release of nothing accepted");
+  std::vector<char> bytes;
+  encode_releases(ids.data(), ids.size(), bytes);
+  std::vector<uint64_t> again;
+  require(decode_releases(bytes.data(), bytes.size(), again) && again == ids,
+          "re-encoded releases read differently");
+}
+
 /// The payload of `msg` as the node writes it, read back; nothing when the node does not write it
 /// (a type without a name).
 std::optional<std::string> written_and_read(const caf::message& msg) {
@@ -83,9 +118,11 @@ std::optional<std::string> written_and_read(const caf::message& msg) {
   return caf::to_string(back.content);
 }
 
-/// A message payload with attachments (see the file comment for the layout).
-void check_message(const uint8_t* data, size_t size) {
+/// A message payload with attachments (see the file comment for the layout); with `lent`, the
+/// attachments come as ready runs of a length the header picks.
+void check_message(const uint8_t* data, size_t size, bool lent = false) {
   if (size < 6) return;
+  const size_t run_length = attach_threshold + (size_t{data[1]} << 8);
   const bool with_sender = data[0] & 1u;
   const bool with_stages = data[0] & 2u;
   const size_t type_count = data[1] | (size_t{data[2]} << 8);
@@ -98,6 +135,13 @@ void check_message(const uint8_t* data, size_t size) {
     runs[i] = static_cast<char>(data[size - pattern + i % pattern]);
   }
   attachment_source source(runs.data(), runs.size(), nullptr);
+  if (lent) {
+    std::vector<comm::actors::blob> ready;
+    for (size_t at = 0; at < attached; at += run_length) {
+      ready.emplace_back(runs.data() + at, std::min(run_length, attached - at));
+    }
+    source = attachment_source(std::move(ready));
+  }
   content_reader reader;
   message_payload body;
   const auto err = read_message_payload(&env().ctx, reader, data, size, source, with_sender,
@@ -156,6 +200,20 @@ std::vector<seed> make_seeds() {
   comm::actors::blob large(40000);
   std::memset(large.mutable_data(), 'y', large.size());
   seeds.push_back(message_seed(caf::make_message(large, std::string(100, 'z'))));
+  seed lent_message = seeds.back();
+  lent_message[0] = 5;
+  seeds.push_back(lent_message);
+  std::vector<char> bytes;
+  encode_lends({lend_descriptor{1, 0x7f0000001000, 40000, {1, 2, 3, 4, 5, 6, 7, 8}, false},
+                lend_descriptor{9, 0, 65536, {}, true}},
+               bytes);
+  seeds.push_back({3});
+  comm::fuzz::append(seeds.back(), bytes.data(), bytes.size());
+  bytes.clear();
+  const uint64_t ids[] = {1, 2, 0xffffffffffffffffull};
+  encode_releases(ids, 3, bytes);
+  seeds.push_back({4});
+  comm::fuzz::append(seeds.back(), bytes.data(), bytes.size());
   return seeds;
 }
 
@@ -169,15 +227,24 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   env();
-  switch (data[0] % 3) {
+  switch (data[0] % 6) {
     case 0:
       check_envelope(data + 1, size - 1);
       break;
     case 1:
       check_hello(data + 1, size - 1);
       break;
-    default:
+    case 2:
       check_message(data + 1, size - 1);
+      break;
+    case 3:
+      check_lends(data + 1, size - 1);
+      break;
+    case 4:
+      check_releases(data + 1, size - 1);
+      break;
+    default:
+      check_message(data + 1, size - 1, true);
       break;
   }
   return 0;

@@ -884,3 +884,91 @@ BOOST_AUTO_TEST_CASE(rendezvous_between_processes_takes_the_mapped_path) {
     if (!exited) ::waitpid(child, nullptr, 0);
   }
 }
+
+// -- local addresses (tl::ep::rkey_local_address, endpoint::rkey_local_address) ------------------
+
+BOOST_AUTO_TEST_CASE(a_local_address_is_the_peers_bytes_and_outlives_the_interface) {
+  auto f = std::make_unique<pair_fixture>();
+  const size_t size = (size_t{1} << 20) + 123;
+  auto* remote = static_cast<uint8_t*>(mem_alloc(size));
+  fill(remote, size, 5);
+  tl::local_bytes here;
+  {
+    registration reg(*f->b->memory_domain(), remote, size);
+    unpacked key(*f->a->memory_domain(), reg.packed);
+    BOOST_TEST_REQUIRE(key.result == status::ok);
+    const uint64_t base = address_of(remote);
+    BOOST_TEST_REQUIRE(f->ab->rkey_local_address(base + 100, 5000, key.key, &here) == status::ok);
+    BOOST_TEST(here.mapping != nullptr);
+    // Another mapping of the same memory: what the owner writes shows through it.
+    BOOST_TEST(here.data != static_cast<const void*>(remote + 100));
+    BOOST_TEST(std::memcmp(here.data, remote + 100, 5000) == 0);
+    remote[100] = static_cast<uint8_t>(~remote[100]);
+    BOOST_TEST(*static_cast<const uint8_t*>(here.data) == remote[100]);
+    // Checked as a get: out of the region, past its end.
+    tl::local_bytes wrong;
+    BOOST_TEST(f->ab->rkey_local_address(base + size, 1, key.key, &wrong) ==
+               status::protection_error);
+    BOOST_TEST(f->ab->rkey_local_address(base - 1, 1, key.key, &wrong) ==
+               status::protection_error);
+    BOOST_TEST(f->ab->rkey_local_address(base + size - 1, 2, key.key, &wrong) ==
+               status::length_error);
+    BOOST_TEST(reg.dereg() == status::ok);
+    BOOST_TEST(f->ab->rkey_local_address(base, 1, key.key, &wrong) == status::protection_error);
+  }
+  // The endpoint and both interfaces go (the cache unmaps what it holds): the held mapping stays.
+  f.reset();
+  BOOST_TEST(std::memcmp(here.data, remote + 100, 5000) == 0);
+  here = {};
+  mem_free(remote);
+}
+
+BOOST_AUTO_TEST_CASE(memory_outside_the_shared_heap_has_no_local_address) {
+  pair_fixture f;
+  std::vector<uint8_t> remote = pattern(100000, 8);
+  registration reg(*f.b->memory_domain(), remote.data(), remote.size());
+  unpacked key(*f.a->memory_domain(), reg.packed);
+  BOOST_TEST_REQUIRE(key.result == status::ok);
+  tl::local_bytes here;
+  BOOST_TEST(f.ab->rkey_local_address(address_of(remote.data()), remote.size(), key.key, &here) ==
+             status::unsupported);
+}
+
+BOOST_AUTO_TEST_CASE(endpoint_local_addresses_over_shm_and_self) {
+  for (const std::string transport : {"shm", "self"}) {
+    BOOST_TEST_CONTEXT(transport) {
+      comm::test::worker_pair p(transport);
+      const size_t size = 256 * 1024;
+      void* block = mem_alloc(size);
+      fill(block, size, 3);
+      auto region = p.b->mem_map(mutable_bytes(block, size)).value();
+      const std::vector<uint8_t> packed = p.b->rkey_pack(*region).value();
+      auto key = p.ab->rkey_unpack(packed).value();
+      const uint64_t base = address_of(block);
+      auto here = p.ab->rkey_local_address(*key, base + 10, size - 10);
+      BOOST_TEST_REQUIRE(here.has_value());
+      BOOST_TEST(here->length == size - 10);
+      BOOST_TEST(std::memcmp(here->data, static_cast<uint8_t*>(block) + 10, size - 10) == 0);
+      BOOST_TEST((transport == "self") == (here->data == static_cast<uint8_t*>(block) + 10));
+      BOOST_TEST(p.ab->rkey_local_address(*key, base + size, 1).error() ==
+                 status::protection_error);
+      BOOST_TEST(p.ab->rkey_local_address(*key, base + size - 1, 2).error() ==
+                 status::length_error);
+      // A key of another endpoint.
+      BOOST_TEST(p.ba->rkey_local_address(*key, base, 1).error() == status::invalid_param);
+      // A region closed to remote reads is the owner's to serve: nothing to map.
+      auto closed = p.b->mem_map(mutable_bytes(block, size), mem_local_read | mem_remote_write);
+      BOOST_TEST_REQUIRE(closed.has_value());
+      const std::vector<uint8_t> closed_packed = p.b->rkey_pack(**closed).value();
+      auto closed_key = p.ab->rkey_unpack(closed_packed).value();
+      BOOST_TEST(p.ab->rkey_local_address(*closed_key, base, 1).error() ==
+                 status::privileges_violation);
+      closed_key.reset();
+      closed.value().reset();
+      key.reset();
+      region.reset();
+      here = status::not_connected;
+      mem_free(block);
+    }
+  }
+}

@@ -1,6 +1,7 @@
 // Blobs, and the node's serialiser and deserialiser that carry large runs as attachments (see
 // attachments.hpp).
 #include "attachments.hpp"
+#include "lending.hpp"
 
 #include <comm/memory.hpp>
 
@@ -65,7 +66,9 @@ blob blob::share(std::shared_ptr<const void> owner, const char* data, size_t siz
 }
 
 char* blob::mutable_data() noexcept {
-  return owner_.use_count() == 1 ? const_cast<char*>(data_) : nullptr;
+  // Bytes lent by another node are its own, even when this is their only copy here.
+  if (owner_.use_count() != 1 || detail::is_borrowed(owner_)) return nullptr;
+  return const_cast<char*>(data_);
 }
 
 namespace detail {
@@ -165,20 +168,24 @@ const std::shared_ptr<const void>& attachment_source::owner() {
   return owner_;
 }
 
+attachment_source::attachment_source(std::vector<blob> runs) : runs_(std::move(runs)) {
+  for (const blob& run : runs_) length_ += run.size();
+}
+
 blob attachment_source::take(size_t size) {
-  const char* at = data_ + used_;
   used_ += size;
+  if (!runs_.empty()) return runs_[next_run_++];
+  const char* at = data_ + used_ - size;
   if (const auto& o = owner()) return blob::share(o, at, size);
   return blob(at, size);
 }
 
 void attachment_source::copy(size_t size, void* dest) {
-  std::memcpy(dest, data_ + used_, size);
-  used_ += size;
+  std::memcpy(dest, next(size), size);
 }
 
 void attachment_source::own() {
-  if (owner() || length_ == 0) return;
+  if (!runs_.empty() || owner() || length_ == 0) return;
   blob copy(data_, length_);
   owner_ = copy.owner();
   data_ = copy.data();

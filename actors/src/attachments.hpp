@@ -130,11 +130,18 @@ public:
   attachment_source(const char* data, size_t length, comm::worker* worker, void* am_data)
       : data_(data), length_(length), worker_(worker), am_data_(am_data) {}
 
+  /// The runs `runs`, ready as blobs (lent ones, read in place): a run is only taken whole, by
+  /// a read of exactly its length.
+  explicit attachment_source(std::vector<blob> runs);
+
   /// Bytes not taken yet.
   size_t remaining() const noexcept { return length_ - used_; }
 
   /// True when the next run is `size` bytes or more long (and size is a run's length).
-  bool has(size_t size) const noexcept { return size >= attach_threshold && size <= remaining(); }
+  bool has(size_t size) const noexcept {
+    return size >= attach_threshold && size <= remaining() &&
+           (runs_.empty() || runs_[next_run_].size() == size);
+  }
 
   /// The next `size` bytes as a blob: the received buffer itself when it can be taken over.
   blob take(size_t size);
@@ -144,9 +151,9 @@ public:
 
   /// The next `size` bytes, in place (valid while this source is).
   const char* next(size_t size) noexcept {
-    const char* at = data_ + used_;
     used_ += size;
-    return at;
+    if (!runs_.empty()) return runs_[next_run_++].data();
+    return data_ + used_ - size;
   }
 
   /// Makes the bytes independent of the worker's receive buffer (detached or copied), for a
@@ -164,6 +171,8 @@ private:
   std::shared_ptr<const void> owner_;
   comm::worker* worker_ = nullptr;
   void* am_data_ = nullptr;
+  std::vector<blob> runs_;  ///< ready runs (then data_ is unused)
+  size_t next_run_ = 0;     ///< the next of them to take
 };
 
 /// Stack that reading one payload may take below where its frame_deserializer was made. CAF reads

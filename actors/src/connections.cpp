@@ -235,6 +235,7 @@ void node_state::fail_peer(const std::shared_ptr<peer>& p, comm::status reason) 
   p->last_sender = nullptr;
   fail_requests(*p);
   release_watched(*p);
+  drop_lends(*p);
   unmap(p);
 }
 

@@ -17,7 +17,7 @@ namespace {
 constexpr uint64_t hello_magic = 0x434f4d4d41435401ull;
 
 /// The largest frame kind.
-constexpr uint8_t last_kind = static_cast<uint8_t>(frame_kind::lookup_reply);
+constexpr uint8_t last_kind = static_cast<uint8_t>(frame_kind::release);
 
 }  // namespace
 

@@ -31,6 +31,7 @@ enum class frame_kind : uint8_t {
   unlink = 5,       ///< `sender` removed that link
   lookup = 6,       ///< which actor is published under the name in the payload?
   lookup_reply = 7, ///< the answer: `receiver` (0: none, `status` says why)
+  release = 8,      ///< the sender lets go of blobs lent to it (lending.hpp): the ids in the payload
 };
 
 /// Where the sender of a message lives (the low two bits of the envelope's flags).
@@ -43,6 +44,10 @@ enum class sender_location : uint8_t {
 
 /// Envelope flag: the payload carries a forwarding stack after the sender's handle.
 inline constexpr uint8_t flag_stages = 1u << 2;
+
+/// Envelope flag of a message: its attachments are lent (lending.hpp); the payload follows the
+/// envelope in the AM header and the AM's data describes the lends (schema ActorLends).
+inline constexpr uint8_t flag_lent = 1u << 3;
 
 /// The fields of an envelope.
 struct frame_header {

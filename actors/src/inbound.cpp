@@ -44,6 +44,10 @@ comm::status node_state::on_frame(void* arg, const void* header, size_t header_l
   auto h = header_length >= envelope_writer::size()
                ? decode_envelope(header, envelope_writer::size())
                : std::nullopt;
+  if (h && (h->flags & flag_lent) != 0) {
+    self->receive_lent(p, *h, header, header_length, data, length);
+    return comm::status::ok;
+  }
   frame_parts parts;
   comm::worker* owner =
       (params.attr & comm::am_recv_data_persistent) != 0 ? self->worker_.get() : nullptr;
@@ -120,6 +124,9 @@ void node_state::dispatch(const std::shared_ptr<peer>& p, const frame_header& h,
       break;
     case frame_kind::lookup_reply:
       on_lookup_reply(p, h, data, length);
+      break;
+    case frame_kind::release:
+      on_release(p, data, length);
       break;
   }
 }

@@ -211,6 +211,35 @@ private:
   void violation(const std::shared_ptr<peer>& p, const char* what);
   caf::execution_unit* delivery_unit() noexcept;
 
+  // -- lent blobs (node_lending.cpp, lending.hpp) -------------------------------------------------
+
+  /// Lends the attachments of `item` to `p` when it can (flag_lent set, `item.lends` filled);
+  /// over shm, attachments borrowed from elsewhere become copies first.
+  bool lend_attached(peer& p, outgoing& item);
+  /// Registers `run`, packs its key into `d` and enters it in `p`'s table.
+  bool lend_one(peer& p, const blob& run, lend_descriptor& d);
+  /// Forgets lend `id` of `p`'s table; false when there is none.
+  bool take_back(peer& p, uint64_t id);
+  /// The AM header (envelope and payload) and data (the lends) of a lent frame.
+  void lay_out_lent(outgoing& item, const void*& head, size_t& head_length, const void*& data,
+                    size_t& length);
+  /// Forgets every lend of `p` and closes its release sink (the connection ended).
+  void drop_lends(peer& p);
+  /// Handles a message frame whose attachments are lent.
+  void receive_lent(const std::shared_ptr<peer>& p, const frame_header& h, const void* header,
+                    size_t header_length, const void* data, size_t length);
+  /// Appends the blob of lend `d` to `runs`; null, or what is wrong with the lend.
+  const char* borrow(const std::shared_ptr<peer>& p, const lend_descriptor& d,
+                     std::vector<blob>& runs);
+  /// Appends a copy of lend `d` (which cannot be mapped) and releases the lend.
+  const char* copy_lent(const std::shared_ptr<peer>& p, const lend_descriptor& d, comm::rkey& key,
+                        std::vector<blob>& runs);
+  std::shared_ptr<release_sink> make_release_sink(const std::shared_ptr<peer>& p);
+  /// Sends `p` the ids its sink collected.
+  void send_releases(const std::shared_ptr<peer>& p);
+  /// Handles a release frame.
+  void on_release(const std::shared_ptr<peer>& p, const void* data, size_t length);
+
   // -- frames out (outbound.cpp) -----------------------------------------------------------------
 
   void transmit(outgoing* item);
@@ -303,6 +332,11 @@ private:
   gauge peak_bytes_held_;
   gauge peak_frames_queued_;                ///< lock holder's
   std::atomic<uint64_t> backlog_waits_{0};  ///< any sender's
+  gauge blobs_lent_;
+  gauge lent_now_;
+  gauge lent_bytes_now_;
+  gauge borrowed_;
+  gauge borrowed_copied_;
 };
 
 }  // namespace comm::actors::detail

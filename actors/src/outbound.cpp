@@ -222,6 +222,7 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
   }
   if (item.local) make_reachable(item.local);
   item.header.seq = p.send_seq;
+  if (item.header.attached != 0 && !immediate) lend_attached(p, item);
   // A copy: libcomm may complete the send, and on_sent delete the item, inside am_send.
   const frame_header h = item.header;
   comm::request_params rp;
@@ -233,7 +234,11 @@ bool node_state::transmit(peer& p, outgoing& item, bool immediate) {
   size_t head_length = envelope_writer::size();
   const void* data = item.payload.data();
   size_t bytes = item.payload.size();
-  if (h.attached != 0) lay_out_attached(item, head, head_length, data, bytes);
+  if ((h.flags & flag_lent) != 0) {
+    lay_out_lent(item, head, head_length, data, bytes);
+  } else if (h.attached != 0) {
+    lay_out_attached(item, head, head_length, data, bytes);
+  }
   comm::op o = p.ep->am_send(frame_am_id, head, head_length, data, bytes, rp);
   if (immediate && o.st == comm::status::no_resource) return false;  // nothing was sent
   ++p.send_seq;

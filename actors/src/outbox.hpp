@@ -48,6 +48,7 @@ struct outgoing {
   frame_header header;                 ///< its envelope (seq is set when it is sent)
   std::vector<char> payload;           ///< its payload
   attachment_list attached;            ///< a message's attachments, kept until it is sent
+  std::vector<char> lends;             ///< with flag_lent: the AM's data (schema ActorLends)
   caf::strong_actor_ptr local;         ///< link/unlink: the local actor, made reachable first
   std::function<void()> task;          ///< set: run this instead of sending
 

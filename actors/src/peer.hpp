@@ -3,6 +3,7 @@
 
 #include "attachments.hpp"
 #include "frame.hpp"
+#include "lending.hpp"
 
 #include <comm/endpoint.hpp>
 
@@ -118,6 +119,8 @@ struct peer {
   /// The proxy of the peer's actor that sent the last message, and its id.
   caf::actor_id last_sender_id = 0;
   caf::strong_actor_ptr last_sender;
+  lend_table lends;                        ///< blobs this node lent to the peer (lending.hpp)
+  std::shared_ptr<release_sink> releases;  ///< lends of the peer's let go of (made at the first)
 };
 
 }  // namespace comm::actors::detail

@@ -128,6 +128,21 @@ status self_ep::get_zcopy(const iov* entries, size_t count, uint64_t remote_addr
   return rma(entries, count, remote_address, key, false);
 }
 
+status self_ep::rkey_local_address(uint64_t remote_address, size_t length,
+                                   const remote_key& key, local_bytes* out) {
+  const packed_rkey* k = rkey_of(key, rkey_magic_self);
+  if (k == nullptr || out == nullptr) return status::invalid_param;
+  status st = k->iface_id != target_id_ ? status::invalid_param
+                                        : check_self_access(*k, target_id_, remote_address, length);
+  if (is_error(st) && st != status::invalid_param && target_closed()) {
+    st = status::connection_reset;
+  }
+  if (st != status::ok) return st;
+  out->data = reinterpret_cast<const void*>(remote_address);
+  out->mapping = nullptr;
+  return status::ok;
+}
+
 bool self_ep::target_closed() const {
   std::lock_guard lock(target_->mutex);
   return target_->closed;

@@ -279,6 +279,9 @@ public:
   /// Reads the target's registered memory into the local iov, filled in order; complete on return.
   status get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
                    const remote_key& key, completion* comp) override;
+  /// The bytes themselves (the peer is this process), checked as get_zcopy checks them.
+  status rkey_local_address(uint64_t remote_address, size_t length, const remote_key& key,
+                            local_bytes* out) override;
   status pending_add(pending_req* req) override;
   void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
   status flush(completion* comp) override;

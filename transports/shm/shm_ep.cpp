@@ -230,6 +230,32 @@ status shm_ep::get_zcopy(const iov* entries, size_t count, uint64_t remote_addre
   return rma(entries, count, remote_address, key, false);
 }
 
+status shm_ep::rkey_local_address(uint64_t remote_address, size_t length,
+                                  const remote_key& key, local_bytes* out) {
+  const packed_rkey* k = rkey_of(key, rkey_magic_shm);
+  if (k == nullptr || out == nullptr) return status::invalid_param;
+  if (failed_ || failure_noticed) return status::connection_reset;
+  if (k->pid != remote_.address.pid || k->iface_id != remote_.address.iface_id) {
+    return status::invalid_param;
+  }
+  if (const status st = check_access(peer_, *k, remote_address, length); st != status::ok) {
+    return remote_.closed() ? status::connection_reset : st;
+  }
+  segment_ref segment;
+  if (!segment_of(key, &segment)) return status::unsupported;
+  mapped_segments& mapped = owner_.mapped();
+  uint8_t* base = mapped.map(peer_pid(), remote_.pidfd, segment);
+  if (base == nullptr) return status::unsupported;
+  if (mapped_segments::released(base)) [[unlikely]] {
+    mapped.forget(peer_pid(), segment.id);
+    return status::io_error;
+  }
+  // As in mapped_rma: check_access put the range inside the key's region, inside the segment.
+  out->data = base + segment.offset + (remote_address - k->base);
+  out->mapping = mapped.last_mapping();
+  return status::ok;
+}
+
 bool shm_ep::peer_alive() const { return !process_exited(remote_.pidfd); }
 
 status shm_ep::rma(const iov* entries, size_t count, uint64_t remote_address,

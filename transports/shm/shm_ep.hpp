@@ -48,6 +48,10 @@ public:
   /// complete on return.
   status get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
                    const remote_key& key, completion* comp) override;
+  /// The peer's bytes in our mapping of its heap segment (checked as get_zcopy checks);
+  /// unsupported when the key names no heap segment or it cannot be mapped.
+  status rkey_local_address(uint64_t remote_address, size_t length, const remote_key& key,
+                            local_bytes* out) override;
   status pending_add(pending_req* req) override;
   void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
   status flush(completion* comp) override;

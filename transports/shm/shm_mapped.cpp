@@ -29,8 +29,10 @@ bool header_matches(const uint8_t* base, pid_t pid, const segment_ref& ref) {
 
 mapped_segments::mapped_segments(size_t budget) : budget_(budget) {}
 
-mapped_segments::~mapped_segments() {
-  for (const entry& e : lru_) ::munmap(e.base, e.size);
+mapped_segments::~mapped_segments() = default;
+
+std::shared_ptr<const void> mapped_segments::last_mapping() const {
+  return lru_.empty() ? nullptr : lru_.front().mapping;
 }
 
 bool mapped_segments::released(const uint8_t* base) {
@@ -58,7 +60,11 @@ uint8_t* mapped_segments::map(pid_t pid, int pidfd, const segment_ref& ref) {
     note_failure(pid, ref);
     return nullptr;
   }
-  lru_.push_front({k, base, ref.size, ref.inode});
+  const size_t size = ref.size;
+  std::shared_ptr<const void> mapping(base, [size](const void* p) {
+    ::munmap(const_cast<void*>(p), size);
+  });
+  lru_.push_front({k, base, ref.size, ref.inode, std::move(mapping)});
   index_.emplace(k, lru_.begin());
   bytes_ += ref.size;
   ++maps_;
@@ -102,7 +108,7 @@ void mapped_segments::note_failure(pid_t pid, const segment_ref& ref) {
 }
 
 void mapped_segments::erase(lru_list::iterator it) {
-  ::munmap(it->base, it->size);
+  // Unmapped now unless someone holds the mapping (last_mapping).
   bytes_ -= it->size;
   index_.erase(it->k);
   lru_.erase(it);

@@ -10,6 +10,9 @@
 // is remembered (exactly, so a forged key does not spoil the genuine one), so it costs one attempt.
 // Segments their owner released (heap_header::released) are unmapped at their next access and
 // whenever a new mapping is made, so freed memory is not kept alive for long.
+// A mapping is unmapped once the cache dropped it and nobody holds it any more: rkey_local_address
+// hands out a hold (last_mapping), so bytes a user keeps (a lent actor blob) outlive eviction, the
+// peer's failure and the interface itself. Held mappings the cache dropped are not in bytes().
 // Not thread safe: the interface's owner serialises calls.
 #pragma once
 
@@ -20,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -38,6 +42,10 @@ public:
   /// The local start of segment `ref` of process `pid` (whose pidfd is `pidfd`), mapped now if it
   /// is not yet; null when it cannot be mapped (the caller uses CMA).
   uint8_t* map(pid_t pid, int pidfd, const segment_ref& ref);
+
+  /// What keeps the mapping the last successful map() returned (valid after this cache and the
+  /// interface are gone); null before any.
+  std::shared_ptr<const void> last_mapping() const;
 
   /// True when the owner of the segment mapped at `base` has released it.
   static bool released(const uint8_t* base);
@@ -73,6 +81,7 @@ private:
     uint8_t* base;
     size_t size;
     uint64_t inode;
+    std::shared_ptr<const void> mapping;  ///< unmaps `base` when the last holder lets go
   };
   /// A reference that could not be mapped.
   struct failure {

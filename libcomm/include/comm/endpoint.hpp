@@ -191,6 +191,15 @@ public:
   /// Releases an unpacked key.
   void rkey_destroy(rkey* key);
 
+  /// The `length` bytes at `remote_address` in `key`'s region, read in place: where they lie in
+  /// this process when the endpoint's transport has the peer's memory mapped here (shm, for a
+  /// region in the peer's comm::mem_alloc memory; self). Checked as get checks the range.
+  /// Errors: unsupported when the transport or this region cannot be mapped (get still reads
+  /// it); invalid_param for a key of another endpoint; privileges_violation for a region closed
+  /// to remote reads; protection_error, length_error as get; not_connected, connection_reset on
+  /// an endpoint that is not (or no longer) connected.
+  result<local_memory> rkey_local_address(rkey& key, uint64_t remote_address, size_t length);
+
   /// The whole region of `key` (DAT's RMR triplet: the key, the region's address, its length).
   remote_segment rkey_segment(rkey* key) const noexcept;
 

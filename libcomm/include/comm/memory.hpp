@@ -8,6 +8,7 @@
 #include <comm/types.hpp>
 
 #include <cstddef>
+#include <memory>
 
 namespace comm {
 
@@ -36,6 +37,19 @@ class memh;
 /// endpoint. Created by endpoint::rkey_unpack, released by endpoint::rkey_destroy (or with its
 /// rkey_ptr); released with its endpoint if that goes first.
 class rkey;
+
+/// A peer's registered memory as this process sees it through a shared mapping
+/// (endpoint::rkey_local_address, UCP's ucp_rkey_ptr). The bytes are the peer's own: what it
+/// writes there shows here, and writes here show there (the region's rights are not enforced on
+/// a mapping). With a mapping (shm), the bytes stay readable memory while `mapping`, or a copy
+/// of it, lives, also after the key, the endpoint, the worker or the peer process are gone; what
+/// they hold is the peer's to change (after it freed the region, anything). Without one (self:
+/// the region is this process's), they are valid while the peer keeps the region allocated.
+struct local_memory {
+  const void* data = nullptr;           ///< the first byte, in this process
+  size_t length = 0;                    ///< bytes from `data`
+  std::shared_ptr<const void> mapping;  ///< what keeps them mapped (null: no mapping needed)
+};
 
 namespace detail {
 /// Links handles to what they own, and unlinks them (the library's side, handles.cpp).

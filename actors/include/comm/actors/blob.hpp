@@ -2,10 +2,13 @@
 //
 // A blob travels between nodes without being copied by the sender or by the receiver's
 // deserialisation: its bytes go beside the serialised message (a libcomm rendezvous when large),
-// and the receiver's blob is the very buffer they were fetched into. Over shm, a blob's bytes live
-// in memory the peer process maps (comm::mem_alloc), so the whole hop is one memcpy. Copies of a
+// and the receiver's blob is the very buffer they were fetched into. Copies of a
 // blob share the bytes (a reference count), which makes passing one through local mailboxes free
-// as well.
+// as well. Over shm the hop is not even a copy: the sender lends the blob (node_params::lend_blobs)
+// and the receiver's blob refers to the sender's bytes in place, in the sender's memory that it
+// maps; the sender keeps them until the receiver's last copy is gone. Such a blob's bytes are the
+// sender's to change (a well-behaved sender never writes into a blob it shared): copy() one from an
+// untrusted node that must stay stable.
 //
 //   comm::actors::blob frame(1 << 20);             // 1 MiB, uninitialised, writable while unique
 //   std::memcpy(frame.mutable_data(), pixels, frame.size());
@@ -47,6 +50,10 @@ public:
   /// worker): comm::mem_free releases it when the last copy of the blob goes.
   static blob adopt(void* block, size_t size);
 
+  /// A copy of the bytes in a buffer of their own: for a blob from another node that must stay
+  /// stable although the sender may write into bytes it lent (see node_params::lend_blobs).
+  blob copy() const { return blob(data_, size_); }
+
   /// A blob of the `size` bytes at `data`, kept alive by `owner`.
   static blob share(std::shared_ptr<const void> owner, const char* data, size_t size) noexcept;
 
@@ -59,7 +66,8 @@ public:
   /// True without bytes.
   bool empty() const noexcept { return size_ == 0; }
 
-  /// The bytes, writable, while this is the only copy of the blob; null otherwise.
+  /// The bytes, writable, while this is the only copy of the blob and they are not lent to this
+  /// node by another (those are the lender's); null otherwise.
   char* mutable_data() noexcept;
 
   /// The bytes as a string view.

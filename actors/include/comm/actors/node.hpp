@@ -144,6 +144,16 @@ struct node_params {
   /// core had queued 180,000 of them, 180 MB, whose freed blocks later cost a single allocation
   /// 13 ms). A peer that takes nothing for 100 ms is left to max_queued_bytes.
   size_t max_backlog = default_max_backlog();
+  /// Lend blobs to peers that can map this process's memory (over shm): a blob of
+  /// comm::mem_alloc memory travels as a reference the receiver reads in place, with no copy,
+  /// and the sender keeps the block until the receiver's last copy of the blob is gone
+  /// (actors/README.md, "Blobs"). The receiver then sees bytes this node controls, as with any
+  /// shared memory; a node that does not trust its peers to leave lent blobs alone sets this to
+  /// false on both sides (or copies a blob it must keep stable: blob::copy).
+  bool lend_blobs = true;
+  /// Bytes of blobs one connection may have lent at once (kept alive for the receiver); a blob
+  /// beyond it is copied to the peer as when lending is off.
+  size_t max_lent_bytes = size_t{256} << 20;
 };
 
 /// Counters of a node (node::stats), for tests and tools.
@@ -168,6 +178,11 @@ struct node_stats {
   /// that do not parse): a request is answered with the error, a response fails its request at
   /// once with it, any other message is dropped with a warning (at most one a second).
   uint64_t unreadable_messages = 0;
+  uint64_t blobs_lent = 0;       ///< blobs lent to other nodes so far (node_params::lend_blobs)
+  size_t lent_now = 0;           ///< of those, lends the receivers have not released yet
+  size_t lent_bytes_now = 0;     ///< bytes of those
+  uint64_t blobs_borrowed = 0;   ///< blobs from other nodes read in place (lent to this node)
+  uint64_t borrowed_copied = 0;  ///< lent blobs this node could not map and copied instead
 };
 
 /// The CAF error category of libcomm statuses (errors made by make_error(comm::status)).

@@ -247,6 +247,12 @@ struct remote_key {
   void* transport = nullptr;    ///< transport-private state
 };
 
+/// A peer's memory as this process sees it through a mapping (ep::rkey_local_address).
+struct local_bytes {
+  const void* data = nullptr;          ///< the first byte, here
+  std::shared_ptr<const void> mapping; ///< keeps the mapping (null: the memory is this process's)
+};
+
 /// Memory domain: registration and remote keys.
 class md {
 public:
@@ -293,6 +299,16 @@ public:
   /// Reads the peer's registered memory into the local iov, filled in order.
   virtual status get_zcopy(const iov* entries, size_t count, uint64_t remote_address,
                            const remote_key& key, completion* comp) {
+    return status::unsupported;
+  }
+
+  /// Where [remote_address, remote_address + length) of the peer's registered memory (inside
+  /// `key`'s region) lies in this process, when the transport has that memory mapped here
+  /// (uct_rkey_ptr). `out->data` stays valid while `out->mapping` (or a copy of it) lives, also
+  /// after the endpoint, its interface or the peer is gone. unsupported when this transport or
+  /// this key cannot map the memory (then get_zcopy still reads it); other errors as get_zcopy's.
+  virtual status rkey_local_address(uint64_t remote_address, size_t length, const remote_key& key,
+                                    local_bytes* out) {
     return status::unsupported;
   }
 
