@@ -49,8 +49,10 @@ endpoint_impl::endpoint_impl(worker_impl& w, uint32_t ep_id, bool by_peer)
 
 void endpoint_impl::attach_lane(std::unique_ptr<tl::ep> l, tl::iface* li) {
   worker_impl& w = owner;
+  if (lane_iface != nullptr) w.count_lane(lane_iface, -1);
   lane = std::move(l);
   lane_iface = li;
+  w.count_lane(li, +1);
   lane_attr = &li->attr();
   lane->user_data = this;
   const size_t configured_rndv = w.ctx.cfg().rndv_thresh;
@@ -83,6 +85,7 @@ endpoint_impl::~endpoint_impl() {
   // goes. Finish the sends that waited for them (a failed endpoint released early) so that no
   // request outlives its endpoint.
   lane.reset();
+  if (lane_iface != nullptr) owner.count_lane(lane_iface, -1);
   const status reason = failure != status::ok ? failure : status::canceled;
   for (request* req = pending_head, *next; req != nullptr; req = next) {
     next = req->next_pending;

@@ -279,6 +279,7 @@ void rndv_protocol::on_rts(const uint8_t* data, size_t length) {
   rts_fields fields;
   uint64_t imm = 0;
   rndv_announcement announced;
+  announced.rkey.swap(rts_rkey_);
   std::vector<uint8_t> header;
   const bool valid = wire::read_checked_message<wire::schema::RndvRts>(
       data, length, [&](wire::schema::RndvRts::Reader rts) {
@@ -307,13 +308,15 @@ void rndv_protocol::on_rts(const uint8_t* data, size_t length) {
   }
   ++ep->counters_.messages_received;
   if (fields.is_stream) {
-    return module_of<stream_protocol>(w).on_announcement(*ep, std::move(announced));
+    module_of<stream_protocol>(w).on_announcement(*ep, std::move(announced));
+  } else if (fields.is_am) {
+    module_of<am_protocol>(w).on_announcement(*ep, fields.am_id, fields.am_flags,
+                                              std::move(header), std::move(announced));
+  } else {
+    module_of<tag_protocol>(w).on_announcement(*ep, fields.tag, imm, std::move(announced));
   }
-  if (fields.is_am) {
-    return module_of<am_protocol>(w).on_announcement(*ep, fields.am_id, fields.am_flags,
-                                                     std::move(header), std::move(announced));
-  }
-  module_of<tag_protocol>(w).on_announcement(*ep, fields.tag, imm, std::move(announced));
+  // The key's bytes, unless the module kept them (an unexpected announcement), serve the next.
+  if (announced.rkey.capacity() > rts_rkey_.capacity()) rts_rkey_.swap(announced.rkey);
 }
 
 void rndv_protocol::start_fetch(request* req, rndv_fetch& f, endpoint_impl* ep, uint64_t sreq,
@@ -357,7 +360,7 @@ void rndv_protocol::start_fetch(request* req, rndv_fetch& f, endpoint_impl* ep, 
   f.remote_valid = true;
   req->holds = true;
   req->issuing = true;
-  getting_.insert(&f);
+  join_getting(f);
   size_t offset = 0;
   const size_t max_get = std::max<size_t>(ep->lane_attr->max_get_zcopy, 1);
   while (offset < take) {
@@ -379,6 +382,17 @@ void rndv_protocol::start_fetch(request* req, rndv_fetch& f, endpoint_impl* ep, 
   tl::complete(&f.comp, status::ok);  // drops the issuing guard; may finish the fetch
 }
 
+void rndv_protocol::join_getting(rndv_fetch& f) {
+  getting_.push_back(&f);  // once per fetch: start_fetch is its only caller
+}
+
+void rndv_protocol::leave_getting(rndv_fetch& f) {
+  const auto it = std::find(getting_.begin(), getting_.end(), &f);
+  if (it == getting_.end()) return;
+  *it = getting_.back();
+  getting_.pop_back();
+}
+
 void rndv_protocol::on_fetched(tl::completion* comp) {
   auto* f = reinterpret_cast<rndv_fetch*>(reinterpret_cast<char*>(comp) -
                                           offsetof(rndv_fetch, comp));
@@ -392,7 +406,7 @@ void rndv_protocol::release_fetch(rndv_fetch& f) {
     recvs_.erase(f.id);
     f.id = 0;
   }
-  getting_.erase(&f);
+  leave_getting(f);
   if (f.remote_valid) {
     f.ep->lane_iface->memory_domain()->rkey_release(&f.remote);
     f.remote_valid = false;
@@ -419,7 +433,7 @@ void rndv_protocol::acknowledge(endpoint_impl* ep, uint64_t sreq, status outcome
 void rndv_protocol::finish_fetch(rndv_fetch& f) {
   endpoint_impl* ep = f.ep;
   request* req = f.req;
-  getting_.erase(&f);
+  leave_getting(f);
   if (f.remote_valid) {
     ep->lane_iface->memory_domain()->rkey_release(&f.remote);
     f.remote_valid = false;

@@ -161,6 +161,10 @@ private:
   status push(request* req, rndv_send& r);
   /// The transport completed the gets of a fetch.
   static void on_fetched(tl::completion* comp);
+  /// Puts `f`, which is not there yet, in the list of fetches with gets in flight.
+  void join_getting(rndv_fetch& f);
+  /// Takes `f` out of that list (nothing when it is not in it).
+  void leave_getting(rndv_fetch& f);
   /// Ends a fetch: releases the key, acknowledges the sender, tells the receiving module.
   void finish_fetch(rndv_fetch& f);
   /// Tells the sender of `sreq` on `ep` how its rendezvous ended (RndvAts): at once when nothing
@@ -174,7 +178,12 @@ private:
 
   std::unordered_map<uint64_t, rndv_send*> sends_;  ///< sends awaiting the peer, by id
   std::unordered_map<uint64_t, rndv_fetch*> recvs_; ///< software-rendezvous receives, by id
-  std::unordered_set<rndv_fetch*> getting_;         ///< fetches with gets in flight
+  /// Fetches with gets in flight (few at a time: a vector keeps its room, where a set allocated
+  /// a node per fetch).
+  std::vector<rndv_fetch*> getting_;
+  /// The key bytes of the announcement being read: given to the receiving module, taken back
+  /// when it did not keep them, so that reading one allocates nothing.
+  std::vector<uint8_t> rts_rkey_;
   uint64_t next_id_ = 1;                            ///< next id in those tables
   wire::header_writer<wire::schema::RndvData> hdr_data_; ///< header of pushed data
   wire::header_writer<wire::schema::RndvAts> hdr_ats_;   ///< header of acknowledgements

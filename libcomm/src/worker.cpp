@@ -107,7 +107,7 @@ worker_impl::worker_impl(context& c, const worker_params& p) : ctx(c), params(p)
     }
     if (iface->event_fd() >= 0) watch(iface->event_fd(), ifaces.size());
     const bool costly = (iface->attr().caps & tl::cap_costly_progress) != 0;
-    ifaces.push_back({component, std::move(iface), costly, 0, 0, std::move(device)});
+    ifaces.push_back({component, std::move(iface), costly, true, 0, 0, 0, std::move(device)});
   }
   short_thresh = ctx.cfg().short_thresh;
   zcopy_thresh = ctx.cfg().zcopy_thresh;
@@ -228,6 +228,16 @@ int worker_impl::sleep_on_events(int timeout_ms) {
     for (int i = 0; i < n; ++i) wake_source(ev[i].data.u64);
   }
   return n;
+}
+
+void worker_impl::count_lane(const tl::iface* iface, int change) {
+  for (auto& li : ifaces) {
+    if (li.iface.get() != iface) continue;
+    li.endpoints = static_cast<uint32_t>(static_cast<int64_t>(li.endpoints) + change);
+    li.throttled = li.costly || li.endpoints == 0;
+    if (!li.throttled) li.skip = li.backoff = 0;
+    return;
+  }
 }
 
 void worker_impl::wake_source(uint64_t tag) {
@@ -439,12 +449,13 @@ unsigned worker::progress() {
   ++w.progress_depth;
   unsigned events = 0;
   for (auto& li : w.ifaces) {
-    if (!li.costly) {
+    if (!li.throttled) {
       events += li.iface->progress();
       continue;
     }
-    // An interface whose progress is a system call is polled less often while it stays idle,
-    // so it does not tax the shared-memory path; traffic brings it back to every call.
+    // An interface whose progress is a system call, or that none of our endpoints uses, is
+    // polled less often while it stays idle, so it does not tax the shared-memory path; traffic
+    // brings it back to every call.
     if (li.skip != 0) {
       --li.skip;
       continue;

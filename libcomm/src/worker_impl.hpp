@@ -180,13 +180,20 @@ public:
     tl::component* component;               ///< the transport
     std::unique_ptr<tl::iface> iface;       ///< its interface
     bool costly = false;                    ///< progress() makes a system call
+    /// Polled with the idle backoff: costly, or no endpoint of ours has a lane on it (what
+    /// arrives then is a peer's first message, which resets the backoff).
+    bool throttled = false;
     uint8_t skip = 0;                       ///< progress calls to skip while idle
     uint8_t backoff = 0;                    ///< current idle backoff
+    uint32_t endpoints = 0;                 ///< our endpoints whose lane is on it
     std::string device;                     ///< the device it is open on
   };
   /// One per device of each enabled transport: transports in registration order, each one's
   /// devices nearest to params.cpus first.
   std::vector<lane_iface> ifaces;
+  /// Counts an endpoint's lane on `iface` (+1 when attached, -1 when it goes): an interface
+  /// without endpoints is polled with the idle backoff.
+  void count_lane(const tl::iface* iface, int change);
 
   // -- wakeup (worker.cpp) ----------------------------------------------------------------------
   int epoll_fd = -1;                        ///< the event set: ours, or the user's (external)

@@ -105,17 +105,31 @@ inline capnp::ReaderOptions checked_reader_options() {
   return options;
 }
 
+/// Messages of at most this many words are copied to the stack by read_checked_message, larger
+/// ones to the heap.
+inline constexpr size_t checked_message_stack_words = 64;
+
 /// Reads a message with pointers (an address, a key, an announcement) as a peer sent it: copies
-/// the `length` bytes at `data` (any alignment) into word-aligned memory and calls `read` with
-/// its root of type `Struct`, read under checked_reader_options(). Returns false, having caught
-/// what the reader threw, for bytes that are not such a message: null, shorter than two words,
-/// not a whole number of words, or malformed anywhere `read` looks.
+/// the `length` bytes at `data` (any alignment) into word-aligned memory of its own (the sender
+/// cannot change what is read while it is checked) and calls `read` with its root of type
+/// `Struct`, read under checked_reader_options(). Returns false, having caught what the reader
+/// threw, for bytes that are not such a message: null, shorter than two words, not a whole
+/// number of words, or malformed anywhere `read` looks.
 template <class Struct, class Read>
 bool read_checked_message(const void* data, size_t length, Read&& read) {
   if (data == nullptr || length < 2 * sizeof(capnp::word) || length % sizeof(capnp::word) != 0) {
     return false;
   }
-  auto words = kj::heapArray<capnp::word>(length / sizeof(capnp::word));
+  const size_t count = length / sizeof(capnp::word);
+  capnp::word stack[checked_message_stack_words];
+  kj::Array<capnp::word> heap;
+  kj::ArrayPtr<capnp::word> words;
+  if (count <= checked_message_stack_words) {
+    words = kj::arrayPtr(stack, count);
+  } else {
+    heap = kj::heapArray<capnp::word>(count);
+    words = heap.asPtr();
+  }
   std::memcpy(words.begin(), data, length);
   kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
     capnp::FlatArrayMessageReader reader(words, checked_reader_options());
