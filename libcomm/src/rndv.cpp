@@ -383,14 +383,17 @@ void rndv_protocol::start_fetch(request* req, rndv_fetch& f, endpoint_impl* ep, 
 }
 
 void rndv_protocol::join_getting(rndv_fetch& f) {
-  getting_.push_back(&f);  // once per fetch: start_fetch is its only caller
+  f.getting_at = static_cast<uint32_t>(getting_.size());  // start_fetch is the only caller
+  getting_.push_back(&f);
 }
 
 void rndv_protocol::leave_getting(rndv_fetch& f) {
-  const auto it = std::find(getting_.begin(), getting_.end(), &f);
-  if (it == getting_.end()) return;
-  *it = getting_.back();
+  if (f.getting_at == rndv_fetch::not_getting) return;
+  rndv_fetch* last = getting_.back();
+  getting_[f.getting_at] = last;
+  last->getting_at = f.getting_at;
   getting_.pop_back();
+  f.getting_at = rndv_fetch::not_getting;
 }
 
 void rndv_protocol::on_fetched(tl::completion* comp) {

@@ -30,7 +30,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace comm::detail {
@@ -97,6 +96,10 @@ struct rndv_fetch {
   tl::completion comp;             ///< completion of the gets
   tl::remote_key remote;           ///< the sender's unpacked key
   bool remote_valid = false;       ///< `remote` must be released
+  /// Its place in the module's list of fetches with gets in flight (not_getting: not there).
+  uint32_t getting_at = not_getting;
+  /// getting_at of a fetch without gets in flight.
+  static constexpr uint32_t not_getting = UINT32_MAX;
 };
 
 /// Words an announcement fits in without a heap segment: the fields, a memory domain's packed
@@ -178,8 +181,8 @@ private:
 
   std::unordered_map<uint64_t, rndv_send*> sends_;  ///< sends awaiting the peer, by id
   std::unordered_map<uint64_t, rndv_fetch*> recvs_; ///< software-rendezvous receives, by id
-  /// Fetches with gets in flight (few at a time: a vector keeps its room, where a set allocated
-  /// a node per fetch).
+  /// Fetches with gets in flight, each knowing its place (rndv_fetch::getting_at): a vector keeps
+  /// its room, where a set allocated a node per fetch.
   std::vector<rndv_fetch*> getting_;
   /// The key bytes of the announcement being read: given to the receiving module, taken back
   /// when it did not keep them, so that reading one allocates nothing.
