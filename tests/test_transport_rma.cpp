@@ -738,73 +738,81 @@ BOOST_AUTO_TEST_CASE(killed_peer_gives_connection_reset_and_the_error_handler) {
   BOOST_TEST(comm::test::open_fds() == fds_before);
 }
 
+/// A peer in a child process that exports 4 KiB over shm (from the shared heap with `shared`,
+/// else from its private heap) and waits, and this process's interface, endpoint and key to it.
+struct exporting_peer {
+  explicit exporting_peer(bool shared) {
+    child = fork_child([&]() -> int {
+      auto iface = open_iface("shm");
+      std::vector<uint8_t> private_block(shared ? 0 : 4096);
+      void* block = shared ? tl::shared_alloc(4096) : private_block.data();
+      tl::mem_handle* handle = nullptr;
+      export_buffer(to_parent, *iface, block, 4096, &handle);
+      std::this_thread::sleep_for(30s);
+      return 0;
+    });
+    BOOST_REQUIRE(child > 0);
+    BOOST_REQUIRE(import_buffer(to_parent, &remote));
+    survivor = open_iface("shm");
+    failures.install(*survivor);
+    ep = connect(*survivor, remote.device, remote.address);
+    key = std::make_unique<unpacked>(*survivor->memory_domain(), remote.rkey);
+    BOOST_REQUIRE(key->result == status::ok);
+  }
+
+  /// Kills the child and waits until it died, leaving it unreaped (its pid names no stranger).
+  void kill_unreaped() {
+    BOOST_REQUIRE(::kill(child, SIGKILL) == 0);
+    siginfo_t info{};
+    BOOST_REQUIRE(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT) == 0);
+  }
+
+  /// Puts a word at the start of the peer's block.
+  status put() {
+    const tl::iov entry{&value, sizeof(value)};
+    return ep->put_zcopy(&entry, 1, remote.base, key->key, nullptr);
+  }
+
+  ~exporting_peer() {
+    key.reset();
+    ep.reset();
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+  }
+
+  channel to_parent;
+  pid_t child = -1;
+  exported remote;
+  std::unique_ptr<tl::iface> survivor;
+  failure_log failures;
+  std::unique_ptr<tl::ep> ep;
+  std::unique_ptr<unpacked> key;
+  const uint64_t value = 1;
+};
+
 BOOST_AUTO_TEST_CASE(a_put_to_a_dead_peer_is_a_connection_reset) {
   // A put checks the peer's pidfd first (after a reap its pid could name a stranger).
-  channel to_parent;
-  const pid_t child = fork_child([&]() -> int {
-    auto iface = open_iface("shm");
-    std::vector<uint8_t> buffer(4096);
-    tl::mem_handle* handle = nullptr;
-    export_buffer(to_parent, *iface, buffer, &handle);
-    std::this_thread::sleep_for(30s);
-    return 0;
-  });
-  BOOST_REQUIRE(child > 0);
-  exported remote;
-  BOOST_REQUIRE(import_buffer(to_parent, &remote));
-  auto survivor = open_iface("shm");
-  failure_log failures;
-  failures.install(*survivor);
-  auto ep = connect(*survivor, remote.device, remote.address);
-  unpacked key(*survivor->memory_domain(), remote.rkey);
-  BOOST_REQUIRE(::kill(child, SIGKILL) == 0);
-  siginfo_t info{};
-  BOOST_REQUIRE(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT) == 0);
-  const uint64_t value = 1;
-  const tl::iov entry{&value, sizeof(value)};
-  BOOST_TEST(ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr) == status::connection_reset);
-  BOOST_TEST(progress_until(*survivor, [&] { return failures.entries.size() == 1; }));
-  ep.reset();
-  ::waitpid(child, nullptr, 0);
+  exporting_peer peer(false);
+  peer.kill_unreaped();
+  BOOST_TEST(peer.put() == status::connection_reset);
+  BOOST_TEST(progress_until(*peer.survivor, [&] { return peer.failures.entries.size() == 1; }));
 }
 
 BOOST_AUTO_TEST_CASE(a_put_into_a_dead_peers_shared_block_fails_its_endpoint_soon_after) {
   // Into a shared-heap block the put is a copy through our own mapping of the peer's segment, no
   // system call and no stranger's memory: a peer that died meanwhile is found by the interface's
   // liveness check, which fails the endpoint; later puts are refused.
-  channel to_parent;
-  const pid_t child = fork_child([&]() -> int {
-    auto iface = open_iface("shm");
-    void* block = tl::shared_alloc(4096);
-    tl::mem_handle* handle = nullptr;
-    export_buffer(to_parent, *iface, block, 4096, &handle);
-    std::this_thread::sleep_for(30s);
-    return 0;
-  });
-  BOOST_REQUIRE(child > 0);
-  exported remote;
-  BOOST_REQUIRE(import_buffer(to_parent, &remote));
-  auto survivor = open_iface("shm");
-  failure_log failures;
-  failures.install(*survivor);
-  auto ep = connect(*survivor, remote.device, remote.address);
-  unpacked key(*survivor->memory_domain(), remote.rkey);
-  BOOST_REQUIRE(key.result == status::ok);
-  const uint64_t value = 1;
-  const tl::iov entry{&value, sizeof(value)};
-  BOOST_TEST(ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr) == status::ok);
-  BOOST_TEST(survivor->info().find("0 gets, 1 puts;") != std::string::npos, survivor->info());
-  BOOST_REQUIRE(::kill(child, SIGKILL) == 0);
-  siginfo_t info{};
-  BOOST_REQUIRE(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT) == 0);
-  const status late = ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr);
+  exporting_peer peer(true);
+  BOOST_TEST(peer.put() == status::ok);
+  BOOST_TEST(peer.survivor->info().find("0 gets, 1 puts;") != std::string::npos,
+             peer.survivor->info());
+  peer.kill_unreaped();
+  const status late = peer.put();
   BOOST_TEST((late == status::ok || late == status::connection_reset), to_string(late));
-  BOOST_TEST(progress_until(*survivor, [&] { return failures.entries.size() == 1; }));
-  BOOST_REQUIRE(failures.entries.size() == 1u);
-  BOOST_TEST(failures.entries[0].reason == status::connection_reset);
-  BOOST_TEST(ep->put_zcopy(&entry, 1, remote.base, key.key, nullptr) == status::connection_reset);
-  ep.reset();
-  ::waitpid(child, nullptr, 0);
+  BOOST_TEST(progress_until(*peer.survivor, [&] { return peer.failures.entries.size() == 1; }));
+  BOOST_REQUIRE(peer.failures.entries.size() == 1u);
+  BOOST_TEST(peer.failures.entries[0].reason == status::connection_reset);
+  BOOST_TEST(peer.put() == status::connection_reset);
 }
 
 BOOST_AUTO_TEST_CASE(no_fd_leaks_and_regions_released_on_close) {
