@@ -93,30 +93,11 @@ int holder_process(const channel& out, const channel& in, const node_tweak& twea
 }
 
 /// The holder node in a child process.
-struct holder_child {
-  channel from;
-  channel to;
-  pid_t pid = -1;
-  std::string address;
-
-  explicit holder_child(const node_tweak& tweak = {}) {
-    pid = fork_child([&] { return holder_process(from, to, tweak); });
-    address = receive_string(from);
-  }
-  int stop() {
-    to.send(bytes_of("stop"));
-    const int rc = wait_child(pid);
-    pid = -1;
-    return rc;
-  }
-  void kill() {
-    ::kill(pid, SIGKILL);
-    wait_child(pid);
-    pid = -1;
-  }
-  ~holder_child() {
-    if (pid > 0) kill();
-  }
+struct holder_child : node_child {
+  explicit holder_child(const node_tweak& tweak = {})
+      : node_child([&](const channel& from, const channel& to) {
+          return holder_process(from, to, tweak);
+        }) {}
 };
 
 /// A lender's test body: its system, the holder's handle, and the channel to the parent.

@@ -603,22 +603,19 @@ inline int service_process(const std::string& listen_address, const channel& out
   return 0;
 }
 
-/// A service node in a forked child process (service_process), stopped or killed by the parent.
-struct service_child {
-  channel from;  ///< what the service tells the parent (its address)
+/// A node in a forked child process, stopped or killed by the parent: `run(from, to)` is the
+/// child's body, which first sends the node's address on `from` and stops when anything arrives
+/// on `to`.
+struct node_child {
+  channel from;  ///< what the node tells the parent (its address)
   channel to;    ///< anything sent here stops it
   pid_t pid = -1;
   std::string address;
 
-  /// Starts a service node listening on `listen_address`; `enter`, when given, runs first in the
-  /// child (e.g. to move into a network namespace) and must return true.
-  explicit service_child(const std::string& listen_address = "127.0.0.1:0",
-                         const node_tweak& tweak = {},
-                         const std::function<bool()>& enter = {}) {
-    pid = fork_child([&] {
-      if (enter && !enter()) return 3;
-      return service_process(listen_address, from, to, tweak);
-    });
+  /// Forks the child that runs `run` and waits for its address.
+  template <class Run>
+  explicit node_child(Run&& run) {
+    pid = fork_child([&] { return run(from, to); });
     address = receive_string(from);
   }
 
@@ -637,9 +634,22 @@ struct service_child {
     pid = -1;
   }
 
-  ~service_child() {
+  ~node_child() {
     if (pid > 0) kill();
   }
+};
+
+/// A service node in a forked child process (service_process).
+struct service_child : node_child {
+  /// Starts a service node listening on `listen_address`; `enter`, when given, runs first in the
+  /// child (e.g. to move into a network namespace) and must return true.
+  explicit service_child(const std::string& listen_address = "127.0.0.1:0",
+                         const node_tweak& tweak = {},
+                         const std::function<bool()>& enter = {})
+      : node_child([&](const channel& from, const channel& to) {
+          if (enter && !enter()) return 3;
+          return service_process(listen_address, from, to, tweak);
+        }) {}
 };
 
 /// A client's test body: given its actor system and the service node's address, returns an
