@@ -190,7 +190,8 @@ const char* node_state::copy_lent(const std::shared_ptr<peer>& p, const lend_des
   rp.user_data = copy;
   const comm::op o = p->ep->get(&into, 1, d.address, &key, rp);
   if (o.pending()) {
-    // Not finished at once (shm's gets always are): the callback frees the buffer.
+    // Not finished at once (shm's gets always finish at once, and only shm peers lend: a lend
+    // over another transport is a peer's fault). The callback frees the buffer.
     worker_->release(o.req);
     return "a lent blob that cannot be read at once";
   }
