@@ -20,13 +20,20 @@
 // without serialising (one copy per hop over shm).
 //
 //   actor_perftest [-r rounds] [-n round trips] [-w one-way messages] [-m modes] [-p placements]
-//                  [-t tests] [-l] [-s]
+//                  [-t tests] [-l] [-s] [-L busy] [-d]
 //     -r  rounds (default 10)
 //     -m  comma-separated modes (default inproc,caf,comm,floor)
 //     -p  comma-separated placements (default pinned,unpinned; also one-core)
 //     -t  comma-separated tests (default rtt,oneway,vector,blob)
 //     -l  large only: skip the 8-byte tests
 //     -s  small only: skip the 1 MiB tests
+//     -L  competing load: that many busy-loop processes, in a session (so an autogroup) of their
+//         own as a build started from another terminal, for the whole run; the autogroup gets the
+//         benchmark's autogroup nice value, so that a run at `echo -15 > /proc/self/autogroup`
+//         (other users' programs kept out) meets a load of its own weight
+//     -d  diagnostics: after each timed 8-byte test, every thread of both processes that ran:
+//         its share of a core, voluntary and forced switches, migrations and last core, and the
+//         client node's backlog counters
 #include <comm/actors/node.hpp>
 
 #include <caf/all.hpp>
@@ -35,6 +42,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +52,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -59,6 +69,108 @@ using done_atom = caf::atom_constant<caf::atom("done")>;
 using clock_type = std::chrono::steady_clock;
 
 constexpr size_t large_size = 1 << 20;
+
+/// Set by -d: the client prints, after each timed test of the two-process modes, how the threads
+/// of both processes ran during it.
+bool diagnose = false;
+
+/// How one thread had run so far, from /proc/PID/task/TID/{sched,stat}.
+struct thread_run {
+  std::string name;
+  double cpu_ms = 0;      ///< time on a core
+  int64_t voluntary = 0;  ///< switches away while waiting (sleep, futex, epoll)
+  int64_t forced = 0;     ///< switches away while runnable (preempted, sched_yield)
+  int64_t migrations = 0; ///< moves between cores
+  int cpu = -1;           ///< the core it ran on last
+};
+
+/// The value of `key` in a /proc/.../sched text, or 0.
+double sched_value(const std::string& text, const char* key) {
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return 0;
+  const size_t colon = text.find(':', at);
+  return colon == std::string::npos ? 0 : std::atof(text.c_str() + colon + 1);
+}
+
+/// Every thread of process `pid`, by thread id.
+std::map<int, thread_run> threads_of(int pid) {
+  std::map<int, thread_run> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string base = dir + "/" + e->d_name;
+    std::ifstream sched(base + "/sched"), stat(base + "/stat"), comm(base + "/comm");
+    std::stringstream text;
+    text << sched.rdbuf();
+    thread_run t;
+    std::getline(comm, t.name);
+    const std::string s = text.str();
+    t.cpu_ms = sched_value(s, "se.sum_exec_runtime");
+    t.voluntary = static_cast<int64_t>(sched_value(s, "nr_voluntary_switches"));
+    t.forced = static_cast<int64_t>(sched_value(s, "nr_involuntary_switches"));
+    t.migrations = static_cast<int64_t>(sched_value(s, "se.nr_migrations"));
+    std::string line;
+    std::getline(stat, line);
+    std::stringstream fields(line.substr(line.rfind(')') + 2));
+    std::string field;
+    for (int i = 3; i <= 39 && fields >> field; ++i) {
+      if (i == 39) t.cpu = std::atoi(field.c_str());
+    }
+    out[std::atoi(e->d_name)] = t;
+  }
+  ::closedir(d);
+  return out;
+}
+
+/// Prints what each thread of `pid` that ran at least 1 ms did between `before` and now.
+void print_threads(const char* who, int pid, const std::map<int, thread_run>& before,
+                   double wall_ms) {
+  for (const auto& [tid, now] : threads_of(pid)) {
+    auto it = before.find(tid);
+    const thread_run was = it == before.end() ? thread_run{} : it->second;
+    const double cpu = now.cpu_ms - was.cpu_ms;
+    if (cpu < 1) continue;
+    std::printf("    %-6s %-14s cpu %5.1f%% of %7.1f ms  voluntary %6lld  forced %6lld  "
+                "migrations %5lld  last core %d\n", who, now.name.c_str(), 100 * cpu / wall_ms,
+                wall_ms, static_cast<long long>(now.voluntary - was.voluntary),
+                static_cast<long long>(now.forced - was.forced),
+                static_cast<long long>(now.migrations - was.migrations), now.cpu);
+  }
+}
+
+/// The diagnostics of one timed test (-d): the threads of this process and the server's.
+class probe {
+public:
+  /// Starts watching; `server` is the other process (0: none).
+  explicit probe(int server) : server_(server) {
+    if (!diagnose) return;
+    self_before_ = threads_of(::getpid());
+    if (server_ != 0) server_before_ = threads_of(server_);
+    start_ = std::chrono::steady_clock::now();
+  }
+
+  /// Prints what the threads did since construction, headed by `what`.
+  void report(const char* what) const {
+    if (!diagnose) return;
+    const double wall =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+            .count();
+    std::ifstream load("/proc/loadavg");
+    std::string loadavg;
+    std::getline(load, loadavg);
+    std::printf("  diag %s (loadavg %s)\n", what, loadavg.c_str());
+    print_threads("client", ::getpid(), self_before_, wall);
+    if (server_ != 0) print_threads("server", server_, server_before_, wall);
+    std::fflush(stdout);
+  }
+
+private:
+  int server_;
+  std::map<int, thread_run> self_before_, server_before_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 void pin_to(int core) {
   cpu_set_t set;
@@ -161,9 +273,23 @@ struct results {
 
 double memcpy_us(size_t size);
 
+/// With -d, the client node's send backlog counters (a one-way burst may wait for the peer).
+void print_node_stats(caf::actor_system& sys) {
+  auto* n = comm::actors::node::get(sys);
+  if (!diagnose || n == nullptr) return;
+  const comm::actors::node_stats st = n->stats();
+  std::printf("    client node: sent %llu  backlog waits %llu (%llu given up)  peak frames "
+              "queued %llu\n", static_cast<unsigned long long>(st.messages_sent),
+              static_cast<unsigned long long>(st.backlog_waits),
+              static_cast<unsigned long long>(st.backlog_stalls),
+              static_cast<unsigned long long>(st.peak_frames_queued));
+  std::fflush(stdout);
+}
+
 /// Runs the client side against `pong` in `sys`.
+/// `server`: the other process, whose threads -d reports too (0: none).
 bool measure(caf::actor_system& sys, const caf::actor& pong, int64_t trips, int64_t oneway,
-             const selection& which, results* out) {
+             const selection& which, results* out, int server = 0) {
   caf::scoped_actor self{sys};
   auto run = [&](auto&& spawn_it, int64_t expected) {
     const auto start = clock_type::now();
@@ -185,14 +311,19 @@ bool measure(caf::actor_system& sys, const caf::actor& pong, int64_t trips, int6
   };
   if (which.rtt) {
     if (ping(8, std::max<int64_t>(trips / 10, 10)) < 0) return false;  // warm up
+    const probe watch(server);
     const double t = ping(8, trips);
     if (t < 0) return false;
     out->rtt_us = t / trips * 1e6;
+    watch.report("rtt 8 B");
   }
   if (which.oneway) {
+    const probe watch(server);
     const double s = run([&] { sys.spawn(streamer, pong, oneway, self); }, oneway);
     if (s < 0) return false;
     out->oneway_per_s = oneway / s;
+    watch.report("one-way 8 B");
+    print_node_stats(sys);
   }
   const int64_t large_trips = std::max<int64_t>(trips / 100, 20);
   if (which.vector) {
@@ -260,7 +391,7 @@ std::string read_line(int fd) {
 
 /// The client side of a two-process mode, against the server at `where`.
 bool run_client(const std::string& mode, const std::string& where, int64_t trips,
-                int64_t oneway, const selection& which, results* out) {
+                int64_t oneway, const selection& which, results* out, int server) {
   caf::actor_system_config cfg;
   common_config(cfg);
   if (mode == "caf") {
@@ -282,7 +413,7 @@ bool run_client(const std::string& mode, const std::string& where, int64_t trips
                  sys.render(pong.error()).c_str());
     return false;
   }
-  return measure(sys, *pong, trips, oneway, which, out);
+  return measure(sys, *pong, trips, oneway, which, out, server);
 }
 
 /// Two processes: a forked server, this process the client. The client also runs in a child,
@@ -303,7 +434,7 @@ bool run_remote(const std::string& mode, placement where, int64_t trips, int64_t
   bool ok = false;
   if (!address.empty()) {
     place(where, false);
-    ok = run_client(mode, address, trips, oneway, which, out);
+    ok = run_client(mode, address, trips, oneway, which, out, server);
   }
   ::kill(server, SIGKILL);
   ::waitpid(server, nullptr, 0);
@@ -540,6 +671,48 @@ void print_goals(const std::string& where, const std::map<std::string, std::vect
   }
 }
 
+/// Competing load (-L): busy-looping processes in a session of their own, so that the kernel
+/// shares the cores between them and the benchmark as between two programs a user started from
+/// two terminals (a build and this), not as between threads of one program.
+class busy_load {
+public:
+  /// Starts `n` busy loops (none for 0).
+  explicit busy_load(int n) {
+    for (int i = 0; i < n; ++i) {
+      std::fflush(nullptr);
+      const pid_t child = ::fork();
+      if (child == 0) spin();
+      if (child > 0) children_.push_back(child);
+    }
+  }
+  ~busy_load() {
+    for (pid_t child : children_) ::kill(child, SIGKILL);
+    for (pid_t child : children_) ::waitpid(child, nullptr, 0);
+  }
+  busy_load(const busy_load&) = delete;
+  busy_load& operator=(const busy_load&) = delete;
+
+private:
+  /// Spins until killed, or for at most an hour should the benchmark die without killing it.
+  /// Its session's autogroup gets the benchmark's autogroup nice value (a benchmark run at a nice
+  /// -15 autogroup to keep other users' programs out meets a load of its own weight).
+  [[noreturn]] static void spin() {
+    std::string group;
+    std::getline(std::ifstream("/proc/self/autogroup"), group);
+    ::setsid();
+    const size_t nice = group.find("nice ");
+    if (nice != std::string::npos) std::ofstream("/proc/self/autogroup") << group.substr(nice + 5);
+    const auto until = clock_type::now() + std::chrono::hours(1);
+    volatile uint64_t sink = 0;
+    while (clock_type::now() < until) {
+      for (int i = 0; i < 100000; ++i) sink = sink + 1;
+    }
+    ::_exit(0);
+  }
+
+  std::vector<pid_t> children_;
+};
+
 /// Splits a comma-separated list.
 std::vector<std::string> split(const char* text) {
   std::vector<std::string> out;
@@ -551,11 +724,14 @@ std::vector<std::string> split(const char* text) {
 void usage(const char* self) {
   std::fprintf(stderr,
                "usage: %s [-r rounds] [-n trips] [-w oneway] [-m modes] [-p placements] "
-               "[-t tests] [-l] [-s]\n"
+               "[-t tests] [-l] [-s] [-L busy] [-d]\n"
                "  -m  inproc,caf,comm,floor (default all)\n"
                "  -p  pinned,unpinned,one-core (default pinned,unpinned)\n"
                "  -t  rtt,oneway,vector,blob (default all)\n"
-               "  -l  large only (-t vector,blob); -s small only (-t rtt,oneway)\n",
+               "  -l  large only (-t vector,blob); -s small only (-t rtt,oneway)\n"
+               "  -L  competing load: that many busy-loop processes in a session of their own\n"
+               "  -d  per test, how the threads of both processes ran (cpu share, switches,\n"
+               "      migrations, last core) and the client node's backlog counters\n",
                self);
 }
 
@@ -568,8 +744,11 @@ int main(int argc, char** argv) {
   selection which;
   std::vector<std::string> modes = {"inproc", "caf", "comm", "floor"};
   std::vector<placement> placements = {placement::pinned, placement::unpinned};
-  for (int opt; (opt = ::getopt(argc, argv, "r:n:w:m:p:t:lsh")) != -1;) {
+  int load = 0;
+  for (int opt; (opt = ::getopt(argc, argv, "r:n:w:m:p:t:lsL:dh")) != -1;) {
     switch (opt) {
+      case 'L': load = std::atoi(optarg); break;
+      case 'd': diagnose = true; break;
       case 'r': rounds = std::atoi(optarg); break;
       case 'n': trips = std::atoll(optarg); break;
       case 'w': oneway = std::atoll(optarg); break;
@@ -603,6 +782,7 @@ int main(int argc, char** argv) {
     }
   }
   round_table all;
+  const busy_load competing(load);
   for (int r = 0; r < rounds; ++r) {
     for (placement where : placements) {
       for (const auto& mode : modes) {

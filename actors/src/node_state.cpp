@@ -426,6 +426,7 @@ node_stats node_state::stats() const {
   s.peak_bytes_held = peak_bytes_held_.get();
   s.peak_frames_queued = peak_frames_queued_.get();
   s.backlog_waits = backlog_waits_.load(std::memory_order_relaxed);
+  s.backlog_stalls = backlog_stalls_.load(std::memory_order_relaxed);
   s.blobs_lent = blobs_lent_.get();
   s.lent_now = lent_now_.get();
   s.lent_bytes_now = lent_bytes_now_.get();

@@ -11,9 +11,9 @@
 // running: preempted, or busy with many frames) leaves the frame in the outbox, which the lock's
 // holder empties before it lets go, so frames leave in the order they were made; later senders
 // then go to the outbox at once until the lock changed hands. A sender (not the progress
-// thread) that leaves more than max_backlog frames to one connection in libcomm's queue waits,
-// progressing the worker and offering its core, until the peer took half of them
-// (wait_for_backlog). Work that may not run where it is made (under actor locks) is posted to
+// thread) that leaves more than max_backlog frames to one connection, in libcomm's queue or in
+// the outbox, waits, progressing the worker and sleeping briefly, until the peer took half of
+// them (wait_for_backlog). Work that may not run where it is made (under actor locks) is posted to
 // the outbox and the progress thread woken. Frames arriving from a peer are handled in sequence
 // order inside the progress call; actors they make ready run on the progress thread after it
 // (delivery::progress_thread) or go to CAF's scheduler (delivery::scheduler). Nothing is sent
@@ -253,6 +253,9 @@ private:
   void queue_up(outgoing& item);
   void unqueue(peer& p, const outgoing& item);
   void wait_for_backlog(peer& p);
+  /// Frames to `p` that count against max_backlog: in libcomm's queue, or left by senders for
+  /// the lock holder.
+  static size_t backlog_of(const peer& p) noexcept;
   static void on_sent(comm::request* req, comm::status st, void* user_data);
   void track_request(peer& p, const frame_header& h);
   void prune_requests(peer& p);
@@ -332,6 +335,7 @@ private:
   gauge peak_bytes_held_;
   gauge peak_frames_queued_;                ///< lock holder's
   std::atomic<uint64_t> backlog_waits_{0};  ///< any sender's
+  std::atomic<uint64_t> backlog_stalls_{0};  ///< any sender's
   gauge blobs_lent_;
   gauge lent_now_;
   gauge lent_bytes_now_;

@@ -24,6 +24,14 @@ namespace {
 /// peer takes nothing: stopped, or never reading).
 constexpr std::chrono::milliseconds backlog_stall{100};
 
+/// How long a sender waiting for the backlog sleeps between looks. The receiver takes half of
+/// max_backlog's 1024 frames in about 140 us on a core of its own, so a nap (plus the timer's
+/// slack, 50 us by default) leaves it work. A sender that offered its core on every look stayed
+/// runnable, and when other programs load the cores the kernel shares them out by runnable
+/// threads (per session, with autogroups), so it took its share from the receiving thread, whose
+/// share is the one-way rate (actor_perftest -d; actors/README.md, "Under load").
+constexpr std::chrono::microseconds backlog_nap{20};
+
 /// Actors a thread recently made reachable through one node (actor ids are never reused).
 struct reachable_cache {
   uint64_t generation = 0;
@@ -81,12 +89,18 @@ void node_state::forward(const std::shared_ptr<peer>& to, caf::actor_id receiver
     item->header = h;
     item->payload = buffer_pool::detach(scratch);
     item->attached = std::move(attached);
+    item->unsent = true;
+    to->unsent_frames.fetch_add(1, std::memory_order_relaxed);
     submit(item);
   }
-  if (to->queued_frames.load(std::memory_order_relaxed) > params_.max_backlog &&
-      !to->backlog_stuck.load(std::memory_order_relaxed)) {
+  if (backlog_of(*to) > params_.max_backlog && !to->backlog_stuck.load(std::memory_order_relaxed)) {
     wait_for_backlog(*to);
   }
+}
+
+size_t node_state::backlog_of(const peer& p) noexcept {
+  return p.queued_frames.load(std::memory_order_relaxed) +
+         p.unsent_frames.load(std::memory_order_relaxed);
 }
 
 void node_state::wait_for_backlog(peer& p) {
@@ -94,16 +108,23 @@ void node_state::wait_for_backlog(peer& p) {
   if (on_progress_thread() || holds_lock()) return;
   backlog_waits_.fetch_add(1, std::memory_order_relaxed);
   const size_t resume_at = params_.max_backlog / 2;
-  size_t least = p.queued_frames.load(std::memory_order_relaxed);
+  size_t least = backlog_of(p);
   auto since = std::chrono::steady_clock::now();
-  while (p.alive.load(std::memory_order_relaxed)) {
-    // The peer may need this very core to take them (both processes on one core).
-    std::this_thread::yield();
+  for (bool first = true; p.alive.load(std::memory_order_relaxed); first = false) {
+    // The peer may need this very core to take them: the first look offers it (one hand-over,
+    // after which a receiver on this core has taken all it could), later ones sleep, as a thread
+    // that stays runnable takes its share of the cores from the receiving side whenever the
+    // cores are shared with other programs (see backlog_nap).
+    if (first) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(backlog_nap);
+    }
     if (try_acquire()) {
       progress_locked();
       release();
     }
-    const size_t queued = p.queued_frames.load(std::memory_order_relaxed);
+    const size_t queued = backlog_of(p);
     if (queued <= resume_at) return;
     const auto now = std::chrono::steady_clock::now();
     if (queued < least) {
@@ -113,6 +134,7 @@ void node_state::wait_for_backlog(peer& p) {
       // The peer takes nothing: max_queued_bytes decides, and senders do not wait again until
       // it takes a frame.
       p.backlog_stuck.store(true, std::memory_order_relaxed);
+      backlog_stalls_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
   }
@@ -210,6 +232,10 @@ void node_state::make_reachable(const caf::strong_actor_ptr& local) {
 // -- sent on the progress thread -----------------------------------------------------------------
 
 void node_state::transmit(outgoing* item) {
+  if (item->unsent) {
+    item->unsent = false;
+    item->to->unsent_frames.fetch_sub(1, std::memory_order_relaxed);
+  }
   transmit(*item->to, *item, false);
   // A send still in progress owns the item now (on_sent deletes it).
 }

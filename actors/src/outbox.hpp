@@ -51,6 +51,7 @@ struct outgoing {
   std::vector<char> lends;             ///< with flag_lent: the AM's data (schema ActorLends)
   caf::strong_actor_ptr local;         ///< link/unlink: the local actor, made reachable first
   std::function<void()> task;          ///< set: run this instead of sending
+  bool unsent = false;                 ///< counted in its peer's unsent_frames until sent
 
   outgoing() = default;
   outgoing(const outgoing&) = delete;

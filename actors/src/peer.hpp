@@ -90,6 +90,9 @@ struct peer {
   std::atomic<bool> alive{true};///< false once the connection failed or closed
   /// Frames waiting in libcomm's send queue (changed by the lock holder, read by any sender).
   std::atomic<size_t> queued_frames{0};
+  /// Messages a sender left for the lock holder that it has not sent yet (changed by any
+  /// thread): with queued_frames, what counts against node_params::max_backlog.
+  std::atomic<size_t> unsent_frames{0};
   /// A sender waited for the backlog in vain (the peer took nothing): later senders do not wait
   /// until the peer takes a frame again.
   std::atomic<bool> backlog_stuck{false};

@@ -136,13 +136,14 @@ struct node_params {
   /// and lookups but never reads the answers, or one stopped while local actors send to it) is
   /// closed as for max_held_bytes.
   size_t max_queued_bytes = default_max_queued_bytes();
-  /// Frames to one connection that may wait in libcomm's send queue before a sending actor's
-  /// thread waits for the peer to take some (COMM_ACTORS_MAX_BACKLOG). Above it, a thread other
-  /// than the progress thread that sends to that connection progresses the worker and offers its
-  /// core until half of them left, as long as the peer takes any: a flood from one actor then
-  /// goes at the peer's pace instead of piling up in memory (a burst of 200,000 messages on one
-  /// core had queued 180,000 of them, 180 MB, whose freed blocks later cost a single allocation
-  /// 13 ms). A peer that takes nothing for 100 ms is left to max_queued_bytes.
+  /// Frames to one connection that may wait in libcomm's send queue, or for the thread that holds
+  /// the worker to send them, before a sending actor's thread waits for the peer to take some
+  /// (COMM_ACTORS_MAX_BACKLOG). Above it, a thread other than the progress thread that sends to
+  /// that connection sleeps briefly and progresses the worker, in turns, until half of them left,
+  /// as long as the peer takes any: a flood from one actor then goes at the peer's pace instead of
+  /// piling up in memory (a burst of 200,000 messages on one core had queued 180,000 of them, 180
+  /// MB, whose freed blocks later cost a single allocation 13 ms). A peer that takes nothing for
+  /// 100 ms is left to max_queued_bytes (node_stats::backlog_stalls).
   size_t max_backlog = default_max_backlog();
   /// Lend blobs to peers that can map this process's memory (over shm): a blob of
   /// comm::mem_alloc memory travels as a reference the receiver reads in place, with no copy,
@@ -174,6 +175,9 @@ struct node_stats {
   uint64_t peak_frames_queued = 0;
   /// Times a sending thread waited for a connection's backlog to shrink (node_params::max_backlog).
   uint64_t backlog_waits = 0;
+  /// Of those, waits given up because the peer took no frame for 100 ms: until it takes one,
+  /// senders do not wait and only max_queued_bytes bounds the backlog.
+  uint64_t backlog_stalls = 0;
   /// Messages from other nodes this node could not read (a type it has not registered, or bytes
   /// that do not parse): a request is answered with the error, a response fails its request at
   /// once with it, any other message is dropped with a warning (at most one a second).
