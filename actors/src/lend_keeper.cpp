@@ -9,13 +9,18 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 namespace comm::actors::detail {
 
 bool process_gone(int pidfd) {
   pollfd p{pidfd, POLLIN, 0};
-  return ::poll(&p, 1, 0) != 0;  // readable (exited), or an error: nothing to wait for
+  int ready;
+  do {
+    ready = ::poll(&p, 1, 0);
+  } while (ready < 0 && errno == EINTR);
+  return ready != 0;  // readable (exited), or a descriptor poll refuses: nothing to wait for
 }
 
 pid_t pid_of_pidfd(int pidfd) {
@@ -52,10 +57,7 @@ void lend_keeper::keep(int pidfd, pid_t pid, std::vector<blob> blobs, size_t byt
   counters->bytes.fetch_add(bytes, std::memory_order_relaxed);
   std::lock_guard<std::mutex> g(mtx_);
   entries_.push_back(entry{pidfd, pid, std::move(blobs), bytes, std::move(counters)});
-  if (!started_ && wake_fd_ >= 0) {
-    started_ = true;
-    std::thread([this] { run(); }).detach();
-  }
+  if (!started_ && wake_fd_ >= 0) start_thread();
   if (wake_fd_ >= 0) {
     const uint64_t one = 1;
     (void)!::write(wake_fd_, &one, sizeof(one));
@@ -72,6 +74,16 @@ size_t lend_keeper::bytes_for(pid_t pid) {
     if (e.pid == pid) total += e.bytes;
   }
   return total;
+}
+
+void lend_keeper::start_thread() {
+  try {
+    std::thread([this] { run(); }).detach();
+    started_ = true;
+  } catch (const std::system_error& e) {
+    COMM_LOG(warn, "actors", "lend keeper: no thread (%s); kept lent bytes stay until the next "
+             "attempt or this process's exit", e.what());
+  }
 }
 
 void lend_keeper::run() {

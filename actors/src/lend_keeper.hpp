@@ -68,6 +68,9 @@ private:
   };
 
   lend_keeper();
+  /// Starts the thread (the caller holds mtx_); logs when it cannot, to try again at the next
+  /// keep.
+  void start_thread();
   /// The thread: waits for borrowers to exit and frees their blobs.
   void run();
   /// Frees the entries whose process has exited; false when it cannot wait any more.

@@ -146,10 +146,11 @@ struct node_params {
   size_t max_backlog = default_max_backlog();
   /// Lend blobs to peers that can map this process's memory (over shm): a blob of
   /// comm::mem_alloc memory travels as a reference the receiver reads in place, with no copy,
-  /// and the sender keeps the block until the receiver's last copy of the blob is gone
-  /// (actors/README.md, "Blobs"). The receiver then sees bytes this node controls, as with any
-  /// shared memory; a node that does not trust its peers to leave lent blobs alone sets this to
-  /// false on both sides (or copies a blob it must keep stable: blob::copy).
+  /// and the sender keeps the block until the receiver's last copy of the blob is gone, or its
+  /// process when the connection closed first (actors/README.md, "Lent blobs"). The receiver maps
+  /// the bytes read-only (a write through them faults there) but sees bytes this node controls,
+  /// as with any shared memory; a receiver that does not trust its peers to leave blobs they lent
+  /// alone copies those it must keep stable (blob::copy), or the peers set this to false.
   bool lend_blobs = true;
   /// Bytes of blobs one connection may have lent at once (kept alive for the receiver), counting
   /// those still kept for its borrower process from connections closed before it began lending
