@@ -1,13 +1,14 @@
 // Fuzzes remote keys of the self and shm memory domains: unpacking bytes a peer sent as a key, and
 // using the key for a get or a put (transports/base/rkey.*, transports/self, transports/shm).
 //
-// One interface of each transport registers two regions of a static arena (A and B) and a third (C)
-// that it deregisters again, and has an endpoint to itself. Each input picks a transport and one of
-// the three keys, flips bits of its packed bytes, may append a transport extension, and makes one
-// access at an offset from the region it started from. The property: an access that succeeds lies
-// wholly inside a region still registered (A or B; never C, never the arena around them), a get
-// returns exactly the region's bytes and a put changes exactly the bytes it names; an access that
-// fails changes nothing.
+// One interface of each transport registers two regions of a static arena (A, and B read-only
+// where the md enforces it: md::mem_reg_read_only, shm) and a third (C) that it deregisters again,
+// and has an endpoint to itself. Each input picks a transport and one of the three keys, flips bits
+// of its packed bytes, may append a transport extension, and makes one access at an offset from
+// the region it started from. The property: an access that succeeds lies wholly inside a region
+// still registered (A or B; never C, never the arena around them), a put never in a read-only one,
+// a get returns exactly the region's bytes and a put changes exactly the bytes it names; an access
+// that fails changes nothing.
 #include "check.hpp"
 #include "seeds.hpp"
 
@@ -53,6 +54,7 @@ struct transport_setup {
   std::unique_ptr<ep> to_self;
   std::array<std::vector<uint8_t>, key_count> keys;
   std::array<mem_handle*, key_count> handles{};
+  std::array<bool, key_count> read_only{};  ///< registered with mem_reg_read_only
 };
 
 /// Opens transport `name`, registers the three regions and deregisters C.
@@ -70,9 +72,15 @@ transport_setup open_transport(std::string_view name) {
           "cannot create an endpoint to itself");
   md* domain = s.owner->memory_domain();
   for (size_t k = 0; k < key_count; ++k) {
-    require(domain->mem_reg(arena + regions[k].offset, regions[k].length, &s.handles[k]) ==
-                comm::status::ok,
-            "cannot register");
+    void* start = arena + regions[k].offset;
+    // B is for reading only where the md can enforce it (unsupported elsewhere).
+    comm::status st = k == 1 ? domain->mem_reg_read_only(start, regions[k].length, &s.handles[k])
+                             : comm::status::unsupported;
+    s.read_only[k] = st == comm::status::ok;
+    if (st == comm::status::unsupported) {
+      st = domain->mem_reg(start, regions[k].length, &s.handles[k]);
+    }
+    require(st == comm::status::ok, "cannot register");
     require(domain->rkey_pack(s.handles[k], s.keys[k]) == comm::status::ok, "cannot pack");
   }
   require(domain->mem_dereg(s.handles[key_count - 1]) == comm::status::ok, "cannot deregister");
@@ -86,9 +94,11 @@ std::array<transport_setup, 2>& setups() {
   return *made;
 }
 
-/// True when [address, address + length) lies inside region A or B (the live ones).
-bool inside_live_region(uint64_t address, size_t length) {
+/// True when [address, address + length) lies inside region A or B (the live ones), for a put
+/// one that is not read-only.
+bool inside_live_region(const transport_setup& s, uint64_t address, size_t length, bool put) {
   for (size_t k = 0; k + 1 < key_count; ++k) {
+    if (put && s.read_only[k]) continue;
     const auto start = reinterpret_cast<uint64_t>(arena + regions[k].offset);
     if (address >= start && address - start <= regions[k].length &&
         length <= regions[k].length - (address - start)) {
@@ -141,7 +151,8 @@ void check_access(transport_setup& s, const remote_key& key, FuzzedDataProvider&
     require(std::memcmp(arena, arena_before, arena_size) == 0, "a failed put wrote memory");
     return;
   }
-  require(inside_live_region(address, length), "an access outside every live region succeeded");
+  require(inside_live_region(s, address, length, put),
+          "an access outside every live region, or a put into a read-only one, succeeded");
   if (length == 0) return;
   const size_t at = address - reinterpret_cast<uint64_t>(arena);
   if (put) {
@@ -173,7 +184,7 @@ struct provider_input {
 };
 
 /// Seeds: for each transport and key, the key unchanged, a get of 64 bytes and a put of 512 at the
-/// start of its region.
+/// start of its region (over shm, the put into B is refused: B is read-only there).
 std::vector<seed> make_seeds() {
   std::vector<seed> seeds;
   for (uint8_t transport = 0; transport < 2; ++transport) {

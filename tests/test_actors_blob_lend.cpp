@@ -9,9 +9,13 @@
 
 #include "test_actors_forged.hpp"
 #include "test_actors_scenarios.hpp"
+#include "test_util.hpp"
+
+#include "schema/wire.capnp.h"
 
 #include <comm/memory.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <chrono>
@@ -29,6 +33,7 @@ using ldrop_atom = caf::atom_constant<caf::atom("ldrop")>;
 using lgive_atom = caf::atom_constant<caf::atom("lgive")>;
 using lstats_atom = caf::atom_constant<caf::atom("lstats")>;
 using lecho_atom = caf::atom_constant<caf::atom("lecho")>;
+using lforward_atom = caf::atom_constant<caf::atom("lforward")>;
 
 const std::string holder_name = "holder";
 constexpr size_t mib = size_t{1} << 20;
@@ -67,6 +72,31 @@ caf::behavior holder(caf::stateful_actor<holder_state>* self) {
       },
       [](lgive_atom, uint32_t size, uint32_t seed) { return patterned_blob(size, seed); },
       [](lecho_atom, blob& b) { return b; },
+      // Sends `b` on to the holder at `address` to keep, from an actor of its own thread (a
+      // lookup blocks); answers with that holder's digest. Keeps nothing itself.
+      [self](lforward_atom, blob& b, std::string& address) -> caf::result<uint64_t> {
+        auto rp = self->make_response_promise<uint64_t>();
+        self->spawn<caf::detached>([rp, b, address](caf::event_based_actor* fwd) mutable {
+          auto next = node_of(fwd->home_system()).lookup(address, holder_name);
+          if (!next) {
+            rp.deliver(next.error());
+            fwd->quit();
+            return caf::behavior{[](int32_t) {}};
+          }
+          fwd->request(*next, timeout, lkeep_atom::value, std::move(b))
+              .then(
+                  [rp, fwd](uint64_t d) mutable {
+                    rp.deliver(d);
+                    fwd->quit();
+                  },
+                  [rp, fwd](caf::error& e) mutable {
+                    rp.deliver(std::move(e));
+                    fwd->quit();
+                  });
+          return caf::behavior{[](int32_t) {}};
+        });
+        return rp;
+      },
       [self](lstats_atom) -> caf::result<uint64_t, uint64_t, uint64_t, uint64_t> {
         auto [lent, now, borrowed, copied] = counters_of(self->home_system());
         return {lent, now, borrowed, copied};
@@ -361,6 +391,128 @@ BOOST_AUTO_TEST_CASE(a_borrowed_blob_outlives_its_killed_lender) {
   BOOST_TEST(wait_child(borrower) == 0);
 }
 
+BOOST_AUTO_TEST_CASE(a_connection_closed_on_purpose_keeps_lent_bytes_until_the_borrower_exits) {
+  holder_child node;
+  BOOST_REQUIRE(!node.address.empty());
+  channel report;
+  const std::string at = node.address;
+  const auto limit = [](comm::actors::node_params& p) { p.max_lent_bytes = 6 * mib; };
+  const pid_t lender = start_lender(
+      node.address,
+      [&](caf::actor_system& sys, const caf::actor& h) {
+        caf::scoped_actor self{sys};
+        std::string failure;
+        auto freed = std::make_shared<std::atomic<bool>>(false);
+        char* raw = nullptr;
+        blob b = tracked_blob(4 * mib, 13, freed, &raw);
+        const uint64_t sent = digest_of(b.data(), b.size());
+        LEND_CHECK(keep(self, h, b, failure) == sent);
+        b = blob{};
+        LEND_CHECK(node_of(sys).stats().lent_now == 1);
+        // Closed on purpose while the holder keeps the blob: its process lives, so the block
+        // stays allocated (counted as kept) instead of going back to the heap.
+        LEND_CHECK(!node_of(sys).disconnect(at));
+        LEND_CHECK(eventually([&] { return node_of(sys).stats().peers == 0; }));
+        auto s = node_of(sys).stats();
+        LEND_CHECK(s.lent_now == 1 && s.lent_bytes_now == 4 * mib);
+        LEND_CHECK(s.lent_kept_now == 1 && s.lent_kept_bytes_now == 4 * mib);
+        LEND_CHECK(!freed->load());
+        // Blocks of the same size, written over: had the lent block been freed, the heap would
+        // hand it out again here.
+        std::vector<void*> fresh;
+        for (int i = 0; i < 4; ++i) {
+          void* q = comm::mem_alloc(4 * mib);
+          LEND_CHECK(q != nullptr && q != static_cast<void*>(raw));
+          std::memset(q, 0xa5, 4 * mib);
+          fresh.push_back(q);
+        }
+        // The holder, over a new connection, still reads the bytes it was lent.
+        auto again = node_of(sys).lookup(at, holder_name);
+        if (!again) return describe(sys, "lookup again", again.error());
+        LEND_CHECK(held_digest(self, *again, 0, failure) == sent);
+        // The bytes kept for the holder count against max_lent_bytes (6 MiB) of the new
+        // connection: a 4 MiB blob is copied, a 1 MiB one still fits and is lent.
+        const blob big = patterned_blob(4 * mib, 14);
+        LEND_CHECK(keep(self, *again, big, failure) == digest_of(big.data(), big.size()));
+        LEND_CHECK(node_of(sys).stats().blobs_lent == 1);
+        const blob small = patterned_blob(mib, 15);
+        LEND_CHECK(keep(self, *again, small, failure) == digest_of(small.data(), small.size()));
+        LEND_CHECK(node_of(sys).stats().blobs_lent == 2);
+        for (void* q : fresh) comm::mem_free(q);
+        report.send(bytes_of("ready"));
+        // The parent stops the holder: once its process is gone, nothing is kept any more.
+        LEND_CHECK(eventually([&] { return freed->load(); }));
+        const bool none = eventually([&] {
+          const auto t = node_of(sys).stats();
+          return t.lent_now == 0 && t.lent_bytes_now == 0 && t.lent_kept_now == 0 &&
+                 t.lent_kept_bytes_now == 0;
+        });
+        const auto t = node_of(sys).stats();
+        if (!none) {
+          return "still lent: " + std::to_string(t.lent_now) + " (" +
+                 std::to_string(t.lent_bytes_now) + " bytes), kept " +
+                 std::to_string(t.lent_kept_now) + " (" + std::to_string(t.lent_kept_bytes_now) +
+                 " bytes), peers " + std::to_string(t.peers);
+        }
+        return failure;
+      },
+      limit);
+  BOOST_REQUIRE(receive_string(report) == "ready");
+  BOOST_TEST(node.stop() == 0);
+  BOOST_TEST(wait_child(lender) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_borrowed_blob_forwarded_to_a_third_node_arrives_whole) {
+  holder_child middle;  // borrows from the lender, forwards
+  holder_child over_shm;
+  holder_child over_tcp([](comm::actors::node_params& p) { p.transport.transports = {"tcp"}; });
+  BOOST_REQUIRE(!middle.address.empty() && !over_shm.address.empty() &&
+                !over_tcp.address.empty());
+  const std::string shm_at = over_shm.address, tcp_at = over_tcp.address;
+  const pid_t lender = start_lender(middle.address, [&](caf::actor_system& sys,
+                                                        const caf::actor& h) {
+    caf::scoped_actor self{sys};
+    std::string failure;
+    auto freed = std::make_shared<std::atomic<bool>>(false);
+    char* raw = nullptr;
+    blob b = tracked_blob(2 * mib + 5, 17, freed, &raw);
+    const uint64_t sent = digest_of(b.data(), b.size());
+    for (const std::string& to : {shm_at, tcp_at}) {
+      uint64_t d = 0;
+      self->request(h, timeout, lforward_atom::value, b, to)
+          .receive([&](uint64_t x) { d = x; },
+                   [&](caf::error& e) { failure = "forward to " + to + ": " + caf::to_string(e); });
+      if (!failure.empty()) return failure;
+      LEND_CHECK(d == sent);
+    }
+    // The middle node borrowed our blob twice (read in place) and lent its own copy on over shm.
+    auto middle_counts = holder_counters(self, h, failure);
+    LEND_CHECK(std::get<2>(middle_counts) == 2);
+    LEND_CHECK(std::get<0>(middle_counts) == 1);
+    b = blob{};
+    // The third nodes hold copies, not our block: it is freed once the middle node let go.
+    LEND_CHECK(eventually([&] { return freed->load(); }));
+    LEND_CHECK(eventually([&] { return node_of(sys).stats().lent_now == 0; }));
+    for (const std::string& to : {shm_at, tcp_at}) {
+      auto third = node_of(sys).lookup(to, holder_name);
+      if (!third) return describe(sys, ("lookup " + to).c_str(), third.error());
+      LEND_CHECK(held_digest(self, *third, 0, failure) == sent);
+      failure = drop_all(self, *third);
+      if (!failure.empty()) return failure;
+    }
+    // Their copies gone, the middle node has nothing lent any more.
+    LEND_CHECK(eventually([&] {
+      std::string ignored;
+      return std::get<1>(holder_counters(self, h, ignored)) == 0 && ignored.empty();
+    }));
+    return failure;
+  });
+  BOOST_TEST(wait_child(lender) == 0);
+  BOOST_TEST(over_tcp.stop() == 0);
+  BOOST_TEST(over_shm.stop() == 0);
+  BOOST_TEST(middle.stop() == 0);
+}
+
 // -- forged lends and releases ------------------------------------------------------------------
 
 namespace {
@@ -601,6 +753,95 @@ BOOST_AUTO_TEST_CASE(a_lend_is_released_once) {
   BOOST_TEST(peer.lookup(service_name) == svc);
   BOOST_TEST(!peer.closed());
   BOOST_TEST(closes(peer, lent_header(peer, kind_release, 0, {}), release));
+  BOOST_TEST(still_serves(node.address));
+  BOOST_TEST(node.stop() == 0);
+}
+
+namespace {
+
+/// `packed` (a worker's packed key) re-encoded to claim the rights `access`.
+std::vector<uint8_t> with_access(const std::vector<uint8_t>& packed, uint32_t access) {
+  auto words = kj::heapArray<capnp::word>(packed.size() / sizeof(capnp::word));
+  std::memcpy(words.begin(), packed.data(), words.size() * sizeof(capnp::word));
+  capnp::FlatArrayMessageReader reader(words);
+  capnp::MallocMessageBuilder builder;
+  builder.setRoot(reader.getRoot<comm::wire::schema::RemoteKeyBundle>());
+  builder.getRoot<comm::wire::schema::RemoteKeyBundle>().setAccess(access);
+  const auto flat = capnp::messageToFlatArray(builder);
+  const auto bytes = flat.asBytes();
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+/// True when every one of `size` bytes at `data` is `value`.
+bool all_bytes_are(const void* data, size_t size, char value) {
+  const auto* p = static_cast<const char*>(data);
+  return std::all_of(p, p + size, [value](char c) { return c == value; });
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_hostile_borrower_cannot_write_into_a_lent_blob) {
+  holder_child node;
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  const uint64_t svc = peer.lookup(service_name);
+  BOOST_REQUIRE(svc != 0);
+  // The service echoes a 64 KiB blob: the answer lends its copy to us, read-only.
+  const size_t size = 64 * 1024;
+  std::vector<char> payload;
+  put_message_start(payload, "@<>+@atom+comm::actors::blob");
+  put_int(payload, static_cast<uint64_t>(caf::atom("echo")));
+  put_size(payload, static_cast<uint32_t>(size));
+  peer.send_in_header(kind_message, svc, forged_request_id(9), 2, payload,
+                      std::vector<char>(size, 'e'));
+  peer.progress_until([&] { return peer.state.attached_messages > 0 || peer.closed(); }, 10);
+  BOOST_REQUIRE(!peer.closed());
+  uint64_t id = 0, address = 0;
+  std::vector<uint8_t> packed;
+  BOOST_TEST_REQUIRE(comm::wire::read_checked_message<comm::wire::schema::ActorLends>(
+      peer.state.last_payload.data(), peer.state.last_payload.size(),
+      [&](comm::wire::schema::ActorLends::Reader r) {
+        if (r.getRuns().size() != 1 || r.getRuns()[0].getLength() != size) return;
+        id = r.getRuns()[0].getId();
+        address = r.getRuns()[0].getAddress();
+        const auto key = r.getRuns()[0].getKey();
+        packed.assign(key.begin(), key.end());
+      }));
+  BOOST_TEST_REQUIRE(id != 0);
+  auto key = peer.ep->rkey_unpack(comm::const_bytes(packed.data(), packed.size()));
+  BOOST_TEST_REQUIRE(key.has_value());
+  auto here = peer.ep->rkey_local_address(**key, address, size);
+  BOOST_TEST_REQUIRE(here.has_value());
+  BOOST_TEST(all_bytes_are(here->data, size, 'e'));
+  // Mapped read-only: a write through the borrowed address faults.
+  BOOST_TEST(comm::test::mapping_protection(here->data) == "r--s");
+  BOOST_TEST(comm::test::signal_of_a_child_writing(here->data) == SIGSEGV);
+  // A put through the key is refused, and through a key forged to claim the right to write too.
+  const std::vector<char> evil(4096, 'X');
+  const comm::iov_entry from{const_cast<char*>(evil.data()), evil.size()};
+  BOOST_TEST(peer.ep->put(&from, 1, address, key->get()).st == comm::status::privileges_violation);
+  const std::vector<uint8_t> claims_write =
+      with_access(packed, comm::mem_remote_read | comm::mem_remote_write);
+  auto forged = peer.ep->rkey_unpack(comm::const_bytes(claims_write.data(), claims_write.size()));
+  BOOST_TEST_REQUIRE(forged.has_value());
+  const comm::op o = peer.ep->put(&from, 1, address, forged->get());
+  comm::status written = o.st;
+  if (o.pending()) {
+    peer.progress_until(
+        [&] { return peer.worker->request_status(o.req) != comm::status::in_progress; });
+    written = peer.worker->request_status(o.req);
+    peer.worker->release(o.req);
+  }
+  BOOST_TEST(written == comm::status::privileges_violation, comm::to_string(written));
+  BOOST_TEST(all_bytes_are(here->data, size, 'e'));  // the lender's bytes are unchanged
+  forged->reset();
+  key->reset();
+  // Released, the connection goes on; the node serves others.
+  auto release = releases({id});
+  auto header = lent_header(peer, kind_release, 0, {});
+  peer.send_raw(header.data(), header.size(), release);
+  BOOST_TEST(peer.lookup(service_name) == svc);
+  BOOST_TEST(!peer.closed());
   BOOST_TEST(still_serves(node.address));
   BOOST_TEST(node.stop() == 0);
 }

@@ -7,6 +7,7 @@
 // optimal alignment. Runs over every transport present.
 #define BOOST_TEST_MODULE rma
 #include "fixture.hpp"
+#include "rkey_edit.hpp"
 #include "test_util.hpp"
 
 #include "verbs/testdev/testdev.hpp"
@@ -55,25 +56,6 @@ using namespace comm::test;
 
 namespace {
 
-/// b's key for `handle`, re-encoded by `edit` (called with the RemoteKeyBundle builder) and
-/// unpacked on a's endpoint.
-template <class Edit>
-rkey* reencoded_key(worker_pair& p, memh* handle, Edit&& edit) {
-  std::vector<uint8_t> packed;
-  BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
-  auto words = kj::heapArray<capnp::word>(packed.size() / 8);
-  std::memcpy(words.begin(), packed.data(), packed.size());
-  capnp::FlatArrayMessageReader reader(words);
-  capnp::MallocMessageBuilder builder;
-  builder.setRoot(reader.getRoot<wire::schema::RemoteKeyBundle>());
-  edit(builder.getRoot<wire::schema::RemoteKeyBundle>());
-  auto flat = capnp::messageToFlatArray(builder);
-  rkey* key = nullptr;
-  BOOST_REQUIRE(p.ab->rkey_unpack(flat.asBytes().begin(), flat.asBytes().size(), &key) ==
-                status::ok);
-  return key;
-}
-
 /// b's key for `handle`, re-encoded with the rights `access` and (when not 0) the length
 /// `length` in place of what b packed (a hostile reader), unpacked on a's endpoint.
 rkey* forged_key(worker_pair& p, memh* handle, uint32_t access, uint64_t length) {
@@ -81,12 +63,6 @@ rkey* forged_key(worker_pair& p, memh* handle, uint32_t access, uint64_t length)
     bundle.setAccess(access);
     if (length != 0) bundle.setLength(length);
   });
-}
-
-/// b's key for `handle` without the transports' keys in it: a's puts and gets with it go through
-/// b's worker (software RMA) on every lane, in flight until b progresses.
-rkey* key_served_by_owner(worker_pair& p, memh* handle) {
-  return reencoded_key(p, handle, [](auto bundle) { bundle.initEntries(0); });
 }
 
 /// The verbs test device's post_send, called by marked_post_send.

@@ -12,6 +12,7 @@
 #include "hostile_peer.hpp"
 #include "test_util.hpp"
 #include "process_harness.hpp"
+#include "rkey_edit.hpp"
 
 #include <comm/memory.hpp>
 #include <comm/transport/shared_heap.hpp>
@@ -371,7 +372,8 @@ BOOST_AUTO_TEST_CASE(get_and_put_through_a_mapped_segment) {
     const std::string info = f.a->info();
     BOOST_TEST(mapped_gets(info) == 2);
     BOOST_TEST(mapped_puts(info) == 1);
-    BOOST_TEST(info.find("1 peer segments mapped") != std::string::npos);
+    // The segment is mapped twice: read-only for the gets, writable for the put.
+    BOOST_TEST(info.find("2 peer segments mapped") != std::string::npos);
     // Bounds: the errors CMA gives.
     uint8_t byte = 0;
     BOOST_TEST(f.get(key.key, &byte, 1, base + size) == status::protection_error);
@@ -921,6 +923,108 @@ BOOST_AUTO_TEST_CASE(a_local_address_is_the_peers_bytes_and_outlives_the_interfa
   BOOST_TEST(std::memcmp(here.data, remote + 100, 5000) == 0);
   here = {};
   mem_free(remote);
+}
+
+BOOST_AUTO_TEST_CASE(a_read_only_region_is_mapped_read_only_and_refuses_puts) {
+  pair_fixture f;
+  const size_t size = 256 * 1024;
+  auto* remote = static_cast<uint8_t*>(mem_alloc(size));
+  fill(remote, size, 21);
+  tl::md& md = *f.b->memory_domain();
+  tl::mem_handle* handle = nullptr;
+  BOOST_TEST_REQUIRE(md.mem_reg_read_only(remote, size, &handle) == status::ok);
+  std::vector<uint8_t> packed;
+  BOOST_TEST_REQUIRE(md.rkey_pack(handle, packed) == status::ok);
+  const uint64_t base = address_of(remote);
+  const std::vector<uint8_t> evil = test::pattern(4096, 99);
+  tl::local_bytes seen;
+  {
+    // The same range open to writes too: a registration (and a slot) of its own.
+    registration writable(md, remote, size);
+    unpacked read_only(*f.a->memory_domain(), packed);
+    unpacked read_write(*f.a->memory_domain(), writable.packed);
+    BOOST_TEST_REQUIRE(read_only.result == status::ok);
+    BOOST_TEST_REQUIRE(read_write.result == status::ok);
+    BOOST_TEST_REQUIRE(f.ab->rkey_local_address(base, size, read_only.key, &seen) == status::ok);
+    BOOST_TEST(test::first_mismatch(seen.data, size, 21) == -1);
+    BOOST_TEST(test::mapping_protection(seen.data) == "r--s");
+    const auto* borrowed = static_cast<const uint8_t*>(seen.data);
+    BOOST_TEST(test::signal_of_a_child_writing(borrowed + 7) == SIGSEGV);
+    // A put through the read-only key is refused and writes nothing; gets work.
+    BOOST_TEST(f.put(read_only.key, evil.data(), evil.size(), base + 100) ==
+               status::privileges_violation);
+    BOOST_TEST(test::first_mismatch(remote, size, 21) == -1);
+    std::vector<uint8_t> got(4096);
+    BOOST_TEST(f.get(read_only.key, got.data(), got.size(), base + 100) == status::ok);
+    BOOST_TEST(test::first_mismatch(got.data(), got.size(), 21, 100) == -1);
+    // The writable key maps the segment writable and its puts land (and show through both).
+    tl::local_bytes open;
+    BOOST_TEST_REQUIRE(f.ab->rkey_local_address(base, size, read_write.key, &open) ==
+                       status::ok);
+    BOOST_TEST(test::mapping_protection(open.data) == "rw-s");
+    BOOST_TEST(f.put(read_write.key, evil.data(), evil.size(), base + 100) == status::ok);
+    BOOST_TEST(std::memcmp(remote + 100, evil.data(), evil.size()) == 0);
+    BOOST_TEST(std::memcmp(static_cast<const uint8_t*>(seen.data) + 100, evil.data(),
+                           evil.size()) == 0);
+  }
+  BOOST_TEST(md.mem_dereg(handle) == status::ok);
+  // Memory outside the shared heap (reached by CMA): a put through a read-only key is refused too.
+  std::vector<uint8_t> plain = test::pattern(8192, 22);
+  BOOST_TEST_REQUIRE(md.mem_reg_read_only(plain.data(), plain.size(), &handle) == status::ok);
+  packed.clear();
+  BOOST_TEST_REQUIRE(md.rkey_pack(handle, packed) == status::ok);
+  {
+    unpacked key(*f.a->memory_domain(), packed);
+    BOOST_TEST_REQUIRE(key.result == status::ok);
+    BOOST_TEST(f.put(key.key, evil.data(), evil.size(), address_of(plain.data())) ==
+               status::privileges_violation);
+    BOOST_TEST(test::first_mismatch(plain.data(), plain.size(), 22) == -1);
+    std::vector<uint8_t> got(plain.size());
+    BOOST_TEST(f.get(key.key, got.data(), got.size(), address_of(plain.data())) == status::ok);
+    BOOST_TEST(got == plain);
+  }
+  BOOST_TEST(md.mem_dereg(handle) == status::ok);
+  seen = {};
+  mem_free(remote);
+}
+
+BOOST_AUTO_TEST_CASE(a_region_mapped_for_remote_reads_only_is_read_only_for_the_peer) {
+  comm::test::worker_pair p("shm");
+  const size_t size = 512 * 1024;
+  void* block = mem_alloc(size);
+  fill(block, size, 23);
+  memh* region = nullptr;
+  BOOST_TEST_REQUIRE(p.b->mem_map(block, size, &region, mem_access_all & ~mem_remote_write) ==
+                     status::ok);
+  std::vector<uint8_t> packed;
+  BOOST_TEST_REQUIRE(p.b->rkey_pack(region, packed) == status::ok);
+  rkey* key = nullptr;
+  BOOST_TEST_REQUIRE(p.ab->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+  const uint64_t base = address_of(block);
+  auto here = p.ab->rkey_local_address(*key, base, size);
+  BOOST_TEST_REQUIRE(here.has_value());
+  BOOST_TEST(test::first_mismatch(here->data, size, 23) == -1);
+  BOOST_TEST(test::mapping_protection(here->data) == "r--s");
+  BOOST_TEST(test::signal_of_a_child_writing(here->data) == SIGSEGV);
+  const std::vector<uint8_t> evil = test::pattern(4096, 98);
+  iov_entry from{const_cast<uint8_t*>(evil.data()), evil.size()};
+  // The key says read-only: refused at once.
+  BOOST_TEST(p.ab->put(&from, 1, base, key).st == status::privileges_violation);
+  // A forged key that claims the right to write: the transport refuses it.
+  rkey* forged = comm::test::reencoded_key(
+      p, region, [](auto bundle) { bundle.setAccess(mem_remote_read | mem_remote_write); });
+  const status written = p.finish(p.ab->put(&from, 1, base, forged));
+  BOOST_TEST(written == status::privileges_violation, to_string(written));
+  BOOST_TEST(test::first_mismatch(block, size, 23) == -1);
+  auto forged_here = p.ab->rkey_local_address(*forged, base, size);
+  BOOST_TEST_REQUIRE(forged_here.has_value());
+  BOOST_TEST(test::mapping_protection(forged_here->data) == "r--s");
+  p.ab->rkey_destroy(forged);
+  p.ab->rkey_destroy(key);
+  BOOST_TEST(p.b->mem_unmap(region) == status::ok);
+  here = status::not_connected;
+  forged_here = status::not_connected;
+  mem_free(block);
 }
 
 BOOST_AUTO_TEST_CASE(memory_outside_the_shared_heap_has_no_local_address) {

@@ -4,6 +4,7 @@
 // keeps working for its other endpoints.
 #define BOOST_TEST_MODULE wire_rndv
 #include "fixture.hpp"
+#include "rkey_edit.hpp"
 
 #include <capnp/serialize.h>
 
@@ -268,16 +269,15 @@ BOOST_DATA_TEST_CASE(acknowledgement_for_an_unannounced_send_fails_the_endpoint,
   BOOST_CHECK(p.finish(s) == status::protocol_error);
 }
 
-/// b's region of `length` bytes of pattern `seed`, open to one remote right only (`remote`), so
-/// that every lane reaches it by software RMA, with a's key for it.
+/// b's region of `length` bytes of pattern `seed`, open to one remote right only (`remote`), with
+/// a's key for it without the transports' entries, so that every lane reaches it by software RMA
+/// (a read-only region is mapped by shm otherwise).
 struct software_region {
   software_region(worker_pair& p, size_t length, uint32_t seed, uint32_t remote)
       : p(p), bytes(pattern(length, seed)) {
     BOOST_REQUIRE(p.b->mem_map(bytes.data(), bytes.size(), &handle,
                                mem_local_read | mem_local_write | remote) == status::ok);
-    std::vector<uint8_t> packed;
-    BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
-    BOOST_REQUIRE(p.ab->rkey_unpack(packed.data(), packed.size(), &key) == status::ok);
+    key = key_served_by_owner(p, handle);
     for (auto& [t, h] : detail::module_of<detail::rma_protocol>(detail::impl(*p.b)).regions()) {
       if (h == handle) token = t;
     }

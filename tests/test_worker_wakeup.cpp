@@ -6,6 +6,7 @@
 // device, a software stand-in).
 #define BOOST_TEST_MODULE worker_wakeup
 #include "fixture.hpp"
+#include "rkey_edit.hpp"
 #include "test_util.hpp"
 
 #include "verbs/testdev/testdev.hpp"
@@ -392,17 +393,17 @@ BOOST_DATA_TEST_CASE(a_completed_get_ends_a_wait_for_rma, each_transport(), tran
   worker_params wa;
   wa.events = wakeup_rma;
   worker_pair p(transport, {}, wa);
-  // A get through the lane (on self and shm a local copy), then one from a region b maps without
-  // the remote write right: the transports do not map it and b's worker serves the read (software
-  // RMA), so that get is in flight on every lane until b answers.
+  // A get through the lane (on self and shm a local copy), then one through a key without the
+  // transports' entries: b's worker serves the read (software RMA), so that get is in flight on
+  // every lane until b answers.
   for (const bool served_by_b : {false, true}) {
     const uint32_t seed = served_by_b ? 14 : 13;
-    remote_region region(p, 4096, seed,
-                         served_by_b ? mem_access_all & ~mem_remote_write : mem_access_all);
+    remote_region region(p, 4096, seed);
+    rkey* key = served_by_b ? key_served_by_owner(p, region.handle) : region.key;
     std::vector<uint8_t> local(4096, 0);
     iov_entry entry{local.data(), local.size()};
     send_tracker t;
-    op g = p.ab->get(&entry, 1, region.address(), region.key,
+    op g = p.ab->get(&entry, 1, region.address(), key,
                      send_params(t, request_no_immediate_completion));
     BOOST_REQUIRE(g.pending());
     if (t.calls == 1) {
@@ -418,6 +419,7 @@ BOOST_DATA_TEST_CASE(a_completed_get_ends_a_wait_for_rma, each_transport(), tran
       BOOST_CHECK(t.st == status::ok);
     }
     p.a->release(g.req);
+    if (served_by_b) p.ab->rkey_destroy(key);
     BOOST_CHECK_EQUAL(first_mismatch(local.data(), local.size(), seed), -1);
   }
 }

@@ -9,9 +9,15 @@
 
 #include "schema/actor.capnp.h"
 
+#include <unistd.h>
+
 #include <new>
 
 namespace comm::actors::detail {
+
+lend_table::~lend_table() {
+  if (borrower >= 0) ::close(borrower);
+}
 
 namespace {
 

@@ -15,14 +15,22 @@
 // Every field of a lend is checked by the receiver (the key and range by libcomm against the
 // sender's registrations, a returned id against the receiver's own table), every release id by
 // the sender: anything else closes the connection as any malformed frame does. A connection that
-// ends drops its table (the lender frees what it lent) and closes its sink (the borrower's blobs
-// stay valid: they hold the mapping, which outlives the sender).
+// ends closes its sink (the borrower's blobs stay valid: they hold the mapping, which outlives the
+// sender) and drops its table: the lender frees what it lent when the borrower process is gone,
+// and otherwise hands the blobs to the lend_keeper (lend_keeper.hpp), which frees them when it
+// exits, so bytes a borrower may still read are never reused while it lives.
+//
+// Lent bytes are registered for remote reads only (worker::mem_map without mem_remote_write):
+// the borrower's mapping of them is read-only, so a write through a borrowed blob faults in the
+// borrower, and a put through its key fails.
 #pragma once
 
 #include "attachments.hpp"
 
 #include <comm/endpoint.hpp>
 #include <comm/memory.hpp>
+
+#include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -96,9 +104,21 @@ struct lend {
 
 /// What a connection's peer has borrowed from this node.
 struct lend_table {
+  lend_table() = default;
+  lend_table(const lend_table&) = delete;
+  lend_table& operator=(const lend_table&) = delete;
+  /// Closes `borrower`.
+  ~lend_table();
+
   std::unordered_map<uint64_t, lend> lent;  ///< by id
   size_t bytes = 0;                         ///< bytes of those
   uint64_t next_id = 0;                     ///< the id of the last lend
+  bool watched = false;  ///< the borrower process was asked for (at the first lend)
+  int borrower = -1;     ///< pidfd of the borrower process (-1: unknown, or handed over)
+  pid_t borrower_pid = 0;  ///< its pid
+  /// Bytes kept for the borrower process from its closed connections when this one began lending
+  /// (lend_keeper.hpp); they count against max_lent_bytes.
+  size_t kept_before = 0;
 };
 
 /// One attachment of a message frame sent as a lend (schema ActorLend).

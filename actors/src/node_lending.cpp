@@ -3,6 +3,8 @@
 // lock, except release_sink::push (any thread).
 #include "node_state.hpp"
 
+#include "lend_keeper.hpp"
+
 #include <comm/log.hpp>
 
 #include <algorithm>
@@ -47,6 +49,7 @@ bool node_state::lend_attached(peer& p, outgoing& item) {
     copy_borrowed_runs(p, item, true);
     return false;
   }
+  if (!p.lends.watched) watch_borrower(p);
   std::vector<lend_descriptor> runs(a.runs.size());
   size_t fresh = 0;
   for (size_t i = 0; i < a.runs.size(); ++i) {
@@ -58,7 +61,8 @@ bool node_state::lend_attached(peer& p, outgoing& item) {
       fresh += a.runs[i].size();
     }
   }
-  if (fresh > params_.max_lent_bytes - std::min(p.lends.bytes, params_.max_lent_bytes)) {
+  const size_t used = p.lends.bytes + p.lends.kept_before;
+  if (fresh > params_.max_lent_bytes - std::min(used, params_.max_lent_bytes)) {
     copy_borrowed_runs(p, item, true);
     return false;  // beyond the limit: copied
   }
@@ -76,9 +80,24 @@ bool node_state::lend_attached(peer& p, outgoing& item) {
   return true;
 }
 
+void node_state::watch_borrower(peer& p) {
+  p.lends.watched = true;
+  auto pidfd = p.ep->peer_process_fd();
+  if (!pidfd) {
+    COMM_LOG(debug, "actors", "no process to watch for lends to connection %llu: %s",
+             static_cast<unsigned long long>(p.serial), comm::to_string(pidfd.error()));
+    return;
+  }
+  p.lends.borrower = *pidfd;
+  p.lends.borrower_pid = pid_of_pidfd(*pidfd);
+  p.lends.kept_before = lend_keeper::instance().bytes_for(p.lends.borrower_pid);
+}
+
 bool node_state::lend_one(peer& p, const blob& run, lend_descriptor& d) {
-  auto registration = worker_->mem_map(
-      comm::mutable_bytes(const_cast<char*>(run.data()), run.size()));
+  // Peers may read the bytes, never write them: the borrower's mapping is read-only.
+  auto registration =
+      worker_->mem_map(comm::mutable_bytes(const_cast<char*>(run.data()), run.size()),
+                       comm::mem_access_all & ~comm::mem_remote_write);
   if (!registration) return false;
   auto key = worker_->rkey_pack(**registration);
   if (!key) return false;
@@ -118,8 +137,20 @@ void node_state::drop_lends(peer& p) {
   if (p.releases) p.releases->close();
   lent_now_.sub(p.lends.lent.size());
   lent_bytes_now_.sub(p.lends.bytes);
-  p.lends.lent.clear();
-  p.lends.bytes = 0;
+  lend_table& t = p.lends;
+  if (!t.lent.empty() && t.borrower >= 0 && !process_gone(t.borrower)) {
+    // The borrower lives and may still read the bytes: they stay allocated until it exits.
+    std::vector<blob> blobs;
+    blobs.reserve(t.lent.size());
+    for (auto& [id, l] : t.lent) blobs.push_back(std::move(l.bytes));
+    COMM_LOG(debug, "actors", "connection %llu closed with %zu blobs lent to pid %d: kept until "
+             "it exits", static_cast<unsigned long long>(p.serial), blobs.size(),
+             static_cast<int>(t.borrower_pid));
+    lend_keeper::instance().keep(t.borrower, t.borrower_pid, std::move(blobs), t.bytes, kept_);
+    t.borrower = -1;  // the keeper's now
+  }
+  t.lent.clear();  // unmaps the registrations: nobody can use the keys without the connection
+  t.bytes = 0;
 }
 
 // -- borrowing -----------------------------------------------------------------------------------

@@ -428,8 +428,10 @@ node_stats node_state::stats() const {
   s.backlog_waits = backlog_waits_.load(std::memory_order_relaxed);
   s.backlog_stalls = backlog_stalls_.load(std::memory_order_relaxed);
   s.blobs_lent = blobs_lent_.get();
-  s.lent_now = lent_now_.get();
-  s.lent_bytes_now = lent_bytes_now_.get();
+  s.lent_kept_now = kept_->count.load(std::memory_order_relaxed);
+  s.lent_kept_bytes_now = kept_->bytes.load(std::memory_order_relaxed);
+  s.lent_now = lent_now_.get() + s.lent_kept_now;
+  s.lent_bytes_now = lent_bytes_now_.get() + s.lent_kept_bytes_now;
   s.blobs_borrowed = borrowed_.get();
   s.borrowed_copied = borrowed_copied_.get();
   return s;

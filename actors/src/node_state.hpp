@@ -21,6 +21,7 @@
 #pragma once
 
 #include "frame.hpp"
+#include "lend_keeper.hpp"
 #include "outbox.hpp"
 #include "payload.hpp"
 #include "peer.hpp"
@@ -216,14 +217,17 @@ private:
   /// Lends the attachments of `item` to `p` when it can (flag_lent set, `item.lends` filled);
   /// over shm, attachments borrowed from elsewhere become copies first.
   bool lend_attached(peer& p, outgoing& item);
-  /// Registers `run`, packs its key into `d` and enters it in `p`'s table.
+  /// Finds out which process borrows from `p` (its pidfd), and what is kept for it already.
+  void watch_borrower(peer& p);
+  /// Registers `run` for remote reads only, packs its key into `d` and enters it in `p`'s table.
   bool lend_one(peer& p, const blob& run, lend_descriptor& d);
   /// Forgets lend `id` of `p`'s table; false when there is none.
   bool take_back(peer& p, uint64_t id);
   /// The AM header (envelope and payload) and data (the lends) of a lent frame.
   void lay_out_lent(outgoing& item, const void*& head, size_t& head_length, const void*& data,
                     size_t& length);
-  /// Forgets every lend of `p` and closes its release sink (the connection ended).
+  /// Forgets every lend of `p` and closes its release sink (the connection ended); the blobs of
+  /// a borrower process that lives go to the lend_keeper until it exits.
   void drop_lends(peer& p);
   /// Handles a message frame whose attachments are lent.
   void receive_lent(const std::shared_ptr<peer>& p, const frame_header& h, const void* header,
@@ -339,6 +343,8 @@ private:
   gauge blobs_lent_;
   gauge lent_now_;
   gauge lent_bytes_now_;
+  /// Lends of closed connections the lend_keeper holds for this node (it may outlive the node).
+  std::shared_ptr<kept_lends> kept_ = std::make_shared<kept_lends>();
   gauge borrowed_;
   gauge borrowed_copied_;
 };

@@ -504,16 +504,21 @@ status worker::mem_map(void* address, size_t length, memh** out, uint32_t access
   handle->address = address;
   handle->length = length;
   handle->access = access;
-  // Transports map a region for every remote access; one that withholds a remote right is
-  // served by our worker (software RMA), which checks the rights at every access.
-  const uint32_t remote = mem_remote_read | mem_remote_write;
-  const bool zero_copy = (access & remote) == remote;
+  // Transports map a region for every remote access, and a read-only one where their memory
+  // domain enforces that (md::mem_reg_read_only); any other region, and a read-only one on the
+  // other transports, is served by our worker (software RMA), which checks the rights at every
+  // access.
+  const uint32_t remote = access & (mem_remote_read | mem_remote_write);
+  const bool read_only = remote == mem_remote_read;
+  const bool zero_copy = remote == (mem_remote_read | mem_remote_write) || read_only;
   for (auto& li : w.ifaces) {
     if (!zero_copy) break;
     tl::md* md = li.iface->memory_domain();
     if (md == nullptr) continue;
     tl::mem_handle* reg = nullptr;
-    status st = md->mem_reg(address, length, &reg);
+    status st = read_only ? md->mem_reg_read_only(address, length, &reg)
+                          : md->mem_reg(address, length, &reg);
+    if (st == status::unsupported && read_only) continue;
     if (st != status::ok) {
       for (auto& [owner, r] : handle->regs) owner->iface->memory_domain()->mem_dereg(r);
       return st;

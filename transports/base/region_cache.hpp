@@ -25,6 +25,7 @@ struct region {
   uint32_t index = 0;       ///< slot in the transport's region table
   uint64_t generation = 0;  ///< generation of that slot for this registration
   uint32_t refs = 0;        ///< registrations not yet deregistered
+  bool read_only = false;   ///< peers may only read it (md::mem_reg_read_only)
 };
 
 /// The key a peer presents to reach `r`, a region of the memory domain with `magic` on interface
@@ -54,17 +55,21 @@ public:
     clear([](const region&) {});
   }
 
-  /// The registration of exactly [address, address + length) with one more reference, or null.
-  region* acquire(void* address, size_t length) {
-    const auto found = by_range_.find(range{reinterpret_cast<uintptr_t>(address), length});
+  /// The registration of exactly [address, address + length) with the same rights (`read_only`)
+  /// with one more reference, or null.
+  region* acquire(void* address, size_t length, bool read_only = false) {
+    const auto found =
+        by_range_.find(range{reinterpret_cast<uintptr_t>(address), length, read_only});
     if (found == by_range_.end()) return nullptr;
     ++found->second->refs;
     ++hits_;
     return found->second;
   }
 
-  /// Records a new registration with one reference; null when out of memory.
-  region* insert(void* address, size_t length, uint32_t index, uint64_t generation);
+  /// Records a new registration with one reference (read-only for peers with `read_only`); null
+  /// when out of memory.
+  region* insert(void* address, size_t length, uint32_t index, uint64_t generation,
+                 bool read_only = false);
 
   /// The region behind `handle` when this cache handed it out and it is still registered.
   region* find(const mem_handle* handle) const {
@@ -102,11 +107,13 @@ private:
   struct range {
     uintptr_t address;
     size_t length;
+    bool read_only;
     bool operator==(const range&) const = default;
   };
   struct range_hash {
     size_t operator()(const range& r) const {
-      return (r.address * 0x9e3779b97f4a7c15ull) ^ (r.length + (r.address >> 17));
+      return (r.address * 0x9e3779b97f4a7c15ull) ^ (r.length + (r.address >> 17)) ^
+             static_cast<size_t>(r.read_only);
     }
   };
 
@@ -119,21 +126,23 @@ private:
 };
 
 inline region* region_cache::insert(void* address, size_t length, uint32_t index,
-                                    uint64_t generation) {
+                                    uint64_t generation, bool read_only) {
   auto* r = new (std::nothrow) region;
   if (r == nullptr) return nullptr;
   r->handle = {address, length, r};
   r->index = index;
   r->generation = generation;
   r->refs = 1;
-  by_range_.emplace(range{reinterpret_cast<uintptr_t>(address), length}, r);
+  r->read_only = read_only;
+  by_range_.emplace(range{reinterpret_cast<uintptr_t>(address), length, read_only}, r);
   live_.insert(&r->handle);
   ++misses_;
   return r;
 }
 
 inline void region_cache::erase(region* r) {
-  by_range_.erase(range{reinterpret_cast<uintptr_t>(r->handle.address), r->handle.length});
+  by_range_.erase(
+      range{reinterpret_cast<uintptr_t>(r->handle.address), r->handle.length, r->read_only});
   live_.erase(&r->handle);
   delete r;
 }

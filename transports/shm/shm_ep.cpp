@@ -238,13 +238,16 @@ status shm_ep::rkey_local_address(uint64_t remote_address, size_t length,
   if (k->pid != remote_.address.pid || k->iface_id != remote_.address.iface_id) {
     return status::invalid_param;
   }
-  if (const status st = check_access(peer_, *k, remote_address, length); st != status::ok) {
+  bool read_only = false;
+  if (const status st = check_access(peer_, *k, remote_address, length, false, &read_only);
+      st != status::ok) {
     return remote_.closed() ? status::connection_reset : st;
   }
   segment_ref segment;
   if (!segment_of(key, &segment)) return status::unsupported;
   mapped_segments& mapped = owner_.mapped();
-  uint8_t* base = mapped.map(peer_pid(), remote_.pidfd, segment);
+  // A region peers may only read is handed out through a read-only mapping: writes fault here.
+  uint8_t* base = mapped.map(peer_pid(), remote_.pidfd, segment, !read_only);
   if (base == nullptr) return status::unsupported;
   if (mapped_segments::released(base)) [[unlikely]] {
     mapped.forget(peer_pid(), segment.id);
@@ -276,7 +279,7 @@ status shm_ep::checked_rma(const packed_rkey& key, const remote_key& unpacked,
   if (key.pid != remote_.address.pid || key.iface_id != remote_.address.iface_id) {
     return status::invalid_param;
   }
-  const status st = check_access(peer_, key, remote_address, total);
+  const status st = check_access(peer_, key, remote_address, total, write);
   if (st != status::ok) [[unlikely]] {
     // A closed peer invalidated its table: say why rather than blame the key.
     return remote_.closed() ? status::connection_reset : st;
@@ -297,7 +300,7 @@ status shm_ep::checked_rma(const packed_rkey& key, const remote_key& unpacked,
 status shm_ep::mapped_rma(const packed_rkey& key, const segment_ref& segment, const iov* entries,
                           size_t count, uint64_t remote_address, bool write) {
   mapped_segments& mapped = owner_.mapped();
-  uint8_t* base = mapped.map(peer_pid(), remote_.pidfd, segment);
+  uint8_t* base = mapped.map(peer_pid(), remote_.pidfd, segment, write);
   if (base == nullptr) return status::unsupported;
   if (mapped_segments::released(base)) [[unlikely]] {
     // Freed to the system under a live registration: what CMA's EFAULT reports.

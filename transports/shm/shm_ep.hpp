@@ -50,6 +50,7 @@ public:
                    const remote_key& key, completion* comp) override;
   /// The peer's bytes in our mapping of its heap segment (checked as get_zcopy checks);
   /// unsupported when the key names no heap segment or it cannot be mapped.
+  int peer_process_fd() const override { return remote_.pidfd; }
   status rkey_local_address(uint64_t remote_address, size_t length, const remote_key& key,
                             local_bytes* out) override;
   status pending_add(pending_req* req) override;

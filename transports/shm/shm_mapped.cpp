@@ -40,8 +40,8 @@ bool mapped_segments::released(const uint8_t* base) {
   return std::atomic_ref<uint32_t>(word).load(std::memory_order_acquire) != 0;
 }
 
-uint8_t* mapped_segments::map(pid_t pid, int pidfd, const segment_ref& ref) {
-  const key k{pid, ref.id};
+uint8_t* mapped_segments::map(pid_t pid, int pidfd, const segment_ref& ref, bool writable) {
+  const key k{pid, ref.id, writable};
   // The segment used last is at the front: operations on one buffer skip the index.
   if (!lru_.empty() && lru_.front().k == k) {
     const entry& e = lru_.front();
@@ -55,7 +55,7 @@ uint8_t* mapped_segments::map(pid_t pid, int pidfd, const segment_ref& ref) {
   }
   if (failed_.count(failure{pid, ref}) != 0) return nullptr;
   sweep_released();
-  uint8_t* base = attach(pid, pidfd, ref);
+  uint8_t* base = attach(pid, pidfd, ref, writable);
   if (base == nullptr) {
     note_failure(pid, ref);
     return nullptr;
@@ -72,7 +72,7 @@ uint8_t* mapped_segments::map(pid_t pid, int pidfd, const segment_ref& ref) {
   return base;
 }
 
-uint8_t* mapped_segments::attach(pid_t pid, int pidfd, const segment_ref& ref) {
+uint8_t* mapped_segments::attach(pid_t pid, int pidfd, const segment_ref& ref, bool writable) {
   if (ref.size > budget_ || ref.size < heap_header_bytes) return nullptr;
   const taken_fd taken =
       take_peer_memfd(pidfd, pid, memfd_expectation{ref.fd, ref.size, ref.inode});
@@ -82,8 +82,8 @@ uint8_t* mapped_segments::attach(pid_t pid, int pidfd, const segment_ref& ref) {
              taken.error != 0 ? ": " : "", taken.error != 0 ? std::strerror(taken.error) : "");
     return nullptr;
   }
-  void* p =
-      ::mmap(nullptr, ref.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, taken.fd, 0);
+  const int protection = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* p = ::mmap(nullptr, ref.size, protection, MAP_SHARED | MAP_POPULATE, taken.fd, 0);
   ::close(taken.fd);
   if (p == MAP_FAILED) {
     COMM_LOG(debug, log_name, "mapped path: mmap of descriptor %d of pid %d: %s",
@@ -115,7 +115,11 @@ void mapped_segments::erase(lru_list::iterator it) {
 }
 
 void mapped_segments::forget(pid_t pid, uint64_t id) {
-  if (const auto found = index_.find(key{pid, id}); found != index_.end()) erase(found->second);
+  for (const bool writable : {false, true}) {
+    if (const auto found = index_.find(key{pid, id, writable}); found != index_.end()) {
+      erase(found->second);
+    }
+  }
 }
 
 void mapped_segments::forget_peer(pid_t pid) {

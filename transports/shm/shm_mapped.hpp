@@ -13,6 +13,9 @@
 // A mapping is unmapped once the cache dropped it and nobody holds it any more: rkey_local_address
 // hands out a hold (last_mapping), so bytes a user keeps (a lent actor blob) outlive eviction, the
 // peer's failure and the interface itself. Held mappings the cache dropped are not in bytes().
+// A segment is mapped read-only (PROT_READ) for reading and writable only for puts: each is its
+// own mapping, cached apart, so bytes read (or handed out by rkey_local_address) from a segment
+// never sit in a writable mapping unless this process also puts into that segment.
 // Not thread safe: the interface's owner serialises calls.
 #pragma once
 
@@ -40,8 +43,9 @@ public:
   mapped_segments& operator=(const mapped_segments&) = delete;
 
   /// The local start of segment `ref` of process `pid` (whose pidfd is `pidfd`), mapped now if it
-  /// is not yet; null when it cannot be mapped (the caller uses CMA).
-  uint8_t* map(pid_t pid, int pidfd, const segment_ref& ref);
+  /// is not yet, writable with `writable` and read-only otherwise; null when it cannot be mapped
+  /// (the caller uses CMA).
+  uint8_t* map(pid_t pid, int pidfd, const segment_ref& ref, bool writable);
 
   /// What keeps the mapping the last successful map() returned (valid after this cache and the
   /// interface are gone); null before any.
@@ -50,7 +54,7 @@ public:
   /// True when the owner of the segment mapped at `base` has released it.
   static bool released(const uint8_t* base);
 
-  /// Unmaps segment `id` of `pid` (released by its owner).
+  /// Unmaps segment `id` of `pid` (released by its owner), both ways it may be mapped.
   void forget(pid_t pid, uint64_t id);
 
   /// Unmaps every segment of `pid` and forgets its failures (the peer is gone or disconnected).
@@ -69,11 +73,13 @@ private:
   struct key {
     pid_t pid;
     uint64_t id;
+    bool writable;
     bool operator==(const key&) const = default;
   };
   struct key_hash {
     size_t operator()(const key& k) const {
-      return static_cast<size_t>(k.id * 0x9e3779b97f4a7c15ull) ^ static_cast<size_t>(k.pid);
+      return static_cast<size_t>(k.id * 0x9e3779b97f4a7c15ull) ^ static_cast<size_t>(k.pid) ^
+             static_cast<size_t>(k.writable);
     }
   };
   struct entry {
@@ -94,14 +100,14 @@ private:
   };
   struct failure_hash {
     size_t operator()(const failure& f) const {
-      return key_hash{}(key{f.pid, f.ref.id}) ^ static_cast<size_t>(f.ref.inode << 7) ^
+      return key_hash{}(key{f.pid, f.ref.id, false}) ^ static_cast<size_t>(f.ref.inode << 7) ^
              static_cast<size_t>(f.ref.size);
     }
   };
   using lru_list = std::list<entry>;
 
   /// Opens, checks and maps the segment; null when any check fails.
-  uint8_t* attach(pid_t pid, int pidfd, const segment_ref& ref);
+  uint8_t* attach(pid_t pid, int pidfd, const segment_ref& ref, bool writable);
   void note_failure(pid_t pid, const segment_ref& ref);
   void erase(lru_list::iterator it);
   void sweep_released();

@@ -90,10 +90,19 @@ shm_md::~shm_md() {
 }
 
 status shm_md::mem_reg(void* address, size_t length, mem_handle** out) {
+  return reg(address, length, 0, out);
+}
+
+status shm_md::mem_reg_read_only(void* address, size_t length, mem_handle** out) {
+  return reg(address, length, region_read_only, out);
+}
+
+status shm_md::reg(void* address, size_t length, uint64_t rights, mem_handle** out) {
   const auto base = reinterpret_cast<uintptr_t>(address);
   if (out == nullptr || base + length < base) return status::invalid_param;
+  const bool read_only = rights == region_read_only;
   std::lock_guard lock(mutex_);
-  if (region* hit = cache_.acquire(address, length)) {
+  if (region* hit = cache_.acquire(address, length, read_only)) {
     *out = &hit->handle;
     return status::ok;
   }
@@ -102,10 +111,10 @@ status shm_md::mem_reg(void* address, size_t length, mem_handle** out) {
     return status::exceeds_limit;
   }
   const uint32_t index = free_.back();
-  region* r = cache_.insert(address, length, index, 0);
+  region* r = cache_.insert(address, length, index, 0, read_only);
   if (r == nullptr) return status::no_memory;
   free_.pop_back();
-  r->generation = publish(index, base, length);
+  r->generation = publish(index, base, length, rights);
   *out = &r->handle;
   return status::ok;
 }
@@ -119,7 +128,7 @@ status shm_md::mem_dereg(mem_handle* handle) {
   return status::ok;
 }
 
-uint64_t shm_md::publish(uint32_t index, uint64_t base, uint64_t length) {
+uint64_t shm_md::publish(uint32_t index, uint64_t base, uint64_t length, uint64_t rights) {
   region_entry& e = own_.region(index);
   auto state = entry_word(e.state);
   const uint64_t generation = (state.load(std::memory_order_relaxed) >> 1) + 1;
@@ -127,6 +136,7 @@ uint64_t shm_md::publish(uint32_t index, uint64_t base, uint64_t length) {
   std::atomic_thread_fence(std::memory_order_release);
   entry_word(e.base).store(base, std::memory_order_relaxed);
   entry_word(e.length).store(length, std::memory_order_relaxed);
+  entry_word(e.rights).store(rights, std::memory_order_relaxed);
   state.store(generation << 1 | region_valid, std::memory_order_release);
   return generation;
 }
@@ -191,16 +201,23 @@ std::string shm_md::info() const {
 // -- access checks and CMA ------------------------------------------------------------------------
 
 status check_access(const segment_view& owner, const packed_rkey& key, uint64_t address,
-                    uint64_t bytes) {
+                    uint64_t bytes, bool write, bool* read_only) {
   region_entry& e = owner.region(key.index);  // index < region_table_size: checked at unpack
   const uint64_t expected = key.generation << 1 | region_valid;
   auto state = entry_word(e.state);
   if (state.load(std::memory_order_acquire) != expected) return status::protection_error;
   const uint64_t base = entry_word(e.base).load(std::memory_order_relaxed);
   const uint64_t length = entry_word(e.length).load(std::memory_order_relaxed);
+  const uint64_t rights = entry_word(e.rights).load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (state.load(std::memory_order_relaxed) != expected) return status::protection_error;
   if (base != key.base || length != key.length) return status::protection_error;
+  if (write && rights != 0) {
+    COMM_LOG(debug, log_name, "put into the read-only region at 0x%llx of pid %d refused",
+             static_cast<unsigned long long>(base), static_cast<int>(key.pid));
+    return status::privileges_violation;
+  }
+  if (read_only != nullptr) *read_only = rights != 0;
   return check_range(base, length, address, bytes);
 }
 

@@ -21,6 +21,7 @@
 //                     key whose pid/iface is not this endpoint's peer
 //   protection_error  the slot no longer holds the key's registration (deregistered: stale key),
 //                     the key's base/length do not match it, or the access starts outside it
+//   privileges_violation  a put into a region registered read-only (mem_reg_read_only)
 //   length_error      the access starts inside the region but runs past its end
 //   connection_reset  the peer is gone (ESRCH, its pidfd, or its interface closed); the endpoint
 //                     also takes the normal peer-failure path (error handler on progress)
@@ -35,6 +36,15 @@
 // after the same region-table check; a segment its owner released gives io_error, as EFAULT does
 // with CMA. On that path a bad local buffer is the caller's fault as with memcpy (CMA would report
 // io_error). Keys without the extension, and segments that cannot be mapped, use CMA.
+//
+// Read-only regions (mem_reg_read_only, UCT's remote-get-only access): the slot's `rights` word
+// says so, and the peer's check refuses a put into it (privileges_violation) whatever its key
+// says.
+// A peer reads them, and rkey_local_address hands them out, through a mapping made with
+// PROT_READ only, so a stray write through a borrowed pointer faults in the borrower instead of
+// changing the owner's bytes. What this does not stop: a process of the same user that wants to
+// write can reopen the memfd itself (/proc/<pid>/fd) or use CMA; the boundary against a hostile
+// process is the user id, as for any shared memory.
 #pragma once
 
 #include "base/region_cache.hpp"
@@ -61,6 +71,7 @@ public:
   ~shm_md() override;
 
   status mem_reg(void* address, size_t length, mem_handle** out) override;
+  status mem_reg_read_only(void* address, size_t length, mem_handle** out) override;
   status mem_dereg(mem_handle* handle) override;
   status rkey_pack(const mem_handle* handle, std::vector<uint8_t>& out) override;
   status rkey_unpack(const void* data, size_t length, remote_key* out) override;
@@ -74,8 +85,11 @@ public:
   std::string info() const;
 
 private:
-  /// Writes [base, base + length) into free slot `index`; returns the slot's new generation.
-  uint64_t publish(uint32_t index, uint64_t base, uint64_t length);
+  /// Registers the range with peers' `rights` (0 or region_read_only).
+  status reg(void* address, size_t length, uint64_t rights, mem_handle** out);
+  /// Writes [base, base + length) and `rights` into free slot `index`; returns the slot's new
+  /// generation.
+  uint64_t publish(uint32_t index, uint64_t base, uint64_t length, uint64_t rights);
   /// Invalidates slot `index` and returns it to the free list.
   void retire(uint32_t index);
 
@@ -89,9 +103,11 @@ private:
 };
 
 /// For a peer: whether `key` still grants [address, address + bytes) in the region table of its
-/// owner's segment `owner`. ok, protection_error or length_error (see the mapping above).
+/// owner's segment `owner`, for a put when `write`. ok, protection_error, length_error or
+/// privileges_violation (see the mapping above). Sets `*read_only` (when not null) to whether
+/// the region is read-only.
 status check_access(const segment_view& owner, const packed_rkey& key, uint64_t address,
-                    uint64_t bytes);
+                    uint64_t bytes, bool write, bool* read_only = nullptr);
 
 /// True when `key` (unpacked by an shm md) carries a shared-heap segment; copies it to `*out`.
 bool segment_of(const remote_key& key, segment_ref* out);

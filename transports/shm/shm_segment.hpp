@@ -157,15 +157,18 @@ inline constexpr uint32_t region_table_size = 4096;
 /// stale forever once its registration is gone. Protocol (a seqlock): the owner writes base and
 /// length only while the slot is invalid, then publishes the state with a release store; a reader
 /// loads the state (acquire), base and length, fences (acquire) and loads the state again, and
-/// trusts base/length only when both loads equal the state its key expects.
+/// trusts base/length/rights only when both loads equal the state its key expects. `rights` is
+/// what peers may do: region_read_only refuses their puts (md::mem_reg_read_only), 0 allows all.
 struct region_entry {
   uint64_t state;     ///< generation << 1 | region_valid
   uint64_t base;      ///< start of the region in the owner's address space
   uint64_t length;    ///< bytes in the region
-  uint64_t reserved;
+  uint64_t rights;    ///< 0, or region_read_only
 };
 static_assert(sizeof(region_entry) == 32);
 inline constexpr uint64_t region_valid = 1;
+/// region_entry::rights of a region peers may only read.
+inline constexpr uint64_t region_read_only = 1;
 
 /// Rendezvous an interface may have announced at once as a sender (its rndv_ops words).
 inline constexpr uint32_t rndv_slots = 1024;

@@ -193,12 +193,23 @@ public:
 
   /// The `length` bytes at `remote_address` in `key`'s region, read in place: where they lie in
   /// this process when the endpoint's transport has the peer's memory mapped here (shm, for a
-  /// region in the peer's comm::mem_alloc memory; self). Checked as get checks the range.
-  /// Errors: unsupported when the transport or this region cannot be mapped (get still reads
-  /// it); invalid_param for a key of another endpoint; privileges_violation for a region closed
-  /// to remote reads; protection_error, length_error as get; not_connected, connection_reset on
-  /// an endpoint that is not (or no longer) connected.
+  /// region in the peer's comm::mem_alloc memory; self). Checked as get checks the range. A
+  /// region its owner mapped for remote reads only (worker::mem_map without mem_remote_write)
+  /// is handed out read-only where the transport enforces that (shm: a PROT_READ mapping, so a
+  /// write through the address faults; see local_memory). Errors: unsupported when the
+  /// transport or this region cannot be mapped (get still reads it); invalid_param for a key of
+  /// another endpoint; privileges_violation for a region closed to remote reads;
+  /// protection_error, length_error as get; not_connected, connection_reset on an endpoint that
+  /// is not (or no longer) connected.
   result<local_memory> rkey_local_address(rkey& key, uint64_t remote_address, size_t length);
+
+  /// A new pidfd (pidfd_open(2)) of the peer's process, when the endpoint's transport reaches a
+  /// process on this host it has identified (shm: the pidfd it opened before trusting the peer's
+  /// pid): it polls readable once that process has exited, e.g. to keep memory a peer still
+  /// maps until it is gone. The caller owns the descriptor and closes it. Errors: unsupported
+  /// when the transport knows no peer process (self, tcp, verbs); not_connected before the
+  /// connection is up; connection_reset once it failed; no_resource without free descriptors.
+  result<int> peer_process_fd();
 
   /// The whole region of `key` (DAT's RMR triplet: the key, the region's address, its length).
   remote_segment rkey_segment(rkey* key) const noexcept;

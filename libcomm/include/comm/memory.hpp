@@ -40,11 +40,13 @@ class rkey;
 
 /// A peer's registered memory as this process sees it through a shared mapping
 /// (endpoint::rkey_local_address, UCP's ucp_rkey_ptr). The bytes are the peer's own: what it
-/// writes there shows here, and writes here show there (the region's rights are not enforced on
-/// a mapping). With a mapping (shm), the bytes stay readable memory while `mapping`, or a copy
-/// of it, lives, also after the key, the endpoint, the worker or the peer process are gone; what
-/// they hold is the peer's to change (after it freed the region, anything). Without one (self:
-/// the region is this process's), they are valid while the peer keeps the region allocated.
+/// writes there shows here. A region the peer registered for remote reads only is mapped
+/// read-only (shm): a write through `data` faults (SIGSEGV) instead of changing the peer's
+/// bytes; writes into a region open to remote writes show there. With a mapping (shm), the
+/// bytes stay readable memory while `mapping`, or a copy of it, lives, also after the key, the
+/// endpoint, the worker or the peer process are gone; what they hold is the peer's to change
+/// (after it freed the region, anything). Without one (self: the region is this process's), they
+/// are valid while the peer keeps the region allocated.
 struct local_memory {
   const void* data = nullptr;           ///< the first byte, in this process
   size_t length = 0;                    ///< bytes from `data`

@@ -297,11 +297,15 @@ public:
   // -- memory ------------------------------------------------------------------------------------
 
   /// Registers [address, address + length) with the rights `access` (mem_access flags). With
-  /// every remote right the region is registered with every transport (zero-copy RMA); a region
-  /// that withholds a remote right is served by the owner's worker, which checks every access
-  /// against the rights (PRIVILEGES_VIOLATION), whatever key a peer presents. A local buffer
-  /// inside a region used against its local rights fails with PRIVILEGES_VIOLATION too. Returns
-  /// invalid_param for a null range or unknown flags, or the transport's error.
+  /// every remote right the region is registered with every transport (zero-copy RMA). A region
+  /// peers may only read (mem_remote_read without mem_remote_write) is registered read-only with
+  /// the transports that enforce it (shm: a peer's put into it fails with PRIVILEGES_VIOLATION
+  /// whatever its key claims, and endpoint::rkey_local_address maps it read-only, so a write
+  /// through that address faults in the peer). Any other region that withholds a remote right,
+  /// and a read-only one on the other transports, is served by the owner's worker, which checks
+  /// every access against the rights (PRIVILEGES_VIOLATION), whatever key a peer presents. A
+  /// local buffer inside a region used against its local rights fails with PRIVILEGES_VIOLATION
+  /// too. Returns invalid_param for a null range or unknown flags, or the transport's error.
   status mem_map(void* address, size_t length, memh** out, uint32_t access = mem_access_all);
   /// Releases a registration; remote keys packed from it stop working (PROTECTION_ERROR).
   status mem_unmap(memh* handle);

@@ -147,13 +147,16 @@ struct node_params {
   size_t max_backlog = default_max_backlog();
   /// Lend blobs to peers that can map this process's memory (over shm): a blob of
   /// comm::mem_alloc memory travels as a reference the receiver reads in place, with no copy,
-  /// and the sender keeps the block until the receiver's last copy of the blob is gone
-  /// (actors/README.md, "Blobs"). The receiver then sees bytes this node controls, as with any
-  /// shared memory; a node that does not trust its peers to leave lent blobs alone sets this to
-  /// false on both sides (or copies a blob it must keep stable: blob::copy).
+  /// and the sender keeps the block until the receiver's last copy of the blob is gone, or its
+  /// process when the connection closed first (actors/README.md, "Lent blobs"). The receiver maps
+  /// the bytes read-only (a write through them faults there) but sees bytes this node controls,
+  /// as with any shared memory; a receiver that does not trust its peers to leave blobs they lent
+  /// alone copies those it must keep stable (blob::copy), or the peers set this to false.
   bool lend_blobs = true;
-  /// Bytes of blobs one connection may have lent at once (kept alive for the receiver); a blob
-  /// beyond it is copied to the peer as when lending is off.
+  /// Bytes of blobs one connection may have lent at once (kept alive for the receiver), counting
+  /// those still kept for its borrower process from connections closed before it began lending
+  /// (node_stats::lent_kept_bytes_now); a blob beyond it is copied to the peer as when lending is
+  /// off.
   size_t max_lent_bytes = size_t{256} << 20;
 };
 
@@ -185,6 +188,10 @@ struct node_stats {
   uint64_t blobs_lent = 0;       ///< blobs lent to other nodes so far (node_params::lend_blobs)
   size_t lent_now = 0;           ///< of those, lends the receivers have not released yet
   size_t lent_bytes_now = 0;     ///< bytes of those
+  /// Of lent_now, lends whose connection closed while the borrower process lives: their blobs
+  /// stay allocated until it exits (actors/README.md, "Lent blobs").
+  size_t lent_kept_now = 0;
+  size_t lent_kept_bytes_now = 0;  ///< bytes of those
   uint64_t blobs_borrowed = 0;   ///< blobs from other nodes read in place (lent to this node)
   uint64_t borrowed_copied = 0;  ///< lent blobs this node could not map and copied instead
 };

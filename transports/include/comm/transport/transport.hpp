@@ -259,6 +259,14 @@ public:
   virtual ~md() = default;
   /// Registers [address, address + length). The handle is released with mem_dereg.
   virtual status mem_reg(void* address, size_t length, mem_handle** out) = 0;
+  /// Registers [address, address + length) for peers to read only (UCT's
+  /// UCT_MD_MEM_ACCESS_REMOTE_GET without REMOTE_PUT): a peer's put_zcopy into it fails with
+  /// privileges_violation whatever its key claims, and ep::rkey_local_address gives a peer a
+  /// read-only mapping of it. Released with mem_dereg. unsupported when this md cannot enforce
+  /// the right (the default): the caller then serves the region by other means.
+  virtual status mem_reg_read_only(void* address, size_t length, mem_handle** out) {
+    return status::unsupported;
+  }
   /// Releases a registration.
   virtual status mem_dereg(mem_handle* handle) = 0;
   /// Appends the remote key of `handle` to `out`.
@@ -305,12 +313,19 @@ public:
   /// Where [remote_address, remote_address + length) of the peer's registered memory (inside
   /// `key`'s region) lies in this process, when the transport has that memory mapped here
   /// (uct_rkey_ptr). `out->data` stays valid while `out->mapping` (or a copy of it) lives, also
-  /// after the endpoint, its interface or the peer is gone. unsupported when this transport or
-  /// this key cannot map the memory (then get_zcopy still reads it); other errors as get_zcopy's.
+  /// after the endpoint, its interface or the peer is gone. The mapping is read-only (a write
+  /// through it faults) when the region was registered with md::mem_reg_read_only. unsupported
+  /// when this transport or this key cannot map the memory (then get_zcopy still reads it);
+  /// other errors as get_zcopy's.
   virtual status rkey_local_address(uint64_t remote_address, size_t length, const remote_key& key,
                                     local_bytes* out) {
     return status::unsupported;
   }
+
+  /// A pidfd of the peer's process, owned by the endpoint (valid while it lives; the caller
+  /// duplicates it to keep it), when the transport reaches a process on this host it identified;
+  /// -1 otherwise (the default).
+  virtual int peer_process_fd() const { return -1; }
 
   /// Parks `req`; returns busy when resources are available now (then the caller retries).
   virtual status pending_add(pending_req* req) = 0;
