@@ -274,10 +274,11 @@ extern "C" void __sanitizer_symbolize_pc(void* pc, const char* fmt, char* out, s
 #endif
 
 /// Under ThreadSanitizer, starts its symbolizer (an llvm-symbolizer process behind two pipes)
-/// and has it name code of this program and of CAF while descriptors are still to be had: CAF's internal
-/// hand-offs are reported as races and suppressed by function name (tests/tsan_caf.supp), which
-/// needs the frames named; in a process without a descriptor left the symbolizer cannot start, the
-/// reports stay unnamed and unsuppressed, and the process exits 66. Nothing otherwise.
+/// and has it name code of this program and of CAF while descriptors are still to be had:
+/// CAF's internal hand-offs are reported as races and suppressed by function name
+/// (tests/tsan_caf.supp), which needs the frames named; in a process without a descriptor left
+/// the symbolizer cannot start, the reports stay unnamed and unsuppressed, and the process exits
+/// 66. Nothing otherwise.
 void start_symbolizer() {
 #if defined(__SANITIZE_THREAD__)
   char name[256];
