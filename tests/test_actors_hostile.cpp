@@ -25,6 +25,14 @@ using comm::test::wait_child;
 
 namespace {
 
+#if defined(__SANITIZE_THREAD__)
+/// ThreadSanitizer's shadow memory: the same data costs about this many times the resident memory
+/// (the node's held frames and everything around them), so the peak-RSS bound scales by it.
+constexpr uint64_t tsan_rss_factor = 4;
+#else
+constexpr uint64_t tsan_rss_factor = 1;
+#endif
+
 /// The peak resident memory of this process (VmHWM), in KiB.
 uint64_t peak_rss_kib() {
   std::ifstream status("/proc/self/status");
@@ -211,7 +219,7 @@ BOOST_AUTO_TEST_CASE(frames_held_beyond_the_limit_close_the_peer) {
   const uint64_t after = node.peak_kib();
   BOOST_TEST_MESSAGE("peak RSS " << before << " KiB before, " << after << " KiB after");
   BOOST_TEST(after != 0u);
-  BOOST_TEST(after < before + (limit >> 10) + 32 * 1024);
+  BOOST_TEST(after < before + ((limit >> 10) + 32 * 1024) * tsan_rss_factor);
   BOOST_TEST(still_serves(node.address));
   BOOST_TEST(node.stop() == 0);
 }
@@ -261,9 +269,29 @@ BOOST_AUTO_TEST_CASE(a_peer_that_never_reads_its_answers_is_closed) {
   BOOST_TEST(node.stop() == 0);
 }
 
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __sanitizer_symbolize_pc(void* pc, const char* fmt, char* out, size_t size);
+#endif
+
+/// Under ThreadSanitizer, starts its symbolizer (an llvm-symbolizer process behind two pipes)
+/// and has it name code of this program and of CAF while descriptors are still to be had:
+/// CAF's internal hand-offs are reported as races and suppressed by function name
+/// (tests/tsan_caf.supp), which needs the frames named; in a process without a descriptor left
+/// the symbolizer cannot start, the reports stay unnamed and unsuppressed, and the process exits
+/// 66. Nothing otherwise.
+void start_symbolizer() {
+#if defined(__SANITIZE_THREAD__)
+  char name[256];
+  __sanitizer_symbolize_pc(reinterpret_cast<void*>(&start_symbolizer), "%f", name, sizeof name);
+  caf::actor_system_config cfg;  // code of libcaf_core.so, to start its symbolizer too
+  __sanitizer_symbolize_pc(*reinterpret_cast<void**>(&cfg), "%f", name, sizeof name);
+#endif
+}
+
 /// Body of a node started without a file descriptor to spare: it must report why (listen_error)
 /// and fail a lookup at once instead of waiting for a progress thread that never started.
 int node_without_descriptors() {
+  start_symbolizer();
   int highest = 0;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
     highest = std::max(highest, std::stoi(entry.path().filename().string()));

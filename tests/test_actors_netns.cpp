@@ -114,6 +114,14 @@ BOOST_AUTO_TEST_CASE(wrong_key_is_rejected) {
   BOOST_TEST(service.stop() == 0);
 }
 
+#ifndef COMM_SLOW_BUILD_FACTOR
+#define COMM_SLOW_BUILD_FACTOR 1
+#endif
+
+/// How soon the client must see a killed node's failures: the socket closing, not keepalive
+/// (about 11 s). 1 s; 5 s in a slow build (ThreadSanitizer's, which took 1.6 s), still well below.
+constexpr double kill_noticed_within_ms = COMM_SLOW_BUILD_FACTOR > 1 ? 5000.0 : 1000.0;
+
 BOOST_AUTO_TEST_CASE(node_killed_over_tcp) {
   remote_service service(hosts);
   channel report;
@@ -124,7 +132,7 @@ BOOST_AUTO_TEST_CASE(node_killed_over_tcp) {
   const auto ms = ms_until_failures_seen(report, [&] { service.kill(); });
   BOOST_REQUIRE(ms.has_value());
   BOOST_TEST_MESSAGE("down message and failed requests " << *ms << " ms after SIGKILL (tcp)");
-  BOOST_TEST(*ms < 1000.0);
+  BOOST_TEST(*ms < kill_noticed_within_ms);
   BOOST_TEST(wait_child(client) == 0);
 }
 

@@ -3,6 +3,7 @@
 // moving a full connection along); whatever must be sent in return is queued.
 #include "node_state.hpp"
 #include "payload.hpp"
+#include "tsan_handoff.hpp"
 
 #include <comm/log.hpp>
 
@@ -160,9 +161,11 @@ void node_state::on_message(const std::shared_ptr<peer>& p, const frame_header& 
     return;
   }
   auto sender = sender_inside ? std::move(body.sender) : sender_of(*p, h);
-  receiver->enqueue(caf::make_mailbox_element(std::move(sender), mid, std::move(body.stages),
-                                              std::move(body.content)),
-                    delivery_unit());
+  const void* content = body.content.vals().get();
+  auto element = caf::make_mailbox_element(std::move(sender), mid, std::move(body.stages),
+                                           std::move(body.content));
+  handed_over(content);
+  receiver->enqueue(std::move(element), delivery_unit());
 }
 
 void node_state::fail_response(peer& p, const frame_header& h, const caf::error& err) {

@@ -22,7 +22,7 @@ struct endpoint_state : io_state {
   }
 };
 
-using endpoint_actor_type = caf::stateful_actor<endpoint_state>;
+using endpoint_actor_type = io_actor<endpoint_state>;
 
 /// Ends the actor once its endpoint is gone: pending requests fail with not_connected.
 void end(endpoint_actor_type* self, caf::error reason) {

@@ -27,7 +27,7 @@ struct listener_state : io_state {
   }
 };
 
-using listener_actor_type = caf::stateful_actor<listener_state>;
+using listener_actor_type = io_actor<listener_state>;
 
 /// Accepts request `request` with `data` for the client; the outcome goes to the owner.
 void accept(listener_actor_type* self, uint64_t request, bytes data) {

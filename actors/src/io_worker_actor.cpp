@@ -19,7 +19,7 @@ struct worker_state : io_state {
   }
 };
 
-using worker_actor_type = caf::stateful_actor<worker_state>;
+using worker_actor_type = io_actor<worker_state>;
 
 /// Answers every pending request with status::canceled and stops the engine.
 void shut_down(worker_actor_type* self) {

@@ -20,9 +20,13 @@ namespace comm::actors::detail {
 
 namespace {
 
+#ifndef COMM_SLOW_BUILD_FACTOR
+#define COMM_SLOW_BUILD_FACTOR 1  // the ThreadSanitizer build sets 30 (see CMakeLists.txt)
+#endif
+
 /// How long a sender waits for a connection's backlog to shrink at all before it gives up (the
-/// peer takes nothing: stopped, or never reading).
-constexpr std::chrono::milliseconds backlog_stall{100};
+/// peer takes nothing: stopped, or never reading): 100 ms, times the build's slowness.
+constexpr std::chrono::milliseconds backlog_stall{100 * COMM_SLOW_BUILD_FACTOR};
 
 /// How long a sender waiting for the backlog sleeps between looks. The receiver takes half of
 /// max_backlog's 1024 frames in about 140 us on a core of its own, so a nap (plus the timer's

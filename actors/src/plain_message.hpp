@@ -13,6 +13,8 @@
 #include <caf/serializer.hpp>
 #include <caf/type_nr.hpp>
 
+#include "tsan_handoff.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -60,6 +62,11 @@ public:
   plain_message_data() = default;
   plain_message_data(const plain_message_data&) = default;
 
+  /// Destroyed by the thread that received it. This and every member CAF calls begin with
+  /// `taken_over(this)`: the node hands the data over as it enqueues the message (see
+  /// tsan_handoff.hpp).
+  ~plain_message_data() override { taken_over(this); }
+
   /// Appends a default value of builtin type number `nr` (which must be plain, with fewer than
   /// `capacity` values held) and returns it.
   void* append(uint16_t nr) {
@@ -69,26 +76,40 @@ public:
   }
 
   /// A copy (CAF copies shared data before handing a value out mutably).
-  plain_message_data* copy() const override { return new plain_message_data(*this); }
+  plain_message_data* copy() const override {
+    taken_over(this);
+    auto* made = new plain_message_data(*this);
+    handed_over(made);
+    return made;
+  }
 
   /// The value at `pos`.
   void* get_mutable(size_t pos) override {
+    taken_over(this);
     return std::visit([](auto& x) -> void* { return &x; }, values_[pos]);
   }
 
   /// Reads the value at `pos` from `source`.
   caf::error load(size_t pos, caf::deserializer& source) override {
+    taken_over(this);
     return std::visit([&](auto& x) { return source(x); }, values_[pos]);
   }
 
   /// Values held.
-  size_t size() const noexcept override { return size_; }
+  size_t size() const noexcept override {
+    taken_over(this);
+    return size_;
+  }
 
   /// The type token CAF matches handlers with.
-  uint32_t type_token() const noexcept override { return token_; }
+  uint32_t type_token() const noexcept override {
+    taken_over(this);
+    return token_;
+  }
 
   /// The type number of the value at `pos`.
   caf::rtti_pair type(size_t pos) const noexcept override {
+    taken_over(this);
     return std::visit(
         [](const auto& x) { return caf::make_rtti_pair<std::decay_t<decltype(x)>>(); },
         values_[pos]);
@@ -96,22 +117,26 @@ public:
 
   /// The value at `pos`.
   const void* get(size_t pos) const noexcept override {
+    taken_over(this);
     return std::visit([](const auto& x) -> const void* { return &x; }, values_[pos]);
   }
 
   /// The value at `pos` as CAF prints it.
   std::string stringify(size_t pos) const override {
+    taken_over(this);
     return std::visit([](const auto& x) { return caf::deep_to_string(x); }, values_[pos]);
   }
 
   /// A type-erased copy of the value at `pos`.
   caf::type_erased_value_ptr copy(size_t pos) const override {
+    taken_over(this);
     return std::visit([](const auto& x) { return caf::make_type_erased_value<std::decay_t<decltype(x)>>(x); },
                       values_[pos]);
   }
 
   /// Writes the value at `pos` to `sink`.
   caf::error save(size_t pos, caf::serializer& sink) const override {
+    taken_over(this);
     return std::visit([&](const auto& x) { return sink(const_cast<std::decay_t<decltype(x)>&>(x)); },
                       values_[pos]);
   }
