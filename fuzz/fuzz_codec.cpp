@@ -242,6 +242,7 @@ constexpr codec_case cases[] = {
     {check_data_only<schema::RndvData>, data_only_seed<schema::RndvData>},
     {check_data_only<schema::RndvCancel>, data_only_seed<schema::RndvCancel>},
     {check_data_only<schema::RndvRefuse>, data_only_seed<schema::RndvRefuse>},
+    {check_data_only<schema::TagCredit>, data_only_seed<schema::TagCredit>},
     {check_data_only<schema::RmaRequest>, data_only_seed<schema::RmaRequest>},
     {check_data_only<schema::RmaReply>, data_only_seed<schema::RmaReply>},
     {check_data_only<schema::TcpHello>, data_only_seed<schema::TcpHello>},

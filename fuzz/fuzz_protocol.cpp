@@ -548,6 +548,10 @@ std::vector<std::pair<uint8_t, seed>> protocol_records() {
                  f.setDstEp(first_ep);
                  f.setRreqId(6);
                }, 0)});
+  r.push_back({id(P::tag_msg::credit), header_then<wire::TagCredit>([](auto f) {
+                 f.setDstEp(first_ep);
+                 f.setBytes(1u << 20);
+               }, 0)});
   r.push_back({id(P::stream_msg::data), header_then<wire::StreamData>(dst, 40)});
   r.push_back({id(P::stream_msg::first), header_then<wire::StreamFirst>([](auto f) {
                  f.setDstEp(first_ep);

@@ -343,7 +343,10 @@ BOOST_DATA_TEST_CASE(callbacks_in_send_order, each_transport(), tl_name) {
     t[i].order = &order;
   }
   std::vector<op> ops;
-  ops.push_back(p.ab->tag_send(11, big.data(), big.size(), send_params(t[0])));  // zcopy
+  // zcopy or rendezvous (forced zcopy where the lane sends heap memory of this size by copies)
+  const uint32_t first =
+      detail::impl(*p.ab).copies_below > big.size() ? uint32_t{request_force_zcopy} : 0u;
+  ops.push_back(p.ab->tag_send(11, big.data(), big.size(), send_params(t[0], first)));
   ops.push_back(p.ab->tag_send(11, &v, 8, send_params(t[1], request_no_immediate_completion)));
   ops.push_back(p.ab->tag_send(11, big.data(), 1000,
                                send_params(t[2], request_no_immediate_completion |
@@ -572,7 +575,9 @@ BOOST_DATA_TEST_CASE(close_waits_for_the_fetch_it_receives, each_transport(), tl
   // closes the endpoint the message came on: the close waits for the fetch, so the data arrives
   // whole, a's send completes, and only then does a learn of the close.
   worker_pair p(tl_name);
-  const size_t size = detail::impl(*p.ab).rndv_thresh * 4;
+  // Large enough for rendezvous from heap memory (a lane may send shorter ones by copies).
+  const size_t size =
+      std::max(detail::impl(*p.ab).rndv_thresh * 4, detail::impl(*p.ab).copies_below);
   const std::vector<uint8_t> data = pattern(size, 9);
   send_tracker z;
   op zs = p.ab->tag_send(23, data.data(), data.size(), send_params(z));
@@ -605,7 +610,9 @@ BOOST_DATA_TEST_CASE(a_bounded_wait_ends_a_close_the_peer_holds_up, each_transpo
   // wait with a timeout cancels the close: the endpoint fails, the send ends canceled, the
   // endpoint is released, and b learns of the close.
   worker_pair p(tl_name);
-  const size_t size = detail::impl(*p.ab).rndv_thresh * 4;
+  // Large enough for rendezvous from heap memory (a lane may send shorter ones by copies).
+  const size_t size =
+      std::max(detail::impl(*p.ab).rndv_thresh * 4, detail::impl(*p.ab).copies_below);
   const std::vector<uint8_t> data = pattern(size, 10);
   send_tracker z, c;
   op zs = p.ab->tag_send(24, data.data(), data.size(), send_params(z));
@@ -635,7 +642,9 @@ BOOST_DATA_TEST_CASE(a_bounded_wait_ends_a_close_the_peer_holds_up, each_transpo
 
 BOOST_DATA_TEST_CASE(a_cancelled_close_reports_canceled, each_transport(), tl_name) {
   worker_pair p(tl_name);
-  const size_t size = detail::impl(*p.ab).rndv_thresh * 4;
+  // Large enough for rendezvous from heap memory (a lane may send shorter ones by copies).
+  const size_t size =
+      std::max(detail::impl(*p.ab).rndv_thresh * 4, detail::impl(*p.ab).copies_below);
   const std::vector<uint8_t> data = pattern(size, 11);
   op zs = p.ab->tag_send(25, data.data(), data.size());
   BOOST_REQUIRE(zs.pending());

@@ -195,6 +195,7 @@ BOOST_AUTO_TEST_CASE(every_limit_has_a_variable_and_shows_in_info) {
   env_scope env({{"COMM_UNEXPECTED_MAX_BYTES", "3m"},
                  {"COMM_UNEXPECTED_EP_MAX_BYTES", "2m"},
                  {"COMM_UNEXPECTED_EP_MAX_MSGS", "1000"},
+                 {"COMM_EAGER_WINDOW_EP_BYTES", "3m"},
                  {"COMM_AM_RX_MAX_BYTES", "5m"},
                  {"COMM_AM_RX_EP_MAX_BYTES", "4m"},
                  {"COMM_REPLY_EP_MAX_BYTES", "6m"},
@@ -203,6 +204,7 @@ BOOST_AUTO_TEST_CASE(every_limit_has_a_variable_and_shows_in_info) {
   BOOST_CHECK_EQUAL(cfg.limits.unexpected_max_bytes, 3u << 20);
   BOOST_CHECK_EQUAL(cfg.limits.unexpected_ep_max_bytes, 2u << 20);
   BOOST_CHECK_EQUAL(cfg.limits.unexpected_ep_max_msgs, 1000u);
+  BOOST_CHECK_EQUAL(cfg.limits.eager_window_ep_bytes, 3u << 20);
   BOOST_CHECK_EQUAL(cfg.limits.am_rx_max_bytes, 5u << 20);
   BOOST_CHECK_EQUAL(cfg.limits.am_rx_ep_max_bytes, 4u << 20);
   BOOST_CHECK_EQUAL(cfg.limits.reply_ep_max_bytes, 6u << 20);
@@ -210,6 +212,22 @@ BOOST_AUTO_TEST_CASE(every_limit_has_a_variable_and_shows_in_info) {
   const std::string info = context(cfg).info();
   BOOST_CHECK_MESSAGE(info.find("unexpected_ep=2097152") != std::string::npos, info);
   BOOST_CHECK_MESSAGE(info.find("peer_eps=7") != std::string::npos, info);
+  BOOST_CHECK_MESSAGE(info.find("eager_window_ep=3145728") != std::string::npos, info);
+}
+
+// The eager window a worker advertises never exceeds half of its unexpected limits, so a sender
+// that keeps to it never fails them alone; a lane that prefers copies takes it as the peer's.
+BOOST_DATA_TEST_CASE(the_advertised_eager_window_stays_below_the_unexpected_limits,
+                     each_transport(), tl_name) {
+  worker_pair p(tl_name, [](config& c) {
+    c.limits.eager_window_ep_bytes = 64u << 20;
+    c.limits.unexpected_ep_max_bytes = 6u << 20;
+  });
+  BOOST_CHECK_EQUAL(detail::impl(*p.b).eager_window_accepted(), 3u << 20);
+  const detail::endpoint_impl& ab = detail::impl(*p.ab);
+  BOOST_CHECK_EQUAL(ab.eager_window, ab.copies_below != 0 ? 3u << 20 : 0u);
+  BOOST_CHECK_EQUAL(ab.eager_credit, ab.eager_window);
+  BOOST_CHECK_MESSAGE(p.b->info().find("eager window: ") != std::string::npos, p.b->info());
 }
 
 BOOST_AUTO_TEST_CASE(zero_and_malformed_limits_keep_the_default) {

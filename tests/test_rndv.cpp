@@ -4,6 +4,8 @@
 #define BOOST_TEST_MODULE rndv
 #include "fixture.hpp"
 
+#include <comm/memory.hpp>
+
 #include <algorithm>
 
 using namespace comm;
@@ -23,6 +25,10 @@ bool unexpected_is_rndv(worker& w, tag_t tag) {
 }
 
 size_t rndv_thresh(worker_pair& p) { return detail::impl(*p.ab).rndv_thresh; }
+
+/// At least `n` bytes, and enough for a message from heap memory to go by rendezvous (a lane that
+/// prefers copies sends shorter ones by copies).
+size_t rndv_size(worker_pair& p, size_t n) { return std::max(n, detail::impl(*p.ab).copies_below); }
 
 /// Rendezvous sends of `w` still waiting for their peer's answer.
 size_t sends_awaiting_peer(worker& w) {
@@ -101,7 +107,7 @@ BOOST_AUTO_TEST_SUITE(semantics)
 BOOST_DATA_TEST_CASE(send_completes_only_after_the_receiver_took_the_data, each_transport(),
                      transport) {
   worker_pair p(transport);
-  const size_t size = rndv_thresh(p) * 4;
+  const size_t size = rndv_size(p, rndv_thresh(p) * 4);
   const auto data = pattern(size, 9);
   send_tracker st;
   op s = p.ab->tag_send(44, data.data(), size, send_params(st));
@@ -182,7 +188,7 @@ BOOST_DATA_TEST_CASE(probe_remove_then_receive_message, each_transport(), transp
 
 BOOST_DATA_TEST_CASE(cancel_before_match_reports_and_withdraws, each_transport(), transport) {
   worker_pair p(transport);
-  const size_t size = rndv_thresh(p) * 2;
+  const size_t size = rndv_size(p, rndv_thresh(p) * 2);
   const auto data = pattern(size, 30);
   send_tracker st;
   op s = p.ab->tag_send(5, data.data(), size, send_params(st));
@@ -204,7 +210,7 @@ BOOST_DATA_TEST_CASE(cancel_after_the_receiver_matched, each_transport(), transp
   // the lane has get the data may already be taken; otherwise the sender refuses the request for
   // data. Either way both sides end, nothing hangs, and the endpoint keeps working.
   worker_pair p(transport);
-  const size_t size = rndv_thresh(p) * 2;
+  const size_t size = rndv_size(p, rndv_thresh(p) * 2);
   const auto data = pattern(size, 35);
   send_tracker st;
   op s = p.ab->tag_send(7, data.data(), size, send_params(st));
@@ -234,7 +240,7 @@ BOOST_DATA_TEST_CASE(a_cancelled_send_keeps_its_buffer_until_the_receiver_answer
   // its fetch is over: a fetch under way completes with the data; a receiver that asked for a push
   // is refused.
   worker_pair p(transport);
-  const size_t size = rndv_thresh(p) * 2;
+  const size_t size = rndv_size(p, rndv_thresh(p) * 2);
   const auto data = pattern(size, 37);
   send_tracker st;
   op s = p.ab->tag_send(8, data.data(), size, send_params(st));
@@ -273,7 +279,7 @@ BOOST_DATA_TEST_CASE(a_cancelled_send_the_peer_never_answers_ends_with_its_endpo
   // A peer that never answers (b is never progressed) holds the cancelled send open; the send
   // ends, cancelled and released, once its endpoint fails (here the peer's close notice).
   worker_pair p(transport);
-  const size_t size = rndv_thresh(p) * 2;
+  const size_t size = rndv_size(p, rndv_thresh(p) * 2);
   const auto data = pattern(size, 39);
   send_tracker st;
   op s = p.ab->tag_send(9, data.data(), size, send_params(st));
@@ -299,7 +305,7 @@ BOOST_DATA_TEST_CASE(a_close_notice_during_a_fetch_ends_the_receive, each_transp
   // the fetch may be in flight. The receiving endpoint goes; the receive ends (nothing writes into
   // its buffer afterwards, nothing is left registered or tied to the endpoint).
   worker_pair p(transport);
-  const size_t size = rndv_thresh(p) * 4;
+  const size_t size = rndv_size(p, rndv_thresh(p) * 4);
   const auto data = pattern(size, 41);
   send_tracker st;
   op s = p.ab->tag_send(10, data.data(), size, send_params(st));
@@ -341,7 +347,7 @@ BOOST_DATA_TEST_CASE(a_close_notice_during_a_fetch_ends_the_receive, each_transp
 
 BOOST_DATA_TEST_CASE(forced_cancel_calls_no_callback, each_transport(), transport) {
   worker_pair p(transport);
-  const size_t size = rndv_thresh(p) * 2;
+  const size_t size = rndv_size(p, rndv_thresh(p) * 2);
   const auto data = pattern(size, 32);
   send_tracker st;
   op s = p.ab->tag_send(6, data.data(), size, send_params(st));
@@ -449,6 +455,199 @@ BOOST_DATA_TEST_CASE(large_am_without_handler_fails_the_send, each_transport(), 
   BOOST_REQUIRE(s.pending());
   BOOST_CHECK(p.finish(s) == status::no_elem);
   BOOST_CHECK(tag_roundtrip(p, 64, 52, true));  // the endpoint still works
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// -- large eager copies: heap memory by copies, mapped memory by rendezvous, the eager window -----
+
+BOOST_AUTO_TEST_SUITE(copies)
+
+namespace {
+
+/// Gets of the worker's shm interfaces that took the mapped path ("shm: rma mapped: N gets").
+long mapped_gets(worker& w) {
+  const std::string info = w.info();
+  const size_t at = info.find("shm: rma mapped: ");
+  if (at == std::string::npos) return 0;
+  return std::strtol(info.c_str() + at + 17, nullptr, 10);
+}
+
+/// Bytes of its peers' large eager copies `w` holds (every endpoint's).
+size_t window_held(worker& w) {
+  size_t held = 0;
+  for (const detail::endpoint_impl* ep : detail::impl(w).ep_table) {
+    if (ep != nullptr) held += ep->eager_held;
+  }
+  return held;
+}
+
+/// Unexpected messages of `w` that are rendezvous announcements, and all of them.
+std::pair<size_t, size_t> unexpected_kinds(worker& w) {
+  size_t rndv = 0, all = 0;
+  detail::impl(w).matcher.for_each_unexpected([&](detail::tag_unexpected* u) {
+    rndv += static_cast<detail::unexpected_msg*>(u)->rndv ? 1 : 0;
+    ++all;
+  });
+  return {rndv, all};
+}
+
+/// Receives tag `tag` into a buffer of `size` and checks it against pattern `seed`.
+void receive_pattern(worker_pair& p, tag_t tag, size_t size, uint32_t seed) {
+  std::vector<uint8_t> buf(size);
+  BOOST_CHECK(p.finish(p.b->tag_recv(buf.data(), buf.size(), tag, tag_mask_full)) == status::ok);
+  BOOST_CHECK_EQUAL(first_mismatch(buf.data(), buf.size(), seed), -1);
+}
+
+/// True when a tagged send of `n` bytes from heap memory goes by copies on `p`'s lane: the lane
+/// prefers copies beyond `n`, and the send is matched in software (below COMM_TM_THRESH: a send
+/// through the transport's tag matching keeps the transport's tag operations).
+bool heap_copies(worker_pair& p, size_t n) {
+  return detail::impl(*p.ab).copies_below > n && n < p.cfg.tm_thresh;
+}
+
+/// A block of comm::mem_alloc memory (shareable: shm's peers map it), filled with pattern `seed`.
+struct shared_block {
+  shared_block(size_t n, uint32_t seed) : size(n), data(static_cast<uint8_t*>(mem_alloc(n))) {
+    const auto bytes = pattern(n, seed);
+    std::memcpy(data, bytes.data(), n);
+  }
+  ~shared_block() { mem_free(data); }
+  shared_block(const shared_block&) = delete;
+  shared_block& operator=(const shared_block&) = delete;
+  size_t size;
+  uint8_t* data;
+};
+
+}  // namespace
+
+// The choice is per buffer: on a lane that prefers copies (shm), heap memory in the rendezvous
+// range goes by copies (and in the zcopy range by bcopy, complete at once), memory the peer maps
+// (comm::mem_alloc) keeps the rendezvous through the mapping, and messages from the lane's bound
+// on go by rendezvous from any memory. Elsewhere every one of them goes by rendezvous.
+BOOST_DATA_TEST_CASE(heap_memory_by_copies_mapped_memory_by_rendezvous, each_transport(),
+                     transport) {
+  worker_pair p(transport);
+  const detail::endpoint_impl& ep = detail::impl(*p.ab);
+  const size_t mid = rndv_thresh(p) * 4;
+  const bool copies = heap_copies(p, mid);
+  BOOST_CHECK_EQUAL(ep.copies_below, p.attr().copies_preferred_below);
+  const auto heap = pattern(mid, 31);
+  shared_block mapped(mid, 32);
+  const long mapped_before = mapped_gets(*p.b);
+  op h = p.ab->tag_send(1, heap.data(), heap.size());
+  op m = p.ab->tag_send(2, mapped.data, mapped.size);
+  BOOST_REQUIRE(!h.failed() && !m.failed());
+  BOOST_CHECK_EQUAL(h.done(), copies);  // copies complete at once, a rendezvous on its answer
+  BOOST_CHECK(m.pending());
+  tag_recv_info info;
+  BOOST_REQUIRE(p.until([&] { return p.b->tag_probe(1, tag_mask_full, &info) &&
+                                     p.b->tag_probe(2, tag_mask_full, &info); }));
+  BOOST_CHECK_EQUAL(unexpected_is_rndv(*p.b, 1), !copies);
+  BOOST_CHECK(unexpected_is_rndv(*p.b, 2));
+  BOOST_CHECK_EQUAL(ep.eager_copies, copies ? 1u : 0u);
+  receive_pattern(p, 1, mid, 31);
+  receive_pattern(p, 2, mid, 32);
+  BOOST_CHECK(p.finish(m) == status::ok);
+  if (transport == "shm") BOOST_CHECK_EQUAL(mapped_gets(*p.b), mapped_before + 1);
+  if (!copies) return;
+  // From the bound on, heap memory goes by rendezvous too.
+  const auto large = pattern(ep.copies_below, 33);
+  op l = p.ab->tag_send(3, large.data(), large.size());
+  BOOST_REQUIRE(p.until([&] { return p.b->tag_probe(3, tag_mask_full, &info); }));
+  BOOST_CHECK(unexpected_is_rndv(*p.b, 3));
+  receive_pattern(p, 3, large.size(), 33);
+  BOOST_CHECK(p.finish(l) == status::ok);
+  // In the zcopy range, heap memory goes bcopy: complete at once.
+  const size_t small = (p.cfg.zcopy_thresh + rndv_thresh(p)) / 2;
+  if (!heap_copies(p, small)) return;
+  const auto bcopy = pattern(small, 34);
+  op z = p.ab->tag_send(4, bcopy.data(), bcopy.size());
+  BOOST_CHECK(z.done());
+  receive_pattern(p, 4, small, 34);
+  BOOST_CHECK_EQUAL(ep.eager_copies, 1u);  // only the rendezvous range counts in the window
+}
+
+// Configured thresholds are the user's: COMM_RNDV_THRESH or COMM_ZCOPY_THRESH set turns the
+// copies off, and heap memory goes by rendezvous from the threshold as before.
+BOOST_DATA_TEST_CASE(configured_thresholds_turn_the_copies_off, each_transport(), transport) {
+  worker_pair p(transport, [](config& c) { c.rndv_thresh = 32768; });
+  BOOST_CHECK_EQUAL(detail::impl(*p.ab).copies_below, 0u);
+  worker_pair q(transport, [](config& c) { c.zcopy_thresh = 20000; });
+  BOOST_CHECK_EQUAL(detail::impl(*q.ab).copies_below, 0u);
+  const auto data = pattern(rndv_thresh(p) * 2, 35);
+  op s = p.ab->tag_send(5, data.data(), data.size());
+  tag_recv_info info;
+  BOOST_REQUIRE(p.until([&] { return p.b->tag_probe(5, tag_mask_full, &info); }));
+  BOOST_CHECK(unexpected_is_rndv(*p.b, 5));
+  receive_pattern(p, 5, data.size(), 35);
+  BOOST_CHECK(p.finish(s) == status::ok);
+}
+
+// A sender that floods large heap messages before any receive is posted leaves at most the
+// receiver's eager window of copies unexpected there; the rest go by rendezvous (only their
+// announcements wait). Receives give the window back, and copies resume.
+BOOST_DATA_TEST_CASE(the_eager_window_bounds_what_a_flood_leaves_unexpected, each_transport(),
+                     transport) {
+  constexpr size_t window = size_t{1} << 20;
+  worker_pair p(transport, [](config& c) { c.limits.eager_window_ep_bytes = window; });
+  const detail::endpoint_impl& ep = detail::impl(*p.ab);
+  const size_t size = rndv_thresh(p) * 4;
+  const bool copies = heap_copies(p, size);
+  BOOST_CHECK_EQUAL(ep.eager_window, ep.copies_below != 0 ? window : 0u);
+  constexpr int count = 24;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<op> sends;
+  for (int i = 0; i < count; ++i) {
+    data.push_back(pattern(size, 40 + i));
+    sends.push_back(p.ab->tag_send(100 + i, data.back().data(), size));
+    BOOST_REQUIRE(!sends.back().failed());
+  }
+  BOOST_REQUIRE(p.until([&] { return unexpected_kinds(*p.b).second == count; }));
+  p.spin(200);
+  const size_t fit = copies ? window / size : 0;
+  BOOST_CHECK_EQUAL(ep.eager_copies, fit);
+  BOOST_CHECK_EQUAL(ep.eager_window_full, copies ? count - fit : 0u);
+  BOOST_CHECK_EQUAL(unexpected_kinds(*p.b).first, count - fit);
+  BOOST_CHECK_EQUAL(window_held(*p.b), fit * size);
+  // What b holds for them: the copies plus one descriptor per message.
+  BOOST_CHECK_LE(detail::impl(*p.b).unexpected_bytes, window + count * size_t{8192});
+  for (int i = 0; i < count; ++i) receive_pattern(p, 100 + i, size, 40 + i);
+  for (op& s : sends) BOOST_CHECK(p.finish(s) == status::ok);
+  BOOST_CHECK_EQUAL(window_held(*p.b), 0u);
+  if (!copies) return;
+  // b gave the window back (half a window at a time): copies resume.
+  BOOST_REQUIRE(p.until([&] { return ep.eager_credit == window; }));
+  const auto again = pattern(size, 70);
+  op s = p.ab->tag_send(200, again.data(), size);
+  BOOST_CHECK(s.done());
+  BOOST_CHECK_EQUAL(ep.eager_copies, fit + 1);
+  receive_pattern(p, 200, size, 70);
+}
+
+// A peer that ignores the window (here: a sender told a larger one than the receiver's) fails its
+// endpoint at the receiver with EXCEEDS_LIMIT once it passes it; the receiver never holds more.
+BOOST_DATA_TEST_CASE(a_peer_beyond_the_eager_window_fails_its_endpoint, each_transport(),
+                     transport) {
+  constexpr size_t window = size_t{1} << 20;
+  worker_pair p(transport, [](config& c) { c.limits.eager_window_ep_bytes = window; });
+  detail::endpoint_impl& ep = detail::impl(*p.ab);
+  const size_t size = rndv_thresh(p) * 4;
+  if (!heap_copies(p, size)) return;  // no copies in the rendezvous range on this lane
+  ep.eager_window = ep.eager_credit = 64 * window;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<op> sends;
+  for (size_t i = 0; i < 2 * window / size; ++i) {
+    data.push_back(pattern(size, 50));
+    sends.push_back(p.ab->tag_send(300, data.back().data(), size));
+  }
+  BOOST_REQUIRE(p.until([&] { return detail::impl(*p.b).limit_errors == 1; }));
+  BOOST_CHECK_LE(window_held(*p.b), window);
+  BOOST_CHECK_EQUAL(unexpected_kinds(*p.b).second, 0u);  // dropped with the endpoint
+  BOOST_CHECK(p.until([&] { return ep.state == detail::endpoint_impl::phase::failed; }));
+  for (op& s : sends) (void)p.finish(s);  // each completes, failed or not
+  // b's own endpoint to a is another endpoint: it still works.
+  BOOST_CHECK(detail::impl(*p.ba).state == detail::endpoint_impl::phase::connected);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -28,6 +28,7 @@ struct peer_address {
     std::vector<uint8_t> device;
     std::vector<uint8_t> iface;
     uint32_t reads_in = 0;  ///< RDMA reads it accepts per endpoint (0: not said)
+    uint64_t eager_window = 0;  ///< large eager copies it accepts per endpoint (0: not said)
   };
   std::vector<transport> transports;
 };
@@ -54,7 +55,7 @@ status decode_address(const void* data, size_t length, peer_address* out) {
         }
         for (auto t : address.getTransports()) {
           out->transports.push_back({t.getName(), to_vector(t.getDevice()), to_vector(t.getIface()),
-                                     t.getReadsIn()});
+                                     t.getReadsIn(), t.getEagerWindow()});
         }
       });
   if (!valid || out->uid == 0) result = status::invalid_addr;
@@ -69,6 +70,12 @@ uint32_t worker_impl::reads_accepted(const tl::iface_attr& attr) const {
   size_t limit = ctx.cfg().limits.rma_reads_in;
   if (attr.max_outstanding_reads != 0) limit = std::min(limit, attr.max_outstanding_reads);
   return static_cast<uint32_t>(std::clamp<size_t>(limit, 1, UINT32_MAX));
+}
+
+size_t worker_impl::eager_window_accepted() const {
+  const peer_limits& c = ctx.cfg().limits;
+  return std::min({c.eager_window_ep_bytes, c.unexpected_ep_max_bytes / 2,
+                   c.unexpected_max_bytes / 2});
 }
 
 std::vector<uint8_t> worker_impl::packed_address(unsigned flags) const {
@@ -92,6 +99,7 @@ std::vector<uint8_t> worker_impl::packed_address(unsigned flags) const {
     entry.setDevice(kj::arrayPtr(device.data(), device.size()));
     entry.setIface(kj::arrayPtr(iface.data(), iface.size()));
     entry.setReadsIn(reads_accepted(li.iface->attr()));
+    entry.setEagerWindow(eager_window_accepted());
   }
   auto words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();
@@ -155,6 +163,8 @@ status worker_impl::connect_lane(endpoint_impl* ep, const void* data, size_t len
     ep->peer_iface = static_cast<uint32_t>(c.peer_index);
     ep->attach_lane(std::move(lane), ifaces[c.iface_index].iface.get());
     module_of<rma_protocol>(*this).bind_read_limit(*ep, t.reads_in);
+    ep->eager_window = ep->copies_below != 0 ? t.eager_window : 0;
+    ep->eager_credit = ep->eager_window;
     COMM_LOG(debug, "wireup", "%s: endpoint %u to %s: %s", params.name.c_str(), ep->id,
              peer.name.c_str(), ep->lane_choice.c_str());
     return status::ok;

@@ -78,6 +78,7 @@ void read_limits(peer_limits* limits) {
   read_limit("COMM_UNEXPECTED_MAX_BYTES", &limits->unexpected_max_bytes);
   read_limit("COMM_UNEXPECTED_EP_MAX_BYTES", &limits->unexpected_ep_max_bytes);
   read_limit("COMM_UNEXPECTED_EP_MAX_MSGS", &limits->unexpected_ep_max_msgs);
+  read_limit("COMM_EAGER_WINDOW_EP_BYTES", &limits->eager_window_ep_bytes);
   read_limit("COMM_AM_RX_MAX_BYTES", &limits->am_rx_max_bytes);
   read_limit("COMM_AM_RX_EP_MAX_BYTES", &limits->am_rx_ep_max_bytes);
   read_limit("COMM_AM_HELD_MAX", &limits->am_held_max);

@@ -85,6 +85,7 @@ std::string context::info() const {
   out << "peer limits: unexpected=" << limits.unexpected_max_bytes
       << " unexpected_ep=" << limits.unexpected_ep_max_bytes
       << " unexpected_ep_msgs=" << limits.unexpected_ep_max_msgs
+      << " eager_window_ep=" << limits.eager_window_ep_bytes
       << " am_rx=" << limits.am_rx_max_bytes << " am_rx_ep=" << limits.am_rx_ep_max_bytes
       << " am_held=" << limits.am_held_max << " am_held_bytes=" << limits.am_held_max_bytes
       << " stream_rx=" << limits.stream_rx_max_bytes

@@ -64,6 +64,9 @@ void endpoint_impl::attach_lane(std::unique_ptr<tl::ep> l, tl::iface* li) {
   } else {
     rndv_thresh = default_sw_rndv_thresh;
   }
+  const bool thresholds_default =
+      configured_rndv == 0 && w.ctx.cfg().zcopy_thresh == config{}.zcopy_thresh;
+  copies_below = thresholds_default ? lane_attr->copies_preferred_below : 0;
   if (lane_attr->caps & tl::cap_am_short) {
     short_limit = w.short_thresh != 0 ? std::min(w.short_thresh, lane_attr->max_short)
                                       : lane_attr->max_short;

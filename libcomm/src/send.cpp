@@ -76,12 +76,58 @@ size_t encode_header(request* req, const send_progress& s, const message_framing
   return w.hdr_fragment.copy_to(out);
 }
 
+/// True when the peer of `req`'s endpoint reads the data of `req` through a mapping (the md says
+/// so for every entry): its zero-copy paths then beat copies.
+bool peer_maps_data(const request* req) {
+  const tl::md* md = req->ep->lane_iface->memory_domain();
+  if (md == nullptr || req->iov.empty()) return false;
+  return std::all_of(req->iov.begin(), req->iov.end(), [md](const iov_entry& e) {
+    return md->maps_for_peers(e.buffer, e.length);
+  });
+}
+
+/// True when a message of `req` that the zcopy or rendezvous threshold claims goes by copies
+/// instead: a module that allows it, a lane whose transport prefers copies up to beyond its
+/// length, nothing forced, and data the peer cannot map.
+bool prefers_copies(const request* req, const send_progress& s, const message_framing& f) {
+  const endpoint_impl& ep = *req->ep;
+  const uint32_t forced = request_force_bcopy | request_force_zcopy | request_force_rndv;
+  if (!f.copies_preferred || s.length >= ep.copies_below || (req->params.flags & forced) ||
+      req->params.pack != nullptr) {
+    return false;
+  }
+  return s.length >= std::min(ep.owner.zcopy_thresh, ep.rndv_thresh) && !peer_maps_data(req);
+}
+
+/// Takes room for a large eager copy of `s` in the peer's eager window; false (counted) when
+/// what is left of it is too small, or the message would not go in fragments (only a first
+/// fragment says that it is windowed).
+bool take_window(endpoint_impl& ep, send_progress& s, size_t user) {
+  const size_t one_fragment = ep.lane_attr->max_bcopy - max_proto_header - user;
+  if (s.length <= one_fragment || s.length > ep.eager_credit) {
+    ++ep.eager_window_full;
+    return false;
+  }
+  ep.eager_credit -= s.length;
+  ++ep.eager_copies;
+  s.windowed = true;
+  return true;
+}
+
 /// Picks short, bcopy, zcopy or rendezvous for a new message.
 void choose_protocol(request* req, send_progress& s, const message_framing& f) {
   const worker_impl& w = req->ep->owner;
   const tl::iface_attr& a = *req->ep->lane_attr;
   const size_t user = req->header.size();
   const uint32_t flags = req->params.flags;
+  bool copies = prefers_copies(req, s, f);
+  if (copies && s.length >= req->ep->rndv_thresh) {
+    if (take_window(*req->ep, s, user)) {
+      s.proto = send_protocol::bcopy;
+      return;
+    }
+    copies = false;  // beyond the window: as any message of the rendezvous range
+  }
   if (f.send_rndv != nullptr && !(flags & (request_force_bcopy | request_force_zcopy)) &&
       req->params.pack == nullptr && req->iov.size() == 1 &&
       ((flags & request_force_rndv) || s.length >= req->ep->rndv_thresh)) {
@@ -89,7 +135,7 @@ void choose_protocol(request* req, send_progress& s, const message_framing& f) {
     return;
   }
   const bool can_zcopy = (a.caps & tl::cap_am_zcopy) && req->params.pack == nullptr &&
-                         user + max_proto_header <= a.max_hdr;
+                         user + max_proto_header <= a.max_hdr && !copies;
   if (can_zcopy && ((flags & request_force_zcopy) ||
                     (!(flags & request_force_bcopy) && s.length >= w.zcopy_thresh))) {
     s.proto = send_protocol::zcopy;

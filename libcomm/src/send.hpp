@@ -22,6 +22,9 @@ struct send_progress {
   size_t offset = 0;                        ///< data bytes handed to the transport so far
   uint64_t msg_id = 0;                      ///< identifies its fragments (0 while sent whole)
   bool preset = false;                      ///< the module set `proto` itself: it is kept
+  /// A large eager copy: bcopy fragments in the rendezvous range, counted against the peer's
+  /// eager window (endpoint_impl::eager_credit), which its first fragment says.
+  bool windowed = false;
 };
 
 /// How a module frames its messages for the send engine (a static table in the module's file).
@@ -36,10 +39,19 @@ struct message_framing {
   status (*send_rndv)(request* req);
   /// Wire id of the later fragments.
   tl::am_id fragment_id;
+  /// The module sends by copies what the lane prefers copies for (endpoint_impl::copies_below),
+  /// in the rendezvous range within the peer's eager window: its receiver gives the window back.
+  bool copies_preferred = false;
 };
 
 /// Largest encoded protocol header of any data message.
 inline constexpr size_t max_proto_header = 64;
+
+/// Gives `bytes` of the peer's eager window back to the sender side of `ep` (a large eager copy
+/// that never went out: cancelled before its first fragment).
+inline void refund_window(endpoint_impl& ep, const send_progress& s) {
+  if (s.windowed) ep.eager_credit += s.length;
+}
 
 /// Sends as much of the message `req` as the transport takes, in order: its protocol header, its
 /// user header (request::header) and its data (request::iov, or params.pack). The first call

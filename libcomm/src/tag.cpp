@@ -56,6 +56,7 @@ struct tm_arrival {
 struct tag_ep_state : endpoint_state {
   request* recv = nullptr;              ///< its matched receive, or
   unexpected_msg* unexpected = nullptr; ///< the descriptor being filled
+  bool windowed = false;                ///< a large eager copy: holds room of the eager window
 };
 
 /// Delivers `length` bytes at `offset` of a matched receive.
@@ -86,6 +87,7 @@ size_t encode_first(request* req, const send_progress& s, bool whole, uint8_t* o
     h.setMsgId(s.msg_id);
     h.setTotalLength(s.length);
     h.setImm(with_imm ? req->params.imm : 0);
+    h.setWindowed(s.windowed);
     *id = wire_id(tag_msg::eager_first);
     return t.hdr_tag_first.copy_to(out);
   }
@@ -118,7 +120,7 @@ status send_by_rndv(request* req) {
 }
 
 const message_framing framing{encode_first, whole_header_size, send_by_rndv,
-                              wire_id(tag_msg::fragment)};
+                              wire_id(tag_msg::fragment), true};
 
 status progress_send(request* req) {
   auto& s = req->as<tag_send_state>();
@@ -138,7 +140,11 @@ status cancel_send(request* req, cancel_mode mode) {
     return module_of<rndv_protocol>(*req->owner).cancel_send(req, s.rndv, mode);
   }
   if (req->ep == nullptr) return status::busy;
-  return req->ep->cancel_pending(req, mode);
+  endpoint_impl& ep = *req->ep;
+  const send_progress sent = s.send;  // a forced cancel frees the request
+  const status st = ep.cancel_pending(req, mode);
+  if (st == status::ok) refund_window(ep, sent);  // it never started
+  return st;
 }
 
 const request_ops tag_send_ops{.name = "tag_send",
@@ -194,6 +200,7 @@ tag_protocol::tag_protocol(worker_impl& owner, unsigned index)
   receive<&tag_protocol::on_eager_imm>(tag_msg::eager_imm);
   receive<&tag_protocol::on_eager_first>(tag_msg::eager_first);
   receive<&tag_protocol::on_fragment>(tag_msg::fragment);
+  receive<&tag_protocol::on_credit>(tag_msg::credit);
 }
 
 tag_protocol::~tag_protocol() noexcept {
@@ -235,6 +242,7 @@ unexpected_msg* tag_protocol::new_unexpected(endpoint_impl* ep, tag_t tag, uint6
 }
 
 void tag_protocol::free_unexpected(unexpected_msg* msg) {
+  give_back_window(msg);
   w.uncharge_unexpected(msg->from, msg->charged, 1);
   std::free(msg->grown);
   const int tier = msg->pool_tier;
@@ -244,6 +252,52 @@ void tag_protocol::free_unexpected(unexpected_msg* msg) {
   } else {
     std::free(msg);
   }
+}
+
+void tag_protocol::give_back_window(unexpected_msg* msg) {
+  if (msg->windowed != 0 && msg->from != nullptr) give_back(*msg->from, msg->windowed);
+  msg->windowed = 0;
+}
+
+bool tag_protocol::take_window(endpoint_impl& ep, size_t bytes) {
+  const size_t window = w.eager_window_accepted();
+  if (bytes > window - ep.eager_held) {
+    w.exceed_limit(&ep, "COMM_EAGER_WINDOW_EP_BYTES", window);
+    return false;
+  }
+  ep.eager_held += bytes;
+  return true;
+}
+
+void tag_protocol::give_back(endpoint_impl& ep, size_t bytes) {
+  ep.eager_held -= bytes;
+  ep.eager_freed += bytes;
+  if (ep.eager_freed < std::max<size_t>(w.eager_window_accepted() / 2, 1)) return;
+  // The window no longer matters to an endpoint that is going.
+  if (ep.state != endpoint_impl::phase::connected || ep.close_notice_sent) return;
+  auto& h = hdr_credit.fields();
+  h.setDstEp(ep.remote_id);
+  h.setBytes(ep.eager_freed);
+  ep.eager_freed = 0;
+  const tl::am_id id = wire_id(tag_msg::credit);
+  if (short_path_open(ep, hdr_credit.size()) &&
+      ep.lane->am_short(id, hdr_credit.bytes(), hdr_credit.size(), nullptr, 0) == status::ok) {
+    return;
+  }
+  const auto* bytes_at = static_cast<const uint8_t*>(hdr_credit.bytes());
+  w.queue_control(&ep, id, std::vector<uint8_t>(bytes_at, bytes_at + hdr_credit.size()));
+}
+
+void tag_protocol::on_credit(const uint8_t* data, size_t length) {
+  auto h = wire::read_header<wire::schema::TagCredit>(data, length);
+  if (!h) return w.protocol_error(nullptr, "truncated eager window credit");
+  endpoint_impl* ep = w.receiving_ep(h->getDstEp(), "eager window credit for an unknown endpoint");
+  if (ep == nullptr) return;
+  const uint64_t bytes = h->getBytes();
+  if (bytes > ep->eager_window - ep->eager_credit) {
+    return w.protocol_error(ep, "eager window given back beyond what was taken");
+  }
+  ep->eager_credit += bytes;
 }
 
 bool tag_protocol::reserve_unexpected(unexpected_msg* msg, size_t needed) {
@@ -381,12 +435,15 @@ void tag_protocol::on_eager_first(const uint8_t* data, size_t length) {
   if (total > max_eager_message || payload > total) {
     return w.protocol_error(ep, "first fragment with an impossible total length");
   }
+  const bool windowed = h->getWindowed();
+  if (windowed && !take_window(*ep, total)) return;
   ep->rx = rx_message{this, h->getMsgId(), total, payload};
   ++ep->counters_.messages_received;
   ep->counters_.bytes_received += payload;
   auto& rx = state_of<tag_ep_state>(*ep);
   rx.recv = nullptr;
   rx.unexpected = nullptr;
+  rx.windowed = windowed;
   tag_expected* e = take_expected(h->getTag());
   if (e != nullptr) {
     request* req = recv_of(e);
@@ -398,7 +455,8 @@ void tag_protocol::on_eager_first(const uint8_t* data, size_t length) {
     if (msg == nullptr) return out_of_room(ep);
     rx.unexpected = msg;
     msg->length = total;
-    if (!reserve_unexpected(msg, payload)) return out_of_room(ep);
+    // A windowed message is bounded by the window: its buffer is made whole at once.
+    if (!reserve_unexpected(msg, windowed ? total : payload)) return out_of_room(ep);
     if (payload != 0) std::memcpy(msg->data, data + used, payload);
   }
   if (ep->rx.received == ep->rx.total) finish_fragments(*ep);
@@ -426,15 +484,19 @@ void tag_protocol::finish_fragments(endpoint_impl& ep) {
   request* req = rx.recv;
   unexpected_msg* msg = rx.unexpected;
   const size_t total = ep.rx.total;
+  const bool windowed = rx.windowed;
   ep.rx = rx_message{};
   rx.recv = nullptr;
   rx.unexpected = nullptr;
+  rx.windowed = false;
   if (req != nullptr) {
+    if (windowed) give_back(ep, total);
     auto& s = req->as<tag_recv_state>();
     s.received = total;
     finish_recv(w, req, s);
   } else if (msg != nullptr) {
     msg->received = total;
+    if (windowed) msg->windowed = total;  // held until a receive takes it
     // A receive posted while the fragments arrived was not matched against this message (it was
     // not in the unexpected queue yet): it takes the message now, ahead of later arrivals.
     if (tag_expected* e = take_expected(msg->tag)) {
@@ -458,6 +520,7 @@ request* tag_protocol::drop_fragments(endpoint_impl& ep) {
     if (rx->unexpected != nullptr) free_unexpected(rx->unexpected);
     rx->recv = nullptr;
     rx->unexpected = nullptr;
+    rx->windowed = false;  // the endpoint is going: its window no longer matters
   }
   ep.rx = rx_message{};
   return matched;
@@ -606,6 +669,7 @@ void tag_protocol::forget_peer(endpoint_impl& ep, held_fate fate) {
   w.matcher.for_each_unexpected([&](tag_unexpected* u) {
     auto* msg = static_cast<unexpected_msg*>(u);
     if (msg->rndv ? msg->ep != &ep : msg->from != &ep) return;
+    msg->windowed = 0;  // the endpoint is going: its window no longer matters
     if (msg->rndv || fate == held_fate::drop) {
       doomed_msgs.push_back(msg);
     } else if (fate == held_fate::detach) {
@@ -639,13 +703,26 @@ void tag_protocol::teardown() {
   w.matcher.for_each_unexpected([&](tag_unexpected* u) { arrived.push_back(u); });
   for (tag_unexpected* u : arrived) {
     w.matcher.remove_unexpected(u);
-    free_unexpected(static_cast<unexpected_msg*>(u));
+    auto* msg = static_cast<unexpected_msg*>(u);
+    msg->windowed = 0;  // the worker is going: nothing is given back
+    free_unexpected(msg);
   }
 }
 
 void tag_protocol::info(std::ostream& out) const {
   out << "tag queues: expected " << w.matcher.expected_count() << " unexpected "
       << w.matcher.unexpected_count() << '\n';
+  uint64_t copies = 0, full = 0;
+  size_t held = 0;
+  for (const endpoint_impl* ep : w.ep_table) {
+    if (ep == nullptr) continue;
+    copies += ep->eager_copies;
+    full += ep->eager_window_full;
+    held += ep->eager_held;
+  }
+  out << "eager window: " << copies << " large eager copies sent, " << full
+      << " sent by rendezvous for want of window; " << held << " B of peers' copies held of "
+      << w.eager_window_accepted() << " B per endpoint\n";
   offload.info(out);
 }
 
@@ -738,7 +815,9 @@ bool worker::tag_probe(tag_t tag, tag_t mask, tag_recv_info* info, message** out
   if (found == nullptr) return false;
   if (info != nullptr) *info = tag_recv_info{found->tag, found->length, found->imm};
   if (out != nullptr) {
-    module_of<tag_protocol>(w).detach(found);  // the user holds it now, not the peer
+    tag_protocol& t = module_of<tag_protocol>(w);
+    t.give_back_window(found);
+    t.detach(found);  // the user holds it now, not the peer
     *out = reinterpret_cast<message*>(found);
   }
   return true;

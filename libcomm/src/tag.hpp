@@ -5,6 +5,16 @@
 // or a probe takes it; a rendezvous announcement waits there the same way. Sends and receives of
 // at least COMM_TM_THRESH bytes may use the transport's own tag matching instead (tag_offload.hpp
 // has the rules that keep both ways in agreement).
+//
+// Large eager copies. On a lane whose transport prefers copies below some size (endpoint_impl::
+// copies_below; shm: its ring's capacity) a message in the zcopy range goes bcopy, and one in the
+// rendezvous range goes in bcopy fragments too, unless the peer maps its buffer (md::
+// maps_for_peers: comm::mem_alloc memory keeps its rendezvous through the mapping). What the
+// receiver may have to hold of such rendezvous-range messages is bounded by its eager window
+// (config::limits::eager_window_ep_bytes, advertised in its address): the sender takes room for
+// each one (its TagEagerFirst says `windowed`) and sends a message that does not fit by
+// rendezvous instead; the receiver gives room back (TagCredit) once receives took half a window
+// of them, and fails a peer that sends beyond its window with EXCEEDS_LIMIT.
 #pragma once
 
 #include "rndv.hpp"
@@ -24,6 +34,7 @@ enum class tag_msg : tl::am_id {
   eager_imm = 5,    ///< TagEagerImm: a whole message with an immediate value
   eager_first = 6,  ///< TagEagerFirst: the first fragment of a message
   fragment = 7,     ///< FragmentMiddle: a later fragment
+  credit = 22,      ///< TagCredit: room of the eager window given back
 };
 
 /// An unexpected (arrived, not yet matched) tagged message, with its data.
@@ -44,6 +55,7 @@ struct unexpected_msg : tag_unexpected {
   size_t capacity = 0;       ///< bytes `grown` holds
   int8_t pool_tier = -1;     ///< the module's pool tier the descriptor came from, or -1
   size_t charged = 0;        ///< bytes counted against the unexpected limits (all of its memory)
+  size_t windowed = 0;       ///< a large eager copy: bytes of `from`'s eager window it holds
 };
 
 /// State of a tagged send.
@@ -111,8 +123,11 @@ public:
   /// (logged) without memory.
   unexpected_msg* new_unexpected(endpoint_impl* ep, tag_t tag, uint64_t imm, size_t length,
                                  size_t extra = 0);
-  /// Frees an unexpected message (received, or dropped).
+  /// Frees an unexpected message (received, or dropped); the room it held in its endpoint's
+  /// eager window is given back.
   void free_unexpected(unexpected_msg* msg);
+  /// Gives back the room `msg` holds in its endpoint's eager window (the user took it).
+  void give_back_window(unexpected_msg* msg);
 
   /// The unexpected message whose fragments `ep` is receiving, or null.
   const unexpected_msg* arriving(const endpoint_impl& ep) const;
@@ -138,6 +153,7 @@ public:
   wire::header_writer<wire::schema::TagEager> hdr_tag;
   wire::header_writer<wire::schema::TagEagerImm> hdr_tag_imm;
   wire::header_writer<wire::schema::TagEagerFirst> hdr_tag_first;
+  wire::header_writer<wire::schema::TagCredit> hdr_credit;  ///< eager window given back
 
 private:
   /// deliver's body, inlined into the eager receive path (defined and used in tag.cpp only).
@@ -147,6 +163,12 @@ private:
   void on_eager_imm(const uint8_t* data, size_t length);
   void on_eager_first(const uint8_t* data, size_t length);
   void on_fragment(const uint8_t* data, size_t length);
+  void on_credit(const uint8_t* data, size_t length);
+  /// Takes `bytes` of `ep`'s eager window for a windowed message; false, with `ep` failed
+  /// (EXCEEDS_LIMIT), when the peer sent beyond it.
+  bool take_window(endpoint_impl& ep, size_t bytes);
+  /// Gives `bytes` of `ep`'s eager window back: the peer is told once half a window is free.
+  void give_back(endpoint_impl& ep, size_t bytes);
   /// A TagEager or TagEagerImm message.
   void receive_eager(const uint8_t* data, size_t length, bool with_imm);
   /// The last fragment of the message of `ep` arrived.

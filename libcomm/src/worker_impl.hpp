@@ -78,6 +78,18 @@ public:
   uint64_t next_msg_id = 1;                 ///< id of the next multi-fragment message
   size_t short_limit = 0;                   ///< largest eager-short message, header included
   size_t rndv_thresh = 0;                   ///< messages at least this large use rendezvous
+  /// Tagged messages shorter than this whose buffer the peer does not map go by copies, also in
+  /// the zcopy and rendezvous ranges (the latter within the peer's eager window): the lane's
+  /// iface_attr::copies_preferred_below while COMM_ZCOPY_THRESH and COMM_RNDV_THRESH are at their
+  /// defaults, else 0.
+  size_t copies_below = 0;
+  // The eager window (config::limits::eager_window_ep_bytes; tag.hpp).
+  size_t eager_window = 0;                  ///< the peer's window (0: none, no large copies)
+  size_t eager_credit = 0;                  ///< of it, bytes we may send now
+  size_t eager_held = 0;                    ///< receiver: the peer's bytes not given back yet
+  size_t eager_freed = 0;                   ///< of those, bytes receives took (to give back)
+  uint64_t eager_copies = 0;                ///< large eager copies sent
+  uint64_t eager_window_full = 0;           ///< sends that went by rendezvous: window too full
   bool close_notice_sent = false;           ///< our close notice went: nothing more is sent
   endpoint_ptr* handle = nullptr;           ///< the user's owning handle, emptied at deletion
   bool peer_closed_too = false;             ///< the peer's close notice crossed our close
@@ -373,6 +385,9 @@ public:
   /// RDMA reads a peer may have outstanding per endpoint on an interface with `attr`
   /// (advertised in our address).
   uint32_t reads_accepted(const tl::iface_attr& attr) const;
+  /// Bytes of large eager copies a peer may have outstanding per endpoint (advertised in our
+  /// address): config::limits::eager_window_ep_bytes, lowered to half of the unexpected limits.
+  size_t eager_window_accepted() const;
 
   // -- control messages and the send engine (send.cpp) -----------------------------------------
   /// Queues a control message with `bytes` and wire id `id` on `ep` (sent in order after earlier

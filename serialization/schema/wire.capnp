@@ -14,6 +14,8 @@ struct TransportAddress {
   device @1 :Data;   # device address: who can reach this interface (host/boot/namespace identity)
   iface  @2 :Data;   # interface address: how to reach it
   readsIn @3 :UInt32; # RDMA reads a peer may have outstanding per endpoint (0: not said)
+  eagerWindow @4 :UInt64; # bytes of large eager copies a peer may have outstanding per endpoint
+                          # (0: not said, send them by rendezvous)
 }
 
 struct WorkerAddress {
@@ -59,6 +61,12 @@ struct TagEagerFirst {      # first fragment of a multi-fragment eager message
   msgId       @2 :UInt64;
   totalLength @3 :UInt64;
   imm         @4 :UInt64;   # the sender's immediate value, or 0
+  windowed    @5 :Bool;     # a large eager copy: counts against the receiver's eager window
+}
+
+struct TagCredit {          # the receiver gives back room of its eager window (large eager copies
+  dstEp @0 :UInt32;         # that receives took)
+  bytes @1 :UInt64;
 }
 
 struct FragmentMiddle {     # any later fragment of a multi-fragment message (tag or AM)

@@ -180,6 +180,11 @@ shm_iface::shm_iface(const iface_params& params) : mapped_(mapped_budget) {
   attr_.max_put_zcopy = max_rma_bytes;
   attr_.max_outstanding_reads = max_outstanding_reads;
   attr_.max_am_descs = max_am_descs;
+  // Copies through the ring beat cross-memory reads (am_zcopy, get_zcopy) at every size measured
+  // (16 KiB - 16 MiB, both states of the VM: process_vm_readv spends most of its time pinning the
+  // sender's pages); memory of the shared heap, which a peer maps, is the exception (the md says
+  // which). Up to the ring's capacity: no larger message goes through the ring alone.
+  attr_.copies_preferred_below = size_t{geo.fifo_size} * geo.segment_size + 1;
   attr_.tag.eager = {geo.max_short() - tag_header_size, geo.segment_size, zcopy_max_payload,
                      zcopy_max_iov};
   attr_.tag.rndv = {max_rma_bytes, tag_rndv_max_hdr, 1};

@@ -178,6 +178,11 @@ status shm_md::rkey_unpack(const void* data, size_t length, remote_key* out) {
 
 void shm_md::rkey_release(remote_key* key) { release_rkey(key, rkey_magic_shm); }
 
+bool shm_md::maps_for_peers(const void* address, size_t length) const {
+  segment_ref segment;
+  return heap_find(address, length, &segment);
+}
+
 void shm_md::close() {
   std::lock_guard lock(mutex_);
   if (cache_.size() != 0) {

@@ -76,6 +76,8 @@ public:
   status rkey_pack(const mem_handle* handle, std::vector<uint8_t>& out) override;
   status rkey_unpack(const void* data, size_t length, remote_key* out) override;
   void rkey_release(remote_key* key) override;
+  /// True for memory of this process's shared heap (comm::mem_alloc): a peer maps its segment.
+  bool maps_for_peers(const void* address, size_t length) const override;
 
   /// Invalidates every registered slot (the owner's interface is closing), so peers still holding
   /// keys get errors rather than access to memory that may be reused.

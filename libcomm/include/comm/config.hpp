@@ -27,6 +27,16 @@ struct peer_limits {
   size_t unexpected_ep_max_bytes = size_t{256} << 20;
   /// Unexpected messages one endpoint brought (COMM_UNEXPECTED_EP_MAX_MSGS).
   size_t unexpected_ep_max_msgs = 1000000;
+  /// Bytes of large eager copies one endpoint's peer may have sent that no receive has taken yet
+  /// (COMM_EAGER_WINDOW_EP_BYTES): tagged messages at or above the rendezvous threshold that a
+  /// lane whose transport prefers copies (shm, below its ring's capacity) sends by copies because
+  /// their buffer is not memory the peer maps (ordinary heap memory). The worker advertises it in
+  /// its address, lowered to half of unexpected_ep_max_bytes and of unexpected_max_bytes; a
+  /// sender sends a message that does not fit in what is left of it by rendezvous instead, and
+  /// the receiver gives the room back as receives take the messages. A peer that sends beyond it
+  /// fails the endpoint with EXCEEDS_LIMIT. The default holds 32 messages of 1 MiB in flight
+  /// (ucx_perftest's window): 8 MiB held tag_bw at 1 MiB to 0.70 of UCX's, 32 MiB gave 1.45.
+  size_t eager_window_ep_bytes = size_t{32} << 20;
   /// Bytes a worker holds for active messages before their handler runs
   /// (COMM_AM_RX_MAX_BYTES): whole-message reassembly buffers and rendezvous receive buffers.
   /// A rendezvous AM that does not fit now waits (flow control) until earlier ones are delivered.
@@ -90,7 +100,8 @@ struct config {
   std::string auth_key;
 
   // -- protocol-layer limits ---------------------------------------------------------------------
-  /// What a peer may make a worker hold (COMM_UNEXPECTED_*, COMM_AM_RX_*, COMM_AM_HELD_*,
+  /// What a peer may make a worker hold (COMM_UNEXPECTED_*, COMM_EAGER_WINDOW_EP_BYTES,
+  /// COMM_AM_RX_*, COMM_AM_HELD_*,
   /// COMM_STREAM_RX_*, COMM_REPLY_EP_MAX_BYTES, COMM_PEER_EP_MAX, COMM_RMA_READS_IN).
   peer_limits limits;
 

@@ -228,6 +228,11 @@ struct iface_attr {
   double latency_ns = 0;        ///< one-way latency estimate
   double bandwidth_bytes_per_s = 0; ///< bandwidth estimate
   unsigned priority = 0;        ///< tie breaker when choosing lanes: higher wins
+  /// Messages shorter than this move faster as copies through the transport's own buffers
+  /// (am_bcopy, in fragments) than by its zero-copy paths (am_zcopy, get_zcopy), unless their
+  /// memory is memory the peer maps (md::maps_for_peers); 0: no such size. shm: its ring's
+  /// capacity, since a cross-memory read spends most of its time pinning the sender's pages.
+  size_t copies_preferred_below = 0;
   /// Reaches only interfaces on this machine (self, shm): a network-only worker address
   /// (comm::address_net_only) leaves it out.
   bool node_local = false;
@@ -275,6 +280,11 @@ public:
   virtual status rkey_unpack(const void* data, size_t length, remote_key* out) = 0;
   /// Releases an unpacked key.
   virtual void rkey_release(remote_key* key) = 0;
+  /// True when a peer reads [address, address + length), once registered and its key packed,
+  /// through a mapping of it (a copy, as shm does for comm::mem_alloc memory) rather than through
+  /// the kernel or a device: then its zero-copy paths beat copies at every size. False by
+  /// default.
+  virtual bool maps_for_peers(const void* address, size_t length) const { return false; }
 };
 
 /// An endpoint: a one-way connection from a local interface to a peer's interface.
