@@ -720,14 +720,18 @@ BOOST_AUTO_TEST_CASE(a_genuine_forged_lend_is_read_in_place_and_released) {
   BOOST_TEST(node.stop() == 0);
 }
 
-BOOST_AUTO_TEST_CASE(a_lend_is_released_once) {
-  holder_child node;
-  BOOST_REQUIRE(!node.address.empty());
-  forged_peer peer(node.address);
-  const uint64_t svc = peer.lookup(service_name);
-  BOOST_REQUIRE(svc != 0);
-  // A request to echo a 64 KiB blob (sent as a plain attachment): the answer lends it to us.
-  const size_t size = 64 * 1024;
+namespace {
+
+/// The one run a lend announced: its id, the lender's address and the packed key.
+struct lent_run {
+  uint64_t id = 0;
+  uint64_t address = 0;
+  std::vector<uint8_t> key;
+};
+
+/// Asks the service `svc` to echo a blob of `size` bytes of 'e' (sent as a plain attachment)
+/// and returns the run its answer lends to `peer`.
+lent_run echo_lent_back(forged_peer& peer, uint64_t svc, size_t size) {
   std::vector<char> payload;
   put_message_start(payload, "@<>+@atom+comm::actors::blob");
   put_int(payload, static_cast<uint64_t>(caf::atom("echo")));
@@ -737,15 +741,31 @@ BOOST_AUTO_TEST_CASE(a_lend_is_released_once) {
   peer.progress_until([&] { return peer.state.attached_messages > 0 || peer.closed(); }, 10);
   BOOST_REQUIRE(!peer.closed());
   BOOST_REQUIRE(peer.state.last_kind == kind_message);
-  uint64_t id = 0;
+  lent_run run;
   BOOST_TEST_REQUIRE(comm::wire::read_checked_message<comm::wire::schema::ActorLends>(
       peer.state.last_payload.data(), peer.state.last_payload.size(),
       [&](comm::wire::schema::ActorLends::Reader r) {
-        if (r.getRuns().size() == 1 && r.getRuns()[0].getLength() == size) {
-          id = r.getRuns()[0].getId();
-        }
+        if (r.getRuns().size() != 1 || r.getRuns()[0].getLength() != size) return;
+        run.id = r.getRuns()[0].getId();
+        run.address = r.getRuns()[0].getAddress();
+        const auto key = r.getRuns()[0].getKey();
+        run.key.assign(key.begin(), key.end());
       }));
-  BOOST_TEST_REQUIRE(id != 0);
+  BOOST_TEST_REQUIRE(run.id != 0);
+  return run;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_lend_is_released_once) {
+  holder_child node;
+  BOOST_REQUIRE(!node.address.empty());
+  forged_peer peer(node.address);
+  const uint64_t svc = peer.lookup(service_name);
+  BOOST_REQUIRE(svc != 0);
+  // A request to echo a 64 KiB blob (sent as a plain attachment): the answer lends it to us.
+  const lent_run run = echo_lent_back(peer, svc, 64 * 1024);
+  const uint64_t id = run.id;
   // The first release is taken, and the connection goes on; the second closes it.
   auto release = releases({id});
   auto header = lent_header(peer, kind_release, 0, {});
@@ -788,26 +808,9 @@ BOOST_AUTO_TEST_CASE(a_hostile_borrower_cannot_write_into_a_lent_blob) {
   BOOST_REQUIRE(svc != 0);
   // The service echoes a 64 KiB blob: the answer lends its copy to us, read-only.
   const size_t size = 64 * 1024;
-  std::vector<char> payload;
-  put_message_start(payload, "@<>+@atom+comm::actors::blob");
-  put_int(payload, static_cast<uint64_t>(caf::atom("echo")));
-  put_size(payload, static_cast<uint32_t>(size));
-  peer.send_in_header(kind_message, svc, forged_request_id(9), 2, payload,
-                      std::vector<char>(size, 'e'));
-  peer.progress_until([&] { return peer.state.attached_messages > 0 || peer.closed(); }, 10);
-  BOOST_REQUIRE(!peer.closed());
-  uint64_t id = 0, address = 0;
-  std::vector<uint8_t> packed;
-  BOOST_TEST_REQUIRE(comm::wire::read_checked_message<comm::wire::schema::ActorLends>(
-      peer.state.last_payload.data(), peer.state.last_payload.size(),
-      [&](comm::wire::schema::ActorLends::Reader r) {
-        if (r.getRuns().size() != 1 || r.getRuns()[0].getLength() != size) return;
-        id = r.getRuns()[0].getId();
-        address = r.getRuns()[0].getAddress();
-        const auto key = r.getRuns()[0].getKey();
-        packed.assign(key.begin(), key.end());
-      }));
-  BOOST_TEST_REQUIRE(id != 0);
+  const lent_run run = echo_lent_back(peer, svc, size);
+  const uint64_t address = run.address;
+  const std::vector<uint8_t>& packed = run.key;
   auto key = peer.ep->rkey_unpack(comm::const_bytes(packed.data(), packed.size()));
   BOOST_TEST_REQUIRE(key.has_value());
   auto here = peer.ep->rkey_local_address(**key, address, size);
@@ -837,7 +840,7 @@ BOOST_AUTO_TEST_CASE(a_hostile_borrower_cannot_write_into_a_lent_blob) {
   forged->reset();
   key->reset();
   // Released, the connection goes on; the node serves others.
-  auto release = releases({id});
+  auto release = releases({run.id});
   auto header = lent_header(peer, kind_release, 0, {});
   peer.send_raw(header.data(), header.size(), release);
   BOOST_TEST(peer.lookup(service_name) == svc);
