@@ -279,7 +279,8 @@ status shm_ep::checked_rma(const packed_rkey& key, const remote_key& unpacked,
   if (key.pid != remote_.address.pid || key.iface_id != remote_.address.iface_id) {
     return status::invalid_param;
   }
-  const status st = check_access(peer_, key, remote_address, total, write);
+  bool read_only = false;
+  const status st = check_access(peer_, key, remote_address, total, write, &read_only);
   if (st != status::ok) [[unlikely]] {
     // A closed peer invalidated its table: say why rather than blame the key.
     return remote_.closed() ? status::connection_reset : st;
@@ -288,7 +289,8 @@ status shm_ep::checked_rma(const packed_rkey& key, const remote_key& unpacked,
   // Through our mapping of the peer's segment no system call is made: a peer that died meanwhile
   // leaves a segment nobody reads, which the interface's liveness check reports soon after.
   if (segment_ref segment; segment_of(unpacked, &segment)) {
-    const status st = mapped_rma(key, segment, entries, count, remote_address, write);
+    const status st =
+        mapped_rma(key, segment, entries, count, remote_address, write, !read_only);
     if (st != status::unsupported) return st;
   }
   // CMA names the peer by pid: a put into a reaped peer's reused pid would write into a
@@ -298,9 +300,9 @@ status shm_ep::checked_rma(const packed_rkey& key, const remote_key& unpacked,
 }
 
 status shm_ep::mapped_rma(const packed_rkey& key, const segment_ref& segment, const iov* entries,
-                          size_t count, uint64_t remote_address, bool write) {
+                          size_t count, uint64_t remote_address, bool write, bool writable) {
   mapped_segments& mapped = owner_.mapped();
-  uint8_t* base = mapped.map(peer_pid(), remote_.pidfd, segment, write);
+  uint8_t* base = mapped.map(peer_pid(), remote_.pidfd, segment, writable);
   if (base == nullptr) return status::unsupported;
   if (mapped_segments::released(base)) [[unlikely]] {
     // Freed to the system under a live registration: what CMA's EFAULT reports.

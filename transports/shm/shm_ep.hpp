@@ -50,9 +50,10 @@ public:
                    const remote_key& key, completion* comp) override;
   /// The peer's bytes in our mapping of its heap segment (checked as get_zcopy checks);
   /// unsupported when the key names no heap segment or it cannot be mapped.
-  int peer_process_fd() const override { return remote_.pidfd; }
   status rkey_local_address(uint64_t remote_address, size_t length, const remote_key& key,
                             local_bytes* out) override;
+  /// The pidfd this endpoint opened of the peer (before it trusted the peer's pid).
+  int peer_process_fd() const override { return remote_.pidfd; }
   status pending_add(pending_req* req) override;
   void pending_purge(void (*cb)(pending_req* req, void* arg), void* arg) override;
   status flush(completion* comp) override;
@@ -157,10 +158,10 @@ private:
   /// The peer, region and liveness checks of an RMA of `total` bytes, then the transfer.
   status checked_rma(const packed_rkey& key, const remote_key& unpacked, const iov* entries,
                      size_t count, uint64_t remote_address, size_t total, bool write);
-  /// The transfer through the peer's heap segment `segment`, mapped here; unsupported when it
-  /// cannot be mapped (the caller uses CMA).
+  /// The transfer through the peer's heap segment `segment`, mapped here (`writable` unless the
+  /// region is read-only); unsupported when it cannot be mapped (the caller uses CMA).
   status mapped_rma(const packed_rkey& key, const segment_ref& segment, const iov* entries,
-                    size_t count, uint64_t remote_address, bool write);
+                    size_t count, uint64_t remote_address, bool write, bool writable);
   /// False when the peer's pidfd says it exited (checked before a put: its pid could be reused).
   bool peer_alive() const;
 

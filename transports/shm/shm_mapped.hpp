@@ -13,9 +13,10 @@
 // A mapping is unmapped once the cache dropped it and nobody holds it any more: rkey_local_address
 // hands out a hold (last_mapping), so bytes a user keeps (a lent actor blob) outlive eviction, the
 // peer's failure and the interface itself. Held mappings the cache dropped are not in bytes().
-// A segment is mapped read-only (PROT_READ) for reading and writable only for puts: each is its
-// own mapping, cached apart, so bytes read (or handed out by rkey_local_address) from a segment
-// never sit in a writable mapping unless this process also puts into that segment.
+// A segment is mapped writable for regions open to remote writes, and read-only (PROT_READ) for
+// regions registered read-only (md::mem_reg_read_only): each is its own mapping, cached apart, so
+// bytes of a read-only region never sit in a writable mapping, while gets and puts into ordinary
+// regions share one mapping of the segment.
 // Not thread safe: the interface's owner serialises calls.
 #pragma once
 
