@@ -17,10 +17,10 @@
 
 namespace comm::actors::io::detail {
 
-/// What every io actor is: an event-based actor that states to ThreadSanitizer the hand-off of
-/// each message through its mailbox (the sender's writes, such as the bytes of a send, happen
-/// before the handler that passes them to the engine; see tsan_handoff.hpp). Elsewhere it is
-/// caf::event_based_actor.
+#ifdef COMM_ACTORS_TSAN
+/// What every io actor is in a ThreadSanitizer build: an event-based actor that states the
+/// hand-off of each message through its mailbox (the sender's writes, such as the bytes of a
+/// send, happen before the handler that passes them to the engine; see tsan_handoff.hpp).
 class handoff_actor : public caf::event_based_actor {
 public:
   using caf::event_based_actor::event_based_actor;
@@ -42,6 +42,10 @@ public:
     return caf::event_based_actor::consume(what);
   }
 };
+#else
+/// What every io actor is in other builds: a plain event-based actor.
+using handoff_actor = caf::event_based_actor;
+#endif
 
 /// An io actor with state `State`.
 template <class State>
