@@ -12,22 +12,29 @@
 
 namespace comm::test {
 
+/// The packed key `packed` re-encoded by `edit` (called with its RemoteKeyBundle builder).
+template <class Edit>
+inline std::vector<uint8_t> reencoded(const std::vector<uint8_t>& packed, Edit&& edit) {
+  auto words = kj::heapArray<capnp::word>(packed.size() / sizeof(capnp::word));
+  std::memcpy(words.begin(), packed.data(), words.size() * sizeof(capnp::word));
+  capnp::FlatArrayMessageReader reader(words);
+  capnp::MallocMessageBuilder builder;
+  builder.setRoot(reader.getRoot<wire::schema::RemoteKeyBundle>());
+  edit(builder.getRoot<wire::schema::RemoteKeyBundle>());
+  const auto flat = capnp::messageToFlatArray(builder);
+  const auto bytes = flat.asBytes();
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
 /// b's key for `handle`, re-encoded by `edit` (called with the RemoteKeyBundle builder) and
 /// unpacked on a's endpoint.
 template <class Edit>
 inline rkey* reencoded_key(worker_pair& p, memh* handle, Edit&& edit) {
   std::vector<uint8_t> packed;
   BOOST_REQUIRE(p.b->rkey_pack(handle, packed) == status::ok);
-  auto words = kj::heapArray<capnp::word>(packed.size() / 8);
-  std::memcpy(words.begin(), packed.data(), packed.size());
-  capnp::FlatArrayMessageReader reader(words);
-  capnp::MallocMessageBuilder builder;
-  builder.setRoot(reader.getRoot<wire::schema::RemoteKeyBundle>());
-  edit(builder.getRoot<wire::schema::RemoteKeyBundle>());
-  auto flat = capnp::messageToFlatArray(builder);
+  const std::vector<uint8_t> edited = reencoded(packed, edit);
   rkey* key = nullptr;
-  BOOST_REQUIRE(p.ab->rkey_unpack(flat.asBytes().begin(), flat.asBytes().size(), &key) ==
-                status::ok);
+  BOOST_REQUIRE(p.ab->rkey_unpack(edited.data(), edited.size(), &key) == status::ok);
   return key;
 }
 

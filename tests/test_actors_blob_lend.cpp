@@ -10,6 +10,7 @@
 #include "test_actors_forged.hpp"
 #include "test_actors_scenarios.hpp"
 #include "test_util.hpp"
+#include "rkey_edit.hpp"
 
 #include "schema/wire.capnp.h"
 
@@ -779,19 +780,6 @@ BOOST_AUTO_TEST_CASE(a_lend_is_released_once) {
 
 namespace {
 
-/// `packed` (a worker's packed key) re-encoded to claim the rights `access`.
-std::vector<uint8_t> with_access(const std::vector<uint8_t>& packed, uint32_t access) {
-  auto words = kj::heapArray<capnp::word>(packed.size() / sizeof(capnp::word));
-  std::memcpy(words.begin(), packed.data(), words.size() * sizeof(capnp::word));
-  capnp::FlatArrayMessageReader reader(words);
-  capnp::MallocMessageBuilder builder;
-  builder.setRoot(reader.getRoot<comm::wire::schema::RemoteKeyBundle>());
-  builder.getRoot<comm::wire::schema::RemoteKeyBundle>().setAccess(access);
-  const auto flat = capnp::messageToFlatArray(builder);
-  const auto bytes = flat.asBytes();
-  return std::vector<uint8_t>(bytes.begin(), bytes.end());
-}
-
 /// True when every one of `size` bytes at `data` is `value`.
 bool all_bytes_are(const void* data, size_t size, char value) {
   const auto* p = static_cast<const char*>(data);
@@ -823,8 +811,9 @@ BOOST_AUTO_TEST_CASE(a_hostile_borrower_cannot_write_into_a_lent_blob) {
   const std::vector<char> evil(4096, 'X');
   const comm::iov_entry from{const_cast<char*>(evil.data()), evil.size()};
   BOOST_TEST(peer.ep->put(&from, 1, address, key->get()).st == comm::status::privileges_violation);
-  const std::vector<uint8_t> claims_write =
-      with_access(packed, comm::mem_remote_read | comm::mem_remote_write);
+  const std::vector<uint8_t> claims_write = comm::test::reencoded(packed, [](auto bundle) {
+    bundle.setAccess(comm::mem_remote_read | comm::mem_remote_write);
+  });
   auto forged = peer.ep->rkey_unpack(comm::const_bytes(claims_write.data(), claims_write.size()));
   BOOST_TEST_REQUIRE(forged.has_value());
   const comm::op o = peer.ep->put(&from, 1, address, forged->get());
