@@ -421,16 +421,8 @@ void rndv_protocol::acknowledge(endpoint_impl* ep, uint64_t sreq, status outcome
   h.setDstEp(ep->remote_id);
   h.setSreqId(sreq);
   h.setStatus(static_cast<int16_t>(outcome));
-  // Nothing waits before it: straight to the transport, without a request or a copy (counted
-  // as the queued control messages are: not at all).
-  if (short_path_open(*ep, hdr_ats_.size()) &&
-      ep->lane->am_short(wire_id(rndv_msg::ats), hdr_ats_.bytes(), hdr_ats_.size(), nullptr, 0) ==
-          status::ok) {
-    return;
-  }
-  const auto* bytes = static_cast<const uint8_t*>(hdr_ats_.bytes());
-  w.queue_control(ep, wire_id(rndv_msg::ats),
-                  std::vector<uint8_t>(bytes, bytes + hdr_ats_.size()));
+  // Counted as the queued control messages are: not at all.
+  w.send_control(ep, wire_id(rndv_msg::ats), hdr_ats_.bytes(), hdr_ats_.size());
 }
 
 void rndv_protocol::finish_fetch(rndv_fetch& f) {

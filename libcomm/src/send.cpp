@@ -405,6 +405,16 @@ status send_close_notice(endpoint_impl* ep) {
   return st;
 }
 
+void worker_impl::send_control(endpoint_impl* ep, tl::am_id id, const void* bytes,
+                               size_t length) {
+  if (short_path_open(*ep, length) &&
+      ep->lane->am_short(id, bytes, length, nullptr, 0) == status::ok) {
+    return;
+  }
+  const auto* first = static_cast<const uint8_t*>(bytes);
+  queue_control(ep, id, std::vector<uint8_t>(first, first + length));
+}
+
 void worker_impl::queue_control(endpoint_impl* ep, tl::am_id id, std::vector<uint8_t> bytes) {
   // After our close notice the peer has forgotten the endpoint: nothing more goes to it.
   if (ep->state == endpoint_impl::phase::failed || ep->close_notice_sent) return;

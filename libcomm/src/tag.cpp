@@ -279,13 +279,7 @@ void tag_protocol::give_back(endpoint_impl& ep, size_t bytes) {
   h.setDstEp(ep.remote_id);
   h.setBytes(ep.eager_freed);
   ep.eager_freed = 0;
-  const tl::am_id id = wire_id(tag_msg::credit);
-  if (short_path_open(ep, hdr_credit.size()) &&
-      ep.lane->am_short(id, hdr_credit.bytes(), hdr_credit.size(), nullptr, 0) == status::ok) {
-    return;
-  }
-  const auto* bytes_at = static_cast<const uint8_t*>(hdr_credit.bytes());
-  w.queue_control(&ep, id, std::vector<uint8_t>(bytes_at, bytes_at + hdr_credit.size()));
+  w.send_control(&ep, wire_id(tag_msg::credit), hdr_credit.bytes(), hdr_credit.size());
 }
 
 void tag_protocol::on_credit(const uint8_t* data, size_t length) {

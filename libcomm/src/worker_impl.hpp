@@ -393,6 +393,10 @@ public:
   /// Queues a control message with `bytes` and wire id `id` on `ep` (sent in order after earlier
   /// sends), within COMM_REPLY_EP_MAX_BYTES.
   void queue_control(endpoint_impl* ep, tl::am_id id, std::vector<uint8_t> bytes);
+  /// Sends the `length` bytes of a control message at `bytes` with wire id `id` on `ep`: straight
+  /// to the transport as one short message when nothing waits before it and the transport takes
+  /// it (no request, no copy), else queued as queue_control does.
+  void send_control(endpoint_impl* ep, tl::am_id id, const void* bytes, size_t length);
   /// Long-lived header builders of the send engine (see comm/wire/codec.hpp).
   wire::header_writer<wire::schema::FragmentMiddle> hdr_fragment;
   wire::header_writer<wire::schema::EndpointClose> hdr_close;
