@@ -42,6 +42,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -680,8 +681,9 @@ public:
   explicit busy_load(int n) {
     for (int i = 0; i < n; ++i) {
       std::fflush(nullptr);
+      const pid_t parent = ::getpid();
       const pid_t child = ::fork();
-      if (child == 0) spin();
+      if (child == 0) spin(parent);
       if (child > 0) children_.push_back(child);
     }
   }
@@ -693,10 +695,13 @@ public:
   busy_load& operator=(const busy_load&) = delete;
 
 private:
-  /// Spins until killed, or for at most an hour should the benchmark die without killing it.
-  /// Its session's autogroup gets the benchmark's autogroup nice value (a benchmark run at a nice
-  /// -15 autogroup to keep other users' programs out meets a load of its own weight).
-  [[noreturn]] static void spin() {
+  /// Spins until killed: by the benchmark, or by the kernel when the benchmark (`parent`) dies
+  /// (and after an hour at most in any case). Its session's autogroup gets the benchmark's
+  /// autogroup nice value (a benchmark run at a nice -15 autogroup to keep other users' programs
+  /// out meets a load of its own weight).
+  [[noreturn]] static void spin(pid_t parent) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(0);  // the benchmark died before the line above
     std::string group;
     std::getline(std::ifstream("/proc/self/autogroup"), group);
     ::setsid();
