@@ -21,6 +21,11 @@ COMM_TEST_PACKAGES=(iproute2 openmpi-bin slurmctld slurmd slurm-client doxygen)
 # AddressSanitizer, UBSan).
 COMM_FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 
+# What the sanitizer builds of test.sh (address, thread) need besides the tests': llvm-symbolizer,
+# which names the frames of a report, and of the CAF hand-offs tests/tsan_caf.supp suppresses by
+# function name (test_actors_hostile starts it early for a child that later has no descriptor).
+COMM_SANITIZE_PACKAGES=(llvm)
+
 # What bench/compare_ucx.sh needs besides the build: UCX's ucx_perftest, gnuplot, ss.
 COMM_BENCH_PACKAGES=(ucx-utils gnuplot-nox iproute2)
 

@@ -13,7 +13,7 @@ ensure_packages "${COMM_BUILD_PACKAGES[@]}" "${COMM_TEST_PACKAGES[@]}"
 sanitize=${1:-}
 case $sanitize in
   "") build=build ;;
-  address|thread) build=build-$sanitize ;;
+  address|thread) build=build-$sanitize; ensure_packages "${COMM_SANITIZE_PACKAGES[@]}" ;;
   *) echo "usage: bash scripts/test.sh [address|thread]" >&2; exit 2 ;;
 esac
 jobs=${COMM_JOBS:-2}
